@@ -1,0 +1,1 @@
+"""Tensor and data parallelism: process groups, communication, TP layers, model sharding."""

@@ -1,0 +1,207 @@
+"""All communication of Oases: Megatron's conjugate autograd pairs, async variants, recording.
+
+Every collective goes through ``_issue`` here, so a test (or the timeline) can see each one with
+``record_collectives()``. Functions are named by what they do in the *forward* pass:
+
+=================  ============================  ==============================
+function           forward                       backward (its conjugate)
+=================  ============================  ==============================
+copy_to_tp   (f)   identity                      all-reduce of the input grad
+reduce_from_tp (g) all-reduce of partial sums    identity
+gather_from_tp     all-gather along ``dim``      keep the local chunk
+scatter_to_tp      keep the local chunk          all-gather along ``dim``
+=================  ============================  ==============================
+
+A group of size 1 makes all of them the identity and issues nothing.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import itertools
+import time
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass
+
+import torch
+import torch.distributed as dist
+from torch import Tensor
+
+from oases.parallel.context import Group
+
+
+@dataclass(frozen=True)
+class CollectiveRecord:
+    """One collective as issued: what, over which group, how big, in which pass."""
+
+    seq: int
+    op: str  # "all_reduce" | "all_gather" | "reduce_scatter"
+    group: str  # the group's name: "tp", "dp", ...
+    group_size: int
+    nbytes: int
+    direction: str  # "forward" | "backward"
+    tag: str
+    is_async: bool
+    issued_ns: int
+
+
+# Instrumentation only (like a profiler): the lists currently recording. Not process state that
+# changes results; empty unless a caller is inside ``record_collectives()``.
+_RECORDERS: list[list[CollectiveRecord]] = []
+_SEQ = itertools.count()
+
+
+@contextlib.contextmanager
+def record_collectives() -> Iterator[list[CollectiveRecord]]:
+    """Collect a ``CollectiveRecord`` for every collective issued inside the block."""
+    log: list[CollectiveRecord] = []
+    _RECORDERS.append(log)
+    try:
+        yield log
+    finally:
+        _RECORDERS.remove(log)
+
+
+def _issue(op: str, group: Group, t: Tensor, direction: str, tag: str, is_async: bool) -> None:
+    if _RECORDERS:
+        rec = CollectiveRecord(
+            next(_SEQ), op, group.name, group.size, t.numel() * t.element_size(),
+            direction, tag, is_async, time.perf_counter_ns(),
+        )
+        for log in _RECORDERS:
+            log.append(rec)
+
+
+_OPS = {"sum": dist.ReduceOp.SUM, "max": dist.ReduceOp.MAX}
+
+
+def all_reduce_(
+    t: Tensor, group: Group, *, op: str = "sum", direction: str = "forward", tag: str = ""
+) -> Tensor:
+    """In-place blocking all-reduce of a plain tensor (no autograd). Returns ``t``."""
+    if group.size > 1:
+        _issue("all_reduce", group, t, direction, tag, False)
+        dist.all_reduce(t, op=_OPS[op], group=group.pg)
+    return t
+
+
+class Handle:
+    """An in-flight async collective. ``wait()`` blocks until done and returns the result."""
+
+    def __init__(self, result: Tensor, work: dist.Work | None) -> None:
+        self.result = result
+        self._work = work
+
+    def wait(self) -> Tensor:
+        if self._work is not None:
+            self._work.wait()
+            self._work = None
+        return self.result
+
+
+def all_reduce_async(
+    t: Tensor, group: Group, *, direction: str = "forward", tag: str = ""
+) -> Handle:
+    """Start a sum all-reduce of ``t`` (in place, no autograd); ``.wait()`` returns it."""
+    if group.size == 1:
+        return Handle(t, None)
+    _issue("all_reduce", group, t, direction, tag, True)
+    return Handle(t, dist.all_reduce(t, group=group.pg, async_op=True))
+
+
+def _all_gather(x: Tensor, group: Group, dim: int, direction: str) -> Tensor:
+    x = x.contiguous()
+    _issue("all_gather", group, x, direction, "", False)
+    parts = [torch.empty_like(x) for _ in range(group.size)]
+    dist.all_gather(parts, x, group=group.pg)
+    return torch.cat(parts, dim=dim)
+
+
+def _local_chunk(x: Tensor, group: Group, dim: int) -> Tensor:
+    if x.shape[dim] % group.size:
+        raise ValueError(f"dimension {dim} of size {x.shape[dim]} does not split over {group.size}")
+    return x.chunk(group.size, dim=dim)[group.rank].contiguous()
+
+
+class _CopyToTP(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x: Tensor, group: Group) -> Tensor:  # noqa: ANN001
+        ctx.group = group
+        return x.view_as(x)
+
+    @staticmethod
+    def backward(ctx, grad: Tensor) -> tuple[Tensor, None]:  # noqa: ANN001
+        return all_reduce_(grad.contiguous().clone(), ctx.group, direction="backward"), None
+
+
+class _ReduceFromTP(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x: Tensor, group: Group) -> Tensor:  # noqa: ANN001
+        return all_reduce_(x.contiguous().clone(), group, direction="forward")
+
+    @staticmethod
+    def backward(ctx, grad: Tensor) -> tuple[Tensor, None]:  # noqa: ANN001
+        return grad, None
+
+
+class _GatherFromTP(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x: Tensor, group: Group, dim: int) -> Tensor:  # noqa: ANN001
+        ctx.group, ctx.dim = group, dim
+        return _all_gather(x, group, dim, "forward")
+
+    @staticmethod
+    def backward(ctx, grad: Tensor) -> tuple[Tensor, None, None]:  # noqa: ANN001
+        return _local_chunk(grad, ctx.group, ctx.dim), None, None
+
+
+class _ScatterToTP(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x: Tensor, group: Group, dim: int) -> Tensor:  # noqa: ANN001
+        ctx.group, ctx.dim = group, dim
+        return _local_chunk(x, group, dim)
+
+    @staticmethod
+    def backward(ctx, grad: Tensor) -> tuple[Tensor, None, None]:  # noqa: ANN001
+        return _all_gather(grad, ctx.group, ctx.dim, "backward"), None, None
+
+
+def copy_to_tp(x: Tensor, group: Group) -> Tensor:
+    """f: identity forward; backward all-reduces the input gradient over the TP group."""
+    return x if group.size == 1 else _CopyToTP.apply(x, group)
+
+
+def reduce_from_tp(x: Tensor, group: Group) -> Tensor:
+    """g: forward all-reduces the partial sums over the TP group; backward is the identity."""
+    return x if group.size == 1 else _ReduceFromTP.apply(x, group)
+
+
+def gather_from_tp(x: Tensor, group: Group, dim: int = -1) -> Tensor:
+    """Forward all-gathers the TP shards along ``dim``; backward keeps this rank's chunk."""
+    return x if group.size == 1 else _GatherFromTP.apply(x, group, dim)
+
+
+def scatter_to_tp(x: Tensor, group: Group, dim: int = -1) -> Tensor:
+    """Forward keeps this rank's chunk along ``dim``; backward all-gathers the gradient."""
+    return x if group.size == 1 else _ScatterToTP.apply(x, group, dim)
+
+
+def all_reduce_gradients(params: Iterable[torch.nn.Parameter], group: Group) -> None:
+    """Average ``.grad`` over ``group`` (data parallelism) with one flat all-reduce."""
+    grads = [p.grad for p in params if p.grad is not None]
+    if group.size == 1 or not grads:
+        return
+    flat = torch.cat([g.reshape(-1) for g in grads])
+    all_reduce_(flat, group, direction="backward", tag="dp-grads")
+    flat.div_(group.size)
+    offset = 0
+    for g in grads:
+        g.copy_(flat[offset : offset + g.numel()].view_as(g))
+        offset += g.numel()
+
+
+def all_reduce_mean(t: Tensor, group: Group) -> Tensor:
+    """Mean of a (detached) metric tensor over ``group``; returns a new tensor."""
+    out = t.detach().clone()
+    all_reduce_(out, group, tag="metric")
+    return out.div_(group.size)

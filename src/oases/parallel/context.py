@@ -1,0 +1,142 @@
+"""Process state: the one place that reads the launcher's environment and builds process groups.
+
+``init_distributed(tp)`` returns a ``ParallelContext`` that is passed down explicitly; nothing else
+in Oases reads environment variables or keeps process-wide state.
+
+Rank layout for world size W = tp * dp (TP groups are contiguous, so on a multi-GPU server a TP
+group stays on one machine's fast links)::
+
+    tp=2, dp=2:   TP groups {0,1} {2,3}     DP groups {0,2} {1,3}
+"""
+
+from __future__ import annotations
+
+import datetime
+import os
+from dataclasses import dataclass, field
+
+import torch
+import torch.distributed as dist
+
+
+@dataclass(frozen=True)
+class Group:
+    """A communicator this rank belongs to: ``ranks`` (global ids), this rank's index in it,
+    and the process group (``None`` when the group has a single member: no communication)."""
+
+    name: str
+    ranks: tuple[int, ...]
+    rank: int
+    pg: dist.ProcessGroup | None = field(default=None, compare=False)
+
+    @property
+    def size(self) -> int:
+        return len(self.ranks)
+
+
+@dataclass(frozen=True)
+class ParallelContext:
+    """Who this process is and which groups it talks in."""
+
+    world_size: int
+    rank: int
+    local_rank: int
+    tp: int
+    dp: int
+    tp_group: Group
+    dp_group: Group
+    device: torch.device
+    backend: str
+    timeout_s: float
+
+    @property
+    def tp_rank(self) -> int:
+        return self.tp_group.rank
+
+    @property
+    def dp_rank(self) -> int:
+        return self.dp_group.rank
+
+    def __str__(self) -> str:
+        return (
+            f"rank {self.rank}/{self.world_size} tp={self.tp} (tp_rank {self.tp_rank}) "
+            f"dp={self.dp} (dp_rank {self.dp_rank}) {self.backend} on {self.device}"
+        )
+
+
+def check_degrees(world_size: int, tp: int) -> None:
+    """Raise ValueError unless tp is a positive divisor of world_size."""
+    if tp < 1 or world_size % tp != 0:
+        raise ValueError(
+            f"parallel.tp={tp} must be a positive divisor of the world size {world_size}"
+        )
+
+
+def _new_group(ranks: list[int], timeout: datetime.timedelta) -> dist.ProcessGroup | None:
+    # Every rank must call new_group for every group, in the same order.
+    return dist.new_group(ranks, timeout=timeout) if len(ranks) > 1 else None
+
+
+def init_distributed(
+    tp: int = 1, *, backend: str | None = None, timeout_s: float = 60.0
+) -> ParallelContext:
+    """Join (or reuse) the default process group and build the TP and DP groups.
+
+    Launch under ``torchrun`` (RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR, MASTER_PORT); an already
+    initialized default group (a test's file:// rendezvous) is reused; with neither, this is a
+    single process and no collective ever runs. ``backend`` is "gloo", "nccl" or None/"auto"
+    (NCCL when CUDA is available, else gloo). Every collective is bounded by ``timeout_s``, so a
+    dead peer ends the job with an error instead of a hang. The degree check runs before any
+    collective, so a bad ``tp`` fails on every rank at once.
+    """
+    if timeout_s <= 0:
+        raise ValueError(f"parallel.timeout_s={timeout_s} must be positive")
+    if dist.is_available() and dist.is_initialized():
+        world_size, rank = dist.get_world_size(), dist.get_rank()
+        backend = str(dist.get_backend())
+    else:
+        world_size = int(os.environ.get("WORLD_SIZE", "1"))
+        rank = int(os.environ.get("RANK", "0"))
+        if backend in (None, "auto"):
+            backend = "nccl" if torch.cuda.is_available() else "gloo"
+    local_rank = int(os.environ.get("LOCAL_RANK", str(rank)))
+    check_degrees(world_size, tp)
+
+    if backend == "nccl":
+        if not torch.cuda.is_available():
+            raise ValueError("parallel.backend='nccl' needs CUDA, which is not available")
+        device = torch.device("cuda", local_rank % torch.cuda.device_count())
+        torch.cuda.set_device(device)
+    else:
+        device = torch.device("cpu")
+
+    timeout = datetime.timedelta(seconds=timeout_s)
+    if world_size > 1 and not dist.is_initialized():
+        dist.init_process_group(backend, timeout=timeout, device_id=None)
+
+    dp = world_size // tp
+    tp_index, tp_rank = divmod(rank, tp)
+    tp_group = dp_group = None
+    for i in range(dp):  # TP groups: contiguous ranks
+        ranks = list(range(i * tp, (i + 1) * tp))
+        pg = _new_group(ranks, timeout) if world_size > 1 else None
+        if i == tp_index:
+            tp_group = Group("tp", tuple(ranks), tp_rank, pg)
+    for j in range(tp):  # DP groups: equal tp_rank, strided
+        ranks = list(range(j, world_size, tp))
+        pg = _new_group(ranks, timeout) if world_size > 1 else None
+        if j == tp_rank:
+            dp_group = Group("dp", tuple(ranks), tp_index, pg)
+    assert tp_group is not None and dp_group is not None
+    return ParallelContext(
+        world_size=world_size,
+        rank=rank,
+        local_rank=local_rank,
+        tp=tp,
+        dp=dp,
+        tp_group=tp_group,
+        dp_group=dp_group,
+        device=device,
+        backend=backend,
+        timeout_s=timeout_s,
+    )
