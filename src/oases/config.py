@@ -1,0 +1,343 @@
+"""Run configuration: typed dataclasses, TOML loading, CLI overrides and cross-field checks.
+
+Precedence is CLI overrides > TOML file > dataclass defaults. Overrides are written
+``--section.key=value`` (the leading ``--`` is optional). Unknown sections or keys, values of the
+wrong type and malformed overrides raise :class:`ConfigError` (a ``ValueError``) with a one-line
+message that names the key and lists the valid names. Checks that involve the world size or
+several sections live in :meth:`Config.validate`, which every rank runs before any collective.
+"""
+
+import dataclasses
+import math
+import os
+import tomllib
+import typing
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+
+class ConfigError(ValueError):
+    """A configuration file, override or value is invalid."""
+
+
+def _check(ok: bool, msg: str) -> None:
+    if not ok:
+        raise ValueError(msg)
+
+
+def _positive(section: str, obj: object, *names: str) -> None:
+    for name in names:
+        value = getattr(obj, name)
+        _check(value > 0, f"{section}.{name}={value} must be > 0")
+
+
+def _divisible(a_name: str, a: int, b_name: str, b: int) -> None:
+    _check(a % b == 0, f"{a_name}={a} is not divisible by {b_name}={b}")
+
+
+@dataclass
+class ModelConfig:
+    """Transformer shape; ``n_kv_heads`` and ``ffn_dim`` default from the other fields."""
+
+    arch: str = "gpt2"
+    n_layers: int = 2
+    dim: int = 64
+    n_heads: int = 4
+    n_kv_heads: int | None = None
+    ffn_dim: int | None = None
+    vocab_size: int = 256
+    seq_len: int = 64
+    dropout: float = 0.0
+    tie_embeddings: bool = False
+    norm_eps: float = 1e-5
+    rope_theta: float = 10000.0
+    init_std: float = 0.02
+
+    def __post_init__(self) -> None:
+        _check(self.arch in ("gpt2", "llama"), f"model.arch={self.arch!r} must be gpt2 or llama")
+        if self.n_kv_heads is None:
+            self.n_kv_heads = self.n_heads
+        if self.ffn_dim is None:
+            if self.arch == "gpt2":
+                self.ffn_dim = 4 * self.dim
+            else:
+                self.ffn_dim = math.ceil(8 * self.dim / 3 / 64) * 64
+        _positive("model", self, "n_layers", "dim", "n_heads", "n_kv_heads", "ffn_dim")
+        _positive("model", self, "vocab_size", "seq_len", "norm_eps", "rope_theta", "init_std")
+        _divisible("model.dim", self.dim, "model.n_heads", self.n_heads)
+        _divisible("model.n_heads", self.n_heads, "model.n_kv_heads", self.n_kv_heads)
+        _check(0.0 <= self.dropout < 1.0, f"model.dropout={self.dropout} must be in [0, 1)")
+
+    @property
+    def head_dim(self) -> int:
+        """Width of one attention head."""
+        return self.dim // self.n_heads
+
+    def block_params(self) -> int:
+        """Parameters of one transformer block (attention, MLP and their two norms)."""
+        d, f, gpt2 = self.dim, self.ffn_dim, self.arch == "gpt2"
+        qkv_out = (self.n_heads + 2 * self.n_kv_heads) * self.head_dim
+        if gpt2:  # biases everywhere; LayerNorm has weight and bias
+            return (d * qkv_out + qkv_out) + (d * d + d) + (d * f + f) + (f * d + d) + 2 * (2 * d)
+        # llama: no biases, fc1 rows are [gate | up], RMSNorm has a weight only
+        return d * qkv_out + d * d + d * 2 * f + f * d + 2 * d
+
+    def non_embedding_params(self) -> int:
+        """Parameters outside the token/position embeddings and the head: blocks + final norm."""
+        final_norm = 2 * self.dim if self.arch == "gpt2" else self.dim
+        return self.n_layers * self.block_params() + final_norm
+
+    def num_params(self) -> int:
+        """Total distinct parameters of the unsharded model (a tied head is counted once)."""
+        total = self.non_embedding_params() + self.vocab_size * self.dim  # embed.weight
+        if self.arch == "gpt2":
+            total += self.seq_len * self.dim  # pos_embed.weight
+        if not self.tie_embeddings:
+            total += self.vocab_size * self.dim  # head.weight, no bias
+        return total
+
+    def flops_per_token(self) -> float:
+        """Training (forward + backward) FLOPs per token, Kaplan et al. (2020) style.
+
+        ``6 * N`` for the matmuls, where N is the block and final-norm parameters plus the
+        ``vocab_size * dim`` head matmul (counted even when tied; embedding lookups are free),
+        plus ``6 * n_layers * seq_len * dim`` for the attention score and value products (the
+        Kaplan estimate: the causal average of the full ``12 * n_layers * seq_len * dim``).
+        """
+        n = self.non_embedding_params() + self.vocab_size * self.dim
+        return float(6 * n + 6 * self.n_layers * self.seq_len * self.dim)
+
+
+@dataclass
+class ParallelConfig:
+    """Tensor-parallel degree and process-group settings."""
+
+    tp: int = 1
+    timeout_s: float = 60.0
+    backend: str = "auto"
+
+    def __post_init__(self) -> None:
+        _check(
+            self.backend in ("auto", "gloo", "nccl"),
+            f"parallel.backend={self.backend!r} must be one of auto, gloo, nccl",
+        )
+        _positive("parallel", self, "tp", "timeout_s")
+
+
+@dataclass
+class ScheduleConfig:
+    """Which schedule runs a step; ``name`` is checked against the schedule registry elsewhere."""
+
+    name: str = "megatron"
+    n_sub: int = 2
+    max_inflight: int = 1
+
+    def __post_init__(self) -> None:
+        _check(self.name != "", "schedule.name must not be empty")
+        _positive("schedule", self, "n_sub", "max_inflight")
+
+
+@dataclass
+class TrainConfig:
+    """Optimiser, batch and logging settings."""
+
+    steps: int = 40
+    global_batch: int = 8
+    micro_batch: int = 4
+    lr: float = 3e-3
+    min_lr: float = 3e-4
+    warmup_steps: int = 5
+    weight_decay: float = 0.1
+    grad_clip: float = 1.0
+    seed: int = 0
+    log_every: int = 5
+    run_dir: str = "runs/default"
+
+    def __post_init__(self) -> None:
+        _positive("train", self, "steps", "global_batch", "micro_batch", "lr", "log_every")
+        for name in ("min_lr", "warmup_steps", "weight_decay", "grad_clip", "seed"):
+            value = getattr(self, name)
+            _check(value >= 0, f"train.{name}={value} must be >= 0")
+        _check(self.min_lr <= self.lr, f"train.min_lr={self.min_lr} exceeds train.lr={self.lr}")
+        _check(self.run_dir != "", "train.run_dir must not be empty")
+
+
+@dataclass
+class DataConfig:
+    """Where the training text comes from and how it is tokenised."""
+
+    source: str = "stdlib"
+    tokenizer: str = "byte"
+
+    def __post_init__(self) -> None:
+        _check(self.source != "", "data.source must not be empty")
+        _check(self.tokenizer != "", "data.tokenizer must not be empty")
+
+
+@dataclass
+class Config:
+    """The whole run configuration, one dataclass per TOML section."""
+
+    model: ModelConfig = field(default_factory=ModelConfig)
+    parallel: ParallelConfig = field(default_factory=ParallelConfig)
+    schedule: ScheduleConfig = field(default_factory=ScheduleConfig)
+    train: TrainConfig = field(default_factory=TrainConfig)
+    data: DataConfig = field(default_factory=DataConfig)
+
+    def validate(self, world_size: int) -> None:
+        """Cross-field checks for a job of ``world_size`` ranks; raises ValueError."""
+        m, tp, t, n_sub = self.model, self.parallel.tp, self.train, self.schedule.n_sub
+        _check(world_size >= 1, f"world_size={world_size} must be >= 1")
+        _divisible("world_size", world_size, "parallel.tp", tp)
+        for name in ("n_heads", "n_kv_heads", "ffn_dim"):
+            _divisible(f"model.{name}", getattr(m, name), "parallel.tp", tp)
+        _divisible("train.micro_batch", t.micro_batch, "schedule.n_sub", n_sub)
+        dp = world_size // tp
+        _check(
+            t.global_batch % (t.micro_batch * dp) == 0,
+            f"train.global_batch={t.global_batch} is not divisible by train.micro_batch * dp"
+            f" = {t.micro_batch} * {dp} = {t.micro_batch * dp}",
+        )
+
+
+SECTIONS: dict[str, type] = {f.name: f.type for f in dataclasses.fields(Config)}
+
+
+def _field_types(section: str) -> dict[str, Any]:
+    """Declared field types of a section; ConfigError listing the valid sections if unknown."""
+    if section not in SECTIONS:
+        raise ConfigError(f"unknown section '{section}'; valid sections: {', '.join(SECTIONS)}")
+    return typing.get_type_hints(SECTIONS[section])
+
+
+def _type_name(tp: Any) -> str:
+    return "int or none" if tp == int | None else tp.__name__
+
+
+def _check_toml_value(key: str, tp: Any, value: Any) -> Any:
+    """Type-check a value read from TOML; ints are accepted (and converted) for float fields."""
+    ok = {
+        bool: isinstance(value, bool),
+        str: isinstance(value, str),
+        float: isinstance(value, int | float) and not isinstance(value, bool),
+    }.get(tp, isinstance(value, int) and not isinstance(value, bool))
+    if not ok:
+        got = f"{value!r} ({type(value).__name__})"
+        raise ConfigError(f"{key}: expected {_type_name(tp)}, got {got}")
+    return float(value) if tp is float else value
+
+
+def _parse_override_value(key: str, tp: Any, text: str) -> Any:
+    """Parse a CLI override string according to the field's type."""
+    low = text.strip().lower()
+    if tp is str:
+        return text
+    if tp is bool and low in ("true", "false"):
+        return low == "true"
+    if tp == int | None and low in ("none", "null"):
+        return None
+    try:
+        if tp is float:
+            return float(text)
+        if tp is not bool:
+            return int(text)
+    except ValueError:
+        pass
+    raise ConfigError(f"{key}: expected {_type_name(tp)}, got {text!r}")
+
+
+def _field_type(section: str, key: str) -> Any:
+    """The declared type of ``section.key``; ConfigError listing the valid keys if unknown."""
+    types = _field_types(section)
+    if key not in types:
+        valid = ", ".join(types)
+        raise ConfigError(f"unknown key '{section}.{key}'; valid keys in [{section}]: {valid}")
+    return types[key]
+
+
+def _read_toml(path: str | os.PathLike[str]) -> dict[str, dict[str, Any]]:
+    p = Path(path)
+    try:
+        with p.open("rb") as fh:
+            data = tomllib.load(fh)
+    except FileNotFoundError:
+        raise ConfigError(f"config file not found: {p}") from None
+    except tomllib.TOMLDecodeError as exc:
+        raise ConfigError(f"invalid TOML in {p}: {exc}") from None
+    values: dict[str, dict[str, Any]] = {}
+    for section, table in data.items():
+        _field_types(section)
+        if not isinstance(table, dict):
+            raise ConfigError(f"[{section}] must be a table, got {table!r}")
+        for key, value in table.items():
+            tp = _field_type(section, key)
+            values.setdefault(section, {})[key] = _check_toml_value(f"{section}.{key}", tp, value)
+    return values
+
+
+def _apply_override(values: dict[str, dict[str, Any]], override: str) -> None:
+    name, eq, text = override.removeprefix("--").partition("=")
+    parts = name.strip().split(".")
+    if not eq or len(parts) != 2 or not all(parts):
+        raise ConfigError(f"malformed override {override!r}; expected --section.key=value")
+    section, key = parts
+    tp = _field_type(section, key)
+    values.setdefault(section, {})[key] = _parse_override_value(f"{section}.{key}", tp, text)
+
+
+def load_config(
+    path: str | os.PathLike[str] | None = None, overrides: Sequence[str] = ()
+) -> Config:
+    """Build a Config from defaults, an optional TOML file and ``--section.key=value`` overrides."""
+    if isinstance(overrides, str):
+        overrides = [overrides]
+    values = _read_toml(path) if path is not None else {}
+    for override in overrides:
+        _apply_override(values, override)
+    try:
+        return Config(**{name: cls(**values.get(name, {})) for name, cls in SECTIONS.items()})
+    except ConfigError:
+        raise
+    except ValueError as exc:
+        raise ConfigError(str(exc)) from None
+
+
+def config_to_dict(cfg: Config) -> dict[str, dict[str, Any]]:
+    """The config as ``{section: {key: value}}`` (plain Python scalars)."""
+    return dataclasses.asdict(cfg)
+
+
+# TOML basic strings must escape '"', '\\' and control characters other than tab.
+_TOML_ESCAPES = {c: f"\\u{c:04x}" for c in [*range(0x20), 0x7F] if c != 0x09}
+_TOML_ESCAPES |= {ord('"'): '\\"', ord("\\"): "\\\\"}
+
+
+def _toml_scalar(value: Any) -> str:
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, int):
+        return str(value)
+    if isinstance(value, float):
+        return repr(value)  # shortest round-tripping form; 'inf'/'nan' are valid TOML too
+    if isinstance(value, str):
+        return '"' + value.translate(_TOML_ESCAPES) + '"'
+    raise TypeError(f"cannot write {type(value).__name__} value {value!r} as TOML")
+
+
+def dump_toml(cfg: Config) -> str:
+    """Render the config as TOML that :func:`load_config` reads back to an equal Config."""
+    lines: list[str] = []
+    for section, table in config_to_dict(cfg).items():
+        lines.append(f"[{section}]")
+        lines.extend(f"{k} = {_toml_scalar(v)}" for k, v in table.items() if v is not None)
+        lines.append("")
+    return "\n".join(lines)
+
+
+def save_config(cfg: Config, path: str | os.PathLike[str]) -> None:
+    """Write ``dump_toml(cfg)`` to ``path``, creating parent directories."""
+    p = Path(path)
+    p.parent.mkdir(parents=True, exist_ok=True)
+    p.write_text(dump_toml(cfg), encoding="utf-8")
