@@ -192,7 +192,7 @@ class Transformer(nn.Module):
     def embed_tokens(self, tokens: Tensor) -> Tensor:
         """tokens [B, S] -> x [B, S, H]: token (+ learned position) embedding, dropout."""
         S = tokens.shape[1]
-        if S > self.cfg.seq_len:
+        if self.cfg.seq_len < S:
             raise ValueError(f"sequence length {S} exceeds model.seq_len={self.cfg.seq_len}")
         x = self.embed(tokens)
         if self.pos_embed is not None:

@@ -20,7 +20,7 @@ from __future__ import annotations
 import contextlib
 import itertools
 import time
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 
 import torch
@@ -91,6 +91,13 @@ class Handle:
     def __init__(self, result: Tensor, work: dist.Work | None) -> None:
         self.result = result
         self._work = work
+
+    def on_complete(self, fn: Callable[[], None]) -> None:
+        """Call ``fn()`` (on the communication thread) when the collective completes."""
+        if self._work is None:
+            fn()
+        else:
+            self._work.get_future().then(lambda _: fn())
 
     def wait(self) -> Tensor:
         if self._work is not None:

@@ -14,6 +14,8 @@ tests, checkpoints and importers can shard or rebuild full tensors the same way.
 
 from __future__ import annotations
 
+import contextlib
+from collections.abc import Iterator
 from dataclasses import dataclass
 
 import torch
@@ -80,7 +82,11 @@ class ColumnParallelLinear(nn.Module):
     """y = x W^T + b with W's output rows (and b) split over the TP group.
 
     Forward: f (identity; all-reduce of dx in backward), local matmul, optional gather.
+    ``reduce_input_grad = False`` drops f, for a schedule executor that all-reduces the input
+    gradient itself (asynchronously); see ``input_grads_unreduced``.
     """
+
+    reduce_input_grad = True
 
     def __init__(
         self, full: nn.Linear, group: Group, parts: tuple[int, ...] | None = None,
@@ -98,7 +104,9 @@ class ColumnParallelLinear(nn.Module):
         return F.linear(x, self.weight, self.bias)
 
     def forward(self, x: Tensor) -> Tensor:
-        y = self.local(comm.copy_to_tp(x, self.group))
+        if self.reduce_input_grad:
+            x = comm.copy_to_tp(x, self.group)
+        y = self.local(x)
         return comm.gather_from_tp(y, self.group) if self.gather_output else y
 
 
@@ -121,6 +129,17 @@ class RowParallelLinear(nn.Module):
 
     def add_bias(self, y: Tensor) -> Tensor:
         return y if self.bias is None else y + self.bias
+
+    def backward_partial(self, x: Tensor, grad_partial: Tensor) -> Tensor:
+        """Backward of ``partial`` without its forward output: accumulates the weight gradient
+        dW += dP^T x and returns dx = dP W. [.., O] x [.., I/t] -> [O, I/t]; [.., I/t].
+        Lets recomputation skip the matmul whose output the backward never reads."""
+        dw = grad_partial.flatten(0, -2).t() @ x.detach().flatten(0, -2)  # [O, I/t]
+        if self.weight.grad is None:
+            self.weight.grad = dw
+        else:
+            self.weight.grad.add_(dw)
+        return grad_partial @ self.weight.detach()
 
     def forward(self, x: Tensor) -> Tensor:
         return self.add_bias(comm.reduce_from_tp(self.partial(x), self.group))
@@ -216,3 +235,17 @@ class GatherLogits(nn.Module):
 
     def forward(self, logits: Tensor) -> Tensor:
         return comm.gather_from_tp(logits, self.group, dim=-1)[..., : self.vocab_size]
+
+
+@contextlib.contextmanager
+def input_grads_unreduced(model: nn.Module) -> Iterator[None]:
+    """Inside the block, column-parallel layers skip f: their input gradients stay partial sums,
+    for an executor that all-reduces them itself. Restores the layers afterwards."""
+    layers = [m for m in model.modules() if isinstance(m, ColumnParallelLinear)]
+    for m in layers:
+        m.reduce_input_grad = False
+    try:
+        yield
+    finally:
+        for m in layers:
+            m.reduce_input_grad = True

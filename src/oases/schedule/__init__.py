@@ -1,10 +1,83 @@
-"""Schedules: how a training step's forward, backward and collectives are ordered.
+"""Schedules: the order of a training step's computation and collectives, as data.
 
-``build_schedule(name)`` returns an object whose ``step(model, tokens, targets)`` runs forward and
-backward of this data-parallel rank's share of the batch, leaves gradients averaged over the
-data-parallel group in ``.grad`` and returns the (detached) mean loss.
+``build_schedule(name, n_sub)`` returns a ``Schedule`` whose ``step(model, tokens, targets)``
+runs forward and backward of this data-parallel rank's share of the batch through the executor,
+leaves gradients averaged over the data-parallel group in ``.grad`` and returns the mean loss.
+Names: megatron, megatron-recompute, commfree-recompute, overlap, overlap-recompute, oases.
 """
 
-from oases.schedule.autograd import SCHEDULES, AutogradSchedule, build_schedule
+from __future__ import annotations
 
-__all__ = ["SCHEDULES", "AutogradSchedule", "build_schedule"]
+import torch
+from torch import Tensor
+
+from oases.model import Transformer
+from oases.schedule.executor import Executor
+from oases.schedule.program import SPECS, Instr, build_program, sub_batches
+from oases.schedule.timeline import Timeline, record_timeline
+
+SCHEDULES = tuple(SPECS)
+
+__all__ = ["SCHEDULES", "Schedule", "Timeline", "build_schedule", "record_timeline"]
+
+
+class Schedule:
+    """A named schedule, ready to step any parallelized model (one executor per model)."""
+
+    def __init__(self, name: str, n_sub: int = 2, micro_batch: int | None = None,
+                 max_inflight: int = 1) -> None:
+        if name not in SPECS:
+            raise ValueError(f"unknown schedule {name!r}; valid: {', '.join(SPECS)}")
+        if n_sub < 1 or max_inflight < 1 or (micro_batch is not None and micro_batch < 1):
+            raise ValueError(f"schedule.n_sub={n_sub}, schedule.max_inflight={max_inflight} and "
+                             f"train.micro_batch={micro_batch} must be at least 1")
+        self.name, self.spec = name, SPECS[name]
+        self.n_sub, self.micro_batch, self.max_inflight = n_sub, micro_batch, max_inflight
+        self._executors: dict[int, Executor] = {}
+        self._programs: dict[tuple[int, int], list[Instr]] = {}
+
+    def __repr__(self) -> str:
+        return (f"Schedule({self.name!r}, n_sub={self.n_sub}, micro_batch={self.micro_batch}, "
+                f"max_inflight={self.max_inflight})")
+
+    def executor(self, model: Transformer) -> Executor:
+        if model.parallel_ctx is None:
+            raise ValueError("a schedule steps a parallelized model: call oases.parallelize first")
+        if id(model) not in self._executors:
+            self._executors[id(model)] = Executor(model, self.spec)
+        return self._executors[id(model)]
+
+    def program(self, model: Transformer, rows: int) -> list[Instr]:
+        """The instruction list of one step over ``rows`` local sequences."""
+        n_micro, _ = self._split(rows)
+        ex = self.executor(model)
+        key = (id(model), n_micro)
+        if key not in self._programs:
+            self._programs[key] = build_program(
+                self.name, len(ex.chain), self.n_sub, n_micro=n_micro,
+                max_inflight=self.max_inflight, dp_tasks=tuple(sorted(ex.buckets)))
+        return self._programs[key]
+
+    def _split(self, rows: int) -> tuple[int, int]:
+        mb = self.micro_batch or rows
+        k = sub_batches(self.name, self.n_sub)
+        if rows % mb or mb % k:
+            raise ValueError(f"local batch of {rows} rows must split into micro-batches of "
+                             f"train.micro_batch={mb} rows, each into schedule.n_sub={k} "
+                             "sub-batches")
+        return rows // mb, k
+
+    def step(self, model: Transformer, tokens: Tensor, targets: Tensor) -> Tensor:
+        """Forward + backward of tokens/targets [rows, S]; returns the mean loss (detached)."""
+        n_micro, k = self._split(tokens.shape[0])
+        program = self.program(model, tokens.shape[0])
+        subs_t = list(tokens.chunk(n_micro * k))  # [rows / (n_micro k), S] each
+        subs_y = list(targets.chunk(n_micro * k))
+        losses = self.executor(model).run(program, subs_t, subs_y, 1.0 / (n_micro * k))
+        return torch.stack(losses).mean()
+
+
+def build_schedule(name: str, n_sub: int = 2, micro_batch: int | None = None,
+                   max_inflight: int = 1) -> Schedule:
+    """The schedule called ``name`` (ValueError listing the valid names otherwise)."""
+    return Schedule(name, n_sub, micro_batch, max_inflight)

@@ -1,0 +1,74 @@
+"""``oases`` command line: wiring only; the work lives in the modules it calls.
+
+    oases train [CONFIG.toml] [--section.key=value ...] [--nproc-per-node N]
+
+Without CONFIG the main job's ``configs/default.toml`` is used. Overrides are every argument of
+the form ``--section.key=value``. User errors end with one ``error: ...`` line on stderr and a
+non-zero exit code, before any rank starts where the world size is known.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+
+from oases.config import Config, load_config
+
+DEFAULT_CONFIG = Path(__file__).resolve().parents[2] / "configs" / "default.toml"
+EXIT_USER_ERROR = 2
+
+
+def _is_override(arg: str) -> bool:
+    return arg.startswith("--") and "." in arg.partition("=")[0]
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="oases", allow_abbrev=False)
+    commands = parser.add_subparsers(dest="command", required=True)
+    train = commands.add_parser(
+        "train",
+        allow_abbrev=False,
+        help="train a model",
+        description="Train a model. Overrides: --section.key=value (e.g. --train.steps=50).",
+    )
+    train.add_argument("config", nargs="?", help=f"TOML run file (default: {DEFAULT_CONFIG})")
+    train.add_argument(
+        "--nproc-per-node",
+        type=int,
+        default=None,
+        metavar="N",
+        help="local ranks to start (default: parallel.tp); ignored under torchrun",
+    )
+    return parser
+
+
+def _train(config: str | None, overrides: list[str], nproc: int | None) -> int:
+    from oases.train.data import check_source
+    from oases.train.launch import launch, under_torchrun
+    from oases.train.loop import check_config
+
+    try:
+        if config is None and not DEFAULT_CONFIG.is_file():
+            raise ValueError(f"no CONFIG given and the default {DEFAULT_CONFIG} is missing")
+        cfg: Config = load_config(config or DEFAULT_CONFIG, overrides)
+        if nproc is not None and nproc < 1:
+            raise ValueError(f"--nproc-per-node={nproc} must be >= 1")
+        if not under_torchrun():  # under torchrun each rank checks against the real world size
+            nproc = nproc or cfg.parallel.tp
+            check_config(cfg, nproc)
+        check_source(cfg.data.source)
+    except ValueError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return EXIT_USER_ERROR
+    return launch(cfg, nproc or 1)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = list(sys.argv[1:] if argv is None else argv)
+    overrides = [a for a in args if _is_override(a)]
+    ns = _parser().parse_args([a for a in args if not _is_override(a)])
+    if ns.command == "train":
+        return _train(ns.config, overrides, ns.nproc_per_node)
+    return EXIT_USER_ERROR  # pragma: no cover - argparse requires a command

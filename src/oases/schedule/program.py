@@ -1,0 +1,211 @@
+"""Schedules as data: an instruction set over the chain of regions, and one generator per schedule.
+
+A program is a flat list of instructions for one rank, run by the executor on tensors and (later)
+by the simulator on costs. Pieces of the chain (see ``regions.py``) in each phase:
+
+    forward / recompute   ("epi", i)   glue after region i's all-reduce   (x_i, r_i) -> x_{i+1}
+                          ("body", i)  norm + TP matmuls of region i       x_i -> p_i
+    backward              ("norm", i)  backward of region i's norm (needs the reduced dh_i)
+                          ("epi", i)   backward of the glue -> dr_i, residual part of dx_i
+                          ("tp", i)    backward of region i's TP matmuls -> partial dh_i
+
+Collectives: ``Start``/``Wait`` of kind "fwd" (all-reduce of p_i), "bwd" (of dh_i) or "dp"
+(data-parallel gradient all-reduce of backward task i's parameter bucket).
+
+Programs are made by a list scheduler from *tasks* in priority order. A task waits for the
+collectives it needs, computes, and starts the collective it produces; at most ``max_inflight``
+TP collectives are in flight, so with two sub-batches a and b the forward steady state is::
+
+    compute:  [epi l-1 + body l](a)  [epi l-1 + body l](b)  [epi l + body l+1](a) ...
+    comm:     ........ AR(l-1, b) ..... AR(l, a) ............... AR(l, b) ...
+
+and the backward hides each dh all-reduce behind the other sub-batch's recompute + backward.
+
+Schedules (name: sub-batches, overlap, what recompute repeats):
+
+    megatron             1  no   no recompute
+    megatron-recompute   1  no   per-block recompute, repeats both forward all-reduces
+    commfree-recompute   1  no   recompute from saved post-collective (x_i, r_i): no collective
+    overlap              k  yes  no recompute
+    overlap-recompute    k  yes  per-block recompute (cross-pass overlap)
+    oases                k  yes  communication-free recompute
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from dataclasses import dataclass, field
+
+Piece = tuple[str, int]  # ("epi" | "body" | "norm" | "tp", region index)
+CollKey = tuple[str, int, int]  # (kind, region or task index, sub-batch)
+
+
+@dataclass(frozen=True)
+class Compute:
+    phase: str  # "forward" | "recompute" | "backward"
+    pieces: tuple[Piece, ...]
+    sub: int
+
+
+@dataclass(frozen=True)
+class Start:
+    kind: str  # "fwd" | "bwd" | "dp"
+    index: int
+    sub: int = 0
+
+
+@dataclass(frozen=True)
+class Wait:
+    kind: str
+    index: int
+    sub: int = 0
+
+
+Instr = Compute | Start | Wait
+
+
+@dataclass(frozen=True)
+class ScheduleSpec:
+    """The knobs that tell the named schedules apart."""
+
+    name: str
+    overlapped: bool  # k sub-batches (else 1)
+    recompute: str  # "none" | "block" | "commfree"
+
+
+SPECS = {
+    s.name: s
+    for s in (
+        ScheduleSpec("megatron", False, "none"),
+        ScheduleSpec("megatron-recompute", False, "block"),
+        ScheduleSpec("commfree-recompute", False, "commfree"),
+        ScheduleSpec("overlap", True, "none"),
+        ScheduleSpec("overlap-recompute", True, "block"),
+        ScheduleSpec("oases", True, "commfree"),
+    )
+}
+
+
+@dataclass
+class Task:
+    compute: Compute
+    needs: list[CollKey] = field(default_factory=list)
+    produces: CollKey | None = None
+
+
+def list_schedule(tasks: list[Task], max_inflight: int) -> list[Instr]:
+    """Tasks in priority order -> instructions, with at most ``max_inflight`` collectives open."""
+    out: list[Instr] = []
+    inflight: deque[CollKey] = deque()
+    for task in tasks:
+        for need in task.needs:
+            if need in inflight:
+                # Collectives on one group complete in issue order: wait up to ``need``.
+                while True:
+                    key = inflight.popleft()
+                    out.append(Wait(*key))
+                    if key == need:
+                        break
+        out.append(task.compute)
+        if task.produces is not None:
+            if len(inflight) >= max_inflight:
+                out.append(Wait(*inflight.popleft()))
+            out.append(Start(*task.produces))
+            inflight.append(task.produces)
+    out.extend(Wait(*key) for key in inflight)
+    return out
+
+
+def _forward_tasks(n_regions: int, subs: range) -> list[Task]:
+    tasks = []
+    for i in range(n_regions):
+        for j in subs:
+            pieces = ((("epi", i - 1),) if i else ()) + (("body", i),)
+            tasks.append(Task(
+                Compute("forward", pieces, j),
+                needs=[("fwd", i - 1, j)] if i else [],
+                produces=("fwd", i, j) if i < n_regions - 1 else None,
+            ))
+    return tasks
+
+
+def _backward_task(i: int, j: int, n_regions: int) -> Task:
+    pieces = ((("norm", i + 1), ("epi", i)) if i < n_regions - 1 else ()) + (("tp", i),)
+    return Task(
+        Compute("backward", pieces, j),
+        needs=[("bwd", i + 1, j)] if i < n_regions - 1 else [],
+        produces=("bwd", i, j) if i > 0 else None,
+    )
+
+
+def _backward_tasks(n_regions: int, subs: range, recompute: str) -> list[Task]:
+    tasks: list[Task] = []
+    last = n_regions - 1
+    i = last
+    while i >= 0:
+        if recompute == "block" and 0 < i < last:  # i is a block's MLP region: i-1 its attention
+            attn, mlp = i - 1, i
+            for j in subs:
+                tasks.append(Task(Compute("recompute", (("body", attn),), j),
+                                  produces=("fwd", attn, j)))
+            for j in subs:
+                tasks.append(Task(Compute("recompute", (("epi", attn), ("body", mlp)), j),
+                                  needs=[("fwd", attn, j)], produces=("fwd", mlp, j)))
+            for j in subs:
+                tasks.append(Task(Compute("recompute", (("epi", mlp),), j),
+                                  needs=[("fwd", mlp, j)]))
+                tasks.append(_backward_task(mlp, j, n_regions))
+            tasks.extend(_backward_task(attn, j, n_regions) for j in subs)
+            i -= 2
+            continue
+        for j in subs:
+            if recompute == "commfree" and i > 0:
+                tasks.append(Task(Compute("recompute", (("epi", i - 1), ("body", i)), j)))
+            tasks.append(_backward_task(i, j, n_regions))
+        i -= 1
+    return tasks
+
+
+def build_program(
+    name: str, n_regions: int, n_sub: int, *, n_micro: int = 1, max_inflight: int = 1,
+    dp_tasks: tuple[int, ...] = (),
+) -> list[Instr]:
+    """The instruction list of one optimizer step (``n_micro`` micro-batches of ``n_sub``
+    sub-batches each; sub-batch ids are global: micro m owns ids m*n_sub .. m*n_sub+n_sub-1).
+
+    ``dp_tasks``: backward tasks after which a data-parallel gradient bucket is final; their
+    all-reduces start right after that task of the last micro-batch and are waited at the end.
+    """
+    spec = SPECS.get(name)
+    if spec is None:
+        raise ValueError(f"unknown schedule {name!r}; valid: {', '.join(SPECS)}")
+    k = n_sub if spec.overlapped else 1
+    if k < 1 or max_inflight < 1 or n_micro < 1:
+        raise ValueError(f"n_sub={n_sub}, max_inflight={max_inflight}, n_micro={n_micro} "
+                         "must all be at least 1")
+    program: list[Instr] = []
+    for m in range(n_micro):
+        subs = range(m * k, (m + 1) * k)
+        tasks = _forward_tasks(n_regions, subs) + _backward_tasks(n_regions, subs, spec.recompute)
+        body = list_schedule(tasks, max_inflight)
+        if m == n_micro - 1 and dp_tasks:
+            body = _insert_dp(body, set(dp_tasks), subs[-1])
+        program.extend(body)
+    return program
+
+
+def _insert_dp(body: list[Instr], dp_tasks: set[int], last_sub: int) -> list[Instr]:
+    out: list[Instr] = []
+    for ins in body:
+        out.append(ins)
+        if isinstance(ins, Compute) and ins.phase == "backward" and ins.sub == last_sub:
+            task = ins.pieces[-1][1]  # ("tp", i) closes backward task i
+            if task in dp_tasks:
+                out.append(Start("dp", task))
+    out.extend(Wait("dp", t) for t in sorted(dp_tasks, reverse=True))
+    return out
+
+
+def sub_batches(name: str, n_sub: int) -> int:
+    """How many sub-batches a micro-batch is cut into under this schedule."""
+    return n_sub if SPECS[name].overlapped else 1

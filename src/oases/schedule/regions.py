@@ -1,0 +1,106 @@
+"""Cut a parallelized ``Transformer`` into its chain of regions.
+
+Under Megatron-style TMP the model alternates *TP regions* (sharded matmuls from a replicated
+input to a partial sum) and replicated *glue*. Region i of the chain has two pieces:
+
+    body:i   x_i [B,S,H] -> norm -> h_i -> TP matmuls -> y_i -> row-parallel partial p_i [B,S,H]
+    epi:i    (x_i, r_i = all-reduce(p_i)) -> x_{i+1} = x_i + dropout(r_i + bias)
+
+so the chain is ``body:0 epi:0 | body:1 epi:1 | ... | body:R-1`` with one forward all-reduce
+after every body (of p_i) and one backward all-reduce of the partial gradient of h_i::
+
+    region 0          embed       body: vocab-parallel lookup (partial sums);  epi: + positions, dropout
+    region 2l+1       blocks.l    attention (attn_norm, qkv, attention, proj)
+    region 2l+2       blocks.l    MLP (mlp_norm, fc1, act, fc2)
+    region R-1 = 2L+1 head        norm, column-parallel head, vocab-parallel cross-entropy (no epi)
+
+Shape legend: b sub-batch rows, S sequence, H hidden, I row-parallel input features (local).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from torch import Tensor, nn
+
+from oases.model import Transformer
+from oases.parallel.layers import RowParallelLinear
+
+
+@dataclass
+class Region:
+    """One TP region of the chain and the glue that follows its collective."""
+
+    index: int
+    kind: str  # "embed" | "attn" | "mlp" | "head"
+    name: str  # e.g. "blocks.3.mlp"
+    norm: nn.Module | None  # None for the embedding region
+    core: Callable[[Tensor], Tensor] | None  # h -> y (attn/mlp) ; None for embed/head
+    row: RowParallelLinear | None  # the row-parallel output layer (attn/mlp)
+    epilogue: Callable[[Tensor | None, Tensor], Tensor] | None  # (x, r) -> x'; None for head
+    norm_params: list[nn.Parameter] = field(default_factory=list)
+    tp_params: list[nn.Parameter] = field(default_factory=list)
+    epi_params: list[nn.Parameter] = field(default_factory=list)
+    dropout: float = 0.0
+
+
+def _params(*modules: nn.Module | None) -> list[nn.Parameter]:
+    return [p for m in modules if m is not None for p in m.parameters()]
+
+
+def build_chain(model: Transformer) -> list[Region]:
+    """The regions of a parallelized model, in forward order."""
+    if model.parallel_ctx is None:
+        raise ValueError("build_chain needs a parallelized model: call oases.parallelize first")
+    cfg = model.cfg
+
+    def embed_epilogue(x: Tensor | None, r: Tensor) -> Tensor:
+        S = r.shape[1]
+        if model.pos_embed is not None:
+            r = r + model.pos_embed.weight[:S]
+        return model.drop(r)
+
+    chain = [
+        Region(0, "embed", "embed", None, None, None, embed_epilogue,
+               tp_params=_params(model.embed),
+               epi_params=_params(model.pos_embed), dropout=cfg.dropout)
+    ]
+    for l, block in enumerate(model.blocks):
+        for kind, norm, sub in (("attn", block.attn_norm, block.attn),
+                                ("mlp", block.mlp_norm, block.mlp)):
+            row = sub.proj if kind == "attn" else sub.fc2
+
+            def epilogue(x: Tensor | None, r: Tensor, row: RowParallelLinear = row,
+                         drop: nn.Module = block.drop) -> Tensor:
+                return x + drop(row.add_bias(r))
+
+            tp = [p for p in sub.parameters() if p is not row.bias]
+            chain.append(Region(
+                len(chain), kind, f"blocks.{l}.{kind}", norm, sub.core, row, epilogue,
+                norm_params=_params(norm), tp_params=tp,
+                epi_params=[row.bias] if row.bias is not None else [], dropout=cfg.dropout,
+            ))
+    chain.append(Region(len(chain), "head", "head", model.norm, None, None, None,
+                        norm_params=_params(model.norm), tp_params=_params(model.head)))
+    return chain
+
+
+def dp_buckets(chain: list[Region]) -> dict[int, list[nn.Parameter]]:
+    """Parameters grouped by the backward task after which their gradients are final.
+
+    Backward task i runs ``norm:i+1``, ``epi:i`` and ``tp:i``; a parameter used by several tasks
+    (a tied embedding) is final after the lowest one. Returns {task index: params}.
+    """
+    last: dict[int, tuple[int, nn.Parameter]] = {}
+    for region in chain:
+        i = region.index
+        for task, params in ((i, region.tp_params), (i, region.epi_params),
+                             (i - 1, region.norm_params)):
+            for p in params:
+                if id(p) not in last or task < last[id(p)][0]:
+                    last[id(p)] = (task, p)
+    buckets: dict[int, list[nn.Parameter]] = {}
+    for task, p in last.values():
+        buckets.setdefault(task, []).append(p)
+    return buckets

@@ -1,0 +1,259 @@
+"""Training text: the embedded default corpus, user files, the byte tokenizer and packed batches.
+
+Shape legend: G global batch (sequences per step), dp data-parallel degree, B = G // dp rows per
+DP rank, S sequence length (``model.seq_len``), W = S + 1 window length.
+
+``data.source = "stdlib"`` (the default) is the running interpreter's own standard library: every
+UTF-8 ``.py`` file under ``sysconfig.get_paths()["stdlib"]`` outside ``site-packages`` and test
+directories, a deterministic choice of files capped at ``STDLIB_CAP_BYTES`` so start-up stays
+fast. Any other source is a file, a directory (every file below it) or a glob of user text
+files; files ending in ``.jsonl`` hold one JSON object per line with a ``"text"`` field.
+
+Validation is split off by file: file i (in sorted order) is held out when
+``i % VAL_EVERY == VAL_EVERY - 1``. With fewer than ``VAL_EVERY`` files no file is held out and
+the last 1/VAL_EVERY of the token stream is used instead.
+
+Documents are joined with ``DOC_SEP`` (byte 0, absent from text) into one stream of tokens that
+is cut into non-overlapping windows of W tokens; a window gives ``tokens = w[:-1]`` and
+``targets = w[1:]``. ``PackedBatches`` orders the windows by a seeded permutation per epoch and
+deals them out in global batches of G; DP rank r gets the B contiguous rows ``[r*B, (r+1)*B)`` of
+each global batch, and every TP rank of a DP group gets the same rows.
+"""
+
+from __future__ import annotations
+
+import glob
+import hashlib
+import json
+import os
+import sysconfig
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+from torch import Tensor
+
+STDLIB_CAP_BYTES = 4_000_000
+VAL_EVERY = 20
+DOC_SEP = 0
+_SKIP_DIRS = frozenset(
+    {"site-packages", "dist-packages", "test", "tests", "idle_test", "__pycache__"}
+)
+TOKENIZERS = ("byte",)
+
+
+class ByteTokenizer:
+    """UTF-8 bytes as tokens: vocabulary 256, no training, lossless."""
+
+    vocab_size = 256
+
+    def encode(self, text: str) -> list[int]:
+        return list(text.encode("utf-8"))
+
+    def decode(self, ids: list[int]) -> str:
+        return bytes(i for i in ids if 0 <= i < 256).decode("utf-8", errors="replace")
+
+
+def build_tokenizer(name: str) -> ByteTokenizer:
+    """The tokenizer called ``name``; ValueError listing the valid names."""
+    if name != "byte":
+        raise ValueError(
+            f"data.tokenizer={name!r} is not supported; valid: {', '.join(TOKENIZERS)}"
+        )
+    return ByteTokenizer()
+
+
+@dataclass
+class Corpus:
+    """Byte token streams of the training and validation splits and the files they came from."""
+
+    train: Tensor  # [N_train] uint8
+    val: Tensor  # [N_val] uint8
+    train_files: list[str]
+    val_files: list[str]
+
+
+def list_stdlib_files(cap_bytes: int = STDLIB_CAP_BYTES) -> list[Path]:
+    """The default corpus files: sorted, deterministic, at most ``cap_bytes`` in total.
+
+    Files are taken in the order of a hash of their relative path (a spread over the whole
+    library rather than its first letters) until the cap, then returned in sorted order.
+    """
+    root = Path(sysconfig.get_paths()["stdlib"])
+    found: list[Path] = []
+    for here, dirs, files in os.walk(root):
+        dirs[:] = sorted(d for d in dirs if d not in _SKIP_DIRS and not d.startswith("."))
+        found += [Path(here, f) for f in files if f.endswith(".py")]
+    found.sort()
+
+    def key(p: Path) -> str:
+        return hashlib.sha1(p.relative_to(root).as_posix().encode()).hexdigest()
+
+    chosen, total = [], 0
+    for p in sorted(found, key=key):
+        size = p.stat().st_size
+        if total + size > cap_bytes:
+            continue
+        chosen.append(p)
+        total += size
+    return sorted(chosen)
+
+
+def resolve_source(source: str) -> list[Path]:
+    """The sorted files of a user ``data.source`` (file, directory or glob); ValueError if none."""
+    p = Path(source).expanduser()
+    if p.is_file():
+        return [p]
+    if p.is_dir():
+        files = sorted(f for f in p.rglob("*") if f.is_file())
+    else:
+        files = sorted(Path(f) for f in glob.glob(str(p), recursive=True) if Path(f).is_file())
+    if not files:
+        raise ValueError(f"data.source={source!r}: no such file, or no files match")
+    return files
+
+
+def check_source(source: str) -> None:
+    """Cheap start-up check of ``data.source`` (files exist and are not all empty)."""
+    if source == "stdlib":
+        return
+    files = resolve_source(source)
+    if all(f.stat().st_size == 0 for f in files):
+        raise ValueError(f"data.source={source!r}: the data is empty ({len(files)} empty files)")
+
+
+def _read_document(path: Path) -> bytes:
+    data = path.read_bytes()
+    if path.suffix != ".jsonl":
+        return data
+    texts = []
+    for n, line in enumerate(data.decode("utf-8", errors="replace").splitlines(), start=1):
+        if not line.strip():
+            continue
+        try:
+            record = json.loads(line)
+        except json.JSONDecodeError as exc:
+            raise ValueError(f"{path}:{n}: invalid JSON ({exc.msg})") from None
+        if not isinstance(record, dict) or not isinstance(record.get("text"), str):
+            raise ValueError(f'{path}:{n}: expected an object with a string "text" field')
+        texts.append(record["text"].encode("utf-8"))
+    return bytes([DOC_SEP]).join(texts)
+
+
+def _join(docs: list[bytes]) -> Tensor:
+    """Documents -> one uint8 stream, each document followed by DOC_SEP."""
+    stream = b"".join(d + bytes([DOC_SEP]) for d in docs if d)
+    return (
+        torch.frombuffer(bytearray(stream), dtype=torch.uint8)
+        if stream
+        else torch.empty(0, dtype=torch.uint8)
+    )
+
+
+def load_corpus(source: str = "stdlib") -> Corpus:
+    """Read ``source`` (``"stdlib"`` or user files) and split it into train / validation."""
+    docs: list[tuple[str, bytes]] = []
+    if source == "stdlib":
+        for path in list_stdlib_files():
+            data = path.read_bytes()
+            try:
+                data.decode("utf-8")
+            except UnicodeDecodeError:
+                continue
+            docs.append((str(path), data))
+    else:
+        docs = [(str(path), _read_document(path)) for path in resolve_source(source)]
+    if sum(len(d) for _, d in docs) == 0:
+        raise ValueError(f"data.source={source!r}: the data is empty")
+    train = [d for i, d in enumerate(docs) if i % VAL_EVERY != VAL_EVERY - 1]
+    val = [d for i, d in enumerate(docs) if i % VAL_EVERY == VAL_EVERY - 1]
+    if val and any(d for _, d in val):
+        return Corpus(
+            _join([d for _, d in train]),
+            _join([d for _, d in val]),
+            [n for n, _ in train],
+            [n for n, _ in val],
+        )
+    stream = _join([d for _, d in docs])  # too few files: hold out the tail of the stream
+    cut = len(stream) - len(stream) // VAL_EVERY
+    return Corpus(stream[:cut], stream[cut:], [n for n, _ in docs], [])
+
+
+def n_windows(stream: Tensor, seq_len: int) -> int:
+    return len(stream) // (seq_len + 1)
+
+
+class PackedBatches:
+    """Deterministic, DP-sharded batches of packed windows from a token stream.
+
+    ``position`` is the index of the next global batch; ``batch(i)`` is a pure function of the
+    stream, ``seed``, ``i`` and this rank's DP coordinates, so saving ``position`` is enough to
+    resume. With ``shuffle=False`` the windows are taken in stream order (validation).
+    """
+
+    def __init__(
+        self,
+        stream: Tensor,
+        seq_len: int,
+        global_batch: int,
+        *,
+        dp_rank: int = 0,
+        dp: int = 1,
+        seed: int = 0,
+        shuffle: bool = True,
+        name: str = "the token stream",
+    ) -> None:
+        if global_batch % dp:
+            raise ValueError(f"train.global_batch={global_batch} is not divisible by dp={dp}")
+        if not 0 <= dp_rank < dp:
+            raise ValueError(f"dp_rank={dp_rank} is outside [0, {dp})")
+        n = n_windows(stream, seq_len)
+        if n == 0:
+            raise ValueError(
+                f"{name} has {len(stream)} tokens, fewer than one window of"
+                f" model.seq_len + 1 = {seq_len + 1}"
+            )
+        W = seq_len + 1
+        self.windows = stream[: n * W].view(n, W)  # [n, W] uint8
+        self.seq_len, self.global_batch, self.dp_rank, self.dp = seq_len, global_batch, dp_rank, dp
+        self.seed, self.shuffle = seed, shuffle
+        self.rows = global_batch // dp  # B
+        self.position = 0
+        self._perm_epoch, self._perm = -1, torch.arange(n)
+
+    @property
+    def n_windows(self) -> int:
+        return self.windows.shape[0]
+
+    def _order(self, epoch: int) -> Tensor:
+        if not self.shuffle:
+            return torch.arange(self.n_windows)
+        if epoch != self._perm_epoch:
+            g = torch.Generator().manual_seed(self.seed * 1_000_003 + epoch)
+            self._perm, self._perm_epoch = torch.randperm(self.n_windows, generator=g), epoch
+        return self._perm
+
+    def window_ids(self, index: int) -> list[int]:
+        """Window ids of this rank's rows of global batch ``index``."""
+        first = index * self.global_batch + self.dp_rank * self.rows
+        ids = []
+        for k in range(first, first + self.rows):
+            epoch, j = divmod(k, self.n_windows)
+            ids.append(int(self._order(epoch)[j]))
+        return ids
+
+    def batch(self, index: int) -> tuple[Tensor, Tensor]:
+        """tokens, targets [B, S] int64 of global batch ``index`` for this DP rank."""
+        w = self.windows[self.window_ids(index)].long()  # [B, W]
+        return w[:, :-1], w[:, 1:]
+
+    def next_batch(self) -> tuple[Tensor, Tensor]:
+        out = self.batch(self.position)
+        self.position += 1
+        return out
+
+    def state_dict(self) -> dict[str, int]:
+        return {"position": self.position}
+
+    def load_state_dict(self, state: dict[str, int]) -> None:
+        self.position = int(state["position"])

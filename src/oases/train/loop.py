@@ -1,0 +1,253 @@
+"""The training loop of one rank: model, optimizer, LR schedule, clipping, logging, evaluation.
+
+Every rank runs ``train(cfg)``. Order of one step::
+
+    tokens, targets [B, S]  (this DP rank's rows; the same on every TP rank of the DP group)
+    schedule.step           forward + backward over micro-batches, grads averaged over DP
+    clip_grad_norm_         global norm over TP shards (all-reduce) + replicated params (once)
+    optimizer.step, zero_grad
+
+Rank 0 prints a line every ``train.log_every`` steps (loss and tokens/s averaged over the steps
+since the previous line; the loss is the mean over DP ranks) and writes one JSON line per step to
+``<run_dir>/metrics.jsonl``; the resolved config goes to ``<run_dir>/config.toml``.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import time
+from collections.abc import Iterable
+from pathlib import Path
+from typing import Any, TextIO
+
+import torch
+from torch import nn
+
+from oases.config import Config, TrainConfig, config_to_dict, save_config
+from oases.model import build_model, count_params
+from oases.parallel import comm
+from oases.parallel.apply import parallelize, shard_spec
+from oases.parallel.context import Group, ParallelContext, init_distributed
+from oases.schedule import build_schedule
+from oases.train.data import Corpus, PackedBatches, build_tokenizer, load_corpus
+
+EVAL_BATCHES = 4
+
+
+def check_config(cfg: Config, world_size: int) -> None:
+    """Every user-input check that needs no data and no collective; ValueError with numbers."""
+    cfg.validate(world_size)
+    build_schedule(cfg.schedule.name, n_sub=cfg.schedule.n_sub, micro_batch=cfg.train.micro_batch)
+    tok = build_tokenizer(cfg.data.tokenizer)
+    if cfg.model.vocab_size < tok.vocab_size:
+        raise ValueError(
+            f"model.vocab_size={cfg.model.vocab_size} is smaller than the {cfg.data.tokenizer}"
+            f" tokenizer's vocabulary of {tok.vocab_size}"
+        )
+
+
+def lr_at(step: int, t: TrainConfig) -> float:
+    """Learning rate of 0-based ``step``: linear warmup to ``lr``, cosine decay to ``min_lr``."""
+    if step < t.warmup_steps:
+        return t.lr * (step + 1) / t.warmup_steps
+    progress = (step - t.warmup_steps) / max(1, t.steps - t.warmup_steps)
+    return t.min_lr + 0.5 * (t.lr - t.min_lr) * (1.0 + math.cos(math.pi * min(1.0, progress)))
+
+
+def build_optimizer(model: nn.Module, t: TrainConfig) -> torch.optim.AdamW:
+    """AdamW; biases, norms and embeddings (by name) get no weight decay."""
+    decay, no_decay = [], []
+    for name, p in model.named_parameters():  # a tied weight appears once, as embed.weight
+        if not p.requires_grad:
+            continue
+        skip = name.endswith("bias") or "norm" in name or "embed" in name
+        (no_decay if skip else decay).append(p)
+    groups = [
+        {"params": decay, "weight_decay": t.weight_decay},
+        {"params": no_decay, "weight_decay": 0.0},
+    ]
+    return torch.optim.AdamW(groups, lr=lr_at(0, t), betas=(0.9, 0.95), eps=1e-8)
+
+
+def clip_grad_norm_(params: Iterable[nn.Parameter], max_norm: float, tp_group: Group) -> float:
+    """Clip ``.grad`` in place by the global norm of the full (unsharded) model's gradient.
+
+    Sharded parameters contribute their local sum of squares, summed over the TP group by one
+    all-reduce; replicated parameters hold the same gradient on every TP rank and are counted
+    once. Gradients must already be averaged over DP. ``max_norm <= 0`` only measures.
+    Returns the norm before clipping.
+    """
+    params = [p for p in {id(p): p for p in params}.values() if p.grad is not None]
+    if not params:
+        return 0.0
+    zero = params[0].grad.new_zeros((), dtype=torch.float32)
+    sharded = sum((p.grad.float().pow(2).sum() for p in params if shard_spec(p) is not None), zero)
+    replicated = sum((p.grad.float().pow(2).sum() for p in params if shard_spec(p) is None), zero)
+    sharded = comm.all_reduce_(sharded.reshape(1), tp_group, direction="backward", tag="grad-norm")
+    norm = float((sharded[0] + replicated).sqrt())
+    if max_norm > 0 and norm > max_norm:
+        coef = max_norm / (norm + 1e-6)
+        for p in params:
+            p.grad.mul_(coef)
+    return norm
+
+
+@torch.no_grad()
+def evaluate(model: nn.Module, batches: PackedBatches, ctx: ParallelContext, n: int) -> float:
+    """Mean loss over the first ``n`` validation batches (fewer if the split is small)."""
+    was_training = model.training
+    model.eval()
+    n = max(1, min(n, batches.n_windows // batches.global_batch))
+    total = torch.zeros((), device=ctx.device)
+    for i in range(n):
+        tokens, targets = batches.batch(i)
+        total += model(tokens.to(ctx.device), targets.to(ctx.device)).float()
+    model.train(was_training)
+    return float(comm.all_reduce_mean(total / n, ctx.dp_group))
+
+
+def _format_config(cfg: Config) -> str:
+    return "\n".join(
+        f"  [{section}] " + " ".join(f"{k}={v}" for k, v in values.items())
+        for section, values in config_to_dict(cfg).items()
+    )
+
+
+class PeerSetupError(ValueError):
+    """Setup failed on another rank, which reported the error; this rank stops quietly."""
+
+
+def agree_on_setup(ctx: ParallelContext, error: ValueError | None) -> None:
+    """Collective check after each rank's local setup: if any rank failed, all raise.
+
+    The lowest failing rank re-raises its own error (the one line the user sees); the others
+    raise ``PeerSetupError``. Two max all-reduces (over TP, then DP) cover the whole world.
+    """
+    code = torch.tensor([float(ctx.world_size - ctx.rank) if error else 0.0], device=ctx.device)
+    comm.all_reduce_(code, ctx.tp_group, op="max", tag="setup-check")
+    comm.all_reduce_(code, ctx.dp_group, op="max", tag="setup-check")
+    if code.item() == 0:
+        return
+    first = ctx.world_size - int(code.item())
+    if ctx.rank == first:
+        assert error is not None
+        raise error if first == 0 else ValueError(f"rank {first}: {error}")
+    raise PeerSetupError(f"setup failed on rank {first}")
+
+
+def train(cfg: Config, *, log: TextIO | None = None) -> dict[str, Any]:
+    """Run ``cfg`` on this rank; returns a summary (final loss, validation loss, time)."""
+    ctx = init_distributed(
+        tp=cfg.parallel.tp, timeout_s=cfg.parallel.timeout_s, backend=cfg.parallel.backend
+    )
+    t, S = cfg.train, cfg.model.seq_len
+    is_main = ctx.rank == 0
+
+    def say(msg: str) -> None:
+        if is_main:
+            print(msg, file=log, flush=True)
+
+    error: ValueError | None = None
+    try:  # local setup only: no collective until every rank agrees it succeeded
+        check_config(cfg, ctx.world_size)
+        corpus: Corpus = load_corpus(cfg.data.source)
+        where = f"data.source={cfg.data.source!r}:"
+        train_data = PackedBatches(
+            corpus.train,
+            S,
+            t.global_batch,
+            dp_rank=ctx.dp_rank,
+            dp=ctx.dp,
+            seed=t.seed,
+            name=f"{where} the training split",
+        )
+        val_data = PackedBatches(
+            corpus.val,
+            S,
+            t.global_batch,
+            dp_rank=ctx.dp_rank,
+            dp=ctx.dp,
+            shuffle=False,
+            name=f"{where} the validation split",
+        )
+    except ValueError as exc:
+        error = exc
+    agree_on_setup(ctx, error)
+
+    torch.manual_seed(t.seed)  # same full model on every rank before sharding
+    model = build_model(cfg.model)
+    n_params = count_params(model)
+    parallelize(model, ctx)
+    model.train()
+    optimizer = build_optimizer(model, t)
+    schedule = build_schedule(
+        cfg.schedule.name, n_sub=cfg.schedule.n_sub, micro_batch=t.micro_batch
+    )
+
+    run_dir = Path(t.run_dir)
+    metrics: TextIO | None = None
+    if is_main:
+        run_dir.mkdir(parents=True, exist_ok=True)
+        save_config(cfg, run_dir / "config.toml")
+        metrics = (run_dir / "metrics.jsonl").open("w", encoding="utf-8")
+    say(
+        f"oases train: {ctx}\nconfig (written to {run_dir / 'config.toml'}):\n"
+        + _format_config(cfg)
+    )
+    say(
+        f"model: {cfg.model.arch} {n_params / 1e6:.2f}M parameters; data: {cfg.data.source}"
+        f" {len(corpus.train) / 1e6:.2f}M train / {len(corpus.val) / 1e6:.2f}M val tokens"
+        f" ({len(corpus.train_files)} + {len(corpus.val_files)} files)"
+    )
+
+    tokens_per_step = t.global_batch * S
+    loss = float("nan")
+    window: list[tuple[float, float]] = []  # (loss, step_time_s) since the last printed line
+    start = time.perf_counter()
+    try:
+        for step in range(t.steps):
+            t0 = time.perf_counter()
+            lr = lr_at(step, t)
+            for group in optimizer.param_groups:
+                group["lr"] = lr
+            tokens, targets = train_data.next_batch()
+            local = schedule.step(model, tokens.to(ctx.device), targets.to(ctx.device))
+            grad_norm = clip_grad_norm_(model.parameters(), t.grad_clip, ctx.tp_group)
+            optimizer.step()
+            optimizer.zero_grad(set_to_none=True)
+            loss = float(comm.all_reduce_mean(local.float(), ctx.dp_group))
+            if not math.isfinite(loss):
+                raise FloatingPointError(f"loss became {loss} at step {step + 1}")
+            dt = time.perf_counter() - t0
+            if metrics is not None:
+                row = {
+                    "step": step + 1,
+                    "loss": loss,
+                    "lr": lr,
+                    "grad_norm": grad_norm,
+                    "step_time_s": dt,
+                    "tokens_per_s": tokens_per_step / dt,
+                }
+                metrics.write(json.dumps(row) + "\n")
+                metrics.flush()
+            window.append((loss, dt))
+            if (step + 1) % t.log_every == 0 or step == 0 or step + 1 == t.steps:
+                mean_loss = sum(x for x, _ in window) / len(window)
+                rate = tokens_per_step * len(window) / sum(d for _, d in window)
+                say(
+                    f"step {step + 1:5d}/{t.steps}  loss {mean_loss:.4f}  lr {lr:.2e}"
+                    f"  grad_norm {grad_norm:.3f}  {rate:,.0f} tok/s"
+                    f"  elapsed {time.perf_counter() - start:.1f}s"
+                )
+                window.clear()
+        val_loss = evaluate(model, val_data, ctx, EVAL_BATCHES)
+    finally:
+        if metrics is not None:
+            metrics.close()
+    elapsed = time.perf_counter() - start
+    say(
+        f"done: {t.steps} steps in {elapsed:.1f}s; final train loss {loss:.4f},"
+        f" validation loss {val_loss:.4f}"
+    )
+    return {"loss": loss, "val_loss": val_loss, "elapsed_s": elapsed, "steps": t.steps}
