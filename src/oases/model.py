@@ -13,7 +13,8 @@ Block (pre-LN, Megatron layout)::
        └──────────────────────────────────────────────────┘└────────────────────────────────────┘
 
 Parameter names (the contract for sharding, checkpoints and Hugging Face import):
-``embed``, ``pos_embed`` (gpt2), ``blocks.{i}.{attn_norm,attn.qkv,attn.proj,mlp_norm,mlp.fc1,mlp.fc2}``,
+``embed``, ``pos_embed`` (gpt2),
+``blocks.{i}.{attn_norm,attn.qkv,attn.proj,mlp_norm,mlp.fc1,mlp.fc2}``,
 ``norm``, ``head`` (its weight *is* ``embed.weight`` when embeddings are tied). ``qkv`` rows are
 ``[Q | K | V]``; llama's ``fc1`` rows are ``[gate | up]``.
 """

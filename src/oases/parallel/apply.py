@@ -8,7 +8,7 @@ then parallelized equals the single-device model built from the same seed)::
     blocks.i.attn.proj    -> RowParallelLinear         columns (heads)
     blocks.i.mlp.fc1      -> ColumnParallelLinear      rows ([gate | up] per part for llama)
     blocks.i.mlp.fc2      -> RowParallelLinear         columns (ffn)
-    head                  -> ColumnParallelLinear      rows (vocabulary; shares embed's shard if tied)
+    head                  -> ColumnParallelLinear      rows (vocabulary; embed's shard if tied)
     loss_fn               -> VocabParallelCrossEntropy
     gather_logits         -> GatherLogits
     norms, pos_embed      replicated

@@ -9,7 +9,7 @@ input to a partial sum) and replicated *glue*. Region i of the chain has two pie
 so the chain is ``body:0 epi:0 | body:1 epi:1 | ... | body:R-1`` with one forward all-reduce
 after every body (of p_i) and one backward all-reduce of the partial gradient of h_i::
 
-    region 0          embed       body: vocab-parallel lookup (partial sums);  epi: + positions, dropout
+    region 0          embed       body: vocab-parallel lookup; epi: + positions, dropout
     region 2l+1       blocks.l    attention (attn_norm, qkv, attention, proj)
     region 2l+2       blocks.l    MLP (mlp_norm, fc1, act, fc2)
     region R-1 = 2L+1 head        norm, column-parallel head, vocab-parallel cross-entropy (no epi)
@@ -66,7 +66,7 @@ def build_chain(model: Transformer) -> list[Region]:
                tp_params=_params(model.embed),
                epi_params=_params(model.pos_embed), dropout=cfg.dropout)
     ]
-    for l, block in enumerate(model.blocks):
+    for layer, block in enumerate(model.blocks):
         for kind, norm, sub in (("attn", block.attn_norm, block.attn),
                                 ("mlp", block.mlp_norm, block.mlp)):
             row = sub.proj if kind == "attn" else sub.fc2
@@ -77,7 +77,7 @@ def build_chain(model: Transformer) -> list[Region]:
 
             tp = [p for p in sub.parameters() if p is not row.bias]
             chain.append(Region(
-                len(chain), kind, f"blocks.{l}.{kind}", norm, sub.core, row, epilogue,
+                len(chain), kind, f"blocks.{layer}.{kind}", norm, sub.core, row, epilogue,
                 norm_params=_params(norm), tp_params=tp,
                 epi_params=[row.bias] if row.bias is not None else [], dropout=cfg.dropout,
             ))
