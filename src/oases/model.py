@@ -26,7 +26,7 @@ import math
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
-from torch.utils.checkpoint import checkpoint
+from torch.utils.checkpoint import checkpoint, set_checkpoint_early_stop
 
 from oases.config import ModelConfig
 
@@ -204,7 +204,9 @@ class Transformer(nn.Module):
         x = self.embed_tokens(tokens)
         for block in self.blocks:
             if self.recompute and torch.is_grad_enabled():
-                x = checkpoint(block, x, use_reentrant=False)
+                # No early stop: the recompute re-runs the whole block, as Megatron's does.
+                with set_checkpoint_early_stop(False):
+                    x = checkpoint(block, x, use_reentrant=False)
             else:
                 x = block(x)
         local_logits = self.head(self.norm(x))  # [B, S, V] (V/tp-padded shard under TP)

@@ -195,9 +195,13 @@ def scatter_to_tp(x: Tensor, group: Group, dim: int = -1) -> Tensor:
 
 def all_reduce_gradients(params: Iterable[torch.nn.Parameter], group: Group) -> None:
     """Average ``.grad`` over ``group`` (data parallelism) with one flat all-reduce."""
-    grads = [p.grad for p in params if p.grad is not None]
-    if group.size == 1 or not grads:
+    params = list(params)
+    if group.size == 1 or not params:
         return
+    for p in params:  # every rank must contribute the same flat layout
+        if p.grad is None:
+            p.grad = torch.zeros_like(p)
+    grads = [p.grad for p in params]
     flat = torch.cat([g.reshape(-1) for g in grads])
     all_reduce_(flat, group, direction="backward", tag="dp-grads")
     flat.div_(group.size)

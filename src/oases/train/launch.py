@@ -41,13 +41,13 @@ def free_port() -> int:
 
 def run_rank(cfg: Config, num_threads: int | None = None) -> dict[str, Any] | None:
     """Entry point of one rank: train ``cfg``; returns the summary on rank 0."""
-    from oases.train.loop import PeerSetupError, train  # workers import only what they run
+    from oases.train.loop import PeerError, train  # workers import only what they run
 
     if num_threads is not None and not torch.cuda.is_available():
         torch.set_num_threads(num_threads)
     try:
         summary = train(cfg)
-    except PeerSetupError:  # the failing rank printed the error
+    except PeerError:  # another rank printed the error
         sys.exit(EXIT_USER_ERROR)
     except ValueError as exc:  # user input (config, data): one line, no traceback
         print(f"error: {exc}", file=sys.stderr, flush=True)

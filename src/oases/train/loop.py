@@ -114,15 +114,15 @@ def _format_config(cfg: Config) -> str:
     )
 
 
-class PeerSetupError(ValueError):
-    """Setup failed on another rank, which reported the error; this rank stops quietly."""
+class PeerError(ValueError):
+    """A user error that another rank reports (one line in all); this rank stops quietly."""
 
 
 def agree_on_setup(ctx: ParallelContext, error: ValueError | None) -> None:
     """Collective check after each rank's local setup: if any rank failed, all raise.
 
     The lowest failing rank re-raises its own error (the one line the user sees); the others
-    raise ``PeerSetupError``. Two max all-reduces (over TP, then DP) cover the whole world.
+    raise ``PeerError``. Two max all-reduces (over TP, then DP) cover the whole world.
     """
     code = torch.tensor([float(ctx.world_size - ctx.rank) if error else 0.0], device=ctx.device)
     comm.all_reduce_(code, ctx.tp_group, op="max", tag="setup-check")
@@ -133,7 +133,7 @@ def agree_on_setup(ctx: ParallelContext, error: ValueError | None) -> None:
     if ctx.rank == first:
         assert error is not None
         raise error if first == 0 else ValueError(f"rank {first}: {error}")
-    raise PeerSetupError(f"setup failed on rank {first}")
+    raise PeerError(f"setup failed on rank {first}")
 
 
 def train(cfg: Config, *, log: TextIO | None = None) -> dict[str, Any]:
@@ -192,8 +192,8 @@ def train(cfg: Config, *, log: TextIO | None = None) -> dict[str, Any]:
         save_config(cfg, run_dir / "config.toml")
         metrics = (run_dir / "metrics.jsonl").open("w", encoding="utf-8")
     say(
-        f"oases train: {ctx}\nconfig (written to {run_dir / 'config.toml'}):\n"
-        + _format_config(cfg)
+        f"oases train: {ctx}\nconfig (written to {run_dir / 'config.toml'}; metrics to"
+        f" {run_dir / 'metrics.jsonl'}):\n" + _format_config(cfg)
     )
     say(
         f"model: {cfg.model.arch} {n_params / 1e6:.2f}M parameters; data: {cfg.data.source}"
@@ -217,8 +217,9 @@ def train(cfg: Config, *, log: TextIO | None = None) -> dict[str, Any]:
             optimizer.step()
             optimizer.zero_grad(set_to_none=True)
             loss = float(comm.all_reduce_mean(local.float(), ctx.dp_group))
-            if not math.isfinite(loss):
-                raise FloatingPointError(f"loss became {loss} at step {step + 1}")
+            if not math.isfinite(loss):  # the same on every rank: rank 0 reports it
+                msg = f"loss became {loss} at step {step + 1}; try a lower train.lr={t.lr}"
+                raise ValueError(msg) if is_main else PeerError(msg)
             dt = time.perf_counter() - t0
             if metrics is not None:
                 row = {
