@@ -216,3 +216,18 @@ def all_reduce_mean(t: Tensor, group: Group) -> Tensor:
     out = t.detach().clone()
     all_reduce_(out, group, tag="metric")
     return out.div_(group.size)
+
+
+def barrier(group: Group) -> None:
+    """Block until every rank of ``group`` arrives (a tiny all-reduce, so it obeys the timeout)."""
+    if group.size > 1:
+        dist.all_reduce(torch.zeros(1), group=group.pg)
+
+
+def all_gather_objects(obj: object, group: Group) -> list[object]:
+    """Every rank's picklable ``obj``, in group order (for metrics and timelines, not tensors)."""
+    if group.size == 1:
+        return [obj]
+    out: list[object] = [None] * group.size
+    dist.all_gather_object(out, obj, group=group.pg)
+    return out

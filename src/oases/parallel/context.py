@@ -45,6 +45,7 @@ class ParallelContext:
     dp: int
     tp_group: Group
     dp_group: Group
+    world_group: Group
     device: torch.device
     backend: str
     timeout_s: float
@@ -128,6 +129,8 @@ def init_distributed(
         if j == tp_rank:
             dp_group = Group("dp", tuple(ranks), tp_index, pg)
     assert tp_group is not None and dp_group is not None
+    world = Group("world", tuple(range(world_size)), rank,
+                  dist.group.WORLD if world_size > 1 else None)
     return ParallelContext(
         world_size=world_size,
         rank=rank,
@@ -136,6 +139,7 @@ def init_distributed(
         dp=dp,
         tp_group=tp_group,
         dp_group=dp_group,
+        world_group=world,
         device=device,
         backend=backend,
         timeout_s=timeout_s,

@@ -46,6 +46,7 @@ class Executor:
         self.chain = build_chain(model)
         self.buckets = dp_buckets(self.chain) if self.ctx.dp > 1 else {}
         self.track_memory = False
+        self.skip_comm = False  # benchmarks only: compute-only timing, numbers are then wrong
         self.saved_bytes: dict[int, int] = {}  # region -> bytes kept from forward to backward
         self._param_ptrs = {p.untyped_storage().data_ptr() for p in model.parameters()}
 
@@ -53,8 +54,9 @@ class Executor:
     def _in_segment(self, kind: str, i: int) -> bool:
         """Does piece (kind, i) run without a graph in the forward (it is recomputed)?"""
         mode, last = self.spec.recompute, len(self.chain) - 1
-        if mode == "commfree":
-            return (kind == "body" and i > 0) or (kind == "epi" and i < last)
+        if mode == "commfree":  # segments [epi:i-1, body:i] for 0 < i < last (not the head,
+            # whose recompute would repeat the cross-entropy's collectives)
+            return (kind == "body" and 0 < i < last) or (kind == "epi" and i < last - 1)
         if mode == "block":
             return 0 < i < last
         return False
@@ -118,9 +120,10 @@ class Executor:
                 skip_last = recompute and self.spec.recompute == "commfree"
                 self._body(i, j, grad, recompute, need_p=not skip_last)
 
-    def _track(self, i: int):  # noqa: ANN202
-        """Count storages autograd keeps for region i (excluding parameters)."""
-        if not self.track_memory:
+    def _track(self, i: int, recompute: bool):  # noqa: ANN202
+        """Count storages autograd keeps from the forward for region i (not parameters, not
+        the transient graphs of a recompute)."""
+        if not self.track_memory or recompute:
             return torch.autograd.graph.saved_tensors_hooks(lambda t: t, lambda t: t)
 
         def pack(t: Tensor) -> Tensor:
@@ -142,7 +145,7 @@ class Executor:
     def _body(self, i: int, j: int, grad: bool, recompute: bool, need_p: bool) -> None:
         region, model = self.chain[i], self.model
         if region.kind == "embed":
-            with torch.set_grad_enabled(grad), self._track(i):
+            with torch.set_grad_enabled(grad), self._track(i, recompute):
                 p = model.embed.partial(self.tokens[j])  # [b, S, H] partial sums
             self.p[i, j] = p.detach().clone() if grad else p  # all-reduced in place
             if grad:
@@ -155,7 +158,7 @@ class Executor:
         if not recompute and self.spec.recompute == "block" and region.kind == "attn":
             self.saved[i, j] = x
             self._count_saved(i, x)
-        with torch.set_grad_enabled(grad), self._track(i):
+        with torch.set_grad_enabled(grad), self._track(i, recompute):
             xl = x.detach().requires_grad_(grad)
             h = region.norm(xl)
             hl = h.detach().requires_grad_(grad)
@@ -176,7 +179,7 @@ class Executor:
             x, r = self.saved.pop((i, j))
         else:
             x, r = self.x.pop((i, j), None), self.p.pop((i, j))
-        if not recompute and self.spec.recompute == "commfree":
+        if not recompute and self.spec.recompute == "commfree" and self._in_segment("epi", i):
             self.saved[i, j] = (x, r)
             self._count_saved(i + 1, x, r)
         use_rng = region.dropout > 0 and self._in_segment("epi", i)
@@ -186,7 +189,7 @@ class Executor:
                     _set_rng(self.rng.pop((i, j)), self.ctx.device)
                 else:
                     self.rng[i, j] = _get_rng(self.ctx.device)
-            with torch.set_grad_enabled(grad), self._track(i + 1):
+            with torch.set_grad_enabled(grad), self._track(i + 1, recompute):
                 xl = None if x is None else x.detach().requires_grad_(grad)
                 rl = r.detach().requires_grad_(grad)
                 out = region.epilogue(xl, rl)  # x_{i+1} [b, S, H]
@@ -241,6 +244,9 @@ class Executor:
                 self.ctx.dp_group
             self.dp_flat[ins.index] = (t, grads)
         issued = time.perf_counter()
+        if self.skip_comm:
+            self.handles[key] = comm.Handle(t, None)
+            return
         handle = comm.all_reduce_async(t, group, direction=direction,
                                        tag=f"{ins.kind}:{ins.index}:{ins.sub}")
         if timed and group.size > 1:

@@ -23,6 +23,8 @@ and the backward hides each dh all-reduce behind the other sub-batch's recompute
 
 Schedules (name: sub-batches, overlap, what recompute repeats):
 
+    (the non-overlapped ones wait for every collective right after starting it)
+
     megatron             1  no   no recompute
     megatron-recompute   1  no   per-block recompute, repeats both forward all-reduces
     commfree-recompute   1  no   recompute from saved post-collective (x_i, r_i): no collective
@@ -93,11 +95,17 @@ class Task:
     produces: CollKey | None = None
 
 
-def list_schedule(tasks: list[Task], max_inflight: int) -> list[Instr]:
-    """Tasks in priority order -> instructions, with at most ``max_inflight`` collectives open."""
+def list_schedule(tasks: list[Task], max_inflight: int, synchronous: bool = False) -> list[Instr]:
+    """Tasks in priority order -> instructions, with at most ``max_inflight`` collectives open.
+    ``synchronous``: every collective is waited right after it starts (no overlap at all)."""
     out: list[Instr] = []
     inflight: deque[CollKey] = deque()
     for task in tasks:
+        if synchronous:
+            out.append(task.compute)
+            if task.produces is not None:
+                out += [Start(*task.produces), Wait(*task.produces)]
+            continue
         for need in task.needs:
             if need in inflight:
                 # Collectives on one group complete in issue order: wait up to ``need``.
@@ -159,7 +167,7 @@ def _backward_tasks(n_regions: int, subs: range, recompute: str) -> list[Task]:
             i -= 2
             continue
         for j in subs:
-            if recompute == "commfree" and i > 0:
+            if recompute == "commfree" and 0 < i < last:  # the head keeps its graph
                 tasks.append(Task(Compute("recompute", (("epi", i - 1), ("body", i)), j)))
             tasks.append(_backward_task(i, j, n_regions))
         i -= 1
@@ -187,7 +195,7 @@ def build_program(
     for m in range(n_micro):
         subs = range(m * k, (m + 1) * k)
         tasks = _forward_tasks(n_regions, subs) + _backward_tasks(n_regions, subs, spec.recompute)
-        body = list_schedule(tasks, max_inflight)
+        body = list_schedule(tasks, max_inflight, synchronous=not spec.overlapped)
         if m == n_micro - 1 and dp_tasks:
             body = _insert_dp(body, set(dp_tasks), subs[-1])
         program.extend(body)

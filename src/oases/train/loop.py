@@ -38,7 +38,12 @@ EVAL_BATCHES = 4
 def check_config(cfg: Config, world_size: int) -> None:
     """Every user-input check that needs no data and no collective; ValueError with numbers."""
     cfg.validate(world_size)
-    build_schedule(cfg.schedule.name, n_sub=cfg.schedule.n_sub, micro_batch=cfg.train.micro_batch)
+    build_schedule(
+        cfg.schedule.name,
+        n_sub=cfg.schedule.n_sub,
+        micro_batch=cfg.train.micro_batch,
+        max_inflight=cfg.schedule.max_inflight,
+    )
     tok = build_tokenizer(cfg.data.tokenizer)
     if cfg.model.vocab_size < tok.vocab_size:
         raise ValueError(
@@ -171,6 +176,11 @@ def train(cfg: Config, *, log: TextIO | None = None) -> dict[str, Any]:
             shuffle=False,
             name=f"{where} the validation split",
         )
+        if is_main:
+            try:
+                Path(t.run_dir).mkdir(parents=True, exist_ok=True)
+            except OSError as exc:
+                raise ValueError(f"train.run_dir={t.run_dir!r}: {exc.strerror}") from None
     except ValueError as exc:
         error = exc
     agree_on_setup(ctx, error)
@@ -182,13 +192,15 @@ def train(cfg: Config, *, log: TextIO | None = None) -> dict[str, Any]:
     model.train()
     optimizer = build_optimizer(model, t)
     schedule = build_schedule(
-        cfg.schedule.name, n_sub=cfg.schedule.n_sub, micro_batch=t.micro_batch
+        cfg.schedule.name,
+        n_sub=cfg.schedule.n_sub,
+        micro_batch=t.micro_batch,
+        max_inflight=cfg.schedule.max_inflight,
     )
 
     run_dir = Path(t.run_dir)
     metrics: TextIO | None = None
     if is_main:
-        run_dir.mkdir(parents=True, exist_ok=True)
         save_config(cfg, run_dir / "config.toml")
         metrics = (run_dir / "metrics.jsonl").open("w", encoding="utf-8")
     say(

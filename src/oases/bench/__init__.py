@@ -1,0 +1,1 @@
+"""Benchmarks: schedules side by side on an emulated commodity interconnect (see link.py)."""

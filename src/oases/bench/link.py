@@ -1,0 +1,84 @@
+"""Emulate a commodity interconnect on one machine: ranks in a fresh network namespace whose
+loopback is shaped by a token-bucket filter (``tc qdisc ... tbf``), root only.
+
+On one machine the ranks talk over loopback, far faster next to a CPU's compute than PCIe is next
+to a GPU's. Shaping the loopback restores the ratio of the hardware a benchmark speaks for: the
+link really waits while the cores really compute, so overlap on this path is real.
+
+Rate model: a 2-rank all-reduce of n bytes moves about 2n bytes through the (shared) loopback
+queue, so at rate R bytes/s it takes about ``latency + 2n / R``. ``rate_for_ratio`` inverts it.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+from dataclasses import dataclass
+
+SHAPED_ENV = "OASES_LINK_SHAPED"  # set inside the shaped namespace, so we never nest
+
+
+@dataclass(frozen=True)
+class LinkPreset:
+    """How slow a region's all-reduce is next to that region's forward compute on real
+    hardware: ``comm_to_compute`` = all-reduce time / forward time of one TP region."""
+
+    name: str
+    comm_to_compute: float
+    source: str
+
+
+LINK_PRESETS = {
+    # PAPER.md section 4, H=2048, t=4 on an RTX 3090 server over PCIe (ms): attention forward
+    # 3.24, MLP forward 2.69, all-reduce of the block output 7.29 -> 2.25x and 2.71x; mean 2.46x.
+    "rtx3090-pcie": LinkPreset("rtx3090-pcie", 2.46,
+                               "Oases paper profile, H=2048 t=4: AR 7.29 ms / fwd 2.69-3.24 ms"),
+    # Same servers with NVLink bridges between GPU pairs: about 4x the PCIe bandwidth per pair.
+    "rtx3090-nvlink": LinkPreset("rtx3090-nvlink", 0.62,
+                                 "NVLink bridge ~4x PCIe 3.0 x16 bandwidth: 2.46 / 4"),
+}
+
+
+def shaping_unavailable() -> str | None:
+    """None if this process can shape a loopback, else the reason it cannot."""
+    if os.name != "posix" or os.geteuid() != 0:
+        return "link shaping needs root (network namespaces and tc)"
+    for tool in ("unshare", "tc", "ip"):
+        if shutil.which(tool) is None:
+            return f"link shaping needs the '{tool}' command"
+    probe = subprocess.run(["unshare", "-n", "true"], capture_output=True, text=True)
+    if probe.returncode != 0:
+        return f"cannot create a network namespace: {probe.stderr.strip()}"
+    return None
+
+
+def rate_for_ratio(allreduce_bytes: int, region_forward_s: float, ratio: float,
+                   world: int = 2) -> float:
+    """tbf rate (bytes/s) at which an all-reduce of ``allreduce_bytes`` over ``world`` ranks
+    takes ``ratio`` x ``region_forward_s``: a ring moves 2(w-1)/w of the bytes per rank, and all
+    ranks share the one loopback queue."""
+    traffic = 2 * (world - 1) / world * allreduce_bytes * world
+    return traffic / (ratio * region_forward_s)
+
+
+def shaped_command(cmd: list[str], rate_bytes_per_s: float) -> list[str]:
+    """``cmd`` wrapped to run in a new network namespace with a shaped loopback."""
+    rate_kbit = max(int(rate_bytes_per_s * 8 / 1000), 8)
+    # burst >= loopback MTU (64 KiB) or big packets stall; a deep queue so nothing is dropped.
+    script = (
+        "set -e; ip link set lo up; "
+        f"tc qdisc add dev lo root tbf rate {rate_kbit}kbit burst 512kb limit 256mb; "
+        'exec "$@"'
+    )
+    return ["unshare", "-n", "--", "sh", "-c", script, "oases-shaped", *cmd]
+
+
+def run_shaped(cmd: list[str], rate_bytes_per_s: float | None, *, env: dict | None = None,
+               timeout_s: float | None = None) -> subprocess.CompletedProcess:
+    """Run ``cmd`` (on a shaped loopback when a rate is given), streaming its output."""
+    full_env = dict(os.environ if env is None else env)
+    if rate_bytes_per_s is not None:
+        full_env[SHAPED_ENV] = str(rate_bytes_per_s)
+        cmd = shaped_command(cmd, rate_bytes_per_s)
+    return subprocess.run(cmd, env=full_env, timeout=timeout_s, check=False)

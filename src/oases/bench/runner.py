@@ -1,0 +1,192 @@
+"""The per-rank side of ``oases bench``: every schedule in one launch, interleaved A B C A B C.
+
+Run under torchrun (``python -m oases.bench.runner SPEC.json``). Measures, per schedule, the
+median step time (forward + backward + data-parallel gradient sync, after warm-up), the peak
+memory of a step, and for Oases-executor schedules the compute-only time (same program,
+collectives skipped) and communication-only time (the program's collectives alone, on buffers
+of the same sizes). Rank 0 writes ``raw.json``; with ``timeline`` set, also the timeline of one
+``oases`` step gathered from every rank.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import copy
+import json
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+from oases.config import Config, load_config
+from oases.model import build_model
+from oases.parallel import comm
+from oases.parallel.apply import parallelize
+from oases.parallel.context import ParallelContext, init_distributed
+from oases.schedule import Schedule, build_schedule, record_timeline
+from oases.schedule.program import Start, Wait
+from oases.schedule.timeline import Timeline
+
+
+def peak_mem_reset(device: torch.device) -> None:
+    """Start a new peak-memory window: CUDA allocator peak, or the process's peak RSS."""
+    if device.type == "cuda":
+        torch.cuda.reset_peak_memory_stats(device)
+    else:
+        with contextlib.suppress(OSError):  # resets VmHWM (Linux)
+            Path("/proc/self/clear_refs").write_text("5")
+
+
+def peak_mem_mb(device: torch.device) -> float:
+    if device.type == "cuda":
+        return torch.cuda.max_memory_allocated(device) / 2**20
+    for line in Path("/proc/self/status").read_text().splitlines():
+        if line.startswith("VmHWM:"):
+            return int(line.split()[1]) / 1024
+    return float("nan")
+
+
+def _timed(ctx: ParallelContext, fn) -> float:  # noqa: ANN001
+    comm.barrier(ctx.world_group)
+    t = time.perf_counter()
+    fn()
+    comm.barrier(ctx.world_group)
+    return time.perf_counter() - t
+
+
+def comm_only_step(schedule: Schedule, model: torch.nn.Module, rows: int, seq: int,
+                   ctx: ParallelContext) -> None:
+    """Issue exactly the program's collectives, in its order, on same-sized dummy buffers."""
+    ex = schedule.executor(model)
+    k = rows // (schedule.micro_batch or rows) * (
+        schedule.n_sub if schedule.spec.overlapped else 1)
+    act = torch.zeros(rows // k, seq, model.cfg.dim, device=ctx.device)  # [b, S, H]
+    dp_sizes = {i: sum(p.numel() for p in ps) for i, ps in ex.buckets.items()}
+    handles = {}
+    for ins in schedule.program(model, rows):
+        if isinstance(ins, Start):
+            if ins.kind == "dp":
+                buf, group = torch.zeros(dp_sizes[ins.index], device=ctx.device), ctx.dp_group
+            else:
+                buf, group = act.clone(), ctx.tp_group
+            handles[ins.kind, ins.index, ins.sub] = comm.all_reduce_async(buf, group)
+        elif isinstance(ins, Wait):
+            handles.pop((ins.kind, ins.index, ins.sub)).wait()
+
+
+def measure_link_ratio(model: torch.nn.Module, tokens: torch.Tensor, targets: torch.Tensor,
+                       ctx: ParallelContext, n_sub: int, repeats: int = 3) -> dict:
+    """Forward compute of one TP region (median over attention and MLP regions, compute-only
+    megatron step) and one blocking all-reduce of that region's output, here and now."""
+    sched = build_schedule("megatron")
+    ex = sched.executor(model)
+    ex.skip_comm = True
+    fwd: list[float] = []
+    for _ in range(repeats):
+        with record_timeline() as tl:
+            _timed(ctx, lambda: sched.step(model, tokens, targets))
+        last = len(ex.chain) - 1
+        fwd += [e.end_s - e.start_s for e in tl.events if e.phase == "forward"
+                and any(f"body:{i}" in e.name for i in range(1, last))]
+    ex.skip_comm = False
+    model.zero_grad(set_to_none=True)
+    act = torch.zeros(*tokens.shape, model.cfg.dim, device=ctx.device)  # [B, S, H]
+    ar = [_timed(ctx, lambda: comm.all_reduce_(act, ctx.tp_group)) for _ in range(repeats + 1)]
+    region_s, ar_s = statistics.median(fwd), statistics.median(ar[1:])
+    return {"region_forward_s": region_s, "allreduce_s": ar_s,
+            "allreduce_bytes": act.numel() * act.element_size(),
+            "comm_to_compute": ar_s / region_s}
+
+
+def run(spec: dict) -> None:
+    cfg: Config = load_config(spec.get("config"), spec.get("overrides", ()))
+    ctx = init_distributed(tp=cfg.parallel.tp, timeout_s=cfg.parallel.timeout_s)
+    cfg.validate(ctx.world_size)
+    torch.set_num_threads(max(1, int(spec.get("threads", 1))))
+    torch.manual_seed(cfg.train.seed)
+    base = build_model(cfg.model)
+    names: list[str] = spec["schedules"]
+    torch_tp = None
+    if "torch-tp" in names:
+        from oases.bench.torch_tp import TorchTPSchedule, parallelize_torch_tp
+
+        torch_tp = (parallelize_torch_tp(copy.deepcopy(base), ctx), TorchTPSchedule())
+    model = parallelize(base, ctx)
+    rows, seq = cfg.train.micro_batch, cfg.model.seq_len
+    gen = torch.Generator().manual_seed(cfg.train.seed + ctx.dp_rank)
+    tokens = torch.randint(0, cfg.model.vocab_size, (rows, seq), generator=gen).to(ctx.device)
+    targets = torch.randint(0, cfg.model.vocab_size, (rows, seq), generator=gen).to(ctx.device)
+
+    steps = {}
+    for name in names:
+        if name == "torch-tp":
+            steps[name] = (torch_tp[0], torch_tp[1])
+        else:
+            steps[name] = (model, build_schedule(name, n_sub=cfg.schedule.n_sub,
+                                                 max_inflight=cfg.schedule.max_inflight))
+    calib = measure_link_ratio(model, tokens, targets, ctx, cfg.schedule.n_sub)
+    if spec.get("calibrate_only"):
+        if ctx.rank == 0:
+            Path(spec["out"]).mkdir(parents=True, exist_ok=True)
+            (Path(spec["out"]) / "calibration.json").write_text(json.dumps(calib, indent=1))
+        return
+    times: dict[str, list[float]] = {n: [] for n in names}
+    mems: dict[str, float] = {}
+    warmup, n_steps = int(spec.get("warmup", 2)), int(spec["steps"])
+    for it in range(warmup + n_steps):
+        for name in names:
+            m, sched = steps[name]
+            m.zero_grad(set_to_none=True)
+            peak_mem_reset(ctx.device)
+            dt = _timed(ctx, lambda m=m, sched=sched: sched.step(m, tokens, targets))
+            if it >= warmup:
+                times[name].append(dt)
+                mems[name] = max(mems.get(name, 0.0), peak_mem_mb(ctx.device))
+
+    compute_only: dict[str, float] = {}
+    comm_only: dict[str, float] = {}
+    for name in [n for n in names if n != "torch-tp"]:
+        m, sched = steps[name]
+        ex = sched.executor(m)
+        ex.skip_comm = True
+        def step(m: torch.nn.Module = m, sched: Schedule = sched) -> None:
+            sched.step(m, tokens, targets)
+
+        def comm_step(m: torch.nn.Module = m, sched: Schedule = sched) -> None:
+            comm_only_step(sched, m, rows, seq, ctx)
+
+        c = [_timed(ctx, step) for _ in range(1 + n_steps)]
+        ex.skip_comm = False
+        compute_only[name] = statistics.median(c[1:])
+        o = [_timed(ctx, comm_step) for _ in range(1 + n_steps)]
+        comm_only[name] = statistics.median(o[1:])
+
+    timeline_rows = None
+    if spec.get("timeline") and "oases" in steps:
+        m, sched = steps["oases"]
+        with record_timeline() as tl:
+            _timed(ctx, lambda: sched.step(m, tokens, targets))
+        merged = comm.all_gather_objects(tl.to_json(), ctx.world_group)
+        timeline_rows = [row for rank_rows in merged for row in rank_rows]
+
+    if ctx.rank == 0:
+        out = Path(spec["out"])
+        out.mkdir(parents=True, exist_ok=True)
+        result = {
+            "world_size": ctx.world_size, "tp": ctx.tp, "dp": ctx.dp,
+            "rows": rows, "seq_len": seq, "tokens_per_step": rows * seq * ctx.dp,
+            "times_s": times, "peak_mem_mb": mems,
+            "compute_only_s": compute_only, "comm_only_s": comm_only, "calibration": calib,
+        }
+        (out / "raw.json").write_text(json.dumps(result, indent=1))
+        if timeline_rows is not None:
+            tl = Timeline.from_json(timeline_rows)
+            tl.save_chrome_trace(out / "oases_trace.json")
+            tl.plot(out / "oases_timeline.png",
+                    title=f"oases, tp={ctx.tp}, {spec.get('link_label', '')}")
+
+
+if __name__ == "__main__":
+    run(json.loads(Path(sys.argv[1]).read_text()))

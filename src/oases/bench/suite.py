@@ -1,0 +1,208 @@
+"""``oases bench``: launch the ranks (on a shaped link), collect, compare, report.
+
+    oases bench [CONFIG] --schedules megatron,oases,... --link none|RATE|auto:PRESET
+                --steps N --out DIR [--nproc-per-node N] [--section.key=value ...]
+
+RATE is a tbf rate such as ``200mbit`` or ``25MB`` (bytes/s). ``auto:PRESET`` first measures,
+unshaped, one TP region's forward compute for this model on this machine, then picks the rate at
+which that region's all-reduce takes the preset's multiple of it (``link.LINK_PRESETS``).
+Outputs in DIR: ``bench.json``, ``raw.json``, ``bench.png`` (bars), ``oases_timeline.png`` and
+``oases_trace.json``, ``report.md`` (command, machine, versions, table).
+"""
+
+from __future__ import annotations
+
+import datetime
+import json
+import os
+import platform
+import re
+import statistics
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+from oases.bench.link import LINK_PRESETS, rate_for_ratio, run_shaped, shaping_unavailable
+
+DEFAULT_SCHEDULES = ("megatron", "megatron-recompute", "commfree-recompute", "overlap",
+                     "overlap-recompute", "oases", "torch-tp")
+_UNITS = {"bit": 1 / 8, "kbit": 1e3 / 8, "mbit": 1e6 / 8, "gbit": 1e9 / 8,
+          "b": 1, "kb": 1e3, "mb": 1e6, "gb": 1e9}
+
+
+def parse_rate(text: str) -> float:
+    """'200mbit' -> bytes/s; '25MB' -> 25e6 bytes/s; a bare number is bytes/s."""
+    m = re.fullmatch(r"\s*([0-9.]+)\s*([a-zA-Z]*)(/s)?\s*", text)
+    if not m or m.group(2).lower() not in _UNITS | {"": 1}:
+        raise ValueError(f"--link {text!r}: expected none, auto:PRESET or a rate like 200mbit "
+                         f"or 25MB (presets: {', '.join(LINK_PRESETS)})")
+    return float(m.group(1)) * _UNITS.get(m.group(2).lower(), 1)
+
+
+def _launch(spec: dict, nproc: int, rate: float | None, workdir: Path) -> None:
+    spec_path = workdir / f"spec-{len(list(workdir.glob('spec-*')))}.json"
+    spec_path.write_text(json.dumps(spec))
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone",
+           f"--nproc-per-node={nproc}", "-m", "oases.bench.runner", str(spec_path)]
+    env = dict(os.environ, OMP_NUM_THREADS="1", MALLOC_MMAP_THRESHOLD_="131072",
+               PYTHONUNBUFFERED="1")
+    proc = run_shaped(cmd, rate, env=env)
+    if proc.returncode != 0:
+        raise RuntimeError(f"benchmark ranks failed (exit {proc.returncode}); see output above")
+
+
+def run_bench(config: str | None, overrides: list[str], schedules: list[str], link: str,
+              steps: int, out: Path, nproc: int = 2, warmup: int = 2) -> dict:
+    from oases.config import load_config
+    from oases.schedule import SCHEDULES
+
+    cfg = load_config(config, overrides)  # fail fast, before any rank starts
+    cfg.validate(nproc)
+    unknown = [s for s in schedules if s not in (*SCHEDULES, "torch-tp")]
+    if unknown:
+        raise ValueError(f"unknown schedule(s) {unknown}; valid: "
+                         f"{', '.join((*SCHEDULES, 'torch-tp'))}")
+    out.mkdir(parents=True, exist_ok=True)
+    base = {"config": config, "overrides": overrides, "out": str(out)}
+    rate, label, preset = None, "unshaped loopback", None
+    if link != "none":
+        reason = shaping_unavailable()
+        if reason:
+            print(f"oases bench: {reason}; running on the unshaped loopback", flush=True)
+        elif link.startswith("auto:"):
+            preset = LINK_PRESETS.get(link[5:])
+            if preset is None:
+                raise ValueError(f"unknown link preset {link[5:]!r}; valid: "
+                                 f"{', '.join(LINK_PRESETS)}")
+            with tempfile.TemporaryDirectory() as tmp:
+                _launch({**base, "schedules": [], "steps": 0, "calibrate_only": True,
+                         "out": tmp}, nproc, None, Path(tmp))
+                calib = json.loads((Path(tmp) / "calibration.json").read_text())
+            rate = rate_for_ratio(calib["allreduce_bytes"], calib["region_forward_s"],
+                                  preset.comm_to_compute, world=cfg.parallel.tp)
+            print(f"oases bench: preset {preset.name}: all-reduce = {preset.comm_to_compute}x "
+                  f"region forward ({preset.source}); region forward here "
+                  f"{calib['region_forward_s'] * 1e3:.1f} ms, all-reduce "
+                  f"{calib['allreduce_bytes'] / 2**20:.2f} MiB -> tbf rate "
+                  f"{rate * 8 / 1e6:.1f} Mbit/s", flush=True)
+        else:
+            rate = parse_rate(link)
+        if rate is not None:
+            label = f"loopback shaped to {rate * 8 / 1e6:.1f} Mbit/s"
+    with tempfile.TemporaryDirectory() as tmp:
+        _launch({**base, "schedules": schedules, "steps": steps, "warmup": warmup,
+                 "timeline": "oases" in schedules, "link_label": label}, nproc, rate, Path(tmp))
+    raw = json.loads((out / "raw.json").read_text())
+    result = summarize(raw, schedules, label, rate, preset.name if preset else None)
+    (out / "bench.json").write_text(json.dumps(result, indent=1))
+    print(format_table(result), flush=True)
+    plot_bars(result, out / "bench.png")
+    write_report(result, out, sys.argv)
+    return result
+
+
+def summarize(raw: dict, schedules: list[str], label: str, rate: float | None,
+              preset: str | None) -> dict:
+    per = {}
+    for name in schedules:
+        med = statistics.median(raw["times_s"][name])
+        row = {"median_step_s": med, "tokens_per_s": raw["tokens_per_step"] / med,
+               "peak_mem_mb": raw["peak_mem_mb"][name], "steps_s": raw["times_s"][name]}
+        if name in raw["compute_only_s"]:
+            row["compute_only_s"] = raw["compute_only_s"][name]
+            row["comm_only_s"] = raw["comm_only_s"][name]
+            row["exposed_comm_s"] = max(0.0, med - raw["compute_only_s"][name])
+        per[name] = row
+
+    def ratios(base: str) -> dict:
+        if base not in per:
+            return {}
+        return {n: per[base]["median_step_s"] / r["median_step_s"] for n, r in per.items()}
+
+    result = {
+        "link": {"label": label, "rate_bytes_per_s": rate, "preset": preset,
+                 "calibration": raw.get("calibration")},
+        "world_size": raw["world_size"], "tp": raw["tp"], "dp": raw["dp"],
+        "schedules": per,
+        "speedup_vs_megatron": ratios("megatron"),
+        "speedup_vs_megatron_recompute": ratios("megatron-recompute"),
+        "speedup_vs_torch_tp": ratios("torch-tp"),
+    }
+    if "oases" in per:
+        o = per["oases"]
+        limit = max(o["compute_only_s"], o["comm_only_s"])
+        result["limit_s"] = limit
+        result["limit_ratio"] = limit / o["median_step_s"]
+    return result
+
+
+def format_table(result: dict) -> str:
+    lines = [f"link: {result['link']['label']}   tp={result['tp']} dp={result['dp']}",
+             f"{'schedule':<20}{'step s':>9}{'tok/s':>10}{'peak MB':>9}{'compute s':>10}"
+             f"{'comm s':>9}{'exposed':>9}{'vs meg':>8}{'vs m-rc':>8}{'vs t-tp':>8}"]
+    for name, r in result["schedules"].items():
+        def fmt(key: str, r: dict = r) -> str:
+            return f"{r[key]:.3f}" if key in r else "-"
+
+        def sp(table: str, name: str = name) -> str:
+            v = result[table].get(name)
+            return f"{v:.2f}x" if v is not None else "-"
+
+        lines.append(f"{name:<20}{r['median_step_s']:>9.3f}{r['tokens_per_s']:>10.0f}"
+                     f"{r['peak_mem_mb']:>9.0f}{fmt('compute_only_s'):>10}{fmt('comm_only_s'):>9}"
+                     f"{fmt('exposed_comm_s'):>9}{sp('speedup_vs_megatron'):>8}"
+                     f"{sp('speedup_vs_megatron_recompute'):>8}{sp('speedup_vs_torch_tp'):>8}")
+    if "limit_ratio" in result:
+        lines.append(f"limit = max(compute-only, comm-only) of oases = {result['limit_s']:.3f} s; "
+                     f"limit_ratio = {result['limit_ratio']:.2f}")
+    return "\n".join(lines)
+
+
+def plot_bars(result: dict, path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    names = list(result["schedules"])
+    steps = [result["schedules"][n]["median_step_s"] for n in names]
+    comp = [result["schedules"][n].get("compute_only_s", 0.0) for n in names]
+    fig, ax = plt.subplots(figsize=(10, 4))
+    ax.bar(names, steps, color="tab:blue", label="median step")
+    ax.bar(names, comp, color="tab:gray", alpha=0.6, width=0.4, label="compute only")
+    if "limit_s" in result:
+        ax.axhline(result["limit_s"], color="tab:red", ls="--", label="limit (oases)")
+    ax.set_ylabel("seconds per step")
+    ax.set_title(f"tp={result['tp']}, {result['link']['label']}")
+    ax.legend()
+    plt.setp(ax.get_xticklabels(), rotation=20, ha="right")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def machine_info() -> dict:
+    import torch
+
+    cpu = "unknown"
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                cpu = line.split(":", 1)[1].strip()
+                break
+    except OSError:
+        pass
+    return {"cpu": cpu, "cores": os.cpu_count(), "python": platform.python_version(),
+            "torch": torch.__version__, "platform": platform.platform(),
+            "git": subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True,
+                                  text=True).stdout.strip()}
+
+
+def write_report(result: dict, out: Path, argv: list[str]) -> None:
+    info = machine_info()
+    text = [f"# oases bench, {datetime.date.today().isoformat()}", "",
+            "Command: `" + " ".join(["oases", *argv[1:]]) + "`", "",
+            "Machine: " + ", ".join(f"{k} {v}" for k, v in info.items()), "",
+            "```", format_table(result), "```", ""]
+    (out / "report.md").write_text("\n".join(text))
