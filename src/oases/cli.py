@@ -1,6 +1,8 @@
 """``oases`` command line: wiring only; the work lives in the modules it calls.
 
     oases train [CONFIG.toml] [--section.key=value ...] [--nproc-per-node N]
+    oases bench [CONFIG.toml] [--schedules LIST] [--link none|RATE|auto:PRESET] [--steps N]
+                [--out DIR] [--nproc-per-node N] [--section.key=value ...]
 
 Without CONFIG the main job's ``configs/default.toml`` is used. Overrides are every argument of
 the form ``--section.key=value``. User errors end with one ``error: ...`` line on stderr and a
@@ -41,7 +43,44 @@ def _parser() -> argparse.ArgumentParser:
         metavar="N",
         help="local ranks to start (default: parallel.tp); ignored under torchrun",
     )
+    from oases.bench.link import LINK_PRESETS
+    from oases.bench.suite import DEFAULT_SCHEDULES
+
+    bench = commands.add_parser(
+        "bench",
+        allow_abbrev=False,
+        help="compare schedules side by side on an emulated interconnect",
+        description="Run every schedule in one launch, interleaved, on a loopback shaped like a "
+        "commodity interconnect (root + tc), and report medians, speedups and the limit.",
+    )
+    bench.add_argument("config", nargs="?", default="configs/bench.toml",
+                       help="TOML run file (default: configs/bench.toml)")
+    bench.add_argument("--schedules", default=",".join(DEFAULT_SCHEDULES),
+                       help="comma-separated schedules (default: %(default)s)")
+    bench.add_argument("--link", default=f"auto:{next(iter(LINK_PRESETS))}",
+                       help="none, a tbf rate (200mbit, 25MB) or auto:PRESET with PRESET in "
+                       f"{{{', '.join(LINK_PRESETS)}}} (default: %(default)s)")
+    bench.add_argument("--steps", type=int, default=5, help="measured steps per schedule")
+    bench.add_argument("--warmup", type=int, default=2, help="warm-up steps per schedule")
+    bench.add_argument("--out", default="runs/bench", help="output folder")
+    bench.add_argument("--nproc-per-node", type=int, default=None, metavar="N",
+                       help="local ranks (default: parallel.tp)")
     return parser
+
+
+def _bench(ns: argparse.Namespace, overrides: list[str]) -> int:
+    from oases.bench.suite import run_bench
+
+    try:
+        if ns.steps < 1 or ns.warmup < 0:
+            raise ValueError(f"--steps={ns.steps} must be >= 1 and --warmup={ns.warmup} >= 0")
+        nproc = ns.nproc_per_node or load_config(ns.config, overrides).parallel.tp
+        run_bench(ns.config, overrides, [s for s in ns.schedules.split(",") if s], ns.link,
+                  ns.steps, Path(ns.out), nproc=nproc, warmup=ns.warmup)
+    except (ValueError, RuntimeError) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return EXIT_USER_ERROR
+    return 0
 
 
 def _train(config: str | None, overrides: list[str], nproc: int | None) -> int:
@@ -71,4 +110,6 @@ def main(argv: Sequence[str] | None = None) -> int:
     ns = _parser().parse_args([a for a in args if not _is_override(a)])
     if ns.command == "train":
         return _train(ns.config, overrides, ns.nproc_per_node)
+    if ns.command == "bench":
+        return _bench(ns, overrides)
     return EXIT_USER_ERROR  # pragma: no cover - argparse requires a command

@@ -65,10 +65,13 @@ def rate_for_ratio(allreduce_bytes: int, region_forward_s: float, ratio: float,
 def shaped_command(cmd: list[str], rate_bytes_per_s: float) -> list[str]:
     """``cmd`` wrapped to run in a new network namespace with a shaped loopback."""
     rate_kbit = max(int(rate_bytes_per_s * 8 / 1000), 8)
-    # burst >= loopback MTU (64 KiB) or big packets stall; a deep queue so nothing is dropped.
+    # A real link earns no credit while idle, but a token bucket does: up to ``burst`` bytes go
+    # at memory speed after every compute phase, which flatters synchronous schedules. So the
+    # loopback MTU is lowered to 16 KiB and the bucket holds just two such packets; the queue is
+    # deep so nothing is dropped (a drop would stall TCP for a retransmit timeout).
     script = (
-        "set -e; ip link set lo up; "
-        f"tc qdisc add dev lo root tbf rate {rate_kbit}kbit burst 512kb limit 256mb; "
+        "set -e; ip link set lo mtu 16384; ip link set lo up; "
+        f"tc qdisc add dev lo root tbf rate {rate_kbit}kbit burst 32kb limit 256mb; "
         'exec "$@"'
     )
     return ["unshare", "-n", "--", "sh", "-c", script, "oases-shaped", *cmd]
