@@ -14,7 +14,7 @@ from oases.model import build_model, count_params
 from oases.parallel.apply import parallelize
 from oases.parallel.comm import record_collectives
 from oases.parallel.context import ParallelContext, init_distributed
-from oases.schedule import build_schedule
+from oases.schedule import build_schedule, record_timeline
 
 __all__ = [
     "Config",
@@ -27,5 +27,6 @@ __all__ = [
     "load_config",
     "parallelize",
     "record_collectives",
+    "record_timeline",
 ]
 __version__ = "0.1.0"

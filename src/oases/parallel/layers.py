@@ -133,13 +133,16 @@ class RowParallelLinear(nn.Module):
     def backward_partial(self, x: Tensor, grad_partial: Tensor) -> Tensor:
         """Backward of ``partial`` without its forward output: accumulates the weight gradient
         dW += dP^T x and returns dx = dP W. [.., O] x [.., I/t] -> [O, I/t]; [.., I/t].
-        Lets recomputation skip the matmul whose output the backward never reads."""
-        dw = grad_partial.flatten(0, -2).t() @ x.detach().flatten(0, -2)  # [O, I/t]
+        Lets recomputation skip the matmul whose output the backward never reads. Under
+        autocast (bf16 activations, fp32 master weights) dW is accumulated in the weight's
+        dtype and dx comes back in the activations' dtype."""
+        g2 = grad_partial.flatten(0, -2)  # [N, O]
+        dw = (g2.t() @ x.detach().flatten(0, -2).to(g2.dtype)).to(self.weight.dtype)  # [O, I/t]
         if self.weight.grad is None:
             self.weight.grad = dw
         else:
             self.weight.grad.add_(dw)
-        return grad_partial @ self.weight.detach()
+        return (grad_partial @ self.weight.detach().to(grad_partial.dtype)).to(x.dtype)
 
     def forward(self, x: Tensor) -> Tensor:
         return self.add_bias(comm.reduce_from_tp(self.partial(x), self.group))
