@@ -154,10 +154,14 @@ class TrainConfig:
     seed: int = 0
     log_every: int = 5
     run_dir: str = "runs/default"
+    metrics_file: str = ""  # "" = <run_dir>/metrics.jsonl
+    eval_every: int = 50  # steps between validation losses; 0 = only at the end
+    eval_batches: int = 4  # validation global batches per evaluation
 
     def __post_init__(self) -> None:
         _positive("train", self, "steps", "global_batch", "micro_batch", "lr", "log_every")
-        for name in ("min_lr", "warmup_steps", "weight_decay", "grad_clip", "seed"):
+        _positive("train", self, "eval_batches")
+        for name in ("min_lr", "warmup_steps", "weight_decay", "grad_clip", "seed", "eval_every"):
             value = getattr(self, name)
             _check(value >= 0, f"train.{name}={value} must be >= 0")
         _check(self.min_lr <= self.lr, f"train.min_lr={self.min_lr} exceeds train.lr={self.lr}")
@@ -177,6 +181,27 @@ class DataConfig:
 
 
 @dataclass
+class CheckpointConfig:
+    """When checkpoints are written, how many are kept and where a run resumes from.
+
+    ``dir = ""`` means ``<run_dir>/checkpoints``; ``every = 0`` saves only at the end; ``keep``
+    is the number of newest complete checkpoints kept; ``resume`` is ``"never"``, ``"auto"``
+    (the newest complete checkpoint in ``dir``, or a fresh start when there is none) or the path
+    of a checkpoint (``.../step_000123``) or of a folder of checkpoints (its newest one).
+    """
+
+    dir: str = ""
+    every: int = 0
+    keep: int = 2
+    resume: str = "auto"
+
+    def __post_init__(self) -> None:
+        _check(self.every >= 0, f"checkpoint.every={self.every} must be >= 0")
+        _check(self.keep >= 1, f"checkpoint.keep={self.keep} must be >= 1")
+        _check(self.resume != "", 'checkpoint.resume must be "never", "auto" or a path')
+
+
+@dataclass
 class Config:
     """The whole run configuration, one dataclass per TOML section."""
 
@@ -185,6 +210,7 @@ class Config:
     schedule: ScheduleConfig = field(default_factory=ScheduleConfig)
     train: TrainConfig = field(default_factory=TrainConfig)
     data: DataConfig = field(default_factory=DataConfig)
+    checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
 
     def validate(self, world_size: int) -> None:
         """Cross-field checks for a job of ``world_size`` ranks; raises ValueError."""

@@ -100,6 +100,47 @@ def measure_link_ratio(model: torch.nn.Module, tokens: torch.Tensor, targets: to
             "comm_to_compute": ar_s / region_s}
 
 
+def fit_allreduce(ctx: ParallelContext, rows: int, seq: int, dim: int) -> dict:
+    """All-reduce time over the TP group as latency + bytes / bandwidth, fitted on the full and
+    the half micro-batch activation (the sizes the schedules issue)."""
+    points = []
+    for r in (rows, max(1, rows // 2)):
+        buf = torch.zeros(r, seq, dim, device=ctx.device)  # [b, S, H]
+        t = [_timed(ctx, lambda buf=buf: comm.all_reduce_(buf, ctx.tp_group)) for _ in range(4)]
+        points.append((buf.numel() * buf.element_size(), statistics.median(t[1:])))
+    (b1, t1), (b2, t2) = points
+    per_byte = (t1 - t2) / (b1 - b2) if b1 != b2 else t1 / b1
+    return {"latency_s": max(0.0, t1 - per_byte * b1), "bandwidth_bytes_per_s":
+            1.0 / per_byte if per_byte > 0 else float("inf"), "points": points}
+
+
+def predict_step(sched: Schedule, model: torch.nn.Module, rows: int, seq: int,
+                 profile: Timeline, ar_fit: dict) -> float:
+    """The simulator's step time for this schedule: compute from this machine's measured
+    compute-only timeline (median per instruction), collectives from the all-reduce fit."""
+    from oases.planner.simulate import StepCosts, simulate_program
+    from oases.schedule.executor import _label
+
+    per: dict[tuple[str, str], list[float]] = {}
+    for e in profile.events:
+        if e.lane == "compute":
+            per.setdefault((e.phase, e.name), []).append(e.end_s - e.start_s)
+    med = {k: statistics.median(v) for k, v in per.items()}
+    k = sched.n_sub if sched.spec.overlapped else 1
+    nbytes = rows // k * seq * model.cfg.dim * 4
+
+    def collective_s(kind: str, index: int) -> float:
+        if kind == "dp":
+            size = sum(p.numel() for p in sched.executor(model).buckets[index]) * 4
+        else:
+            size = nbytes
+        return ar_fit["latency_s"] + size / ar_fit["bandwidth_bytes_per_s"]
+
+    costs = StepCosts(piece_s=lambda *a: 0.0, collective_s=collective_s,
+                      compute_s=lambda ins: med[ins.phase, _label(ins)])
+    return simulate_program(sched.program(model, rows), costs).step_s
+
+
 def run(spec: dict) -> None:
     cfg: Config = load_config(spec.get("config"), spec.get("overrides", ()))
     ctx = init_distributed(tp=cfg.parallel.tp, timeout_s=cfg.parallel.timeout_s)
@@ -147,10 +188,15 @@ def run(spec: dict) -> None:
 
     compute_only: dict[str, float] = {}
     comm_only: dict[str, float] = {}
+    predicted: dict[str, float] = {}
+    ar_fit = fit_allreduce(ctx, rows, seq, cfg.model.dim)
     for name in [n for n in names if n != "torch-tp"]:
         m, sched = steps[name]
         ex = sched.executor(m)
         ex.skip_comm = True
+        with record_timeline() as profile_tl:
+            _timed(ctx, lambda m=m, sched=sched: sched.step(m, tokens, targets))
+        predicted[name] = predict_step(sched, m, rows, seq, profile_tl, ar_fit)
         def step(m: torch.nn.Module = m, sched: Schedule = sched) -> None:
             sched.step(m, tokens, targets)
 
@@ -179,6 +225,7 @@ def run(spec: dict) -> None:
             "rows": rows, "seq_len": seq, "tokens_per_step": rows * seq * ctx.dp,
             "times_s": times, "peak_mem_mb": mems,
             "compute_only_s": compute_only, "comm_only_s": comm_only, "calibration": calib,
+            "predicted_s": predicted, "allreduce_fit": ar_fit,
         }
         (out / "raw.json").write_text(json.dumps(result, indent=1))
         if timeline_rows is not None:

@@ -109,6 +109,9 @@ def summarize(raw: dict, schedules: list[str], label: str, rate: float | None,
         med = statistics.median(raw["times_s"][name])
         row = {"median_step_s": med, "tokens_per_s": raw["tokens_per_step"] / med,
                "peak_mem_mb": raw["peak_mem_mb"][name], "steps_s": raw["times_s"][name]}
+        if name in raw.get("predicted_s", {}):
+            row["predicted_step_s"] = raw["predicted_s"][name]
+            row["prediction_error"] = raw["predicted_s"][name] / med - 1.0
         if name in raw["compute_only_s"]:
             row["compute_only_s"] = raw["compute_only_s"][name]
             row["comm_only_s"] = raw["comm_only_s"][name]
@@ -140,7 +143,8 @@ def summarize(raw: dict, schedules: list[str], label: str, rate: float | None,
 def format_table(result: dict) -> str:
     lines = [f"link: {result['link']['label']}   tp={result['tp']} dp={result['dp']}",
              f"{'schedule':<20}{'step s':>9}{'tok/s':>10}{'peak MB':>9}{'compute s':>10}"
-             f"{'comm s':>9}{'exposed':>9}{'vs meg':>8}{'vs m-rc':>8}{'vs t-tp':>8}"]
+             f"{'comm s':>9}{'exposed':>9}{'vs meg':>8}{'vs m-rc':>8}{'vs t-tp':>8}"
+             f"{'predict':>9}{'err':>7}"]
     for name, r in result["schedules"].items():
         def fmt(key: str, r: dict = r) -> str:
             return f"{r[key]:.3f}" if key in r else "-"
@@ -152,7 +156,10 @@ def format_table(result: dict) -> str:
         lines.append(f"{name:<20}{r['median_step_s']:>9.3f}{r['tokens_per_s']:>10.0f}"
                      f"{r['peak_mem_mb']:>9.0f}{fmt('compute_only_s'):>10}{fmt('comm_only_s'):>9}"
                      f"{fmt('exposed_comm_s'):>9}{sp('speedup_vs_megatron'):>8}"
-                     f"{sp('speedup_vs_megatron_recompute'):>8}{sp('speedup_vs_torch_tp'):>8}")
+                     f"{sp('speedup_vs_megatron_recompute'):>8}{sp('speedup_vs_torch_tp'):>8}"
+                     f"{fmt('predicted_step_s'):>9}"
+                     + (f"{r['prediction_error']:>+7.0%}" if "prediction_error" in r else
+                        f"{'-':>7}"))
     if "limit_ratio" in result:
         lines.append(f"limit = max(compute-only, comm-only) of oases = {result['limit_s']:.3f} s; "
                      f"limit_ratio = {result['limit_ratio']:.2f}")

@@ -1,4 +1,4 @@
-"""Training text: the embedded default corpus, user files, the byte tokenizer and packed batches.
+"""Training text: the embedded default corpus, user files, token streams and packed batches.
 
 Shape legend: G global batch (sequences per step), dp data-parallel degree, B = G // dp rows per
 DP rank, S sequence length (``model.seq_len``), W = S + 1 window length.
@@ -33,42 +33,30 @@ from pathlib import Path
 import torch
 from torch import Tensor
 
+# The tokenizers live in ``tokenizer.py``; re-exported here for existing imports.
+from oases.train.tokenizer import (  # noqa: F401
+    TOKENIZERS,
+    BPETokenizer,
+    ByteTokenizer,
+    Tokenizer,
+    build_tokenizer,
+    load_tokenizer,
+    train_bpe,
+)
+
 STDLIB_CAP_BYTES = 4_000_000
 VAL_EVERY = 20
 DOC_SEP = 0
 _SKIP_DIRS = frozenset(
     {"site-packages", "dist-packages", "test", "tests", "idle_test", "__pycache__"}
 )
-TOKENIZERS = ("byte",)
-
-
-class ByteTokenizer:
-    """UTF-8 bytes as tokens: vocabulary 256, no training, lossless."""
-
-    vocab_size = 256
-
-    def encode(self, text: str) -> list[int]:
-        return list(text.encode("utf-8"))
-
-    def decode(self, ids: list[int]) -> str:
-        return bytes(i for i in ids if 0 <= i < 256).decode("utf-8", errors="replace")
-
-
-def build_tokenizer(name: str) -> ByteTokenizer:
-    """The tokenizer called ``name``; ValueError listing the valid names."""
-    if name != "byte":
-        raise ValueError(
-            f"data.tokenizer={name!r} is not supported; valid: {', '.join(TOKENIZERS)}"
-        )
-    return ByteTokenizer()
-
-
 @dataclass
 class Corpus:
-    """Byte token streams of the training and validation splits and the files they came from."""
+    """Token streams of the training and validation splits and the files they came from: bytes
+    (uint8) from ``load_corpus``, token ids (int32) after ``tokenize_corpus`` with a BPE."""
 
-    train: Tensor  # [N_train] uint8
-    val: Tensor  # [N_val] uint8
+    train: Tensor  # [N_train] uint8 bytes, or int32 token ids
+    val: Tensor  # [N_val] uint8 bytes, or int32 token ids
     train_files: list[str]
     val_files: list[str]
 
@@ -179,6 +167,41 @@ def load_corpus(source: str = "stdlib") -> Corpus:
     return Corpus(stream[:cut], stream[cut:], [n for n, _ in docs], [])
 
 
+def stream_documents(stream: Tensor) -> list[str]:
+    """The non-empty documents of a byte stream (split at ``DOC_SEP``) as text, e.g. to train a
+    tokenizer on. Bytes that are not UTF-8 become U+FFFD."""
+    docs = bytes(stream.numpy()).split(bytes([DOC_SEP]))
+    return [d.decode("utf-8", errors="replace") for d in docs if d]
+
+
+def tokenize_stream(stream: Tensor, tok: Tokenizer) -> Tensor:
+    """Byte stream [N] uint8 -> token stream [M] int32: each piece between ``DOC_SEP`` bytes is
+    encoded on its own and every ``DOC_SEP`` becomes ``tok.doc_sep_id``. The byte tokenizer
+    returns ``stream`` itself."""
+    if isinstance(tok, ByteTokenizer):
+        return stream
+    pieces = bytes(stream.numpy()).split(bytes([DOC_SEP]))
+    encoded = tok.encode_batch([p.decode("utf-8", errors="replace") for p in pieces])
+    flat: list[int] = []
+    for i, ids in enumerate(encoded):
+        if i:
+            flat.append(tok.doc_sep_id)
+        flat += ids
+    return torch.tensor(flat, dtype=torch.int32)
+
+
+def tokenize_corpus(corpus: Corpus, tok: Tokenizer) -> Corpus:
+    """``corpus`` with both splits encoded by ``tok`` (the same object for the byte tokenizer)."""
+    if isinstance(tok, ByteTokenizer):
+        return corpus
+    return Corpus(
+        tokenize_stream(corpus.train, tok),
+        tokenize_stream(corpus.val, tok),
+        corpus.train_files,
+        corpus.val_files,
+    )
+
+
 def n_windows(stream: Tensor, seq_len: int) -> int:
     return len(stream) // (seq_len + 1)
 
@@ -214,7 +237,7 @@ class PackedBatches:
                 f" model.seq_len + 1 = {seq_len + 1}"
             )
         W = seq_len + 1
-        self.windows = stream[: n * W].view(n, W)  # [n, W] uint8
+        self.windows = stream[: n * W].view(n, W)  # [n, W] uint8 or int32
         self.seq_len, self.global_batch, self.dp_rank, self.dp = seq_len, global_batch, dp_rank, dp
         self.seed, self.shuffle = seed, shuffle
         self.rows = global_batch // dp  # B
