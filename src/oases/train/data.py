@@ -50,6 +50,8 @@ DOC_SEP = 0
 _SKIP_DIRS = frozenset(
     {"site-packages", "dist-packages", "test", "tests", "idle_test", "__pycache__"}
 )
+
+
 @dataclass
 class Corpus:
     """Token streams of the training and validation splits and the files they came from: bytes
