@@ -282,7 +282,7 @@ def _rank_timeline(rank: int, world_size: int, out_dir: str) -> dict:
                     body_start[int(i), e.sub] = e.start_s
     chain = sched.executor(model).chain
     for region in chain[1:-1]:
-        assert issue["fwd", region.name, 0] < body_start[region.index, 1], region.name
+        assert issue["fwd", str(region.index), 0] < body_start[region.index, 1], region.name
     return {
         "lanes": sorted(lanes),
         "ranks": sorted({e.rank for e in timeline.events}),

@@ -201,6 +201,11 @@ class Transformer(nn.Module):
         return self.drop(x)
 
     def forward(self, tokens: Tensor, targets: Tensor | None = None) -> Tensor:
+        check_batch(self.cfg, tokens, targets)
+        if self.recompute and self.parallel_ctx is not None:
+            raise ValueError("model.recompute is single-device activation checkpointing; a "
+                             "parallelized model recomputes through a schedule "
+                             "(megatron-recompute, commfree-recompute, oases)")
         x = self.embed_tokens(tokens)
         for block in self.blocks:
             if self.recompute and torch.is_grad_enabled():
@@ -213,6 +218,23 @@ class Transformer(nn.Module):
         if targets is None:
             return self.gather_logits(local_logits)
         return self.loss_fn(local_logits, targets)
+
+
+def check_batch(cfg: ModelConfig, tokens: Tensor, targets: Tensor | None = None) -> None:
+    """ValueError unless tokens (and targets) are [B, S] ids in [0, vocab_size), S <= seq_len.
+    (Out-of-range ids would otherwise look up nothing under vocabulary parallelism.)"""
+    for name, t in (("tokens", tokens), ("targets", targets)):
+        if t is None:
+            continue
+        if t.dim() != 2 or t.shape[1] > cfg.seq_len:
+            raise ValueError(f"{name} must be [batch, seq <= model.seq_len={cfg.seq_len}], "
+                             f"got shape {list(t.shape)}")
+        lo, hi = int(t.min()), int(t.max())
+        if lo < 0 or hi >= cfg.vocab_size:
+            raise ValueError(f"{name} ids must lie in [0, model.vocab_size={cfg.vocab_size}), "
+                             f"got [{lo}, {hi}]")
+    if targets is not None and targets.shape != tokens.shape:
+        raise ValueError(f"targets shape {list(targets.shape)} != tokens {list(tokens.shape)}")
 
 
 def build_model(cfg: ModelConfig) -> Transformer:

@@ -26,7 +26,7 @@ from oases.parallel import comm
 from oases.parallel.apply import parallelize
 from oases.parallel.context import ParallelContext, init_distributed
 from oases.schedule import Schedule, build_schedule, record_timeline
-from oases.schedule.program import Start, Wait
+from oases.schedule.program import Start, Wait, label
 from oases.schedule.timeline import Timeline
 
 
@@ -87,9 +87,9 @@ def measure_link_ratio(model: torch.nn.Module, tokens: torch.Tensor, targets: to
     for _ in range(repeats):
         with record_timeline() as tl:
             _timed(ctx, lambda: sched.step(model, tokens, targets))
-        last = len(ex.chain) - 1
+        blocks = {f"body:{i}" for i in range(1, len(ex.chain) - 1)}  # not embedding, not head
         fwd += [e.end_s - e.start_s for e in tl.events if e.phase == "forward"
-                and any(f"body:{i}" in e.name for i in range(1, last))]
+                and blocks & set(e.name.split())]
     ex.skip_comm = False
     model.zero_grad(set_to_none=True)
     act = torch.zeros(*tokens.shape, model.cfg.dim, device=ctx.device)  # [B, S, H]
@@ -119,7 +119,6 @@ def predict_step(sched: Schedule, model: torch.nn.Module, rows: int, seq: int,
     """The simulator's step time for this schedule: compute from this machine's measured
     compute-only timeline (median per instruction), collectives from the all-reduce fit."""
     from oases.planner.simulate import StepCosts, simulate_program
-    from oases.schedule.executor import _label
 
     per: dict[tuple[str, str], list[float]] = {}
     for e in profile.events:
@@ -137,7 +136,7 @@ def predict_step(sched: Schedule, model: torch.nn.Module, rows: int, seq: int,
         return ar_fit["latency_s"] + size / ar_fit["bandwidth_bytes_per_s"]
 
     costs = StepCosts(piece_s=lambda *a: 0.0, collective_s=collective_s,
-                      compute_s=lambda ins: med[ins.phase, _label(ins)])
+                      compute_s=lambda ins: med[ins.phase, label(ins)])
     return simulate_program(sched.program(model, rows), costs).step_s
 
 

@@ -23,7 +23,13 @@ import sys
 import tempfile
 from pathlib import Path
 
-from oases.bench.link import LINK_PRESETS, rate_for_ratio, run_shaped, shaping_unavailable
+from oases.bench.link import (
+    LINK_PRESETS,
+    SHAPED_ENV,
+    rate_for_ratio,
+    run_shaped,
+    shaping_unavailable,
+)
 
 DEFAULT_SCHEDULES = ("megatron", "megatron-recompute", "commfree-recompute", "overlap",
                      "overlap-recompute", "oases", "torch-tp")
@@ -66,21 +72,26 @@ def run_bench(config: str | None, overrides: list[str], schedules: list[str], li
     out.mkdir(parents=True, exist_ok=True)
     base = {"config": config, "overrides": overrides, "out": str(out)}
     rate, label, preset = None, "unshaped loopback", None
+    if link.startswith("auto:") and link[5:] not in LINK_PRESETS:
+        raise ValueError(f"unknown link preset {link[5:]!r}; valid: {', '.join(LINK_PRESETS)}")
+    if link != "none" and not link.startswith("auto:"):
+        parse_rate(link)  # a bad rate fails here, even where shaping is unavailable
     if link != "none":
         reason = shaping_unavailable()
+        if os.environ.get(SHAPED_ENV):
+            reason = "already inside a shaped namespace"
         if reason:
             print(f"oases bench: {reason}; running on the unshaped loopback", flush=True)
         elif link.startswith("auto:"):
-            preset = LINK_PRESETS.get(link[5:])
-            if preset is None:
-                raise ValueError(f"unknown link preset {link[5:]!r}; valid: "
-                                 f"{', '.join(LINK_PRESETS)}")
+            preset = LINK_PRESETS[link[5:]]
             with tempfile.TemporaryDirectory() as tmp:
                 _launch({**base, "schedules": [], "steps": 0, "calibrate_only": True,
                          "out": tmp}, nproc, None, Path(tmp))
                 calib = json.loads((Path(tmp) / "calibration.json").read_text())
-            rate = rate_for_ratio(calib["allreduce_bytes"], calib["region_forward_s"],
-                                  preset.comm_to_compute, world=cfg.parallel.tp)
+            # every TP group's all-reduce crosses the one shaped loopback at the same time
+            groups = nproc // cfg.parallel.tp
+            rate = groups * rate_for_ratio(calib["allreduce_bytes"], calib["region_forward_s"],
+                                           preset.comm_to_compute, world=cfg.parallel.tp)
             print(f"oases bench: preset {preset.name}: all-reduce = {preset.comm_to_compute}x "
                   f"region forward ({preset.source}); region forward here "
                   f"{calib['region_forward_s'] * 1e3:.1f} ms, all-reduce "

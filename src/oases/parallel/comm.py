@@ -93,7 +93,8 @@ class Handle:
         self._work = work
 
     def on_complete(self, fn: Callable[[], None]) -> None:
-        """Call ``fn()`` (on the communication thread) when the collective completes."""
+        """Call ``fn()`` when the collective completes (gloo: on its communication thread).
+        NCCL completes the future when the work is *enqueued*: there, timelines synchronize."""
         if self._work is None:
             fn()
         else:
@@ -193,22 +194,47 @@ def scatter_to_tp(x: Tensor, group: Group, dim: int = -1) -> Tensor:
     return x if group.size == 1 else _ScatterToTP.apply(x, group, dim)
 
 
-def all_reduce_gradients(params: Iterable[torch.nn.Parameter], group: Group) -> None:
-    """Average ``.grad`` over ``group`` (data parallelism) with one flat all-reduce."""
-    params = list(params)
+class GradientMean(Handle):
+    """In-flight average of several parameters' gradients over a (data-parallel) group, as one
+    flat all-reduce; ``wait()`` divides by ``divisor`` and copies back into every ``.grad``."""
+
+    def __init__(self, grads: list[Tensor], flat: Tensor, work: dist.Work | None,
+                 divisor: float) -> None:
+        super().__init__(flat, work)
+        self.grads, self.divisor = grads, divisor
+
+    def wait(self) -> Tensor:
+        flat = super().wait()
+        if self.grads:
+            flat.div_(self.divisor)
+            offset = 0
+            for g in self.grads:
+                g.copy_(flat[offset : offset + g.numel()].view_as(g))
+                offset += g.numel()
+            self.grads = []
+        return flat
+
+
+def gradient_mean_async(params: Iterable[torch.nn.Parameter], group: Group, *,
+                        divisor: float | None = None, tag: str = "dp-grads") -> GradientMean:
+    """Start averaging the gradients of ``params`` (those that require grad) over ``group``.
+    A parameter without a gradient contributes zeros, so every rank sends the same layout."""
+    params = [p for p in params if p.requires_grad]
     if group.size == 1 or not params:
-        return
-    for p in params:  # every rank must contribute the same flat layout
+        return GradientMean([], torch.empty(0), None, 1.0)
+    for p in params:
         if p.grad is None:
             p.grad = torch.zeros_like(p)
     grads = [p.grad for p in params]
     flat = torch.cat([g.reshape(-1) for g in grads])
-    all_reduce_(flat, group, direction="backward", tag="dp-grads")
-    flat.div_(group.size)
-    offset = 0
-    for g in grads:
-        g.copy_(flat[offset : offset + g.numel()].view_as(g))
-        offset += g.numel()
+    _issue("all_reduce", group, flat, "backward", tag, True)
+    work = dist.all_reduce(flat, group=group.pg, async_op=True)
+    return GradientMean(grads, flat, work, float(group.size if divisor is None else divisor))
+
+
+def all_reduce_gradients(params: Iterable[torch.nn.Parameter], group: Group) -> None:
+    """Average ``.grad`` over ``group`` (data parallelism) with one flat all-reduce."""
+    gradient_mean_async(params, group).wait()
 
 
 def all_reduce_mean(t: Tensor, group: Group) -> Tensor:
@@ -219,9 +245,11 @@ def all_reduce_mean(t: Tensor, group: Group) -> Tensor:
 
 
 def barrier(group: Group) -> None:
-    """Block until every rank of ``group`` arrives (a tiny all-reduce, so it obeys the timeout)."""
-    if group.size > 1:
-        dist.all_reduce(torch.zeros(1), group=group.pg)
+    """Block until every rank of ``group`` arrives (a tiny all-reduce, so it obeys the timeout).
+    On CUDA it also waits for this rank's queued kernels, so a timer around it is honest."""
+    all_reduce_(torch.zeros(1, device=group.device), group, tag="barrier")
+    if group.device.type == "cuda":
+        torch.cuda.synchronize(group.device)
 
 
 def all_gather_objects(obj: object, group: Group) -> list[object]:
@@ -229,5 +257,6 @@ def all_gather_objects(obj: object, group: Group) -> list[object]:
     if group.size == 1:
         return [obj]
     out: list[object] = [None] * group.size
+    _issue("all_gather", group, torch.empty(0), "forward", "objects", False)
     dist.all_gather_object(out, obj, group=group.pg)
     return out

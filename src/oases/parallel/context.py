@@ -28,6 +28,7 @@ class Group:
     ranks: tuple[int, ...]
     rank: int
     pg: dist.ProcessGroup | None = field(default=None, compare=False)
+    device: torch.device = field(default=torch.device("cpu"), compare=False)  # tensors it moves
 
     @property
     def size(self) -> int:
@@ -86,15 +87,20 @@ def init_distributed(
     Launch under ``torchrun`` (RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR, MASTER_PORT); an already
     initialized default group (a test's file:// rendezvous) is reused; with neither, this is a
     single process and no collective ever runs. ``backend`` is "gloo", "nccl" or None/"auto"
-    (NCCL when CUDA is available, else gloo). Every collective is bounded by ``timeout_s``, so a
-    dead peer ends the job with an error instead of a hang. The degree check runs before any
+    (NCCL when CUDA is available, else gloo). Every collective of a group made here is bounded
+    by ``timeout_s`` (a reused default group keeps the timeout it was created with), so a dead
+    peer ends the job with an error instead of a hang. The degree check runs before any
     collective, so a bad ``tp`` fails on every rank at once.
     """
     if timeout_s <= 0:
         raise ValueError(f"parallel.timeout_s={timeout_s} must be positive")
     if dist.is_available() and dist.is_initialized():
         world_size, rank = dist.get_world_size(), dist.get_rank()
-        backend = str(dist.get_backend())
+        existing = str(dist.get_backend())
+        if backend not in (None, "auto") and backend != existing:
+            raise ValueError(f"parallel.backend={backend!r} but the process group already "
+                             f"uses {existing!r}")
+        backend = "nccl" if "nccl" in existing else "gloo"
     else:
         world_size = int(os.environ.get("WORLD_SIZE", "1"))
         rank = int(os.environ.get("RANK", "0"))
@@ -122,15 +128,15 @@ def init_distributed(
         ranks = list(range(i * tp, (i + 1) * tp))
         pg = _new_group(ranks, timeout) if world_size > 1 else None
         if i == tp_index:
-            tp_group = Group("tp", tuple(ranks), tp_rank, pg)
+            tp_group = Group("tp", tuple(ranks), tp_rank, pg, device)
     for j in range(tp):  # DP groups: equal tp_rank, strided
         ranks = list(range(j, world_size, tp))
         pg = _new_group(ranks, timeout) if world_size > 1 else None
         if j == tp_rank:
-            dp_group = Group("dp", tuple(ranks), tp_index, pg)
+            dp_group = Group("dp", tuple(ranks), tp_index, pg, device)
     assert tp_group is not None and dp_group is not None
     world = Group("world", tuple(range(world_size)), rank,
-                  dist.group.WORLD if world_size > 1 else None)
+                  dist.group.WORLD if world_size > 1 else None, device)
     return ParallelContext(
         world_size=world_size,
         rank=rank,
@@ -144,3 +150,8 @@ def init_distributed(
         backend=backend,
         timeout_s=timeout_s,
     )
+
+
+def launched_by_torchrun() -> bool:
+    """True when this process is one rank started by torchrun / torch elastic."""
+    return "TORCHELASTIC_RUN_ID" in os.environ or "LOCAL_RANK" in os.environ

@@ -137,11 +137,12 @@ class RowParallelLinear(nn.Module):
         autocast (bf16 activations, fp32 master weights) dW is accumulated in the weight's
         dtype and dx comes back in the activations' dtype."""
         g2 = grad_partial.flatten(0, -2)  # [N, O]
-        dw = (g2.t() @ x.detach().flatten(0, -2).to(g2.dtype)).to(self.weight.dtype)  # [O, I/t]
-        if self.weight.grad is None:
-            self.weight.grad = dw
-        else:
-            self.weight.grad.add_(dw)
+        if self.weight.requires_grad:
+            dw = (g2.t() @ x.detach().flatten(0, -2).to(g2.dtype)).to(self.weight.dtype)
+            if self.weight.grad is None:  # [O, I/t]
+                self.weight.grad = dw
+            else:
+                self.weight.grad.add_(dw)
         return (grad_partial @ self.weight.detach().to(grad_partial.dtype)).to(x.dtype)
 
     def forward(self, x: Tensor) -> Tensor:

@@ -11,8 +11,9 @@ gradient all-reduces on their own group), and returns a ``Timeline`` in the exec
 So the same question (how long is a step under this schedule?) is answered by a measurement
 and by a prediction, and the two timelines can be compared number by number.
 
-Costs come from a ``StepCosts``: per-piece compute times and per-collective times, built from a
-profile of this machine or from analytic hardware presets (``costs_from_flops``).
+Costs come from a ``StepCosts``: per-piece (or per-instruction) compute times and per-collective
+times, e.g. from a profile measured on this machine (``oases.bench.runner.predict_step``).
+Memory is not simulated yet.
 Shape legend: b sub-batch rows, S sequence, H hidden, F ffn, V vocabulary, t TP degree.
 """
 
@@ -21,7 +22,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from oases.schedule.program import Compute, Instr, Start, Wait
+from oases.schedule.program import Compute, Instr, Start, Wait, comm_name, label
 from oases.schedule.timeline import Event, Timeline
 
 
@@ -70,8 +71,7 @@ def simulate_program(program: list[Instr], costs: StepCosts, *, commfree: bool =
                     cost += costs.recompute_body_s(region)
                 else:
                     cost += costs.piece_s(ins.phase, kind, region)
-            name = " ".join(f"{k}:{i}" for k, i in ins.pieces)
-            timeline.add(Event(rank, "compute", name, ins.phase, ins.sub, now, now + cost))
+            timeline.add(Event(rank, "compute", label(ins), ins.phase, ins.sub, now, now + cost))
             now += cost
             compute_busy += cost
         elif isinstance(ins, Start):
@@ -79,7 +79,7 @@ def simulate_program(program: list[Instr], costs: StepCosts, *, commfree: bool =
             begin = max(free[stream], now)
             cost = costs.collective_s(ins.kind, ins.index)
             free[stream] = ends[ins.kind, ins.index, ins.sub] = begin + cost
-            timeline.add(Event(rank, "comm", f"{ins.kind} AR {ins.index}", ins.kind, ins.sub,
+            timeline.add(Event(rank, "comm", comm_name(ins.kind, ins.index), ins.kind, ins.sub,
                                begin, begin + cost))
             comm_busy += cost
         elif isinstance(ins, Wait):

@@ -8,10 +8,12 @@ Names: megatron, megatron-recompute, commfree-recompute, overlap, overlap-recomp
 
 from __future__ import annotations
 
+import weakref
+
 import torch
 from torch import Tensor
 
-from oases.model import Transformer
+from oases.model import Transformer, check_batch
 from oases.schedule.executor import Executor
 from oases.schedule.program import SPECS, Instr, build_program, sub_batches
 from oases.schedule.timeline import Timeline, record_timeline
@@ -33,8 +35,9 @@ class Schedule:
                              f"train.micro_batch={micro_batch} must be at least 1")
         self.name, self.spec = name, SPECS[name]
         self.n_sub, self.micro_batch, self.max_inflight = n_sub, micro_batch, max_inflight
-        self._executors: dict[int, Executor] = {}
-        self._programs: dict[tuple[int, int], list[Instr]] = {}
+        # per model, dropped with the model
+        self._executors: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+        self._programs: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 
     def __repr__(self) -> str:
         return (f"Schedule({self.name!r}, n_sub={self.n_sub}, micro_batch={self.micro_batch}, "
@@ -43,20 +46,20 @@ class Schedule:
     def executor(self, model: Transformer) -> Executor:
         if model.parallel_ctx is None:
             raise ValueError("a schedule steps a parallelized model: call oases.parallelize first")
-        if id(model) not in self._executors:
-            self._executors[id(model)] = Executor(model, self.spec)
-        return self._executors[id(model)]
+        if model not in self._executors:
+            self._executors[model] = Executor(model, self.spec)
+        return self._executors[model]
 
     def program(self, model: Transformer, rows: int) -> list[Instr]:
         """The instruction list of one step over ``rows`` local sequences."""
         n_micro, _ = self._split(rows)
         ex = self.executor(model)
-        key = (id(model), n_micro)
-        if key not in self._programs:
-            self._programs[key] = build_program(
+        programs = self._programs.setdefault(model, {})
+        if n_micro not in programs:
+            programs[n_micro] = build_program(
                 self.name, len(ex.chain), self.n_sub, n_micro=n_micro,
                 max_inflight=self.max_inflight, dp_tasks=tuple(sorted(ex.buckets)))
-        return self._programs[key]
+        return programs[n_micro]
 
     def _split(self, rows: int) -> tuple[int, int]:
         mb = self.micro_batch or rows
@@ -69,6 +72,7 @@ class Schedule:
 
     def step(self, model: Transformer, tokens: Tensor, targets: Tensor) -> Tensor:
         """Forward + backward of tokens/targets [rows, S]; returns the mean loss (detached)."""
+        check_batch(model.cfg, tokens, targets)
         n_micro, k = self._split(tokens.shape[0])
         program = self.program(model, tokens.shape[0])
         subs_t = list(tokens.chunk(n_micro * k))  # [rows / (n_micro k), S] each

@@ -24,6 +24,7 @@ Shape legend: b sub-batch rows, S sequence, H hidden.
 
 from __future__ import annotations
 
+import contextlib
 import time
 
 import torch
@@ -32,7 +33,7 @@ from torch import Tensor
 from oases.model import Transformer
 from oases.parallel import comm
 from oases.parallel.layers import input_grads_unreduced
-from oases.schedule.program import Compute, Instr, ScheduleSpec, Start, Wait
+from oases.schedule.program import Compute, Instr, ScheduleSpec, Start, Wait, comm_name, label
 from oases.schedule.regions import build_chain, dp_buckets
 from oases.schedule.timeline import Event, active_timelines
 
@@ -65,6 +66,37 @@ class Executor:
             loss_scale: float) -> list[Tensor]:
         """Run ``program`` on sub-batches ``tokens[j]``/``targets[j]``; returns per-sub losses."""
         self.tokens, self.targets, self.scale = tokens, targets, loss_scale
+        self._reset()
+        timelines = list(active_timelines())
+        sync = bool(timelines) and self.ctx.device.type == "cuda"  # honest device times
+        try:
+            with input_grads_unreduced(self.model):
+                for ins in program:
+                    t = time.perf_counter()
+                    if isinstance(ins, Compute):
+                        self._compute(ins)
+                        if timelines:
+                            if sync:
+                                torch.cuda.synchronize(self.ctx.device)
+                            self._event(timelines, "compute", label(ins), ins.phase, ins.sub, t)
+                    elif isinstance(ins, Start):
+                        self._start(ins, timelines)
+                    else:
+                        self._wait(ins)
+                        if sync:
+                            torch.cuda.synchronize(self.ctx.device)
+            state = {"graphs": self.bg, "epi": self.eg, "x": self.x, "p": self.p,
+                     "handles": self.handles, "saved": self.saved, "rng": self.rng,
+                     "grads": self.gx, "residual grads": self.gres, "dr": self.dr,
+                     "dh": self.dh}
+            leftovers = [k for k, d in state.items() if d]
+            assert not leftovers, f"program left state behind: {leftovers}"
+            return [self.losses[j] for j in sorted(self.losses)]
+        finally:  # never keep a step's graphs alive past it (an OOM retry must find memory)
+            self._reset()
+            self.tokens = self.targets = None
+
+    def _reset(self) -> None:
         self.x: dict = {}
         self.p: dict = {}
         self.bg: dict = {}
@@ -76,33 +108,15 @@ class Executor:
         self.dr: dict = {}
         self.dh: dict = {}
         self.handles: dict = {}
-        self.dp_flat: dict = {}
         self.losses: dict[int, Tensor] = {}
         self._seen: set[int] = set()
-        self.saved_bytes = {}
-        timelines = active_timelines()
-        self._t0 = time.perf_counter()
-        with input_grads_unreduced(self.model):
-            for ins in program:
-                t = time.perf_counter()
-                if isinstance(ins, Compute):
-                    self._compute(ins)
-                    if timelines:
-                        self._event("compute", _label(ins), ins.phase, ins.sub, t)
-                elif isinstance(ins, Start):
-                    self._start(ins, bool(timelines))
-                else:
-                    self._wait(ins)
-        leftovers = [k for k, d in (("graphs", self.bg), ("epi", self.eg), ("x", self.x),
-                     ("handles", self.handles), ("saved", self.saved), ("rng", self.rng)) if d]
-        assert not leftovers, f"program left state behind: {leftovers}"
-        return [self.losses[j] for j in sorted(self.losses)]
 
-    def _event(self, lane: str, name: str, phase: str, sub: int, start: float,
-               end: float | None = None) -> None:
-        end = time.perf_counter() if end is None else end
-        ev = Event(self.ctx.rank, lane, name, phase, sub, start - self._t0, end - self._t0)
-        for tl in active_timelines():
+    def _event(self, timelines: list, lane: str, name: str, phase: str, sub: int,
+               start: float) -> None:
+        """Times are absolute ``perf_counter`` seconds (one clock for all processes of a
+        machine); timelines are normalized when drawn or exported."""
+        ev = Event(self.ctx.rank, lane, name, phase, sub, start, time.perf_counter())
+        for tl in timelines:
             tl.add(ev)
 
     # --------------------------------------------------------------------------------- compute
@@ -124,7 +138,7 @@ class Executor:
         """Count storages autograd keeps from the forward for region i (not parameters, not
         the transient graphs of a recompute)."""
         if not self.track_memory or recompute:
-            return torch.autograd.graph.saved_tensors_hooks(lambda t: t, lambda t: t)
+            return contextlib.nullcontext()
 
         def pack(t: Tensor) -> Tensor:
             ptr = t.untyped_storage().data_ptr()
@@ -231,42 +245,33 @@ class Executor:
         self.dh[i, j] = hl.grad  # partial sums of dL/dh over the TP group
 
     # ----------------------------------------------------------------------------- collectives
-    def _start(self, ins: Start, timed: bool) -> None:
+    def _start(self, ins: Start, timelines: list) -> None:
         key = (ins.kind, ins.index, ins.sub)
-        group = self.ctx.tp_group
-        if ins.kind == "fwd":
-            t, direction = self.p[ins.index, ins.sub], "forward"
-        elif ins.kind == "bwd":
-            t, direction = self.dh[ins.index, ins.sub], "backward"
-        else:
-            grads = [p.grad for p in self.buckets[ins.index]]
-            t, direction, group = torch.cat([g.reshape(-1) for g in grads]), "backward", \
-                self.ctx.dp_group
-            self.dp_flat[ins.index] = (t, grads)
+        tag = f"{ins.kind}:{ins.index}:{ins.sub}"
         issued = time.perf_counter()
-        if self.skip_comm:
-            self.handles[key] = comm.Handle(t, None)
-            return
-        handle = comm.all_reduce_async(t, group, direction=direction,
-                                       tag=f"{ins.kind}:{ins.index}:{ins.sub}")
-        if timed and group.size > 1:
-            name = f"{ins.kind} AR {self.chain[ins.index].name}"
-            handle.on_complete(lambda: self._event("comm", name, ins.kind, ins.sub, issued))
+        if ins.kind == "dp":
+            group = self.ctx.dp_group
+            handle = (comm.Handle(None, None) if self.skip_comm else
+                      comm.gradient_mean_async(self.buckets[ins.index], group, tag=tag))
+        else:
+            group = self.ctx.tp_group
+            t, direction = ((self.p[ins.index, ins.sub], "forward") if ins.kind == "fwd" else
+                            (self.dh[ins.index, ins.sub], "backward"))
+            handle = (comm.Handle(t, None) if self.skip_comm else
+                      comm.all_reduce_async(t, group, direction=direction, tag=tag))
+        if timelines and group.size > 1 and not self.skip_comm:
+            rank, name = self.ctx.rank, comm_name(ins.kind, ins.index)
+
+            def done(sub: int = ins.sub, phase: str = ins.kind) -> None:
+                ev = Event(rank, "comm", name, phase, sub, issued, time.perf_counter())
+                for tl in timelines:  # the timelines open at issue, even if one closed since
+                    tl.add(ev)
+
+            handle.on_complete(done)
         self.handles[key] = handle
 
     def _wait(self, ins: Wait) -> None:
         self.handles.pop((ins.kind, ins.index, ins.sub)).wait()
-        if ins.kind == "dp":
-            flat, grads = self.dp_flat.pop(ins.index)
-            flat.div_(self.ctx.dp)
-            offset = 0
-            for g in grads:
-                g.copy_(flat[offset : offset + g.numel()].view_as(g))
-                offset += g.numel()
-
-
-def _label(ins: Compute) -> str:
-    return " ".join(f"{k}:{i}" for k, i in ins.pieces)
 
 
 def _get_rng(device: torch.device) -> Tensor:

@@ -203,13 +203,21 @@ def build_program(
 
 
 def _insert_dp(body: list[Instr], dp_tasks: set[int], last_sub: int) -> list[Instr]:
+    """Start each DP bucket's all-reduce once its last backward task is done, but after the TP
+    gradient all-reduce that task starts (the next compute waits on that one, not on DP)."""
     out: list[Instr] = []
+    pending: int | None = None
     for ins in body:
+        if pending is not None and not (isinstance(ins, Start | Wait) and ins.kind == "bwd"):
+            out.append(Start("dp", pending))
+            pending = None
         out.append(ins)
         if isinstance(ins, Compute) and ins.phase == "backward" and ins.sub == last_sub:
             task = ins.pieces[-1][1]  # ("tp", i) closes backward task i
             if task in dp_tasks:
-                out.append(Start("dp", task))
+                pending = task
+    if pending is not None:
+        out.append(Start("dp", pending))
     out.extend(Wait("dp", t) for t in sorted(dp_tasks, reverse=True))
     return out
 
@@ -217,3 +225,13 @@ def _insert_dp(body: list[Instr], dp_tasks: set[int], last_sub: int) -> list[Ins
 def sub_batches(name: str, n_sub: int) -> int:
     """How many sub-batches a micro-batch is cut into under this schedule."""
     return n_sub if SPECS[name].overlapped else 1
+
+
+def label(ins: Compute) -> str:
+    """A compute instruction's name in timelines and profiles, e.g. ``"epi:2 body:3"``."""
+    return " ".join(f"{kind}:{index}" for kind, index in ins.pieces)
+
+
+def comm_name(kind: str, index: int) -> str:
+    """A collective's name in timelines, e.g. ``"fwd AR 3"``."""
+    return f"{kind} AR {index}"
