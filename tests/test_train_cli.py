@@ -164,9 +164,17 @@ def test_cli_two_rank_tiny_run(tmp_path):
     run_dir = tmp_path / "run"
     proc, _ = _run_cli([str(TINY), "--nproc-per-node", "2", f"--train.run_dir={run_dir}"], 120)
     assert proc.returncode == 0, proc.stdout + proc.stderr
-    rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    lines = (run_dir / "metrics.jsonl").read_text().splitlines()
+    rows = [r for r in map(json.loads, lines) if "loss" in r]
     assert [r["step"] for r in rows] == list(range(1, 7))
-    assert set(rows[0]) >= {"step", "loss", "lr", "grad_norm", "step_time_s", "tokens_per_s"}
+    assert set(rows[0]) == {
+        "step", "loss", "lr", "grad_norm", "step_time_s", "tokens_per_s", "peak_mem_mb"
+    }
+    evals = [r for r in map(json.loads, lines) if "val_loss" in r]
+    assert [r["step"] for r in evals] == [3, 6]  # tiny.toml: eval_every = 3
+    assert sorted(p.name for p in (run_dir / "checkpoints").iterdir()) == [
+        "step_000003", "step_000006"
+    ]
     assert all(math.isfinite(r["loss"]) and 0 < r["loss"] < 7 for r in rows)
     assert rows[-1]["loss"] < rows[0]["loss"]
     saved = load_config(run_dir / "config.toml")
@@ -187,6 +195,8 @@ def test_cli_two_rank_tiny_run(tmp_path):
         (["--model.dimm=5"], "unknown key 'model.dimm'"),
         (["--nproc-per-node", "3"], "world_size=3 is not divisible by parallel.tp=2"),
         (["--data.source=/no/such/dir/*.txt"], "data.source='/no/such/dir/*.txt'"),
+        (["--checkpoint.keep=0"], "checkpoint.keep=0 must be >= 1"),
+        (["--max-restarts", "-1"], "--max-restarts=-1 must be >= 0"),
     ],
 )
 def test_cli_bad_config_fails_fast_with_one_line(args, expected):

@@ -1,6 +1,6 @@
 """``oases`` command line: wiring only; the work lives in the modules it calls.
 
-    oases train [CONFIG.toml] [--section.key=value ...] [--nproc-per-node N]
+    oases train [CONFIG.toml] [--section.key=value ...] [--nproc-per-node N] [--max-restarts N]
     oases bench [CONFIG.toml] [--schedules LIST] [--link none|RATE|auto:PRESET] [--steps N]
                 [--out DIR] [--nproc-per-node N] [--section.key=value ...]
 
@@ -43,6 +43,15 @@ def _parser() -> argparse.ArgumentParser:
         metavar="N",
         help="local ranks to start (default: parallel.tp); ignored under torchrun",
     )
+    train.add_argument(
+        "--max-restarts",
+        type=int,
+        default=0,
+        metavar="N",
+        help="restart all ranks up to N times after a failure; with checkpoint.resume=auto "
+        "(the default) they continue from the newest checkpoint. Under torchrun use its "
+        "own --max-restarts",
+    )
     from oases.bench.link import LINK_PRESETS
     from oases.bench.suite import DEFAULT_SCHEDULES
 
@@ -83,7 +92,9 @@ def _bench(ns: argparse.Namespace, overrides: list[str]) -> int:
     return 0
 
 
-def _train(config: str | None, overrides: list[str], nproc: int | None) -> int:
+def _train(
+    config: str | None, overrides: list[str], nproc: int | None, max_restarts: int = 0
+) -> int:
     from oases.train.data import check_source
     from oases.train.launch import launch, under_torchrun
     from oases.train.loop import check_config
@@ -94,6 +105,8 @@ def _train(config: str | None, overrides: list[str], nproc: int | None) -> int:
         cfg: Config = load_config(config or DEFAULT_CONFIG, overrides)
         if nproc is not None and nproc < 1:
             raise ValueError(f"--nproc-per-node={nproc} must be >= 1")
+        if max_restarts < 0:
+            raise ValueError(f"--max-restarts={max_restarts} must be >= 0")
         if not under_torchrun():  # under torchrun each rank checks against the real world size
             nproc = nproc or cfg.parallel.tp
             check_config(cfg, nproc)
@@ -101,7 +114,7 @@ def _train(config: str | None, overrides: list[str], nproc: int | None) -> int:
     except ValueError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return EXIT_USER_ERROR
-    return launch(cfg, nproc or 1)
+    return launch(cfg, nproc or 1, max_restarts)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -109,7 +122,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     overrides = [a for a in args if _is_override(a)]
     ns = _parser().parse_args([a for a in args if not _is_override(a)])
     if ns.command == "train":
-        return _train(ns.config, overrides, ns.nproc_per_node)
+        return _train(ns.config, overrides, ns.nproc_per_node, ns.max_restarts)
     if ns.command == "bench":
         return _bench(ns, overrides)
     return EXIT_USER_ERROR  # pragma: no cover - argparse requires a command

@@ -2,7 +2,10 @@
 
 Outside ``torchrun``, ``launch(cfg, nproc)`` with ``nproc > 1`` starts ``nproc`` local ranks the
 way ``torchrun --standalone`` does (a c10d rendezvous on 127.0.0.1 at a free port, spawned
-workers, no restarts) and each runs ``run_rank(cfg, num_threads)``. Under ``torchrun`` (or with
+workers) and each runs ``run_rank(cfg, num_threads)``. With ``max_restarts > 0`` the launcher
+restarts every rank after a failure, up to that many times; with ``checkpoint.resume = "auto"``
+the restarted ranks continue from the newest complete checkpoint (torchrun's ``--max-restarts``
+does the same for a job it starts). Under ``torchrun`` (or with
 ``nproc == 1``) this process is the rank and calls ``run_rank`` directly.
 
 A user error found inside a rank (a ``ValueError``) prints one ``error: ...`` line on stderr and
@@ -67,12 +70,15 @@ def _quiet_elastic_logs() -> None:
         logging.getLogger(name).setLevel(logging.CRITICAL)
 
 
-def launch(cfg: Config, nproc: int) -> int:
-    """Run ``cfg`` on ``nproc`` local ranks (or in this process when ``nproc == 1``).
+def launch(cfg: Config, nproc: int, max_restarts: int = 0) -> int:
+    """Run ``cfg`` on ``nproc`` local ranks (or in this process when ``nproc == 1``), restarting
+    the ranks up to ``max_restarts`` times after a failure (only through the elastic launcher).
 
     Returns the process exit code: 0 on success, non-zero when a rank failed.
     """
-    if nproc == 1 or under_torchrun():
+    if max_restarts < 0:
+        raise ValueError(f"--max-restarts={max_restarts} must be >= 0")
+    if under_torchrun() or (nproc == 1 and max_restarts == 0):
         run_rank(cfg)
         return 0
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
@@ -91,7 +97,7 @@ def launch(cfg: Config, nproc: int) -> int:
         rdzv_backend="c10d",
         rdzv_endpoint=f"127.0.0.1:{port}",
         rdzv_configs={"timeout": int(max(30, cfg.parallel.timeout_s))},
-        max_restarts=0,
+        max_restarts=max_restarts,
         monitor_interval=0.1,
         start_method="spawn",
         local_addr="127.0.0.1",

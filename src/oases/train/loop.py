@@ -7,13 +7,24 @@ Every rank runs ``train(cfg)``. Order of one step::
     clip_grad_norm_         global norm over TP shards (all-reduce) + replicated params (once)
     optimizer.step, zero_grad
 
+On CUDA the step runs under bf16 autocast (the parameters, gradients and AdamW state stay fp32:
+fp32 master weights); on CPU everything is fp32.
+
 Rank 0 prints a line every ``train.log_every`` steps (loss and tokens/s averaged over the steps
-since the previous line; the loss is the mean over DP ranks) and writes one JSON line per step to
-``<run_dir>/metrics.jsonl``; the resolved config goes to ``<run_dir>/config.toml``.
+since the previous line; the loss is the mean over DP ranks) and appends JSON lines to
+``train.metrics_file`` (default ``<run_dir>/metrics.jsonl``): one per step with ``step, loss, lr,
+grad_norm, step_time_s, tokens_per_s, peak_mem_mb`` and one per evaluation with ``step,
+val_loss`` (every ``train.eval_every`` steps and at the end). The resolved config goes to
+``<run_dir>/config.toml``.
+
+Checkpoints (``oases.train.checkpoint``): every ``checkpoint.every`` steps and at the end;
+``checkpoint.resume`` picks one to continue from (model, AdamW state, step and so the LR
+schedule, data position, RNG), at any tp. A resumed run keeps the metrics lines up to its step.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
 import time
@@ -30,9 +41,8 @@ from oases.parallel import comm
 from oases.parallel.apply import parallelize, shard_spec
 from oases.parallel.context import Group, ParallelContext, init_distributed
 from oases.schedule import build_schedule
+from oases.train import checkpoint as ckpt
 from oases.train.data import Corpus, PackedBatches, build_tokenizer, load_corpus
-
-EVAL_BATCHES = 4
 
 
 def check_config(cfg: Config, world_size: int) -> None:
@@ -141,19 +151,70 @@ def agree_on_setup(ctx: ParallelContext, error: ValueError | None) -> None:
     raise PeerError(f"setup failed on rank {first}")
 
 
-def train(cfg: Config, *, log: TextIO | None = None) -> dict[str, Any]:
-    """Run ``cfg`` on this rank; returns a summary (final loss, validation loss, time)."""
+def peak_memory_mb(device: torch.device) -> float:
+    """Peak memory of this rank in MiB: CUDA's max allocated, else the process's peak RSS."""
+    if device.type == "cuda":
+        return torch.cuda.max_memory_allocated(device) / 2**20
+    try:
+        with open("/proc/self/status", encoding="ascii") as fh:
+            for line in fh:
+                if line.startswith("VmHWM:"):
+                    return int(line.split()[1]) / 1024  # kB -> MiB
+    except OSError:
+        pass
+    import resource  # not Linux: ru_maxrss (bytes on macOS)
+
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20
+
+
+def metrics_path(cfg: Config) -> Path:
+    return Path(cfg.train.metrics_file or Path(cfg.train.run_dir) / "metrics.jsonl")
+
+
+def _open_metrics(path: Path, start_step: int) -> TextIO:
+    """Open the metrics file: new for a fresh run, cut back to ``start_step`` when resuming."""
+    kept: list[str] = []
+    if start_step > 0 and path.is_file():
+        for line in path.read_text(encoding="utf-8").splitlines():
+            try:
+                if json.loads(line).get("step", 0) <= start_step:
+                    kept.append(line + "\n")
+            except ValueError:
+                continue
+    fh = path.open("w", encoding="utf-8")
+    fh.writelines(kept)
+    fh.flush()
+    return fh
+
+
+def _autocast(device: torch.device) -> contextlib.AbstractContextManager[Any]:
+    if device.type == "cuda":  # bf16 compute, fp32 parameters/grads/optimizer (master weights)
+        return torch.autocast("cuda", dtype=torch.bfloat16)
+    return contextlib.nullcontext()
+
+
+def train(
+    cfg: Config, *, log: TextIO | None = None, stop_after: int | None = None
+) -> dict[str, Any]:
+    """Run ``cfg`` on this rank; returns a summary (losses, validation loss, checkpoint, time).
+
+    ``stop_after`` ends this call after that many global steps (counted from step 0, so a
+    resumed run stops at the same place), with a checkpoint, as a stopped job would; the LR
+    schedule still follows ``train.steps``.
+    """
     ctx = init_distributed(
         tp=cfg.parallel.tp, timeout_s=cfg.parallel.timeout_s, backend=cfg.parallel.backend
     )
     t, S = cfg.train, cfg.model.seq_len
     is_main = ctx.rank == 0
+    end = t.steps if stop_after is None else min(t.steps, stop_after)
 
     def say(msg: str) -> None:
         if is_main:
             print(msg, file=log, flush=True)
 
     error: ValueError | None = None
+    resume_from: Path | None = None
     try:  # local setup only: no collective until every rank agrees it succeeded
         check_config(cfg, ctx.world_size)
         corpus: Corpus = load_corpus(cfg.data.source)
@@ -176,11 +237,15 @@ def train(cfg: Config, *, log: TextIO | None = None) -> dict[str, Any]:
             shuffle=False,
             name=f"{where} the validation split",
         )
+        resume_from = ckpt.resolve_resume(cfg)
         if is_main:
-            try:
-                Path(t.run_dir).mkdir(parents=True, exist_ok=True)
-            except OSError as exc:
-                raise ValueError(f"train.run_dir={t.run_dir!r}: {exc.strerror}") from None
+            for key, folder in (("train.run_dir", Path(t.run_dir)),
+                                ("train.metrics_file", metrics_path(cfg).parent),
+                                ("checkpoint.dir", ckpt.checkpoint_root(cfg))):
+                try:
+                    folder.mkdir(parents=True, exist_ok=True)
+                except OSError as exc:
+                    raise ValueError(f"{key}: cannot create {folder} ({exc.strerror})") from None
     except ValueError as exc:
         error = exc
     agree_on_setup(ctx, error)
@@ -197,34 +262,72 @@ def train(cfg: Config, *, log: TextIO | None = None) -> dict[str, Any]:
         micro_batch=t.micro_batch,
         max_inflight=cfg.schedule.max_inflight,
     )
+    mesh = ckpt.build_tp_mesh(ctx)
+    start_step = 0
+    if resume_from is not None:
+        try:  # local checks first (complete, sizes, shapes), so a bad checkpoint never hangs
+            ckpt.check_checkpoint(resume_from, model, optimizer, ctx)
+        except ValueError as exc:
+            error = exc
+        agree_on_setup(ctx, error)
+        manifest = ckpt.load_checkpoint(resume_from, model, optimizer, ctx, mesh)
+        start_step = int(manifest["step"])
+        train_data.load_state_dict(manifest["extras"]["data"])
 
     run_dir = Path(t.run_dir)
     metrics: TextIO | None = None
     if is_main:
         save_config(cfg, run_dir / "config.toml")
-        metrics = (run_dir / "metrics.jsonl").open("w", encoding="utf-8")
+        metrics = _open_metrics(metrics_path(cfg), start_step)
     say(
         f"oases train: {ctx}\nconfig (written to {run_dir / 'config.toml'}; metrics to"
-        f" {run_dir / 'metrics.jsonl'}):\n" + _format_config(cfg)
+        f" {metrics_path(cfg)}):\n" + _format_config(cfg)
     )
     say(
         f"model: {cfg.model.arch} {n_params / 1e6:.2f}M parameters; data: {cfg.data.source}"
         f" {len(corpus.train) / 1e6:.2f}M train / {len(corpus.val) / 1e6:.2f}M val tokens"
         f" ({len(corpus.train_files)} + {len(corpus.val_files)} files)"
     )
+    if resume_from is not None:
+        say(f"resumed from {resume_from} at step {start_step} (saved at tp={manifest['tp']},"
+            f" dp={manifest['dp']})")
+
+    def write(row: dict[str, Any]) -> None:
+        if metrics is not None:
+            metrics.write(json.dumps(row) + "\n")
+            metrics.flush()
+
+    def run_eval(step: int) -> float:
+        with _autocast(ctx.device):
+            value = evaluate(model, val_data, ctx, t.eval_batches)
+        write({"step": step, "val_loss": value})
+        say(f"step {step:5d}/{t.steps}  validation loss {value:.4f}")
+        return value
+
+    def save(step: int) -> Path:
+        extras = {"data": train_data.state_dict(), "lr": lr_at(max(0, step - 1), t)}
+        path = ckpt.save_checkpoint(ckpt.checkpoint_root(cfg), step, model, optimizer, extras,
+                                    cfg, ctx, mesh, cfg.checkpoint.keep)
+        say(f"step {step:5d}/{t.steps}  checkpoint {path}")
+        return path
 
     tokens_per_step = t.global_batch * S
-    loss = float("nan")
+    loss, val_loss = float("nan"), float("nan")
+    losses: list[float] = []
+    grad_norms: list[float] = []
+    evaluated_at = saved_at = -1
+    saved: Path | None = resume_from
     window: list[tuple[float, float]] = []  # (loss, step_time_s) since the last printed line
     start = time.perf_counter()
     try:
-        for step in range(t.steps):
+        for step in range(start_step, end):
             t0 = time.perf_counter()
             lr = lr_at(step, t)
             for group in optimizer.param_groups:
                 group["lr"] = lr
             tokens, targets = train_data.next_batch()
-            local = schedule.step(model, tokens.to(ctx.device), targets.to(ctx.device))
+            with _autocast(ctx.device):
+                local = schedule.step(model, tokens.to(ctx.device), targets.to(ctx.device))
             grad_norm = clip_grad_norm_(model.parameters(), t.grad_clip, ctx.tp_group)
             optimizer.step()
             optimizer.zero_grad(set_to_none=True)
@@ -233,19 +336,19 @@ def train(cfg: Config, *, log: TextIO | None = None) -> dict[str, Any]:
                 msg = f"loss became {loss} at step {step + 1}; try a lower train.lr={t.lr}"
                 raise ValueError(msg) if is_main else PeerError(msg)
             dt = time.perf_counter() - t0
-            if metrics is not None:
-                row = {
-                    "step": step + 1,
-                    "loss": loss,
-                    "lr": lr,
-                    "grad_norm": grad_norm,
-                    "step_time_s": dt,
-                    "tokens_per_s": tokens_per_step / dt,
-                }
-                metrics.write(json.dumps(row) + "\n")
-                metrics.flush()
+            losses.append(loss)
+            grad_norms.append(grad_norm)
+            write({
+                "step": step + 1,
+                "loss": loss,
+                "lr": lr,
+                "grad_norm": grad_norm,
+                "step_time_s": dt,
+                "tokens_per_s": tokens_per_step / dt,
+                "peak_mem_mb": peak_memory_mb(ctx.device),
+            })
             window.append((loss, dt))
-            if (step + 1) % t.log_every == 0 or step == 0 or step + 1 == t.steps:
+            if (step + 1) % t.log_every == 0 or step == start_step or step + 1 == end:
                 mean_loss = sum(x for x, _ in window) / len(window)
                 rate = tokens_per_step * len(window) / sum(d for _, d in window)
                 say(
@@ -254,13 +357,31 @@ def train(cfg: Config, *, log: TextIO | None = None) -> dict[str, Any]:
                     f"  elapsed {time.perf_counter() - start:.1f}s"
                 )
                 window.clear()
-        val_loss = evaluate(model, val_data, ctx, EVAL_BATCHES)
+            if t.eval_every and (step + 1) % t.eval_every == 0:
+                val_loss, evaluated_at = run_eval(step + 1), step + 1
+            if cfg.checkpoint.every and (step + 1) % cfg.checkpoint.every == 0:
+                saved, saved_at = save(step + 1), step + 1
+        final = max(start_step, end)
+        if evaluated_at != final:
+            val_loss = run_eval(final)
+        if saved_at != final and final > start_step:
+            saved = save(final)
     finally:
         if metrics is not None:
             metrics.close()
     elapsed = time.perf_counter() - start
     say(
-        f"done: {t.steps} steps in {elapsed:.1f}s; final train loss {loss:.4f},"
-        f" validation loss {val_loss:.4f}"
+        f"done: step {max(start_step, end)}/{t.steps} in {elapsed:.1f}s; final train loss"
+        f" {loss:.4f}, validation loss {val_loss:.4f}"
     )
-    return {"loss": loss, "val_loss": val_loss, "elapsed_s": elapsed, "steps": t.steps}
+    return {
+        "loss": loss,
+        "val_loss": val_loss,
+        "elapsed_s": elapsed,
+        "steps": t.steps,
+        "start_step": start_step,
+        "end_step": max(start_step, end),
+        "losses": losses,
+        "grad_norms": grad_norms,
+        "checkpoint": None if saved is None else str(saved),
+    }
