@@ -181,6 +181,23 @@ def test_cli_two_rank_tiny_run(tmp_path):
     assert saved.parallel.tp == 2 and saved.train.run_dir == str(run_dir)
     assert "tp=2" in proc.stdout and "validation loss" in proc.stdout
     assert proc.stdout.count("step ") >= 3  # rank 0 only: one line per log_every steps
+    assert "sample:" in proc.stdout  # the end-of-run sample
+    assert (run_dir / "timeline.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+@pytest.mark.slow
+def test_cli_bpe_tokenizer_is_trained_saved_and_reloaded_on_resume(tmp_path):
+    run_dir = tmp_path / "run"
+    args = [str(TINY), "--nproc-per-node", "2", f"--train.run_dir={run_dir}",
+            "--data.tokenizer=bpe", "--model.vocab_size=384", "--train.sample_tokens=8"]
+    proc, _ = _run_cli(args, 180)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    trained = (run_dir / "tokenizer.json").read_text()
+    assert (run_dir / "checkpoints" / "step_000006" / "tokenizer.json").read_text() == trained
+    proc, _ = _run_cli([*args, "--train.steps=8"], 180)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "resumed from" in proc.stdout
+    assert (run_dir / "checkpoints" / "step_000008" / "tokenizer.json").read_text() == trained
 
 
 @pytest.mark.slow

@@ -157,11 +157,13 @@ class TrainConfig:
     metrics_file: str = ""  # "" = <run_dir>/metrics.jsonl
     eval_every: int = 50  # steps between validation losses; 0 = only at the end
     eval_batches: int = 4  # validation global batches per evaluation
+    sample_tokens: int = 200  # tokens sampled from the model at the end of a run; 0 = none
 
     def __post_init__(self) -> None:
         _positive("train", self, "steps", "global_batch", "micro_batch", "lr", "log_every")
         _positive("train", self, "eval_batches")
-        for name in ("min_lr", "warmup_steps", "weight_decay", "grad_clip", "seed", "eval_every"):
+        for name in ("min_lr", "warmup_steps", "weight_decay", "grad_clip", "seed", "eval_every",
+                     "sample_tokens"):
             value = getattr(self, name)
             _check(value >= 0, f"train.{name}={value} must be >= 0")
         _check(self.min_lr <= self.lr, f"train.min_lr={self.min_lr} exceeds train.lr={self.lr}")
@@ -173,11 +175,14 @@ class DataConfig:
     """Where the training text comes from and how it is tokenised."""
 
     source: str = "stdlib"
-    tokenizer: str = "byte"
+    tokenizer: str = "byte"  # "byte" | "bpe" (trained on the training split)
+    vocab_size: int = 0  # BPE vocabulary to train; 0 = model.vocab_size
 
     def __post_init__(self) -> None:
         _check(self.source != "", "data.source must not be empty")
         _check(self.tokenizer != "", "data.tokenizer must not be empty")
+        _check(self.vocab_size == 0 or self.vocab_size >= 256,
+               f"data.vocab_size={self.vocab_size} must be 0 (= model.vocab_size) or >= 256")
 
 
 @dataclass

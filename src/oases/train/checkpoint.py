@@ -297,11 +297,13 @@ def _rng_state(device: torch.device) -> dict[str, Tensor]:
 def save_checkpoint(
     root: Path, step: int, model: nn.Module, optimizer: torch.optim.Optimizer,
     extras: dict[str, Any], cfg: Config, ctx: ParallelContext, mesh: Any, keep: int,
+    files: dict[str, Path] | None = None,
 ) -> Path:
     """Write checkpoint ``root/step_<step>`` atomically on every rank; returns its path.
 
     ``extras`` (JSON: the data position and the like) is stored with the step, the resolved
-    config and the layout.
+    config and the layout; ``files`` (name -> path on rank 0, e.g. the tokenizer) are copied in
+    before the commit.
     """
     final = root / step_dir_name(step)
     tmp = root / (final.name + ".tmp")
@@ -318,6 +320,8 @@ def save_checkpoint(
     with _single_process_quiet():  # returns once every rank's files and .metadata are written
         dcp.save(state, storage_writer=dcp.FileSystemWriter(tmp), no_dist=_single_process())
     if ctx.rank == 0:
+        for name, src in (files or {}).items():
+            shutil.copyfile(src, tmp / name)
         files = {f.name: f.stat().st_size for f in sorted(tmp.iterdir()) if f.is_file()}
         manifest = {
             "format": FORMAT_VERSION, "step": step, "tp": ctx.tp, "dp": ctx.dp,

@@ -25,6 +25,7 @@ import torch
 import torch.distributed as dist
 
 from oases.config import Config
+from oases.parallel.context import launched_by_torchrun
 
 EXIT_USER_ERROR = 2
 EXIT_RANK_FAILED = 1
@@ -32,7 +33,7 @@ EXIT_RANK_FAILED = 1
 
 def under_torchrun() -> bool:
     """True when this process was started by torchrun / torch elastic as one rank of a job."""
-    return "TORCHELASTIC_RUN_ID" in os.environ or "LOCAL_RANK" in os.environ
+    return launched_by_torchrun()
 
 
 def free_port() -> int:

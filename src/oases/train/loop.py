@@ -27,6 +27,7 @@ from __future__ import annotations
 import contextlib
 import json
 import math
+import sys
 import time
 from collections.abc import Iterable
 from pathlib import Path
@@ -40,9 +41,19 @@ from oases.model import build_model, count_params
 from oases.parallel import comm
 from oases.parallel.apply import parallelize, shard_spec
 from oases.parallel.context import Group, ParallelContext, init_distributed
-from oases.schedule import build_schedule
+from oases.schedule import Timeline, build_schedule, record_timeline
 from oases.train import checkpoint as ckpt
-from oases.train.data import Corpus, PackedBatches, build_tokenizer, load_corpus
+from oases.train.data import (
+    Corpus,
+    PackedBatches,
+    build_tokenizer,
+    load_corpus,
+    stream_documents,
+    tokenize_corpus,
+)
+from oases.train.generate import generate, sampling_generator
+from oases.train.progress import Progress
+from oases.train.tokenizer import TOKENIZER_FILE, Tokenizer, check_tokenizer_name, save_tokenizer
 
 
 def check_config(cfg: Config, world_size: int) -> None:
@@ -54,12 +65,27 @@ def check_config(cfg: Config, world_size: int) -> None:
         micro_batch=cfg.train.micro_batch,
         max_inflight=cfg.schedule.max_inflight,
     )
-    tok = build_tokenizer(cfg.data.tokenizer)
-    if cfg.model.vocab_size < tok.vocab_size:
+    check_tokenizer_name(cfg.data.tokenizer)
+    want = 256 if cfg.data.tokenizer == "byte" else (cfg.data.vocab_size or cfg.model.vocab_size)
+    if cfg.model.vocab_size < want:
         raise ValueError(
             f"model.vocab_size={cfg.model.vocab_size} is smaller than the {cfg.data.tokenizer}"
-            f" tokenizer's vocabulary of {tok.vocab_size}"
+            f" tokenizer's vocabulary of {want}"
         )
+
+
+def build_run_tokenizer(cfg: Config, corpus: Corpus, resume_from: Path | None) -> Tokenizer:
+    """The run's tokenizer: bytes, or a BPE trained on the training split (deterministic, so
+    every rank trains the same one without a collective) or reloaded from the checkpoint."""
+    if cfg.data.tokenizer != "bpe":
+        return build_tokenizer(cfg.data.tokenizer)
+    saved = resume_from if resume_from and (resume_from / TOKENIZER_FILE).is_file() else None
+    tok = build_tokenizer("bpe", None if saved else stream_documents(corpus.train),
+                          cfg.data.vocab_size or cfg.model.vocab_size, path=saved)
+    if cfg.model.vocab_size < tok.vocab_size:
+        raise ValueError(f"model.vocab_size={cfg.model.vocab_size} is smaller than the trained "
+                         f"BPE vocabulary of {tok.vocab_size}")
+    return tok
 
 
 def lr_at(step: int, t: TrainConfig) -> float:
@@ -187,6 +213,15 @@ def _open_metrics(path: Path, start_step: int) -> TextIO:
     return fh
 
 
+def save_timeline(timeline: Timeline, ctx: ParallelContext, path: Path, title: str) -> None:
+    """Gather one step's timeline from every rank; rank 0 draws it (and writes the trace)."""
+    rows = comm.all_gather_objects(timeline.to_json(), ctx.world_group)
+    if ctx.rank == 0:
+        merged = Timeline.from_json([r for rank_rows in rows for r in rank_rows])
+        merged.plot(path, title=title)
+        merged.save_chrome_trace(path.with_suffix(".json"))
+
+
 def _autocast(device: torch.device) -> contextlib.AbstractContextManager[Any]:
     if device.type == "cuda":  # bf16 compute, fp32 parameters/grads/optimizer (master weights)
         return torch.autocast("cuda", dtype=torch.bfloat16)
@@ -217,7 +252,10 @@ def train(
     resume_from: Path | None = None
     try:  # local setup only: no collective until every rank agrees it succeeded
         check_config(cfg, ctx.world_size)
+        resume_from = ckpt.resolve_resume(cfg)
         corpus: Corpus = load_corpus(cfg.data.source)
+        tok = build_run_tokenizer(cfg, corpus, resume_from)
+        corpus = tokenize_corpus(corpus, tok)
         where = f"data.source={cfg.data.source!r}:"
         train_data = PackedBatches(
             corpus.train,
@@ -237,7 +275,6 @@ def train(
             shuffle=False,
             name=f"{where} the validation split",
         )
-        resume_from = ckpt.resolve_resume(cfg)
         if is_main:
             for key, folder in (("train.run_dir", Path(t.run_dir)),
                                 ("train.metrics_file", metrics_path(cfg).parent),
@@ -276,9 +313,13 @@ def train(
 
     run_dir = Path(t.run_dir)
     metrics: TextIO | None = None
+    tokenizer_files: dict[str, Path] = {}
     if is_main:
         save_config(cfg, run_dir / "config.toml")
         metrics = _open_metrics(metrics_path(cfg), start_step)
+        saved_tok = save_tokenizer(tok, run_dir)
+        if saved_tok is not None:
+            tokenizer_files[TOKENIZER_FILE] = saved_tok
     say(
         f"oases train: {ctx}\nconfig (written to {run_dir / 'config.toml'}; metrics to"
         f" {metrics_path(cfg)}):\n" + _format_config(cfg)
@@ -307,7 +348,7 @@ def train(
     def save(step: int) -> Path:
         extras = {"data": train_data.state_dict(), "lr": lr_at(max(0, step - 1), t)}
         path = ckpt.save_checkpoint(ckpt.checkpoint_root(cfg), step, model, optimizer, extras,
-                                    cfg, ctx, mesh, cfg.checkpoint.keep)
+                                    cfg, ctx, mesh, cfg.checkpoint.keep, tokenizer_files)
         say(f"step {step:5d}/{t.steps}  checkpoint {path}")
         return path
 
@@ -318,6 +359,9 @@ def train(
     evaluated_at = saved_at = -1
     saved: Path | None = resume_from
     window: list[tuple[float, float]] = []  # (loss, step_time_s) since the last printed line
+    # rank 0 on a terminal draws a progress bar; logs and pipes get plain lines
+    bar = Progress(end - start_step) if is_main and log is None and sys.stdout.isatty() else None
+    timeline_step = start_step + 1 if end - start_step > 1 else start_step
     start = time.perf_counter()
     try:
         for step in range(start_step, end):
@@ -326,8 +370,12 @@ def train(
             for group in optimizer.param_groups:
                 group["lr"] = lr
             tokens, targets = train_data.next_batch()
-            with _autocast(ctx.device):
+            recording = record_timeline() if step == timeline_step else contextlib.nullcontext()
+            with _autocast(ctx.device), recording as timeline:
                 local = schedule.step(model, tokens.to(ctx.device), targets.to(ctx.device))
+            if timeline is not None:  # one step's picture, the second of the run (warmed up)
+                save_timeline(timeline, ctx, run_dir / "timeline.png",
+                              f"{cfg.schedule.name}, step {step + 1}, {ctx}")
             grad_norm = clip_grad_norm_(model.parameters(), t.grad_clip, ctx.tp_group)
             optimizer.step()
             optimizer.zero_grad(set_to_none=True)
@@ -348,7 +396,9 @@ def train(
                 "peak_mem_mb": peak_memory_mb(ctx.device),
             })
             window.append((loss, dt))
-            if (step + 1) % t.log_every == 0 or step == start_step or step + 1 == end:
+            if bar is not None:
+                bar.update(step + 1 - start_step, loss, tokens_per_step / dt)
+            elif (step + 1) % t.log_every == 0 or step == start_step or step + 1 == end:
                 mean_loss = sum(x for x, _ in window) / len(window)
                 rate = tokens_per_step * len(window) / sum(d for _, d in window)
                 say(
@@ -362,10 +412,16 @@ def train(
             if cfg.checkpoint.every and (step + 1) % cfg.checkpoint.every == 0:
                 saved, saved_at = save(step + 1), step + 1
         final = max(start_step, end)
+        if bar is not None:
+            bar.close()
         if evaluated_at != final:
             val_loss = run_eval(final)
         if saved_at != final and final > start_step:
             saved = save(final)
+        if t.sample_tokens:  # every rank samples (the logits are gathered over TP)
+            prompt = torch.tensor([[tok.doc_sep_id]], device=ctx.device)
+            out = generate(model, prompt, t.sample_tokens, generator=sampling_generator(t.seed))
+            say("sample:\n" + tok.decode(out[0, 1:].tolist()))
     finally:
         if metrics is not None:
             metrics.close()

@@ -11,6 +11,12 @@ hash order). A trained tokenizer is saved as ``tokenizer.json`` (the library's o
 ``doc_sep_id`` is the id of the text ``"\\x00"`` (``data.DOC_SEP``, absent from real text) in
 both tokenizers: the token that separates documents in a packed stream.
 
+``hf:PATH`` reads an existing Hugging Face tokenizer, ``PATH/tokenizer.json`` (or PATH itself when
+it is a ``.json`` file), with ``tokenizers.Tokenizer.from_file``: no training, and its ids are the
+model's (for ``model.init_from = "hf:PATH"``). Its ``doc_sep_id`` is the end-of-text token: the
+``eos_token`` of ``PATH/tokenizer_config.json``, else its ``bos_token``, else the first of
+``<|endoftext|>``, ``</s>``, ``<|end_of_text|>``, ``<eos>``, ``<s>`` in the vocabulary, else 0.
+
 ``tokenizers`` is imported inside the functions that need it, so ``import oases`` stays light.
 """
 
@@ -143,19 +149,78 @@ def train_bpe(texts: Iterable[str], vocab_size: int, *, min_frequency: int = 2) 
     return BPETokenizer(tok)
 
 
-Tokenizer = ByteTokenizer | BPETokenizer
+HF_PREFIX = "hf:"
+EOS_CANDIDATES = ("<|endoftext|>", "</s>", "<|end_of_text|>", "<eos>", "<s>")
+
+
+class HFTokenizer(BPETokenizer):
+    """A Hugging Face ``tokenizer.json`` used as it is (``data.tokenizer = "hf:PATH"``).
+
+    Same interface as ``BPETokenizer``; ``doc_sep_id`` is the end-of-text token (module
+    docstring), not the id of ``"\\x00"``, and ``encode`` adds no special tokens."""
+
+    name = "hf"
+
+    def __init__(self, tokenizer: Any, doc_sep_id: int = 0) -> None:
+        self.tokenizer = tokenizer
+        self.vocab_size = tokenizer.get_vocab_size(with_added_tokens=True)
+        self.doc_sep_id = doc_sep_id
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, HFTokenizer) and self.to_json() == other.to_json()
+
+    def __hash__(self) -> int:
+        return hash(self.to_json())
+
+    @classmethod
+    def load(cls, path: str | os.PathLike[str]) -> HFTokenizer:
+        """Read ``PATH/tokenizer.json`` (or a ``.json`` file); ValueError naming what is missing."""
+        from tokenizers import Tokenizer
+
+        p = Path(path)
+        file = p if p.suffix == ".json" else p / TOKENIZER_FILE
+        if not file.is_file():
+            raise ValueError(f"data.tokenizer='hf:{path}': missing {file}")
+        try:
+            tok = Tokenizer.from_file(str(file))
+        except Exception as exc:  # the library raises its own exception type
+            raise ValueError(f"{file}: not a valid tokenizer.json ({exc})") from None
+        return cls(tok, _end_of_text_id(tok, file.parent / "tokenizer_config.json"))
+
+
+def _end_of_text_id(tok: Any, config_file: Path) -> int:
+    """The eos (else bos) token of tokenizer_config.json, else a usual end-of-text name, else 0."""
+    names: list[str] = []
+    if config_file.is_file():
+        import json
+
+        conf = json.loads(config_file.read_text(encoding="utf-8"))
+        for key in ("eos_token", "bos_token"):
+            value = conf.get(key)
+            value = value.get("content") if isinstance(value, dict) else value
+            if isinstance(value, str):
+                names.append(value)
+    for name in (*names, *EOS_CANDIDATES):
+        token_id = tok.token_to_id(name)
+        if token_id is not None:
+            return int(token_id)
+    return 0
+
+
+Tokenizer = ByteTokenizer | BPETokenizer | HFTokenizer
 
 
 def check_tokenizer_name(name: str) -> None:
-    """ValueError unless ``name`` is a tokenizer this version can build (no training, no I/O)."""
-    if name.startswith("hf:"):
-        raise ValueError(
-            f"data.tokenizer={name!r}: loading a Hugging Face tokenizer is not supported yet;"
-            f" valid: {', '.join(TOKENIZERS)}"
-        )
+    """ValueError unless ``name`` is a tokenizer this version can build (no training, no I/O):
+    ``byte``, ``bpe`` or ``hf:PATH``."""
+    if name.startswith(HF_PREFIX):
+        if not name[len(HF_PREFIX):]:
+            raise ValueError(f"data.tokenizer={name!r} needs a path: hf:PATH")
+        return
     if name not in TOKENIZERS:
         raise ValueError(
-            f"data.tokenizer={name!r} is not supported; valid: {', '.join(TOKENIZERS)}"
+            f"data.tokenizer={name!r} is not supported; valid: {', '.join(TOKENIZERS)},"
+            " hf:PATH"
         )
 
 
@@ -165,7 +230,9 @@ def build_tokenizer(
     vocab_size: int | None = None,
     path: str | os.PathLike[str] | None = None,
 ) -> Tokenizer:
-    """The tokenizer called ``name`` (``"byte"`` or ``"bpe"``).
+    """The tokenizer called ``name`` (``"byte"``, ``"bpe"`` or ``"hf:PATH"``).
+
+    ``hf:PATH``: ``PATH/tokenizer.json`` as it is; larger than ``vocab_size`` is an error.
 
     ``bpe``: loaded from ``path`` (a ``tokenizer.json`` or a directory holding one) when one is
     there, else trained on ``train_texts`` with ``vocab_size``. A loaded tokenizer larger than
@@ -174,6 +241,12 @@ def build_tokenizer(
     check_tokenizer_name(name)
     if name == "byte":
         return ByteTokenizer()
+    if name.startswith(HF_PREFIX):
+        hf_tok = HFTokenizer.load(name[len(HF_PREFIX):])
+        if vocab_size is not None and hf_tok.vocab_size > vocab_size:
+            raise ValueError(f"data.tokenizer={name!r} has {hf_tok.vocab_size} tokens, more "
+                             f"than the model's vocab_size={vocab_size}")
+        return hf_tok
     if path is not None and (Path(path).is_file() or (Path(path) / TOKENIZER_FILE).is_file()):
         tok = BPETokenizer.load(path)
         if vocab_size is not None and tok.vocab_size > vocab_size:
@@ -217,6 +290,8 @@ __all__ = [
     "BPETokenizer",
     "ByteTokenizer",
     "DOC_SEP_TEXT",
+    "HFTokenizer",
+    "HF_PREFIX",
     "TOKENIZERS",
     "TOKENIZER_FILE",
     "Tokenizer",

@@ -1,0 +1,126 @@
+"""``save_hf`` / ``export_checkpoint``: an Oases model or checkpoint -> a directory that
+transformers loads (``config.json`` in the HF format, ``model.safetensors`` with HF names and
+layouts, fp32).
+
+Under TP every rank gathers each sharded parameter over its TP group (``comm.gather_from_tp``,
+one parameter at a time) and rank 0 writes; the other ranks drop the full tensors at once.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import shutil
+from pathlib import Path
+
+import torch
+from torch import Tensor
+
+from oases.config import ModelConfig
+from oases.hf.convert import config_to_hf, hf_pieces
+from oases.hf.load import SINGLE_FILE
+from oases.model import Transformer
+from oases.parallel import comm
+from oases.parallel.context import Group, ParallelContext
+from oases.parallel.layers import shard_spec, unshard_tensor
+
+
+def gather_full_tensor(param: Tensor, group: Group) -> Tensor:
+    """The full (unsharded, unpadded) tensor of ``param`` on every rank of ``group``; a
+    replicated parameter comes back as it is. Collective over ``group`` when sharded."""
+    spec, t = shard_spec(param), param.detach()
+    if spec is None:
+        return t
+    with torch.no_grad():
+        shards = comm.gather_from_tp(t.unsqueeze(0).contiguous(), group, dim=0)  # [tp, *local]
+    return unshard_tensor(list(shards.unbind(0)), spec)
+
+
+def full_state_dict(model: Transformer, group: Group | None = None) -> dict[str, Tensor]:
+    """Oases name -> full fp32 CPU tensor (a tied head appears once, as ``embed.weight``).
+    Every rank of ``group`` must call it (it gathers the shards)."""
+    if group is None and model.parallel_ctx is not None:
+        group = model.parallel_ctx.tp_group
+    out = {}
+    for name, p in model.named_parameters():
+        full = p.detach() if group is None else gather_full_tensor(p, group)
+        out[name] = full.float().cpu()
+    return out
+
+
+def hf_state_dict(cfg: ModelConfig, full: dict[str, Tensor]) -> dict[str, Tensor]:
+    """Split (and transpose) full Oases tensors into HF tensors with their canonical names."""
+    out = {}
+    for name, pieces in hf_pieces(cfg).items():
+        if name not in full:
+            raise ValueError(f"no parameter {name!r} to export")
+        for pc, t in zip(pieces, full[name].split([pc.rows for pc in pieces], dim=0)):
+            out[pc.name] = (t.t() if pc.transposed else t).contiguous().clone()
+    return out
+
+
+def write_hf_dir(cfg: ModelConfig, full: dict[str, Tensor],
+                 out_dir: str | os.PathLike[str]) -> Path:
+    """Write ``config.json`` and ``model.safetensors`` for ``cfg`` into ``out_dir``."""
+    from safetensors.torch import save_file
+
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    tensors = hf_state_dict(cfg, full)
+    tmp = out / (SINGLE_FILE + ".part")
+    save_file(tensors, str(tmp), metadata={"format": "pt"})
+    os.replace(tmp, out / SINGLE_FILE)
+    (out / "config.json").write_text(json.dumps(config_to_hf(cfg), indent=2) + "\n",
+                                     encoding="utf-8")
+    return out
+
+
+def save_hf(model: Transformer, out_dir: str | os.PathLike[str],
+            ctx: ParallelContext | None = None) -> Path:
+    """Export ``model`` (single-device or parallelized at any tp) as a HF directory.
+
+    Under TP every rank must call it; global rank 0 writes and the others return at once
+    (call ``comm.barrier`` before reading the files from another rank)."""
+    ctx = ctx if ctx is not None else model.parallel_ctx
+    full = full_state_dict(model, None if ctx is None else ctx.tp_group)
+    if ctx is None or ctx.rank == 0:
+        write_hf_dir(model.cfg, full, out_dir)
+    return Path(out_dir)
+
+
+def _full_from_checkpoint(saved: dict[str, Tensor], name: str, shape: torch.Size) -> Tensor:
+    """Rebuild a full parameter from a checkpoint's ``model.<name>`` or its ``/part<i>``s."""
+    if f"model.{name}" in saved:
+        return saved[f"model.{name}"]
+    parts, i = [], 0
+    while f"model.{name}/part{i}" in saved:
+        parts.append(saved[f"model.{name}/part{i}"])
+        i += 1
+    if not parts:
+        raise ValueError(f"checkpoint has no tensor for model.{name}")
+    for dim in range(len(shape)):
+        if all(p.shape[:dim] + p.shape[dim + 1:] == shape[:dim] + shape[dim + 1:]
+               for p in parts) and sum(p.shape[dim] for p in parts) == shape[dim]:
+            return torch.cat(parts, dim=dim)
+    raise ValueError(f"checkpoint parts of model.{name} do not form its shape {list(shape)}")
+
+
+def export_checkpoint(checkpoint_dir: str | os.PathLike[str],
+                      out_dir: str | os.PathLike[str]) -> Path:
+    """Write the HF directory of an Oases checkpoint (saved at any tp), in this process alone
+    (no process group). Copies the checkpoint's ``tokenizer.json`` when it has one."""
+    from oases.train.checkpoint import read_full_tensors, read_manifest
+
+    path = Path(checkpoint_dir)
+    manifest = read_manifest(path)
+    known = {f.name for f in dataclasses.fields(ModelConfig)}
+    cfg = ModelConfig(**{k: v for k, v in manifest["config"]["model"].items() if k in known})
+    saved = read_full_tensors(path, "model.")
+    with torch.device("meta"):
+        shapes = {n: p.shape for n, p in Transformer(cfg).named_parameters()}
+    full = {n: _full_from_checkpoint(saved, n, s).float() for n, s in shapes.items()}
+    out = write_hf_dir(cfg, full, out_dir)
+    if (path / "tokenizer.json").is_file():
+        shutil.copyfile(path / "tokenizer.json", out / "tokenizer.json")
+    return out
