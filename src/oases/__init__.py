@@ -10,6 +10,7 @@ The public entry points::
 """
 
 from oases.config import Config, ModelConfig, load_config
+from oases.hf import load_hf, save_hf
 from oases.model import build_model, count_params
 from oases.parallel.apply import parallelize
 from oases.parallel.comm import record_collectives
@@ -25,8 +26,10 @@ __all__ = [
     "count_params",
     "init_distributed",
     "load_config",
+    "load_hf",
     "parallelize",
     "record_collectives",
     "record_timeline",
+    "save_hf",
 ]
 __version__ = "0.1.0"

@@ -1,6 +1,7 @@
 """``oases`` command line: wiring only; the work lives in the modules it calls.
 
     oases train [CONFIG.toml] [--section.key=value ...] [--nproc-per-node N] [--max-restarts N]
+    oases export --checkpoint DIR --out HF_DIR
     oases bench [CONFIG.toml] [--schedules LIST] [--link none|RATE|auto:PRESET] [--steps N]
                 [--out DIR] [--nproc-per-node N] [--section.key=value ...]
 
@@ -74,7 +75,29 @@ def _parser() -> argparse.ArgumentParser:
     bench.add_argument("--out", default="runs/bench", help="output folder")
     bench.add_argument("--nproc-per-node", type=int, default=None, metavar="N",
                        help="local ranks (default: parallel.tp)")
+    export = commands.add_parser(
+        "export",
+        allow_abbrev=False,
+        help="write a Hugging Face model directory from an Oases checkpoint",
+        description="Convert an Oases checkpoint (any tp) into a directory transformers loads "
+        "(config.json, model.safetensors).",
+    )
+    export.add_argument("--checkpoint", required=True, metavar="DIR",
+                        help="a checkpoint (.../step_000123) or a folder of them (the newest)")
+    export.add_argument("--out", required=True, metavar="HF_DIR", help="output directory")
     return parser
+
+
+def _export(ns: argparse.Namespace) -> int:
+    from oases.hf import export_checkpoint
+
+    try:
+        out = export_checkpoint(ns.checkpoint, ns.out)
+    except ValueError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return EXIT_USER_ERROR
+    print(f"wrote {out}")
+    return 0
 
 
 def _bench(ns: argparse.Namespace, overrides: list[str]) -> int:
@@ -125,4 +148,6 @@ def main(argv: Sequence[str] | None = None) -> int:
         return _train(ns.config, overrides, ns.nproc_per_node, ns.max_restarts)
     if ns.command == "bench":
         return _bench(ns, overrides)
+    if ns.command == "export":
+        return _export(ns)
     return EXIT_USER_ERROR  # pragma: no cover - argparse requires a command

@@ -54,8 +54,12 @@ class ModelConfig:
     norm_eps: float = 1e-5
     rope_theta: float = 10000.0
     init_std: float = 0.02
+    init_from: str = ""  # "" or "hf:PATH": shape and weights from a Hugging Face directory
 
     def __post_init__(self) -> None:
+        _check(self.init_from == "" or (self.init_from.startswith("hf:")
+                                        and len(self.init_from) > 3),
+               f"model.init_from={self.init_from!r} must be '' or hf:PATH")
         _check(self.arch in ("gpt2", "llama"), f"model.arch={self.arch!r} must be gpt2 or llama")
         if self.n_kv_heads is None:
             self.n_kv_heads = self.n_heads

@@ -9,8 +9,17 @@
 """
 
 from oases.hf.convert import config_from_hf, config_to_hf, hf_pieces
-from oases.hf.load import load_hf, read_hf_config
+from oases.hf.load import hf_model_config, load_hf, read_hf_config
 from oases.hf.save import export_checkpoint, gather_full_tensor, save_hf
 
-__all__ = ["config_from_hf", "config_to_hf", "export_checkpoint", "gather_full_tensor",
-           "hf_pieces", "load_hf", "read_hf_config", "save_hf"]
+__all__ = [
+    "config_from_hf",
+    "config_to_hf",
+    "export_checkpoint",
+    "gather_full_tensor",
+    "hf_model_config",
+    "hf_pieces",
+    "load_hf",
+    "read_hf_config",
+    "save_hf",
+]

@@ -51,8 +51,9 @@ def _rope_theta(hf: dict[str, Any], path: str) -> float:
     return float(params.get("rope_theta", hf.get("rope_theta", 10000.0)))
 
 
-def config_from_hf(hf: dict[str, Any], path: str = "config.json",
-                   max_seq_len: int | None = None) -> ModelConfig:
+def config_from_hf(
+    hf: dict[str, Any], path: str = "config.json", max_seq_len: int | None = None
+) -> ModelConfig:
     """ModelConfig of a GPT-2 or LLaMA/Mistral ``config.json``; ValueError naming the field that
     Oases does not support. ``max_seq_len`` caps seq_len (n_positions/max_position_embeddings)."""
     kind = hf.get("model_type")
@@ -61,27 +62,37 @@ def config_from_hf(hf: dict[str, Any], path: str = "config.json",
     cap = max_seq_len or math.inf
     if kind == "gpt2":
         act = hf.get("activation_function", "gelu_new")
-        checks = {"activation_function": (act in ("gelu_new", "gelu_pytorch_tanh"), act),
-                  "scale_attn_weights": (hf.get("scale_attn_weights", True), False),
-                  "scale_attn_by_inverse_layer_idx":
-                      (not hf.get("scale_attn_by_inverse_layer_idx", False), True),
-                  "add_cross_attention": (not hf.get("add_cross_attention", False), True)}
+        checks = {
+            "activation_function": (act in ("gelu_new", "gelu_pytorch_tanh"), act),
+            "scale_attn_weights": (hf.get("scale_attn_weights", True), False),
+            "scale_attn_by_inverse_layer_idx": (
+                not hf.get("scale_attn_by_inverse_layer_idx", False),
+                True,
+            ),
+            "add_cross_attention": (not hf.get("add_cross_attention", False), True),
+        }
         for key, (ok, value) in checks.items():
             if not ok:
                 raise _unsupported(path, f"{key}={value!r}")
         dim = hf["n_embd"]
         return ModelConfig(
-            arch="gpt2", n_layers=hf["n_layer"], dim=dim, n_heads=hf["n_head"],
-            ffn_dim=hf.get("n_inner") or 4 * dim, vocab_size=hf["vocab_size"],
+            arch="gpt2",
+            n_layers=hf["n_layer"],
+            dim=dim,
+            n_heads=hf["n_head"],
+            ffn_dim=hf.get("n_inner") or 4 * dim,
+            vocab_size=hf["vocab_size"],
             seq_len=int(min(hf["n_positions"], cap)),
             tie_embeddings=hf.get("tie_word_embeddings", True),
             norm_eps=hf.get("layer_norm_epsilon", 1e-5),
         )
     dim, heads = hf["hidden_size"], hf["num_attention_heads"]
-    checks = {"hidden_act": (hf.get("hidden_act", "silu") == "silu", hf.get("hidden_act")),
-              "attention_bias": (not hf.get("attention_bias", False), True),
-              "mlp_bias": (not hf.get("mlp_bias", False), True),
-              "head_dim": (hf.get("head_dim") in (None, dim // heads), hf.get("head_dim"))}
+    checks = {
+        "hidden_act": (hf.get("hidden_act", "silu") == "silu", hf.get("hidden_act")),
+        "attention_bias": (not hf.get("attention_bias", False), True),
+        "mlp_bias": (not hf.get("mlp_bias", False), True),
+        "head_dim": (hf.get("head_dim") in (None, dim // heads), hf.get("head_dim")),
+    }
     for key, (ok, value) in checks.items():
         if not ok:
             raise _unsupported(path, f"{key}={value!r}")
@@ -89,14 +100,23 @@ def config_from_hf(hf: dict[str, Any], path: str = "config.json",
     seq_len = int(min(hf["max_position_embeddings"], cap))
     window = hf.get("sliding_window")
     if hf.get("use_sliding_window", True) and window is not None and window < seq_len:
-        raise _unsupported(path, f"sliding_window={window} < seq_len={seq_len} (pass a "
-                           f"max_seq_len <= {window} to load it with full attention)")
+        raise _unsupported(
+            path,
+            f"sliding_window={window} < seq_len={seq_len} (pass a "
+            f"max_seq_len <= {window} to load it with full attention)",
+        )
     return ModelConfig(
-        arch="llama", n_layers=hf["num_hidden_layers"], dim=dim, n_heads=heads,
-        n_kv_heads=hf.get("num_key_value_heads") or heads, ffn_dim=hf["intermediate_size"],
-        vocab_size=hf["vocab_size"], seq_len=seq_len,
+        arch="llama",
+        n_layers=hf["num_hidden_layers"],
+        dim=dim,
+        n_heads=heads,
+        n_kv_heads=hf.get("num_key_value_heads") or heads,
+        ffn_dim=hf["intermediate_size"],
+        vocab_size=hf["vocab_size"],
+        seq_len=seq_len,
         tie_embeddings=hf.get("tie_word_embeddings", False),
-        norm_eps=hf.get("rms_norm_eps", 1e-6), rope_theta=theta,
+        norm_eps=hf.get("rms_norm_eps", 1e-6),
+        rope_theta=theta,
     )
 
 
@@ -104,23 +124,41 @@ def config_to_hf(cfg: ModelConfig) -> dict[str, Any]:
     """The ``config.json`` transformers reads back as the same model (fp32 weights)."""
     if cfg.arch == "gpt2":
         return {
-            "architectures": ["GPT2LMHeadModel"], "model_type": "gpt2",
-            "vocab_size": cfg.vocab_size, "n_positions": cfg.seq_len, "n_embd": cfg.dim,
-            "n_layer": cfg.n_layers, "n_head": cfg.n_heads, "n_inner": cfg.ffn_dim,
-            "activation_function": "gelu_new", "layer_norm_epsilon": cfg.norm_eps,
-            "resid_pdrop": cfg.dropout, "embd_pdrop": cfg.dropout, "attn_pdrop": 0.0,
-            "tie_word_embeddings": cfg.tie_embeddings, "dtype": "float32",
+            "architectures": ["GPT2LMHeadModel"],
+            "model_type": "gpt2",
+            "vocab_size": cfg.vocab_size,
+            "n_positions": cfg.seq_len,
+            "n_embd": cfg.dim,
+            "n_layer": cfg.n_layers,
+            "n_head": cfg.n_heads,
+            "n_inner": cfg.ffn_dim,
+            "activation_function": "gelu_new",
+            "layer_norm_epsilon": cfg.norm_eps,
+            "resid_pdrop": cfg.dropout,
+            "embd_pdrop": cfg.dropout,
+            "attn_pdrop": 0.0,
+            "tie_word_embeddings": cfg.tie_embeddings,
+            "dtype": "float32",
         }
     return {
-        "architectures": ["LlamaForCausalLM"], "model_type": "llama",
-        "vocab_size": cfg.vocab_size, "hidden_size": cfg.dim, "intermediate_size": cfg.ffn_dim,
-        "num_hidden_layers": cfg.n_layers, "num_attention_heads": cfg.n_heads,
-        "num_key_value_heads": cfg.n_kv_heads, "head_dim": cfg.head_dim,
-        "max_position_embeddings": cfg.seq_len, "rms_norm_eps": cfg.norm_eps,
+        "architectures": ["LlamaForCausalLM"],
+        "model_type": "llama",
+        "vocab_size": cfg.vocab_size,
+        "hidden_size": cfg.dim,
+        "intermediate_size": cfg.ffn_dim,
+        "num_hidden_layers": cfg.n_layers,
+        "num_attention_heads": cfg.n_heads,
+        "num_key_value_heads": cfg.n_kv_heads,
+        "head_dim": cfg.head_dim,
+        "max_position_embeddings": cfg.seq_len,
+        "rms_norm_eps": cfg.norm_eps,
         "rope_theta": cfg.rope_theta,
         "rope_parameters": {"rope_type": "default", "rope_theta": cfg.rope_theta},
-        "hidden_act": "silu", "attention_bias": False, "mlp_bias": False,
-        "attention_dropout": 0.0, "tie_word_embeddings": cfg.tie_embeddings,
+        "hidden_act": "silu",
+        "attention_bias": False,
+        "mlp_bias": False,
+        "attention_dropout": 0.0,
+        "tie_word_embeddings": cfg.tie_embeddings,
         "dtype": "float32",
     }
 
@@ -135,9 +173,14 @@ def hf_pieces(cfg: ModelConfig) -> dict[str, list[Piece]]:
         t = PREFIX["gpt2"]
         out["embed.weight"] = [Piece(t + "wte.weight", V)]
         out["pos_embed.weight"] = [Piece(t + "wpe.weight", cfg.seq_len)]
-        ours_theirs = (("attn_norm", "ln_1", H, False), ("attn.qkv", "attn.c_attn", 3 * H, True),
-                       ("attn.proj", "attn.c_proj", H, True), ("mlp_norm", "ln_2", H, False),
-                       ("mlp.fc1", "mlp.c_fc", F, True), ("mlp.fc2", "mlp.c_proj", H, True))
+        ours_theirs = (
+            ("attn_norm", "ln_1", H, False),
+            ("attn.qkv", "attn.c_attn", 3 * H, True),
+            ("attn.proj", "attn.c_proj", H, True),
+            ("mlp_norm", "ln_2", H, False),
+            ("mlp.fc1", "mlp.c_fc", F, True),
+            ("mlp.fc2", "mlp.c_proj", H, True),
+        )
         for i in range(cfg.n_layers):
             for ours, theirs, rows, transposed in ours_theirs:
                 src = f"{t}h.{i}.{theirs}"
@@ -151,13 +194,17 @@ def hf_pieces(cfg: ModelConfig) -> dict[str, list[Piece]]:
         for i in range(cfg.n_layers):
             b, L = f"blocks.{i}.", f"{m}layers.{i}."
             out[b + "attn_norm.weight"] = [Piece(L + "input_layernorm.weight", H)]
-            out[b + "attn.qkv.weight"] = [Piece(L + "self_attn.q_proj.weight", q),
-                                          Piece(L + "self_attn.k_proj.weight", kv),
-                                          Piece(L + "self_attn.v_proj.weight", kv)]
+            out[b + "attn.qkv.weight"] = [
+                Piece(L + "self_attn.q_proj.weight", q),
+                Piece(L + "self_attn.k_proj.weight", kv),
+                Piece(L + "self_attn.v_proj.weight", kv),
+            ]
             out[b + "attn.proj.weight"] = [Piece(L + "self_attn.o_proj.weight", H)]
             out[b + "mlp_norm.weight"] = [Piece(L + "post_attention_layernorm.weight", H)]
-            out[b + "mlp.fc1.weight"] = [Piece(L + "mlp.gate_proj.weight", F),
-                                         Piece(L + "mlp.up_proj.weight", F)]
+            out[b + "mlp.fc1.weight"] = [
+                Piece(L + "mlp.gate_proj.weight", F),
+                Piece(L + "mlp.up_proj.weight", F),
+            ]
             out[b + "mlp.fc2.weight"] = [Piece(L + "mlp.down_proj.weight", H)]
         out["norm.weight"] = [Piece(m + "norm.weight", H)]
     if not cfg.tie_embeddings:

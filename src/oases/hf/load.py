@@ -36,6 +36,18 @@ SINGLE_FILE = "model.safetensors"
 INDEX_FILE = "model.safetensors.index.json"
 
 
+def safetensors_module(what: str = "safetensors") -> Any:
+    """``import safetensors`` (or a submodule), as a ValueError with the fix when missing."""
+    import importlib
+
+    try:
+        return importlib.import_module(what)
+    except ImportError:
+        raise ValueError(
+            "Hugging Face import/export needs safetensors: pip install 'oases[hf]'"
+        ) from None
+
+
 def read_hf_config(path: str | os.PathLike[str]) -> dict[str, Any]:
     """The directory's ``config.json`` as a dict (ValueError when it is missing)."""
     p = Path(path) / "config.json"
@@ -56,12 +68,14 @@ def tensor_files(path: str | os.PathLike[str]) -> dict[str, Path]:
                 raise ValueError(f"{path}: missing {f.name} (listed in {INDEX_FILE})")
         return files
     if (root / SINGLE_FILE).is_file():
-        from safetensors import safe_open
-
+        safe_open = safetensors_module().safe_open
         with safe_open(str(root / SINGLE_FILE), framework="pt") as fh:
             return dict.fromkeys(fh.keys(), root / SINGLE_FILE)
-    other = " (pytorch_model.bin is not read: save with safetensors)" if (
-        root / "pytorch_model.bin").is_file() else ""
+    other = (
+        " (pytorch_model.bin is not read: save with safetensors)"
+        if (root / "pytorch_model.bin").is_file()
+        else ""
+    )
     raise ValueError(f"{path}: missing {SINGLE_FILE} or {INDEX_FILE}{other}")
 
 
@@ -82,8 +96,7 @@ class _Reader:
         raise ValueError(f"{self.path}: missing tensor {name!r} in the safetensors files")
 
     def slice(self, name: str) -> Any:
-        from safetensors import safe_open
-
+        safe_open = safetensors_module().safe_open
         name = self._resolve(name)
         f = self.files[name]
         if f not in self.handles:
@@ -109,8 +122,14 @@ def _read_range(reader: _Reader, pieces: list[Piece], dim: int, start: int, stop
     return torch.cat(out, dim=0)
 
 
-def read_local(reader: _Reader, pieces: list[Piece], shape: torch.Size,
-               spec: ShardSpec | None, rank: int, tp: int) -> Tensor:
+def read_local(
+    reader: _Reader,
+    pieces: list[Piece],
+    shape: torch.Size,
+    spec: ShardSpec | None,
+    rank: int,
+    tp: int,
+) -> Tensor:
     """This rank's shard (or the whole tensor when ``spec`` is None) of an Oases parameter of
     local ``shape``, read slice by slice; vocabulary padding rows are zeros."""
     if spec is None:
@@ -129,31 +148,50 @@ def read_local(reader: _Reader, pieces: list[Piece], shape: torch.Size,
     return torch.cat(chunks, dim=spec.dim)
 
 
-def _check_shapes(reader: _Reader, pieces: dict[str, list[Piece]],
-                  full: dict[str, torch.Size]) -> None:
+def _check_shapes(
+    reader: _Reader, pieces: dict[str, list[Piece]], full: dict[str, torch.Size]
+) -> None:
     """Compare every piece's stored shape with the config's (reads headers only)."""
     for ours, pcs in pieces.items():
         for pc in pcs:
             want = (pc.rows, *full[ours][1:])
             want = want[::-1] if pc.transposed else want
             got = reader.shape(pc.name)
-            ok = got == want or (ours == "pos_embed.weight" and got[0] >= want[0]
-                                 and got[1:] == want[1:])
+            ok = got == want or (
+                ours == "pos_embed.weight" and got[0] >= want[0] and got[1:] == want[1:]
+            )
             if not ok:
-                raise ValueError(f"{reader.path}: tensor {pc.name!r} has shape {list(got)}, "
-                                 f"config.json implies {list(want)}")
+                raise ValueError(
+                    f"{reader.path}: tensor {pc.name!r} has shape {list(got)}, "
+                    f"config.json implies {list(want)}"
+                )
 
 
-def load_hf(path: str | os.PathLike[str], ctx: ParallelContext | None = None, *,
-            max_seq_len: int | None = None) -> tuple[ModelConfig, Transformer]:
+def hf_model_config(
+    path: str | os.PathLike[str], *, max_seq_len: int | None = None, dropout: float = 0.0
+) -> ModelConfig:
+    """The ModelConfig of HF directory ``path`` (its ``config.json``), seq_len capped by
+    ``max_seq_len``, with ``dropout`` (HF's dropout settings are not carried over)."""
+    cfg = config_from_hf(read_hf_config(path), f"{path}/config.json", max_seq_len)
+    return dataclasses.replace(cfg, dropout=dropout) if dropout else cfg
+
+
+def load_hf(
+    path: str | os.PathLike[str],
+    ctx: ParallelContext | None = None,
+    *,
+    max_seq_len: int | None = None,
+    dropout: float = 0.0,
+) -> tuple[ModelConfig, Transformer]:
     """Read a local HF GPT-2 / LLaMA / Mistral directory (``config.json`` + safetensors).
 
     Without ``ctx``: the single-device fp32 model on the CPU. With ``ctx``: the model
     parallelized over ``ctx.tp_group`` on ``ctx.device``, each rank reading only its slices.
-    ``max_seq_len`` caps ``seq_len`` (GPT-2 keeps the first rows of its position table).
+    ``max_seq_len`` caps ``seq_len`` (GPT-2 keeps the first rows of its position table);
+    ``dropout`` is the model's (default 0: HF dropout settings are not carried over).
     ValueError (one line) for a missing file or tensor and for unsupported architectures.
     """
-    cfg = config_from_hf(read_hf_config(path), f"{path}/config.json", max_seq_len)
+    cfg = hf_model_config(path, max_seq_len=max_seq_len, dropout=dropout)
     reader = _Reader(path, cfg.arch)
     with reader.stack:
         with torch.device("meta"):
@@ -162,20 +200,24 @@ def load_hf(path: str | os.PathLike[str], ctx: ParallelContext | None = None, *,
         _check_shapes(reader, pieces, {name: p.shape for name, p in model.named_parameters()})
         device, rank, tp = torch.device("cpu"), 0, 1
         if ctx is not None:
-            # parallelize ends with model.to(ctx.device), which meta tensors refuse: let it
-            # "move" to meta (a no-op) and keep the real context on the model.
-            parallelize(model, dataclasses.replace(ctx, device=torch.device("meta")))
-            model.parallel_ctx = ctx
+            parallelize(model, ctx)  # on meta: shapes and shard specs only, no memory
             device, rank, tp = ctx.device, ctx.tp_rank, ctx.tp
+        specs = {name: shard_spec(p) for name, p in model.named_parameters()}
         model.to_empty(device=device)
-        if cfg.tie_embeddings:  # to_empty gives every module a new parameter: re-tie
+        # to_empty gives every module a new Parameter (meta -> cpu): re-attach the ShardSpecs
+        # and re-tie the head
+        if cfg.tie_embeddings:
             model.head.weight = model.embed.weight
+        for name, p in model.named_parameters():
+            if specs[name] is not None:
+                p._oases_shard = specs[name]  # type: ignore[attr-defined]
         with torch.no_grad():
             for name, p in model.named_parameters():  # a tied head appears once, as embed
                 local = read_local(reader, pieces[name], p.shape, shard_spec(p), rank, tp)
                 if local.shape != p.shape:
-                    raise ValueError(f"{path}: {name} read as {list(local.shape)}, expected "
-                                     f"{list(p.shape)}")
+                    raise ValueError(
+                        f"{path}: {name} read as {list(local.shape)}, expected {list(p.shape)}"
+                    )
                 p.copy_(local)
     for block in model.blocks:  # non-persistent buffers were never materialized
         attn = block.attn

@@ -19,7 +19,7 @@ from torch import Tensor
 
 from oases.config import ModelConfig
 from oases.hf.convert import config_to_hf, hf_pieces
-from oases.hf.load import SINGLE_FILE
+from oases.hf.load import SINGLE_FILE, safetensors_module
 from oases.model import Transformer
 from oases.parallel import comm
 from oases.parallel.context import Group, ParallelContext
@@ -60,24 +60,26 @@ def hf_state_dict(cfg: ModelConfig, full: dict[str, Tensor]) -> dict[str, Tensor
     return out
 
 
-def write_hf_dir(cfg: ModelConfig, full: dict[str, Tensor],
-                 out_dir: str | os.PathLike[str]) -> Path:
+def write_hf_dir(
+    cfg: ModelConfig, full: dict[str, Tensor], out_dir: str | os.PathLike[str]
+) -> Path:
     """Write ``config.json`` and ``model.safetensors`` for ``cfg`` into ``out_dir``."""
-    from safetensors.torch import save_file
-
+    save_file = safetensors_module("safetensors.torch").save_file
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     tensors = hf_state_dict(cfg, full)
     tmp = out / (SINGLE_FILE + ".part")
     save_file(tensors, str(tmp), metadata={"format": "pt"})
     os.replace(tmp, out / SINGLE_FILE)
-    (out / "config.json").write_text(json.dumps(config_to_hf(cfg), indent=2) + "\n",
-                                     encoding="utf-8")
+    (out / "config.json").write_text(
+        json.dumps(config_to_hf(cfg), indent=2) + "\n", encoding="utf-8"
+    )
     return out
 
 
-def save_hf(model: Transformer, out_dir: str | os.PathLike[str],
-            ctx: ParallelContext | None = None) -> Path:
+def save_hf(
+    model: Transformer, out_dir: str | os.PathLike[str], ctx: ParallelContext | None = None
+) -> Path:
     """Export ``model`` (single-device or parallelized at any tp) as a HF directory.
 
     Under TP every rank must call it; global rank 0 writes and the others return at once
@@ -100,19 +102,25 @@ def _full_from_checkpoint(saved: dict[str, Tensor], name: str, shape: torch.Size
     if not parts:
         raise ValueError(f"checkpoint has no tensor for model.{name}")
     for dim in range(len(shape)):
-        if all(p.shape[:dim] + p.shape[dim + 1:] == shape[:dim] + shape[dim + 1:]
-               for p in parts) and sum(p.shape[dim] for p in parts) == shape[dim]:
+        if (
+            all(p.shape[:dim] + p.shape[dim + 1 :] == shape[:dim] + shape[dim + 1 :] for p in parts)
+            and sum(p.shape[dim] for p in parts) == shape[dim]
+        ):
             return torch.cat(parts, dim=dim)
     raise ValueError(f"checkpoint parts of model.{name} do not form its shape {list(shape)}")
 
 
-def export_checkpoint(checkpoint_dir: str | os.PathLike[str],
-                      out_dir: str | os.PathLike[str]) -> Path:
+def export_checkpoint(
+    checkpoint_dir: str | os.PathLike[str], out_dir: str | os.PathLike[str]
+) -> Path:
     """Write the HF directory of an Oases checkpoint (saved at any tp), in this process alone
-    (no process group). Copies the checkpoint's ``tokenizer.json`` when it has one."""
-    from oases.train.checkpoint import read_full_tensors, read_manifest
+    (no process group). ``checkpoint_dir`` is a checkpoint (``.../step_000123``) or a folder of
+    them (its newest complete one). Copies the checkpoint's ``tokenizer.json`` if it has one."""
+    from oases.train.checkpoint import COMPLETE, latest_checkpoint, read_full_tensors, read_manifest
 
     path = Path(checkpoint_dir)
+    if path.is_dir() and not (path / COMPLETE).is_file():
+        path = latest_checkpoint(path) or path
     manifest = read_manifest(path)
     known = {f.name for f in dataclasses.fields(ModelConfig)}
     cfg = ModelConfig(**{k: v for k, v in manifest["config"]["model"].items() if k in known})

@@ -74,4 +74,6 @@ def parallelize(model: Transformer, ctx: ParallelContext) -> Transformer:
     model.loss_fn = VocabParallelCrossEntropy(group, cfg.vocab_size)
     model.gather_logits = GatherLogits(group, cfg.vocab_size)
     model.parallel_ctx = ctx
+    if any(p.is_meta for p in model.parameters()):
+        return model  # built on "meta" (oases.hf.load_hf): the caller materializes it
     return model.to(ctx.device)

@@ -25,6 +25,7 @@ schedule, data position, RNG), at any tp. A resumed run keeps the metrics lines 
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import json
 import math
 import sys
@@ -56,8 +57,21 @@ from oases.train.progress import Progress
 from oases.train.tokenizer import TOKENIZER_FILE, Tokenizer, check_tokenizer_name, save_tokenizer
 
 
+def resolve_init_from(cfg: Config) -> None:
+    """``model.init_from = "hf:PATH"``: the model's shape comes from PATH/config.json (seq_len
+    capped by model.seq_len; dropout and init_std kept). Idempotent."""
+    if cfg.model.init_from:
+        from oases.hf import hf_model_config
+
+        m = hf_model_config(cfg.model.init_from[3:], max_seq_len=cfg.model.seq_len,
+                            dropout=cfg.model.dropout)
+        cfg.model = dataclasses.replace(m, init_from=cfg.model.init_from,
+                                        init_std=cfg.model.init_std)
+
+
 def check_config(cfg: Config, world_size: int) -> None:
     """Every user-input check that needs no data and no collective; ValueError with numbers."""
+    resolve_init_from(cfg)
     cfg.validate(world_size)
     build_schedule(
         cfg.schedule.name,
@@ -66,7 +80,8 @@ def check_config(cfg: Config, world_size: int) -> None:
         max_inflight=cfg.schedule.max_inflight,
     )
     check_tokenizer_name(cfg.data.tokenizer)
-    want = 256 if cfg.data.tokenizer == "byte" else (cfg.data.vocab_size or cfg.model.vocab_size)
+    want = {"byte": 256, "bpe": cfg.data.vocab_size or cfg.model.vocab_size}.get(
+        cfg.data.tokenizer, 0)  # hf:PATH is checked against its file when it is built
     if cfg.model.vocab_size < want:
         raise ValueError(
             f"model.vocab_size={cfg.model.vocab_size} is smaller than the {cfg.data.tokenizer}"
@@ -78,7 +93,7 @@ def build_run_tokenizer(cfg: Config, corpus: Corpus, resume_from: Path | None) -
     """The run's tokenizer: bytes, or a BPE trained on the training split (deterministic, so
     every rank trains the same one without a collective) or reloaded from the checkpoint."""
     if cfg.data.tokenizer != "bpe":
-        return build_tokenizer(cfg.data.tokenizer)
+        return build_tokenizer(cfg.data.tokenizer, vocab_size=cfg.model.vocab_size)
     saved = resume_from if resume_from and (resume_from / TOKENIZER_FILE).is_file() else None
     tok = build_tokenizer("bpe", None if saved else stream_documents(corpus.train),
                           cfg.data.vocab_size or cfg.model.vocab_size, path=saved)
@@ -288,9 +303,16 @@ def train(
     agree_on_setup(ctx, error)
 
     torch.manual_seed(t.seed)  # same full model on every rank before sharding
-    model = build_model(cfg.model)
-    n_params = count_params(model)
-    parallelize(model, ctx)
+    if cfg.model.init_from and resume_from is None:  # each rank reads only its own slices
+        from oases.hf import load_hf
+
+        _, model = load_hf(cfg.model.init_from[3:], ctx, max_seq_len=cfg.model.seq_len,
+                           dropout=cfg.model.dropout)
+        n_params = cfg.model.num_params()
+    else:
+        model = build_model(cfg.model)
+        n_params = count_params(model)
+        parallelize(model, ctx)
     model.train()
     optimizer = build_optimizer(model, t)
     schedule = build_schedule(
