@@ -24,7 +24,7 @@ from oases.config import Config, load_config
 from oases.model import build_model
 from oases.parallel import comm
 from oases.parallel.apply import parallelize
-from oases.parallel.context import ParallelContext, init_distributed
+from oases.parallel.context import ParallelContext, close_distributed, init_distributed
 from oases.schedule import Schedule, build_schedule, record_timeline
 from oases.schedule.program import Start, Wait, label
 from oases.schedule.timeline import Timeline
@@ -171,6 +171,7 @@ def run(spec: dict) -> None:
         if ctx.rank == 0:
             Path(spec["out"]).mkdir(parents=True, exist_ok=True)
             (Path(spec["out"]) / "calibration.json").write_text(json.dumps(calib, indent=1))
+        comm.barrier(ctx.world_group)  # nobody exits while a peer still talks
         return
     times: dict[str, list[float]] = {n: [] for n in names}
     mems: dict[str, float] = {}
@@ -232,7 +233,16 @@ def run(spec: dict) -> None:
             tl.save_chrome_trace(out / "oases_trace.json")
             tl.plot(out / "oases_timeline.png",
                     title=f"oases, tp={ctx.tp}, {spec.get('link_label', '')}")
+    comm.barrier(ctx.world_group)  # nobody exits while a peer still talks
+
+
+def main(spec_path: str) -> None:
+    spec = json.loads(Path(spec_path).read_text())
+    try:
+        run(spec)
+    finally:
+        close_distributed()
 
 
 if __name__ == "__main__":
-    run(json.loads(Path(sys.argv[1]).read_text()))
+    main(sys.argv[1])

@@ -155,3 +155,10 @@ def init_distributed(
 def launched_by_torchrun() -> bool:
     """True when this process is one rank started by torchrun / torch elastic."""
     return "TORCHELASTIC_RUN_ID" in os.environ or "LOCAL_RANK" in os.environ
+
+
+def close_distributed() -> None:
+    """Destroy the default process group (and its communication threads) before the process
+    exits; left to interpreter shutdown, gloo's threads can abort the process."""
+    if dist.is_available() and dist.is_initialized():
+        dist.destroy_process_group()

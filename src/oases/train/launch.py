@@ -22,10 +22,9 @@ import uuid
 from typing import Any
 
 import torch
-import torch.distributed as dist
 
 from oases.config import Config
-from oases.parallel.context import launched_by_torchrun
+from oases.parallel.context import close_distributed, launched_by_torchrun
 
 EXIT_USER_ERROR = 2
 EXIT_RANK_FAILED = 1
@@ -57,8 +56,7 @@ def run_rank(cfg: Config, num_threads: int | None = None) -> dict[str, Any] | No
         print(f"error: {exc}", file=sys.stderr, flush=True)
         sys.exit(EXIT_USER_ERROR)
     finally:
-        if dist.is_available() and dist.is_initialized():
-            dist.destroy_process_group()
+        close_distributed()
     return summary
 
 
