@@ -149,3 +149,49 @@ def test_kill_during_save_leaves_the_previous_checkpoint(root):
 
     ref = train(cfg1(root, "ref"), log=log)
     assert out["losses"] == pytest.approx(ref["losses"][2:], abs=1e-6)
+
+
+def _fake_checkpoint(folder: Path, step: int) -> Path:
+    """A minimal complete checkpoint folder (manifest + marker, no tensors)."""
+    p = folder / ckpt.step_dir_name(step)
+    p.mkdir(parents=True)
+    (p / ckpt.MANIFEST).write_text(json.dumps({"format": ckpt.FORMAT_VERSION, "step": step,
+                                               "files": {}}))
+    (p / ckpt.COMPLETE).write_text(f"{step}\n")
+    return p
+
+
+def test_a_run_never_mixes_with_another_runs_checkpoints(tmp_path):
+    from oases.config import load_config
+
+    cfg = load_config(None, [f"--train.run_dir={tmp_path}", "--checkpoint.resume=never"])
+    root = ckpt.checkpoint_root(cfg)
+    _fake_checkpoint(root, 100)
+    newest = _fake_checkpoint(root, 200)
+    with pytest.raises(ValueError, match=r"resume='never' but .* \(up to step 200\)"):
+        ckpt.resolve_resume(cfg)
+    older = load_config(None, [f"--train.run_dir={tmp_path}",
+                               f"--checkpoint.resume={root / 'step_000100'}"])
+    with pytest.raises(ValueError, match="is step 100 but .* holds step 200"):
+        ckpt.resolve_resume(older)
+    auto = load_config(None, [f"--train.run_dir={tmp_path}", "--checkpoint.resume=auto"])
+    assert ckpt.resolve_resume(auto) == newest
+    (newest / ckpt.MANIFEST).write_text("{broken")  # newest damaged: the newest valid one
+    assert ckpt.resolve_resume(auto) == root / "step_000100"
+    (root / "step_000100" / ckpt.MANIFEST).write_text("{broken")  # none valid: the error
+    with pytest.raises(ValueError, match="step_000200: unreadable"):
+        ckpt.resolve_resume(auto)
+
+
+def test_resume_refuses_changed_data_settings(tmp_path):
+    from oases.config import config_to_dict, load_config
+    from oases.train.loop import check_resume_compatible
+
+    saved = load_config(None, ["--train.seed=1"])
+    manifest = {"config": config_to_dict(saved)}
+    check_resume_compatible(saved, manifest, tmp_path)  # same settings: fine
+    changed = load_config(None, ["--train.seed=2", "--data.tokenizer=bpe"])
+    with pytest.raises(ValueError, match=r"data.tokenizer='byte' \(now 'bpe'\).*train.seed=1"):
+        check_resume_compatible(changed, manifest, tmp_path)
+    more_steps = load_config(None, ["--train.seed=1", "--train.steps=99", "--parallel.tp=2"])
+    check_resume_compatible(more_steps, manifest, tmp_path)  # allowed to change

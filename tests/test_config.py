@@ -361,3 +361,8 @@ def test_validate_errors(overrides, world, message):
     with pytest.raises(ValueError) as info:
         cfg.validate(world)
     assert str(info.value) == message
+
+
+def test_a_directory_as_config_is_a_one_line_error(tmp_path):
+    with pytest.raises(ConfigError, match="cannot read config file"):
+        load_config(tmp_path)

@@ -419,3 +419,18 @@ def test_cli_train_from_hf_then_export(tmp_path):
         torch.testing.assert_close(model.eval()(tokens), _hf_logits(hf, tokens), **TOL)
     start = transformers.AutoModelForCausalLM.from_pretrained(src)
     assert not torch.allclose(_hf_logits(start, tokens), _hf_logits(hf, tokens))  # it trained
+
+
+def test_damaged_files_give_one_line_errors(hf_dirs, tmp_path):
+    d = _copy(hf_dirs, "gpt2", tmp_path)
+    config = json.loads((d / "config.json").read_text())
+    (d / "config.json").write_text(json.dumps({k: v for k, v in config.items() if k != "n_embd"}))
+    with pytest.raises(ValueError, match="missing.*n_embd"):
+        load_hf(d)
+    (d / "config.json").write_text("{not json")
+    with pytest.raises(ValueError, match="invalid JSON"):
+        load_hf(d)
+    (d / "config.json").write_text(json.dumps(config))
+    (d / "model.safetensors").write_bytes(b"\x00" * 64)
+    with pytest.raises(ValueError, match="Safetensor"):
+        load_hf(d)

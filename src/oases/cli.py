@@ -20,6 +20,7 @@ from pathlib import Path
 from oases.config import Config, load_config
 
 DEFAULT_CONFIG = Path(__file__).resolve().parents[2] / "configs" / "default.toml"
+BENCH_CONFIG = DEFAULT_CONFIG.with_name("bench.toml")
 EXIT_USER_ERROR = 2
 
 
@@ -63,8 +64,8 @@ def _parser() -> argparse.ArgumentParser:
         description="Run every schedule in one launch, interleaved, on a loopback shaped like a "
         "commodity interconnect (root + tc), and report medians, speedups and the limit.",
     )
-    bench.add_argument("config", nargs="?", default="configs/bench.toml",
-                       help="TOML run file (default: configs/bench.toml)")
+    bench.add_argument("config", nargs="?", default=str(BENCH_CONFIG),
+                       help=f"TOML run file (default: {BENCH_CONFIG})")
     bench.add_argument("--schedules", default=",".join(DEFAULT_SCHEDULES),
                        help="comma-separated schedules (default: %(default)s)")
     bench.add_argument("--link", default=f"auto:{next(iter(LINK_PRESETS))}",
@@ -93,7 +94,7 @@ def _export(ns: argparse.Namespace) -> int:
 
     try:
         out = export_checkpoint(ns.checkpoint, ns.out)
-    except ValueError as exc:
+    except (ValueError, OSError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return EXIT_USER_ERROR
     print(f"wrote {out}")

@@ -299,6 +299,8 @@ def _read_toml(path: str | os.PathLike[str]) -> dict[str, dict[str, Any]]:
             data = tomllib.load(fh)
     except FileNotFoundError:
         raise ConfigError(f"config file not found: {p}") from None
+    except OSError as exc:  # a directory, no permission, ...
+        raise ConfigError(f"cannot read config file {p}: {exc.strerror}") from None
     except tomllib.TOMLDecodeError as exc:
         raise ConfigError(f"invalid TOML in {p}: {exc}") from None
     values: dict[str, dict[str, Any]] = {}

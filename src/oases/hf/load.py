@@ -17,10 +17,12 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import functools
 import json
 import os
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import torch
 from torch import Tensor
@@ -31,6 +33,8 @@ from oases.model import Transformer, rope_tables
 from oases.parallel.apply import parallelize
 from oases.parallel.context import ParallelContext
 from oases.parallel.layers import ShardSpec, shard_spec
+
+T = TypeVar("T")
 
 SINGLE_FILE = "model.safetensors"
 INDEX_FILE = "model.safetensors.index.json"
@@ -46,6 +50,29 @@ def safetensors_module(what: str = "safetensors") -> Any:
         raise ValueError(
             "Hugging Face import/export needs safetensors: pip install 'oases[hf]'"
         ) from None
+
+
+def user_input_errors(fn: Callable[..., T]) -> Callable[..., T]:
+    """Turn what a damaged user file raises (a missing JSON field, invalid JSON, an unreadable
+    or corrupt safetensors file) into one ValueError line naming the path (first argument)."""
+
+    @functools.wraps(fn)
+    def wrapper(path: str | os.PathLike[str], *args: Any, **kwargs: Any) -> T:
+        try:
+            return fn(path, *args, **kwargs)
+        except json.JSONDecodeError as exc:
+            raise ValueError(f"{path}: invalid JSON: {exc}") from None
+        except ValueError:
+            raise
+        except KeyError as exc:
+            raise ValueError(f"{path}: a required field or tensor is missing: {exc}") from None
+        except Exception as exc:  # OSError, SafetensorError, JSON errors, ...
+            from_file = isinstance(exc, OSError | json.JSONDecodeError)
+            if from_file or "Safetensor" in type(exc).__name__:
+                raise ValueError(f"{path}: {type(exc).__name__}: {exc}") from None
+            raise
+
+    return wrapper
 
 
 def read_hf_config(path: str | os.PathLike[str]) -> dict[str, Any]:
@@ -167,6 +194,7 @@ def _check_shapes(
                 )
 
 
+@user_input_errors
 def hf_model_config(
     path: str | os.PathLike[str], *, max_seq_len: int | None = None, dropout: float = 0.0
 ) -> ModelConfig:
@@ -176,6 +204,7 @@ def hf_model_config(
     return dataclasses.replace(cfg, dropout=dropout) if dropout else cfg
 
 
+@user_input_errors
 def load_hf(
     path: str | os.PathLike[str],
     ctx: ParallelContext | None = None,

@@ -19,7 +19,7 @@ from torch import Tensor
 
 from oases.config import ModelConfig
 from oases.hf.convert import config_to_hf, hf_pieces
-from oases.hf.load import SINGLE_FILE, safetensors_module
+from oases.hf.load import SINGLE_FILE, safetensors_module, user_input_errors
 from oases.model import Transformer
 from oases.parallel import comm
 from oases.parallel.context import Group, ParallelContext
@@ -110,6 +110,7 @@ def _full_from_checkpoint(saved: dict[str, Tensor], name: str, shape: torch.Size
     raise ValueError(f"checkpoint parts of model.{name} do not form its shape {list(shape)}")
 
 
+@user_input_errors
 def export_checkpoint(
     checkpoint_dir: str | os.PathLike[str], out_dir: str | os.PathLike[str]
 ) -> Path:

@@ -32,22 +32,21 @@ same keys in the *current* layout and lets DCP read the overlapping pieces.
 
 Safety: DCP 2.13 reads tensors with ``torch.load(weights_only=True)`` but its ``.metadata`` with
 a plain ``pickle.load``, and it hands "bytes" entries to ``torch.load(weights_only=False)``.
-``SafeReader`` reads ``.metadata`` with an unpickler that resolves only DCP's metadata
-dataclasses, ``torch.Size``, torch dtypes/layouts/memory formats and ``pathlib`` paths (no
-bytes entries; every other global is refused), and
-``_TensorOnlyPlanner`` refuses bytes entries, so reading a checkpoint never runs pickled code.
+``safe_load.SafeReader`` reads ``.metadata`` with an unpickler that resolves only DCP's metadata
+dataclasses, ``torch.Size``, torch dtypes/layouts/memory formats and ``pathlib`` paths (every
+other global is refused), and ``safe_load.TensorOnlyPlanner`` refuses bytes entries, so reading
+a checkpoint never runs pickled code.
 Extras are JSON; RNG states are tensors.
 """
 
 from __future__ import annotations
 
 import contextlib
-import io
 import json
 import os
-import pickle
 import re
 import shutil
+import sys
 import warnings
 from collections.abc import Iterator
 from pathlib import Path
@@ -58,33 +57,17 @@ import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
 from torch import Tensor, nn
 from torch.distributed.checkpoint.api import CheckpointException
-from torch.distributed.checkpoint.default_planner import DefaultLoadPlanner
-from torch.distributed.checkpoint.metadata import Metadata, TensorStorageMetadata
 
 from oases.config import Config, config_to_dict
 from oases.parallel import comm
 from oases.parallel.context import ParallelContext
 from oases.parallel.layers import ShardSpec, shard_spec
+from oases.train.safe_load import SafeReader, TensorOnlyPlanner, load_metadata
 
 FORMAT_VERSION = 1
 MANIFEST = "oases.json"
 COMPLETE = "COMPLETE"
 _STEP_DIR = re.compile(r"^step_(\d+)$")
-
-# The globals a DCP .metadata pickle may name (module -> names); anything else is refused.
-_METADATA_CLASSES = {
-    "torch.distributed.checkpoint.metadata": {
-        "Metadata", "TensorStorageMetadata", "ChunkStorageMetadata", "TensorProperties",
-        "MetadataIndex", "StorageMeta", "_MEM_FORMAT_ENCODING",
-    },
-    "torch.distributed.checkpoint.filesystem": {"_StorageInfo"},
-    "torch": {"Size"},
-    "torch.serialization": {"_get_layout"},  # looks a torch.layout up by its name, nothing else
-    "pathlib": {"PosixPath", "PurePosixPath", "WindowsPath", "PureWindowsPath"},
-    "collections": {"OrderedDict"},
-    "builtins": {"set", "frozenset"},
-}
-
 
 def step_dir_name(step: int) -> str:
     return f"step_{step:06d}"
@@ -99,81 +82,69 @@ def is_complete(path: Path) -> bool:
     return _STEP_DIR.match(path.name) is not None and (path / COMPLETE).is_file()
 
 
-def latest_checkpoint(root: str | os.PathLike[str]) -> Path | None:
-    """The complete checkpoint of the highest step in ``root``; ``.tmp`` and unfinished ignored."""
+def complete_checkpoints(root: str | os.PathLike[str]) -> list[tuple[int, Path]]:
+    """(step, path) of the complete checkpoints in ``root``, oldest first."""
     root = Path(root)
     if not root.is_dir():
-        return None
+        return []
     found = [(int(m.group(1)), p) for p in root.iterdir() if (m := _STEP_DIR.match(p.name))]
-    done = [(s, p) for s, p in found if is_complete(p)]
-    return max(done)[1] if done else None
+    return sorted((s, p) for s, p in found if is_complete(p))
+
+
+def latest_checkpoint(root: str | os.PathLike[str]) -> Path | None:
+    """The complete checkpoint of the highest step in ``root``; ``.tmp`` and unfinished ignored."""
+    done = complete_checkpoints(root)
+    return done[-1][1] if done else None
 
 
 def resolve_resume(cfg: Config) -> Path | None:
-    """The checkpoint to resume from (None for a fresh start); ValueError naming the path."""
-    resume = cfg.checkpoint.resume
+    """The checkpoint to resume from (None for a fresh start); ValueError naming the path.
+
+    ``auto`` takes the newest checkpoint whose manifest reads (skipping, with a warning, a newer
+    one that is damaged; when none reads, the newest one's error). A run never writes into a
+    folder that holds newer checkpoints than its own (they would be mixed up and the new ones
+    pruned): ``never`` with checkpoints present, or resuming an older step than the folder's
+    newest, is an error.
+    """
+    resume, root = cfg.checkpoint.resume, checkpoint_root(cfg)
+    existing = complete_checkpoints(root)
     if resume == "never":
+        if existing:
+            raise ValueError(
+                f"checkpoint.resume='never' but {root} already holds checkpoints (up to step "
+                f"{existing[-1][0]}); a fresh run would mix with them: use another "
+                "train.run_dir or checkpoint.dir, delete them, or resume='auto'")
         return None
-    if resume == "auto":
-        return latest_checkpoint(checkpoint_root(cfg))
+    if resume == "auto":  # the newest valid one; if none is valid, the newest one's error
+        first_error: ValueError | None = None
+        for _, path in reversed(existing):
+            try:
+                read_manifest(path)
+            except ValueError as exc:
+                first_error = first_error or exc
+                continue
+            if first_error is not None:
+                print(f"warning: skipping a damaged checkpoint: {first_error}", file=sys.stderr,
+                      flush=True)
+            return path
+        if first_error is not None:
+            raise first_error
+        return None
     path = Path(resume).expanduser()
     if not path.exists():
         raise ValueError(f"checkpoint.resume={resume!r}: no such checkpoint")
-    if _STEP_DIR.match(path.name) or (path / MANIFEST).exists() or (path / ".metadata").exists():
-        return path
-    latest = latest_checkpoint(path)
-    if latest is None:
-        raise ValueError(f"checkpoint.resume={resume!r}: no complete checkpoint in this folder")
-    return latest
-
-
-# ---------------------------------------------------------------- safe reading
-
-
-class _MetadataUnpickler(pickle.Unpickler):
-    def find_class(self, module: str, name: str) -> Any:
-        if name in _METADATA_CLASSES.get(module, ()):
-            return super().find_class(module, name)
-        if module == "torch":
-            value = getattr(torch, name, None)
-            if isinstance(value, torch.dtype | torch.layout | torch.memory_format):
-                return value
-        raise pickle.UnpicklingError(f"refusing to load global {module}.{name}")
-
-
-def load_metadata(path: Path) -> Metadata:
-    """DCP's ``.metadata`` of checkpoint ``path`` without running pickled code; ValueError."""
-    try:
-        with open(path / ".metadata", "rb") as fh:
-            metadata = _MetadataUnpickler(fh).load()
-    except OSError as exc:
-        raise ValueError(f"checkpoint {path}: cannot read .metadata ({exc.strerror})") from None
-    except Exception as exc:  # a truncated or foreign pickle: any unpickling error
-        raise ValueError(f"checkpoint {path}: corrupt .metadata ({exc})") from None
-    if not isinstance(metadata, Metadata) or not isinstance(metadata.state_dict_metadata, dict):
-        raise ValueError(f"checkpoint {path}: .metadata is not a DCP index")
-    bad = [k for k, v in metadata.state_dict_metadata.items()
-           if not isinstance(v, TensorStorageMetadata)]
-    if bad:
-        raise ValueError(f"checkpoint {path}: non-tensor entries {bad[:3]} are not accepted")
-    return metadata
-
-
-class SafeReader(dcp.FileSystemReader):
-    """``FileSystemReader`` whose metadata goes through the restricted unpickler."""
-
-    def read_metadata(self, *args: Any, **kwargs: Any) -> Metadata:
-        if kwargs.get("rank") is not None:
-            raise ValueError(f"checkpoint {self.path}: per-rank metadata is not supported")
-        metadata = load_metadata(Path(self.path))
-        metadata.storage_meta = metadata.storage_meta or dcp.metadata.StorageMeta()
-        metadata.storage_meta.load_id = self.load_id
-        return metadata
-
-
-class _TensorOnlyPlanner(DefaultLoadPlanner):
-    def load_bytes(self, read_item: Any, value: io.BytesIO) -> None:
-        raise ValueError(f"refusing a non-tensor checkpoint entry {read_item.dest_index.fqn}")
+    if not (_STEP_DIR.match(path.name) or (path / MANIFEST).exists()
+            or (path / ".metadata").exists()):
+        latest = latest_checkpoint(path)
+        if latest is None:
+            raise ValueError(f"checkpoint.resume={resume!r}: no complete checkpoint in this folder")
+        path = latest
+    m = _STEP_DIR.match(path.name)
+    if m and existing and existing[-1][0] > int(m.group(1)) and existing[-1][1] != path:
+        raise ValueError(
+            f"checkpoint.resume={resume!r} is step {int(m.group(1))} but {root} holds step "
+            f"{existing[-1][0]}: new checkpoints would be pruned; use another checkpoint.dir")
+    return path
 
 
 def read_manifest(path: Path) -> dict[str, Any]:
@@ -322,6 +293,7 @@ def save_checkpoint(
     if ctx.rank == 0:
         for name, src in (files or {}).items():
             shutil.copyfile(src, tmp / name)
+            _fsync_file(tmp / name)
         files = {f.name: f.stat().st_size for f in sorted(tmp.iterdir()) if f.is_file()}
         manifest = {
             "format": FORMAT_VERSION, "step": step, "tp": ctx.tp, "dp": ctx.dp,
@@ -331,7 +303,7 @@ def save_checkpoint(
         _write_synced(tmp / MANIFEST, json.dumps(manifest, indent=1))
         _write_synced(tmp / COMPLETE, f"{step}\n")
         _commit(tmp, final)
-        _prune(root, keep)
+        _prune(root, keep, final)
     comm.barrier(ctx.world_group)
     return final
 
@@ -377,14 +349,20 @@ def _commit(tmp: Path, final: Path) -> None:
         shutil.rmtree(old)
 
 
-def _prune(root: Path, keep: int) -> None:
-    """Delete complete checkpoints older than the newest ``keep`` and stale ``.tmp`` folders."""
-    done = sorted(
-        (int(m.group(1)), p) for p in root.iterdir()
-        if (m := _STEP_DIR.match(p.name)) and is_complete(p)
-    )
-    for _, p in done[:-keep]:
-        shutil.rmtree(p, ignore_errors=True)
+def _fsync_file(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def _prune(root: Path, keep: int, just_saved: Path) -> None:
+    """Delete complete checkpoints older than the newest ``keep`` (never the one just saved)
+    and stale ``.tmp`` folders."""
+    for _, p in complete_checkpoints(root)[:-keep]:
+        if p != just_saved:
+            shutil.rmtree(p, ignore_errors=True)
     for p in root.iterdir():
         if p.name.endswith(".tmp") and p.is_dir():
             shutil.rmtree(p, ignore_errors=True)
@@ -450,7 +428,7 @@ def load_checkpoint(path: Path, model: nn.Module, optimizer: torch.optim.Optimiz
         state[f"rng.rank{src}.{kind}"] = buf
     try:
         with _single_process_quiet():
-            dcp.load(state, storage_reader=SafeReader(path), planner=_TensorOnlyPlanner(),
+            dcp.load(state, storage_reader=SafeReader(path), planner=TensorOnlyPlanner(),
                      no_dist=_single_process())
     except (Exception, CheckpointException) as exc:  # a failure on any rank reaches every rank
         raise ValueError(
@@ -490,7 +468,7 @@ def read_full_tensors(path: str | os.PathLike[str], prefix: str = "") -> dict[st
              for k, v in saved.items() if k.startswith(prefix)}
     try:
         with _single_process_quiet():
-            dcp.load(state, storage_reader=SafeReader(path), planner=_TensorOnlyPlanner(),
+            dcp.load(state, storage_reader=SafeReader(path), planner=TensorOnlyPlanner(),
                      no_dist=True)
     except (Exception, CheckpointException) as exc:
         raise ValueError(f"checkpoint {path}: cannot be read ({_last_line(exc)})") from None

@@ -73,6 +73,11 @@ def check_config(cfg: Config, world_size: int) -> None:
     """Every user-input check that needs no data and no collective; ValueError with numbers."""
     resolve_init_from(cfg)
     cfg.validate(world_size)
+    hf_dir = cfg.model.init_from[3:]
+    own_tokenizer = hf_dir and (Path(hf_dir) / TOKENIZER_FILE).is_file()
+    if own_tokenizer and cfg.data.tokenizer != f"hf:{hf_dir}":
+        raise ValueError(f"model.init_from={cfg.model.init_from!r} has its own {TOKENIZER_FILE}: "
+                         f"train with it, --data.tokenizer=hf:{hf_dir}")
     build_schedule(
         cfg.schedule.name,
         n_sub=cfg.schedule.n_sub,
@@ -174,6 +179,34 @@ class PeerError(ValueError):
     """A user error that another rank reports (one line in all); this rank stops quietly."""
 
 
+# Settings that must not change on resume: the data position would mean another batch.
+RESUME_FIXED = (("data", "source"), ("data", "tokenizer"), ("data", "vocab_size"),
+                ("train", "seed"), ("train", "global_batch"), ("model", "seq_len"),
+                ("model", "arch"))
+
+
+def check_resume_compatible(cfg: Config, manifest: dict[str, Any], path: Path) -> None:
+    """ValueError naming every setting that differs from the checkpoint's run."""
+    saved, now = manifest.get("config", {}), config_to_dict(cfg)
+    diff = [f"{s}.{k}={saved[s][k]!r} (now {now[s][k]!r})" for s, k in RESUME_FIXED
+            if s in saved and k in saved[s] and saved[s][k] != now[s][k]]
+    if diff:
+        raise ValueError(f"checkpoint {path} was saved with {', '.join(diff)}; resume with the "
+                         "same settings or start afresh (checkpoint.resume=never, another "
+                         "checkpoint.dir)")
+
+
+def agree_on_value(ctx: ParallelContext, value: int, what: str) -> None:
+    """Every rank must hold the same ``value`` (e.g. the step it resumes from); else every rank
+    raises the same ValueError. Min and max over the world via the TP then the DP groups."""
+    t = torch.tensor([float(value), -float(value)], device=ctx.device)
+    comm.all_reduce_(t, ctx.tp_group, op="max", tag="agree")
+    comm.all_reduce_(t, ctx.dp_group, op="max", tag="agree")
+    hi, lo = t[0].item(), -t[1].item()
+    if hi != lo:
+        raise ValueError(f"ranks disagree on {what}: from {lo:g} to {hi:g}")
+
+
 def agree_on_setup(ctx: ParallelContext, error: ValueError | None) -> None:
     """Collective check after each rank's local setup: if any rank failed, all raise.
 
@@ -231,10 +264,13 @@ def _open_metrics(path: Path, start_step: int) -> TextIO:
 def save_timeline(timeline: Timeline, ctx: ParallelContext, path: Path, title: str) -> None:
     """Gather one step's timeline from every rank; rank 0 draws it (and writes the trace)."""
     rows = comm.all_gather_objects(timeline.to_json(), ctx.world_group)
-    if ctx.rank == 0:
+    if ctx.rank == 0:  # rank 0 alone: nothing here may raise, or the others would wait on it
         merged = Timeline.from_json([r for rank_rows in rows for r in rank_rows])
-        merged.plot(path, title=title)
-        merged.save_chrome_trace(path.with_suffix(".json"))
+        try:
+            merged.save_chrome_trace(path.with_suffix(".json"))
+            merged.plot(path, title=title)
+        except (ImportError, OSError, ValueError) as exc:
+            print(f"warning: timeline picture not written ({exc})", file=sys.stderr, flush=True)
 
 
 def _autocast(device: torch.device) -> contextlib.AbstractContextManager[Any]:
@@ -259,15 +295,22 @@ def train(
     is_main = ctx.rank == 0
     end = t.steps if stop_after is None else min(t.steps, stop_after)
 
+    bar: Progress | None = None
+
     def say(msg: str) -> None:
         if is_main:
-            print(msg, file=log, flush=True)
+            if bar is not None:
+                bar.message(msg)  # keeps the progress bar intact
+            else:
+                print(msg, file=log, flush=True)
 
     error: ValueError | None = None
     resume_from: Path | None = None
     try:  # local setup only: no collective until every rank agrees it succeeded
         check_config(cfg, ctx.world_size)
         resume_from = ckpt.resolve_resume(cfg)
+        if resume_from is not None:
+            check_resume_compatible(cfg, ckpt.read_manifest(resume_from), resume_from)
         corpus: Corpus = load_corpus(cfg.data.source)
         tok = build_run_tokenizer(cfg, corpus, resume_from)
         corpus = tokenize_corpus(corpus, tok)
@@ -301,6 +344,11 @@ def train(
     except ValueError as exc:
         error = exc
     agree_on_setup(ctx, error)
+    # every rank must resume from the same step (a checkpoint dir not shared by all machines,
+    # or a lagging network filesystem, would otherwise split the job)
+    resume_step = -1 if resume_from is None else int(ckpt.read_manifest(resume_from)["step"])
+    agree_on_value(ctx, resume_step, "the checkpoint step to resume from "
+                   "(checkpoint.dir must be one folder every machine sees)")
 
     torch.manual_seed(t.seed)  # same full model on every rank before sharding
     if cfg.model.init_from and resume_from is None:  # each rank reads only its own slices
@@ -382,7 +430,8 @@ def train(
     saved: Path | None = resume_from
     window: list[tuple[float, float]] = []  # (loss, step_time_s) since the last printed line
     # rank 0 on a terminal draws a progress bar; logs and pipes get plain lines
-    bar = Progress(end - start_step) if is_main and log is None and sys.stdout.isatty() else None
+    tty = is_main and log is None and sys.stdout.isatty() and end > start_step
+    bar = Progress(end - start_step, stream=sys.stdout) if tty else None
     timeline_step = start_step + 1 if end - start_step > 1 else start_step
     start = time.perf_counter()
     try:
