@@ -260,3 +260,18 @@ def all_gather_objects(obj: object, group: Group) -> list[object]:
     _issue("all_gather", group, torch.empty(0), "forward", "objects", False)
     dist.all_gather_object(out, obj, group=group.pg)
     return out
+
+
+def reshard_batch(x: Tensor, from_tp: int, to_tp: int, group: Group) -> Tensor:
+    """Move activations [b, ...] between TP degrees along the batch (dim 0), over the merge
+    group of the two degrees (``ParallelContext.merge_group``).
+
+    Growing the degree (a < b): the merging groups' batches are all-gathered, in rank order;
+    backward keeps this rank's chunk (the gradient is replicated over the larger TP group).
+    Shrinking it: this rank keeps its chunk; backward all-gathers the gradient.
+    """
+    if from_tp == to_tp:
+        return x
+    if to_tp > from_tp:
+        return gather_from_tp(x, group, dim=0)
+    return scatter_to_tp(x, group, dim=0)

@@ -50,6 +50,22 @@ class ParallelContext:
     device: torch.device
     backend: str
     timeout_s: float
+    groups: dict[int, tuple[Group, Group]] = field(default_factory=dict, compare=False)
+    merge_groups: dict[tuple[int, int], Group] = field(default_factory=dict, compare=False)
+
+    def groups_for(self, tp: int) -> tuple[Group, Group]:
+        """(TP group, DP group) at degree ``tp`` (built by ``init_distributed(degrees=...)``)."""
+        if tp not in self.groups:
+            raise ValueError(f"no process groups for tp={tp}: pass it in "
+                             f"init_distributed(degrees=...) (built: {sorted(self.groups)})")
+        return self.groups[tp]
+
+    def merge_group(self, a: int, b: int) -> Group:
+        """The group a batch reshard between degrees ``a`` and ``b`` runs over."""
+        key = (min(a, b), max(a, b))
+        if key not in self.merge_groups:
+            raise ValueError(f"no reshard group between tp={a} and tp={b}")
+        return self.merge_groups[key]
 
     @property
     def tp_rank(self) -> int:
@@ -79,14 +95,55 @@ def _new_group(ranks: list[int], timeout: datetime.timedelta) -> dist.ProcessGro
     return dist.new_group(ranks, timeout=timeout) if len(ranks) > 1 else None
 
 
+def _groups_for(d: int, world_size: int, rank: int, timeout: datetime.timedelta,
+                device: torch.device) -> tuple[Group, Group]:
+    """This rank's TP group (contiguous ranks) and DP group (equal TP rank) at degree ``d``."""
+    tp_group = dp_group = None
+    index, tp_rank = divmod(rank, d)
+    for i in range(world_size // d):
+        ranks = list(range(i * d, (i + 1) * d))
+        pg = _new_group(ranks, timeout) if world_size > 1 else None
+        if i == index:
+            tp_group = Group("tp", tuple(ranks), tp_rank, pg, device)
+    for j in range(d):
+        ranks = list(range(j, world_size, d))
+        pg = _new_group(ranks, timeout) if world_size > 1 else None
+        if j == tp_rank:
+            dp_group = Group("dp", tuple(ranks), index, pg, device)
+    assert tp_group is not None and dp_group is not None
+    return tp_group, dp_group
+
+
+def _merge_group(a: int, b: int, world_size: int, rank: int, timeout: datetime.timedelta,
+                 device: torch.device) -> Group:
+    """The ranks whose degree-``a`` TP groups merge into this rank's degree-``b`` group and
+    that hold the same shard (equal rank % a): a reshard between degrees a < b gathers (or
+    slices) the batch over these b/a ranks, in rank order::
+
+        world 4, a=1, b=4: {0,1,2,3}          world 4, a=2, b=4: {0,2} {1,3}
+    """
+    mine = None
+    for base in range(0, world_size, b):
+        for offset in range(a):
+            ranks = [base + offset + j * a for j in range(b // a)]
+            pg = _new_group(ranks, timeout) if world_size > 1 else None
+            if rank in ranks:
+                mine = Group(f"merge{a}-{b}", tuple(ranks), ranks.index(rank), pg, device)
+    assert mine is not None
+    return mine
+
+
 def init_distributed(
-    tp: int = 1, *, backend: str | None = None, timeout_s: float = 60.0
+    tp: int = 1, *, backend: str | None = None, timeout_s: float = 60.0,
+    degrees: tuple[int, ...] = (),
 ) -> ParallelContext:
     """Join (or reuse) the default process group and build the TP and DP groups.
 
     Launch under ``torchrun`` (RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR, MASTER_PORT); an already
     initialized default group (a test's file:// rendezvous) is reused; with neither, this is a
-    single process and no collective ever runs. ``backend`` is "gloo", "nccl" or None/"auto"
+    single process and no collective ever runs. ``degrees``: further TP degrees a plan mixes
+    in; their TP/DP groups and the merge groups between every pair are built too.
+    ``backend`` is "gloo", "nccl" or None/"auto"
     (NCCL when CUDA is available, else gloo). Every collective of a group made here is bounded
     by ``timeout_s`` (a reused default group keeps the timeout it was created with), so a dead
     peer ends the job with an error instead of a hang. The degree check runs before any
@@ -121,20 +178,15 @@ def init_distributed(
     if world_size > 1 and not dist.is_initialized():
         dist.init_process_group(backend, timeout=timeout, device_id=None)
 
+    all_degrees = sorted({tp, *degrees})
+    for d in all_degrees:
+        check_degrees(world_size, d)
+    # Every rank creates every group, in this same order (new_group is collective).
+    groups = {d: _groups_for(d, world_size, rank, timeout, device) for d in all_degrees}
+    merges = {(a, b): _merge_group(a, b, world_size, rank, timeout, device)
+              for a in all_degrees for b in all_degrees if a < b}
+    tp_group, dp_group = groups[tp]
     dp = world_size // tp
-    tp_index, tp_rank = divmod(rank, tp)
-    tp_group = dp_group = None
-    for i in range(dp):  # TP groups: contiguous ranks
-        ranks = list(range(i * tp, (i + 1) * tp))
-        pg = _new_group(ranks, timeout) if world_size > 1 else None
-        if i == tp_index:
-            tp_group = Group("tp", tuple(ranks), tp_rank, pg, device)
-    for j in range(tp):  # DP groups: equal tp_rank, strided
-        ranks = list(range(j, world_size, tp))
-        pg = _new_group(ranks, timeout) if world_size > 1 else None
-        if j == tp_rank:
-            dp_group = Group("dp", tuple(ranks), tp_index, pg, device)
-    assert tp_group is not None and dp_group is not None
     world = Group("world", tuple(range(world_size)), rank,
                   dist.group.WORLD if world_size > 1 else None, device)
     return ParallelContext(
@@ -146,6 +198,8 @@ def init_distributed(
         tp_group=tp_group,
         dp_group=dp_group,
         world_group=world,
+        groups=groups,
+        merge_groups=merges,
         device=device,
         backend=backend,
         timeout_s=timeout_s,

@@ -1,0 +1,47 @@
+"""Groups per TP degree and batch reshards between degrees (the base of mixed-degree plans).
+
+Layout at degree d on W ranks: TP group g = rank // d holds global batch rows
+[g * B d / W, (g + 1) * B d / W), replicated over its d ranks. A reshard from degree a to b must
+turn one layout into the other, forward, and the gradient layout back, backward.
+"""
+
+import torch
+
+from oases.parallel.comm import reshard_batch
+from oases.parallel.context import init_distributed
+
+W, B = 4, 8
+
+
+def _rows(full: torch.Tensor, rank: int, d: int) -> torch.Tensor:
+    per = B * d // W
+    g = rank // d
+    return full[g * per : (g + 1) * per]
+
+
+def _rank_reshard(rank, world_size):
+    ctx = init_distributed(tp=1, degrees=(2, 4))
+    out = {
+        "tp2": ctx.groups_for(2)[0].ranks, "dp2": ctx.groups_for(2)[1].ranks,
+        "m12": ctx.merge_group(1, 2).ranks, "m24": ctx.merge_group(2, 4).ranks,
+        "m14": ctx.merge_group(4, 1).ranks,
+    }
+    g = torch.Generator().manual_seed(0)
+    full = torch.randn(B, 3, generator=g)  # the global activations
+    grad_full = torch.randn(B, 3, generator=g)  # the global gradient
+    for a, b in [(1, 2), (1, 4), (2, 4), (2, 1), (4, 1), (4, 2)]:
+        x = _rows(full, rank, a).clone().requires_grad_(True)
+        y = reshard_batch(x, a, b, ctx.merge_group(a, b))
+        torch.testing.assert_close(y, _rows(full, rank, b), rtol=0, atol=0)
+        y.backward(_rows(grad_full, rank, b))
+        torch.testing.assert_close(x.grad, _rows(grad_full, rank, a), rtol=0, atol=0)
+    return out
+
+
+def test_groups_and_reshards_between_degrees(spawn_ranks):
+    results = spawn_ranks(_rank_reshard, W)
+    assert results[0]["tp2"] == (0, 1) and results[3]["tp2"] == (2, 3)
+    assert results[1]["dp2"] == (1, 3)
+    assert results[2]["m12"] == (2, 3)
+    assert results[0]["m24"] == (0, 2) and results[1]["m24"] == (1, 3)
+    assert all(r["m14"] == (0, 1, 2, 3) for r in results)
