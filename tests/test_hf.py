@@ -207,6 +207,7 @@ def test_load_tp2_matches_and_reads_only_slices(hf_dirs, spawn_ranks):
 def _train_export_rank(rank, world_size, llama_dir, out_root, tokens):
     import oases
     from oases.parallel import comm
+    from oases.parallel.context import build_tp_mesh
     from oases.train import checkpoint as ckpt
 
     ctx = oases.init_distributed(tp=world_size)
@@ -242,7 +243,7 @@ def _train_export_rank(rank, world_size, llama_dir, out_root, tokens):
                 {},
                 cfg,
                 ctx,
-                ckpt.build_tp_mesh(ctx),
+                build_tp_mesh(ctx),
                 keep=1,
             )
         comm.barrier(ctx.world_group)

@@ -10,7 +10,6 @@ of the same sizes). Rank 0 writes ``raw.json``; with ``timeline`` set, also the 
 
 from __future__ import annotations
 
-import contextlib
 import copy
 import json
 import statistics
@@ -21,6 +20,7 @@ from pathlib import Path
 import torch
 
 from oases.config import Config, load_config
+from oases.memory import peak_memory_mb, reset_peak_memory
 from oases.model import build_model
 from oases.parallel import comm
 from oases.parallel.apply import parallelize
@@ -28,24 +28,6 @@ from oases.parallel.context import ParallelContext, close_distributed, init_dist
 from oases.schedule import Schedule, build_schedule, record_timeline
 from oases.schedule.program import Start, Wait, label
 from oases.schedule.timeline import Timeline
-
-
-def peak_mem_reset(device: torch.device) -> None:
-    """Start a new peak-memory window: CUDA allocator peak, or the process's peak RSS."""
-    if device.type == "cuda":
-        torch.cuda.reset_peak_memory_stats(device)
-    else:
-        with contextlib.suppress(OSError):  # resets VmHWM (Linux)
-            Path("/proc/self/clear_refs").write_text("5")
-
-
-def peak_mem_mb(device: torch.device) -> float:
-    if device.type == "cuda":
-        return torch.cuda.max_memory_allocated(device) / 2**20
-    for line in Path("/proc/self/status").read_text().splitlines():
-        if line.startswith("VmHWM:"):
-            return int(line.split()[1]) / 1024
-    return float("nan")
 
 
 def _timed(ctx: ParallelContext, fn) -> float:  # noqa: ANN001
@@ -180,11 +162,11 @@ def run(spec: dict) -> None:
         for name in names:
             m, sched = steps[name]
             m.zero_grad(set_to_none=True)
-            peak_mem_reset(ctx.device)
+            reset_peak_memory(ctx.device)
             dt = _timed(ctx, lambda m=m, sched=sched: sched.step(m, tokens, targets))
             if it >= warmup:
                 times[name].append(dt)
-                mems[name] = max(mems.get(name, 0.0), peak_mem_mb(ctx.device))
+                mems[name] = max(mems.get(name, 0.0), peak_memory_mb(ctx.device))
 
     compute_only: dict[str, float] = {}
     comm_only: dict[str, float] = {}

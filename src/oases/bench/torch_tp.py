@@ -40,7 +40,7 @@ from typing import Any
 
 import torch
 from torch import Tensor, nn
-from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
+from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.tensor import DTensor, Replicate
 from torch.distributed.tensor.parallel import (
     ColwiseParallel,
@@ -51,7 +51,7 @@ from torch.distributed.tensor.parallel import (
 from oases.model import Transformer
 from oases.parallel import comm
 from oases.parallel.apply import check_model_degrees
-from oases.parallel.context import ParallelContext
+from oases.parallel.context import ParallelContext, build_tp_mesh
 
 __all__ = [
     "TorchTPSchedule",
@@ -138,21 +138,6 @@ def expected_local_shard(full: Tensor, name: str, model: Transformer, tp: int,
 
 # --------------------------------------------------------------------------------------------
 # parallelize
-
-
-def build_tp_mesh(ctx: ParallelContext) -> DeviceMesh:
-    """The 1-D TP mesh of this rank: ``mesh["tp"]`` of the world mesh ``(dp, tp)``.
-
-    Collective over the whole world (``init_device_mesh`` creates the mesh's process groups on
-    every rank in the same order): call it on every rank. The row-major ``(dp, tp)`` layout puts
-    ranks ``i*tp .. i*tp+tp-1`` in one TP mesh, exactly ``ctx.tp_group``.
-    """
-    world = init_device_mesh(ctx.device.type, (ctx.dp, ctx.tp), mesh_dim_names=("dp", "tp"))
-    tp_mesh = world["tp"]
-    ranks = tuple(int(r) for r in tp_mesh.mesh.flatten().tolist())
-    if ranks != tuple(ctx.tp_group.ranks):
-        raise RuntimeError(f"DeviceMesh TP ranks {ranks} differ from ctx.tp_group {ctx.tp_group}")
-    return tp_mesh
 
 
 @torch.no_grad()

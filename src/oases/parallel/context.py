@@ -14,6 +14,7 @@ from __future__ import annotations
 import datetime
 import os
 from dataclasses import dataclass, field
+from typing import Any
 
 import torch
 import torch.distributed as dist
@@ -216,3 +217,20 @@ def close_distributed() -> None:
     exits; left to interpreter shutdown, gloo's threads can abort the process."""
     if dist.is_available() and dist.is_initialized():
         dist.destroy_process_group()
+
+
+def build_tp_mesh(ctx: ParallelContext) -> Any:
+    """The "tp" sub-mesh of a (dp, tp) ``DeviceMesh`` (for DTensor: checkpoints, the torch-tp
+    peer), or None when nothing is sharded across processes (tp == 1 or one process).
+    Collective: every rank calls it, in the same order. The row-major (dp, tp) layout puts
+    ranks ``i*tp .. i*tp+tp-1`` in one TP mesh, exactly ``ctx.tp_group`` (checked)."""
+    if ctx.tp == 1 or not (dist.is_available() and dist.is_initialized()):
+        return None
+    from torch.distributed.device_mesh import init_device_mesh
+
+    mesh = init_device_mesh(ctx.device.type, (ctx.dp, ctx.tp), mesh_dim_names=("dp", "tp"))
+    tp_mesh = mesh["tp"]
+    ranks = tuple(int(r) for r in tp_mesh.mesh.flatten().tolist())
+    if ranks != ctx.tp_group.ranks:
+        raise RuntimeError(f"DeviceMesh TP ranks {ranks} differ from the TP group {ctx.tp_group}")
+    return tp_mesh

@@ -178,17 +178,6 @@ def read_manifest(path: Path) -> dict[str, Any]:
 # ---------------------------------------------------------------- state in the current layout
 
 
-def build_tp_mesh(ctx: ParallelContext) -> Any:
-    """The "tp" sub-mesh of a (dp, tp) device mesh (TP groups are contiguous ranks), or None
-    when nothing is sharded across processes (tp == 1 or a single process)."""
-    if ctx.tp == 1 or not (dist.is_available() and dist.is_initialized()):
-        return None
-    from torch.distributed.device_mesh import init_device_mesh
-
-    mesh = init_device_mesh(ctx.device.type, (ctx.dp, ctx.tp), mesh_dim_names=("dp", "tp"))
-    return mesh["tp"]
-
-
 def _contiguous_stride(shape: torch.Size) -> tuple[int, ...]:
     stride, acc = [], 1
     for n in reversed(shape):

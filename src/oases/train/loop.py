@@ -38,10 +38,11 @@ import torch
 from torch import nn
 
 from oases.config import Config, TrainConfig, config_to_dict, save_config
+from oases.memory import peak_memory_mb
 from oases.model import build_model, count_params
 from oases.parallel import comm
 from oases.parallel.apply import parallelize, shard_spec
-from oases.parallel.context import Group, ParallelContext, init_distributed
+from oases.parallel.context import Group, ParallelContext, build_tp_mesh, init_distributed
 from oases.schedule import Timeline, build_schedule, record_timeline
 from oases.train import checkpoint as ckpt
 from oases.train.data import (
@@ -225,22 +226,6 @@ def agree_on_setup(ctx: ParallelContext, error: ValueError | None) -> None:
     raise PeerError(f"setup failed on rank {first}")
 
 
-def peak_memory_mb(device: torch.device) -> float:
-    """Peak memory of this rank in MiB: CUDA's max allocated, else the process's peak RSS."""
-    if device.type == "cuda":
-        return torch.cuda.max_memory_allocated(device) / 2**20
-    try:
-        with open("/proc/self/status", encoding="ascii") as fh:
-            for line in fh:
-                if line.startswith("VmHWM:"):
-                    return int(line.split()[1]) / 1024  # kB -> MiB
-    except OSError:
-        pass
-    import resource  # not Linux: ru_maxrss (bytes on macOS)
-
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20
-
-
 def metrics_path(cfg: Config) -> Path:
     return Path(cfg.train.metrics_file or Path(cfg.train.run_dir) / "metrics.jsonl")
 
@@ -369,7 +354,7 @@ def train(
         micro_batch=t.micro_batch,
         max_inflight=cfg.schedule.max_inflight,
     )
-    mesh = ckpt.build_tp_mesh(ctx)
+    mesh = build_tp_mesh(ctx)
     start_step = 0
     if resume_from is not None:
         try:  # local checks first (complete, sizes, shapes), so a bad checkpoint never hangs
