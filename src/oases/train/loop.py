@@ -483,8 +483,9 @@ def train(
             metrics.close()
     elapsed = time.perf_counter() - start
     say(
-        f"done: step {max(start_step, end)}/{t.steps} in {elapsed:.1f}s; final train loss"
-        f" {loss:.4f}, validation loss {val_loss:.4f}"
+        f"done: step {max(start_step, end)}/{t.steps} in {elapsed:.1f}s; "
+        + (f"final train loss {loss:.4f}, " if losses else "no steps left to train; ")
+        + f"validation loss {val_loss:.4f}"
     )
     return {
         "loss": loss,
