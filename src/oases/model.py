@@ -139,9 +139,14 @@ class Block(nn.Module):
         self.mlp_norm = norm(cfg.dim, eps=cfg.norm_eps)
         self.mlp = MLP(cfg)
         self.drop = nn.Dropout(cfg.dropout)
+        # Where a plan changes the TP degree, parallelize puts a batch reshard here.
+        self.attn_reshard: nn.Module = nn.Identity()
+        self.mlp_reshard: nn.Module = nn.Identity()
 
     def forward(self, x: Tensor) -> Tensor:
+        x = self.attn_reshard(x)
         x = x + self.drop(self.attn(self.attn_norm(x)))
+        x = self.mlp_reshard(x)
         return x + self.drop(self.mlp(self.mlp_norm(x)))
 
 
@@ -171,8 +176,11 @@ class Transformer(nn.Module):
         # ``gather_logits`` is the identity here; under TP it gathers the vocabulary shards.
         self.gather_logits: nn.Module = nn.Identity()
         self.loss_fn: nn.Module = CrossEntropy()
+        self.head_reshard: nn.Module = nn.Identity()  # reshard points of mixed-degree plans
+        self.target_reshard: nn.Module = nn.Identity()
         self.recompute = False
         self.parallel_ctx = None  # set by oases.parallel.apply.parallelize
+        self.parallel_plan = None
         self.reset_parameters()
         if cfg.tie_embeddings:
             self.head.weight = self.embed.weight
@@ -214,10 +222,10 @@ class Transformer(nn.Module):
                     x = checkpoint(block, x, use_reentrant=False)
             else:
                 x = block(x)
-        local_logits = self.head(self.norm(x))  # [B, S, V] (V/tp-padded shard under TP)
+        local_logits = self.head(self.norm(self.head_reshard(x)))  # [B, S, V] (V/tp shard)
         if targets is None:
             return self.gather_logits(local_logits)
-        return self.loss_fn(local_logits, targets)
+        return self.loss_fn(local_logits, self.target_reshard(targets))
 
 
 def check_batch(cfg: ModelConfig, tokens: Tensor, targets: Tensor | None = None) -> None:

@@ -18,8 +18,11 @@ Degree checks run before anything changes and before any collective, on every ra
 
 from __future__ import annotations
 
+from torch import Tensor, nn
+
 from oases.model import Transformer
-from oases.parallel.context import ParallelContext
+from oases.parallel import comm
+from oases.parallel.context import Group, ParallelContext
 from oases.parallel.layers import (
     ColumnParallelLinear,
     GatherLogits,
@@ -30,6 +33,7 @@ from oases.parallel.layers import (
     shard_spec,
     shard_tensor,
 )
+from oases.plan import ParallelPlan
 
 __all__ = ["check_model_degrees", "parallelize", "shard_spec", "shard_tensor", "ShardSpec"]
 
@@ -43,37 +47,103 @@ def check_model_degrees(model: Transformer, tp: int) -> None:
             raise ValueError(f"model.{key}={value} is not divisible by parallel.tp={tp}")
 
 
-def parallelize(model: Transformer, ctx: ParallelContext) -> Transformer:
-    """Shard ``model`` over ``ctx.tp_group`` in place and return it (``model.parallel_ctx = ctx``).
+class BatchReshard(nn.Module):
+    """A reshard point of a mixed-degree plan: activations [b, ...] from TP degree ``from_tp``
+    to ``to_tp`` along the batch (``comm.reshard_batch``)."""
 
-    The model must be a full single-device model, identical on every rank of the TP group (build
-    it from the same seed everywhere); each rank keeps only its shards.
+    def __init__(self, from_tp: int, to_tp: int, group: Group) -> None:
+        super().__init__()
+        self.from_tp, self.to_tp, self.group = from_tp, to_tp, group
+
+    def forward(self, x: Tensor) -> Tensor:
+        return comm.reshard_batch(x, self.from_tp, self.to_tp, self.group)
+
+    def extra_repr(self) -> str:
+        return f"tp {self.from_tp} -> {self.to_tp}"
+
+
+def _reshard(ctx: ParallelContext, from_tp: int, to_tp: int) -> nn.Module:
+    if from_tp == to_tp:
+        return nn.Identity()
+    return BatchReshard(from_tp, to_tp, ctx.merge_group(from_tp, to_tp))
+
+
+def parallelize(model: Transformer, ctx: ParallelContext,
+                plan: ParallelPlan | None = None) -> Transformer:
+    """Shard ``model`` in place and return it (``model.parallel_ctx = ctx``,
+    ``model.parallel_plan = plan``).
+
+    Without a plan every region uses ``ctx.tp``. With a plan each region is sharded over the TP
+    group of its own degree (``init_distributed(degrees=plan.degrees())`` builds them) and the
+    activations are resharded along the batch where the degree changes; the input batch is in
+    the embedding's layout, and the targets follow to the head's. The model must be a full
+    single-device model, identical on every rank (build it from the same seed everywhere).
     """
     if getattr(model, "parallel_ctx", None) is not None:
         raise ValueError("model is already parallelized")
-    tp, group = ctx.tp, ctx.tp_group
-    check_model_degrees(model, tp)
     cfg = model.cfg
+    if plan is None:
+        check_model_degrees(model, ctx.tp)
+        plan = ParallelPlan.uniform(cfg, ctx.world_size, ctx.tp)
+    plan.check(cfg, ctx.world_size)
     tied = model.head.weight is model.embed.weight
 
-    model.embed = VocabParallelEmbedding(model.embed, group)
-    for block in model.blocks:
+    def group(name: str) -> Group:
+        return ctx.groups_for(plan.tp_of(name))[0]
+
+    model.embed = VocabParallelEmbedding(model.embed, group("embed"))
+    prev = "embed"
+    for layer, block in enumerate(model.blocks):
+        a, m = f"blocks.{layer}.attn", f"blocks.{layer}.mlp"
+        ta, tm = plan.tp_of(a), plan.tp_of(m)
         attn = block.attn
         q, kv = cfg.n_heads * cfg.head_dim, cfg.n_kv_heads * cfg.head_dim
-        attn.qkv = ColumnParallelLinear(attn.qkv, group, (q, kv, kv))
-        attn.proj = RowParallelLinear(attn.proj, group)
-        attn.n_heads, attn.n_kv_heads = cfg.n_heads // tp, cfg.n_kv_heads // tp
+        attn.qkv = ColumnParallelLinear(attn.qkv, group(a), (q, kv, kv))
+        attn.proj = RowParallelLinear(attn.proj, group(a))
+        attn.n_heads, attn.n_kv_heads = cfg.n_heads // ta, cfg.n_kv_heads // ta
         mlp = block.mlp
         parts = (cfg.ffn_dim, cfg.ffn_dim) if mlp.gated else (cfg.ffn_dim,)
-        mlp.fc1 = ColumnParallelLinear(mlp.fc1, group, parts)
-        mlp.fc2 = RowParallelLinear(mlp.fc2, group)
-    head = ColumnParallelLinear(model.head, group, pad=True)
+        mlp.fc1 = ColumnParallelLinear(mlp.fc1, group(m), parts)
+        mlp.fc2 = RowParallelLinear(mlp.fc2, group(m))
+        block.attn_reshard = _reshard(ctx, plan.tp_of(prev), ta)
+        block.mlp_reshard = _reshard(ctx, ta, tm)
+        prev = m
+    head = ColumnParallelLinear(model.head, group("head"), pad=True)
     if tied:
         head.weight = model.embed.weight
     model.head = head
-    model.loss_fn = VocabParallelCrossEntropy(group, cfg.vocab_size)
-    model.gather_logits = GatherLogits(group, cfg.vocab_size)
-    model.parallel_ctx = ctx
+    model.loss_fn = VocabParallelCrossEntropy(group("head"), cfg.vocab_size)
+    model.gather_logits = GatherLogits(group("head"), cfg.vocab_size)
+    model.head_reshard = _reshard(ctx, plan.tp_of(prev), plan.tp_of("head"))
+    model.target_reshard = _reshard(ctx, plan.tp_of("embed"), plan.tp_of("head"))
+    model.parallel_ctx, model.parallel_plan = ctx, plan
     if any(p.is_meta for p in model.parameters()):
         return model  # built on "meta" (oases.hf.load_hf): the caller materializes it
     return model.to(ctx.device)
+
+
+def region_parameters(model: Transformer) -> dict[str, list[nn.Parameter]]:
+    """Each plan region's parameters (a tied weight once, under the embedding)."""
+    out: dict[str, list[nn.Parameter]] = {"embed": [*model.embed.parameters()]}
+    if model.pos_embed is not None:
+        out["embed"] += list(model.pos_embed.parameters())
+    for layer, block in enumerate(model.blocks):
+        out[f"blocks.{layer}.attn"] = [*block.attn_norm.parameters(), *block.attn.parameters()]
+        out[f"blocks.{layer}.mlp"] = [*block.mlp_norm.parameters(), *block.mlp.parameters()]
+    seen = {id(p) for ps in out.values() for p in ps}
+    out["head"] = [p for p in (*model.norm.parameters(), *model.head.parameters())
+                   if id(p) not in seen]
+    return out
+
+
+def reduce_gradients(model: Transformer) -> None:
+    """Average gradients over data parallelism for any plan: each region's gradients are
+    summed over its own DP group and divided by the head's DP degree (the number of distinct
+    loss terms), which is the plain mean when the plan is uniform."""
+    ctx, plan = model.parallel_ctx, model.parallel_plan
+    dp_head = ctx.world_size // plan.tp_of("head")
+    handles = [comm.gradient_mean_async(params, ctx.groups_for(plan.tp_of(name))[1],
+                                        divisor=dp_head)
+               for name, params in region_parameters(model).items()]
+    for h in handles:
+        h.wait()

@@ -220,7 +220,12 @@ def gradient_mean_async(params: Iterable[torch.nn.Parameter], group: Group, *,
     """Start averaging the gradients of ``params`` (those that require grad) over ``group``.
     A parameter without a gradient contributes zeros, so every rank sends the same layout."""
     params = [p for p in params if p.requires_grad]
-    if group.size == 1 or not params:
+    divisor = float(group.size if divisor is None else divisor)
+    if group.size == 1 or not params:  # nothing to exchange; still scale (mixed-degree plans)
+        if divisor != 1.0:
+            for p in params:
+                if p.grad is not None:
+                    p.grad.div_(divisor)
         return GradientMean([], torch.empty(0), None, 1.0)
     for p in params:
         if p.grad is None:
@@ -229,7 +234,7 @@ def gradient_mean_async(params: Iterable[torch.nn.Parameter], group: Group, *,
     flat = torch.cat([g.reshape(-1) for g in grads])
     _issue("all_reduce", group, flat, "backward", tag, True)
     work = dist.all_reduce(flat, group=group.pg, async_op=True)
-    return GradientMean(grads, flat, work, float(group.size if divisor is None else divisor))
+    return GradientMean(grads, flat, work, divisor)
 
 
 def all_reduce_gradients(params: Iterable[torch.nn.Parameter], group: Group) -> None:

@@ -44,6 +44,11 @@ class Executor:
     def __init__(self, model: Transformer, spec: ScheduleSpec) -> None:
         self.model, self.spec = model, spec
         self.ctx = model.parallel_ctx
+        plan = model.parallel_plan
+        if plan is not None and not plan.is_uniform():
+            raise ValueError(f"schedules run uniform plans for now (this plan mixes tp "
+                             f"{plan.degrees()}); a mixed plan trains through model(tokens, "
+                             "targets).backward() and oases.parallel.apply.reduce_gradients")
         self.chain = build_chain(model)
         self.buckets = dp_buckets(self.chain) if self.ctx.dp > 1 else {}
         self.track_memory = False

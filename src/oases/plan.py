@@ -1,0 +1,102 @@
+"""``ParallelPlan``: the TP degree of every region of the chain, as a serializable dataclass.
+
+A plan lists the regions in chain order (``embed``, ``blocks.{l}.attn``, ``blocks.{l}.mlp``,
+``head``) with their TP degree ``tp`` and data-parallel degree ``dp = world_size / tp``. Where two
+consecutive regions differ, the activations are resharded along the batch between them (see
+``oases.parallel.comm.reshard_batch``). JSON keys: ``regions`` (a list of ``{name, tp, dp}``),
+``n_sub``, ``schedule``, ``predicted_step_s``, ``predicted_peak_mem_bytes``.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+from oases.config import ModelConfig
+
+
+@dataclass(frozen=True)
+class RegionPlan:
+    name: str
+    tp: int
+    dp: int
+
+
+def region_names(cfg: ModelConfig) -> list[str]:
+    """The chain's region names in forward order."""
+    blocks = [f"blocks.{i}.{kind}" for i in range(cfg.n_layers) for kind in ("attn", "mlp")]
+    return ["embed", *blocks, "head"]
+
+
+@dataclass
+class ParallelPlan:
+    regions: list[RegionPlan]
+    n_sub: int = 2
+    schedule: str = "oases"
+    predicted_step_s: float | None = None
+    predicted_peak_mem_bytes: int | None = None
+    notes: dict = field(default_factory=dict)
+
+    @staticmethod
+    def uniform(cfg: ModelConfig, world_size: int, tp: int, **kw: object) -> ParallelPlan:
+        return ParallelPlan([RegionPlan(n, tp, world_size // tp) for n in region_names(cfg)],
+                            **kw)
+
+    def tp_of(self, name: str) -> int:
+        for r in self.regions:
+            if r.name == name:
+                return r.tp
+        raise ValueError(f"plan has no region {name!r}")
+
+    def degrees(self) -> tuple[int, ...]:
+        return tuple(sorted({r.tp for r in self.regions}))
+
+    def is_uniform(self) -> bool:
+        return len(self.degrees()) == 1
+
+    def check(self, cfg: ModelConfig, world_size: int) -> None:
+        """ValueError (with the numbers) unless the plan fits this model and world."""
+        names = [r.name for r in self.regions]
+        if names != region_names(cfg):
+            raise ValueError(f"plan regions {names[:3]}... do not match the model's chain "
+                             f"{region_names(cfg)[:3]}... ({len(names)} vs "
+                             f"{len(region_names(cfg))} regions)")
+        for r in self.regions:
+            if r.tp < 1 or world_size % r.tp or r.dp != world_size // r.tp:
+                raise ValueError(f"plan region {r.name}: tp={r.tp}, dp={r.dp} do not fit "
+                                 f"world size {world_size}")
+            kind = r.name.rsplit(".", 1)[-1]
+            checks = {"attn": (("n_heads", cfg.n_heads), ("n_kv_heads", cfg.n_kv_heads)),
+                      "mlp": (("ffn_dim", cfg.ffn_dim),)}.get(kind, ())
+            for key, value in checks:
+                if value % r.tp:
+                    raise ValueError(f"plan region {r.name}: model.{key}={value} is not "
+                                     f"divisible by tp={r.tp}")
+        if cfg.tie_embeddings and self.tp_of("embed") != self.tp_of("head"):
+            raise ValueError(f"tied embeddings need one degree for embed and head, got "
+                             f"{self.tp_of('embed')} and {self.tp_of('head')}")
+
+    def to_json(self) -> str:
+        return json.dumps(asdict(self), indent=1)
+
+    @staticmethod
+    def from_json(text: str) -> ParallelPlan:
+        try:
+            raw = json.loads(text)
+            regions = [RegionPlan(str(r["name"]), int(r["tp"]), int(r["dp"]))
+                       for r in raw.pop("regions")]
+            return ParallelPlan(regions, **raw)
+        except (ValueError, KeyError, TypeError) as exc:
+            raise ValueError(f"not a plan: {exc}") from None
+
+    def save(self, path: str | os.PathLike[str]) -> None:
+        Path(path).write_text(self.to_json())
+
+    @staticmethod
+    def load(path: str | os.PathLike[str]) -> ParallelPlan:
+        try:
+            return ParallelPlan.from_json(Path(path).read_text())
+        except OSError as exc:
+            raise ValueError(f"cannot read plan {path}: {exc.strerror}") from None
