@@ -42,9 +42,8 @@ def comm_only_step(schedule: Schedule, model: torch.nn.Module, rows: int, seq: i
                    ctx: ParallelContext) -> None:
     """Issue exactly the program's collectives, in its order, on same-sized dummy buffers."""
     ex = schedule.executor(model)
-    k = rows // (schedule.micro_batch or rows) * (
-        schedule.n_sub if schedule.spec.overlapped else 1)
-    act = torch.zeros(rows // k, seq, model.cfg.dim, device=ctx.device)  # [b, S, H]
+    n_micro, k = schedule.split(rows)
+    act = torch.zeros(rows // (n_micro * k), seq, model.cfg.dim, device=ctx.device)  # [b, S, H]
     dp_sizes = {i: sum(p.numel() for p in ps) for i, ps in ex.buckets.items()}
     handles = {}
     for ins in schedule.program(model, rows):
@@ -107,8 +106,8 @@ def predict_step(sched: Schedule, model: torch.nn.Module, rows: int, seq: int,
         if e.lane == "compute":
             per.setdefault((e.phase, e.name), []).append(e.end_s - e.start_s)
     med = {k: statistics.median(v) for k, v in per.items()}
-    k = sched.n_sub if sched.spec.overlapped else 1
-    nbytes = rows // k * seq * model.cfg.dim * 4
+    n_micro, k = sched.split(rows)
+    nbytes = rows // (n_micro * k) * seq * model.cfg.dim * 4
 
     def collective_s(kind: str, index: int) -> float:
         if kind == "dp":
@@ -191,13 +190,12 @@ def run(spec: dict) -> None:
         o = [_timed(ctx, comm_step) for _ in range(1 + n_steps)]
         comm_only[name] = statistics.median(o[1:])
 
-    timeline_rows = None
+    merged = None
     if spec.get("timeline") and "oases" in steps:
         m, sched = steps["oases"]
         with record_timeline() as tl:
             _timed(ctx, lambda: sched.step(m, tokens, targets))
-        merged = comm.all_gather_objects(tl.to_json(), ctx.world_group)
-        timeline_rows = [row for rank_rows in merged for row in rank_rows]
+        merged = tl.gather(ctx.world_group)
 
     if ctx.rank == 0:
         out = Path(spec["out"])
@@ -210,11 +208,10 @@ def run(spec: dict) -> None:
             "predicted_s": predicted, "allreduce_fit": ar_fit,
         }
         (out / "raw.json").write_text(json.dumps(result, indent=1))
-        if timeline_rows is not None:
-            tl = Timeline.from_json(timeline_rows)
-            tl.save_chrome_trace(out / "oases_trace.json")
-            tl.plot(out / "oases_timeline.png",
-                    title=f"oases, tp={ctx.tp}, {spec.get('link_label', '')}")
+        if merged is not None:
+            merged.save_chrome_trace(out / "oases_trace.json")
+            merged.plot(out / "oases_timeline.png",
+                        title=f"oases, tp={ctx.tp}, {spec.get('link_label', '')}")
     comm.barrier(ctx.world_group)  # nobody exits while a peer still talks
 
 

@@ -257,7 +257,7 @@ def _normalize_grad_placements(model: nn.Module) -> None:
 def all_reduce_local_gradients(model: nn.Module, ctx: ParallelContext) -> None:
     """Average every parameter's local gradient over the DP group with one flat all-reduce.
 
-    ``oases.parallel.comm.all_reduce_gradients`` concatenates ``p.grad`` directly, which mixes
+    ``oases.parallel.comm.gradient_mean_async`` concatenates ``p.grad`` directly, which mixes
     DTensor and plain tensors, so this is its local equivalent on ``.to_local()`` grads; the
     collective itself goes through ``comm.all_reduce_`` (recorded like Oases' own, tag
     "dp-grads"). A missing grad contributes zeros so every rank has the same flat layout.

@@ -237,11 +237,6 @@ def gradient_mean_async(params: Iterable[torch.nn.Parameter], group: Group, *,
     return GradientMean(grads, flat, work, divisor)
 
 
-def all_reduce_gradients(params: Iterable[torch.nn.Parameter], group: Group) -> None:
-    """Average ``.grad`` over ``group`` (data parallelism) with one flat all-reduce."""
-    gradient_mean_async(params, group).wait()
-
-
 def all_reduce_mean(t: Tensor, group: Group) -> Tensor:
     """Mean of a (detached) metric tensor over ``group``; returns a new tensor."""
     out = t.detach().clone()

@@ -52,7 +52,7 @@ class Schedule:
 
     def program(self, model: Transformer, rows: int) -> list[Instr]:
         """The instruction list of one step over ``rows`` local sequences."""
-        n_micro, _ = self._split(rows)
+        n_micro, _ = self.split(rows)
         ex = self.executor(model)
         programs = self._programs.setdefault(model, {})
         if n_micro not in programs:
@@ -61,7 +61,8 @@ class Schedule:
                 max_inflight=self.max_inflight, dp_tasks=tuple(sorted(ex.buckets)))
         return programs[n_micro]
 
-    def _split(self, rows: int) -> tuple[int, int]:
+    def split(self, rows: int) -> tuple[int, int]:
+        """(micro-batches, sub-batches per micro-batch) for ``rows`` local sequences."""
         mb = self.micro_batch or rows
         k = sub_batches(self.name, self.n_sub)
         if rows % mb or mb % k:
@@ -73,7 +74,7 @@ class Schedule:
     def step(self, model: Transformer, tokens: Tensor, targets: Tensor) -> Tensor:
         """Forward + backward of tokens/targets [rows, S]; returns the mean loss (detached)."""
         check_batch(model.cfg, tokens, targets)
-        n_micro, k = self._split(tokens.shape[0])
+        n_micro, k = self.split(tokens.shape[0])
         program = self.program(model, tokens.shape[0])
         subs_t = list(tokens.chunk(n_micro * k))  # [rows / (n_micro k), S] each
         subs_y = list(targets.chunk(n_micro * k))

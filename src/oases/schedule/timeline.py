@@ -12,6 +12,10 @@ import json
 from collections.abc import Iterator
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from oases.parallel.context import Group
 
 
 @dataclass(frozen=True)
@@ -63,6 +67,13 @@ class Timeline:
     @staticmethod
     def from_json(rows: list[dict]) -> Timeline:
         return Timeline([Event(**r) for r in rows])
+
+    def gather(self, group: Group) -> Timeline:
+        """Every rank's events in one timeline (collective over ``group``: all ranks call it)."""
+        from oases.parallel import comm
+
+        rows = comm.all_gather_objects(self.to_json(), group)
+        return Timeline.from_json([row for rank_rows in rows for row in rank_rows])
 
     def save_chrome_trace(self, path: str | Path) -> None:
         """Write the Chrome trace-event JSON (pid = rank, tid = lane, microseconds)."""

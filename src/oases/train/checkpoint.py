@@ -282,7 +282,7 @@ def save_checkpoint(
     if ctx.rank == 0:
         for name, src in (files or {}).items():
             shutil.copyfile(src, tmp / name)
-            _fsync_file(tmp / name)
+            _fsync(tmp / name)
         files = {f.name: f.stat().st_size for f in sorted(tmp.iterdir()) if f.is_file()}
         manifest = {
             "format": FORMAT_VERSION, "step": step, "tp": ctx.tp, "dp": ctx.dp,
@@ -316,7 +316,8 @@ def _write_synced(path: Path, text: str) -> None:
         os.fsync(fh.fileno())
 
 
-def _fsync_dir(path: Path) -> None:
+def _fsync(path: Path) -> None:
+    """Flush a file's data or a folder's entries to disk."""
     fd = os.open(path, os.O_RDONLY)
     try:
         os.fsync(fd)
@@ -326,24 +327,16 @@ def _fsync_dir(path: Path) -> None:
 
 def _commit(tmp: Path, final: Path) -> None:
     """Rename ``tmp`` to ``final``; an older ``final`` (same step) is moved aside first."""
-    _fsync_dir(tmp)
+    _fsync(tmp)
     old = final.with_name(final.name + ".old.tmp")
     if final.exists():
         if old.exists():
             shutil.rmtree(old)
         final.rename(old)
     tmp.rename(final)
-    _fsync_dir(final.parent)
+    _fsync(final.parent)
     if old.exists():
         shutil.rmtree(old)
-
-
-def _fsync_file(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
 
 
 def _prune(root: Path, keep: int, just_saved: Path) -> None:

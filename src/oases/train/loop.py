@@ -248,9 +248,8 @@ def _open_metrics(path: Path, start_step: int) -> TextIO:
 
 def save_timeline(timeline: Timeline, ctx: ParallelContext, path: Path, title: str) -> None:
     """Gather one step's timeline from every rank; rank 0 draws it (and writes the trace)."""
-    rows = comm.all_gather_objects(timeline.to_json(), ctx.world_group)
+    merged = timeline.gather(ctx.world_group)
     if ctx.rank == 0:  # rank 0 alone: nothing here may raise, or the others would wait on it
-        merged = Timeline.from_json([r for rank_rows in rows for r in rank_rows])
         try:
             merged.save_chrome_trace(path.with_suffix(".json"))
             merged.plot(path, title=title)
