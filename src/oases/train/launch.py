@@ -48,15 +48,23 @@ def run_rank(cfg: Config, num_threads: int | None = None) -> dict[str, Any] | No
 
     if num_threads is not None and not torch.cuda.is_available():
         torch.set_num_threads(num_threads)
+    failed = False
     try:
         summary = train(cfg)
     except PeerError:  # another rank printed the error
-        sys.exit(EXIT_USER_ERROR)
+        failed = True
     except ValueError as exc:  # user input (config, data): one line, no traceback
         print(f"error: {exc}", file=sys.stderr, flush=True)
-        sys.exit(EXIT_USER_ERROR)
+        failed = True
     finally:
         close_distributed()
+    if failed:
+        # End here, not in interpreter teardown: after a failed setup, gloo's threads sometimes
+        # abort it ("terminate called without an active exception"), adding a crash report
+        # to the one-line error.
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(EXIT_USER_ERROR)
     return summary
 
 
