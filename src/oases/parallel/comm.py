@@ -13,6 +13,10 @@ scatter_to_tp      keep the local chunk          all-gather along ``dim``
 =================  ============================  ==============================
 
 A group of size 1 makes all of them the identity and issues nothing.
+
+Between regions of different TP degrees, ``reshard_batch`` (autograd) and
+``reshard_batch_async`` (a schedule's reshard instructions, no autograd) move activations along
+the batch: an all-gather when the degree grows, a local slice when it shrinks.
 """
 
 from __future__ import annotations
@@ -275,3 +279,25 @@ def reshard_batch(x: Tensor, from_tp: int, to_tp: int, group: Group) -> Tensor:
     if to_tp > from_tp:
         return gather_from_tp(x, group, dim=0)
     return scatter_to_tp(x, group, dim=0)
+
+
+def reshard_batch_async(x: Tensor, from_tp: int, to_tp: int, group: Group, *,
+                        direction: str = "forward", tag: str = "") -> Handle:
+    """Start moving ``x`` [b, ...] from degree ``from_tp``'s batch layout to ``to_tp``'s, over
+    their merge group (no autograd); ``.wait()`` returns [b * to_tp / from_tp, ...].
+
+    Growing the degree: an async all-gather along the batch, in rank order. Shrinking it: this
+    rank's chunk, at once (the handle is complete). The two directions of one reshard point
+    are each other's conjugates, so the backward reshard of a gradient is this same call with
+    the degrees swapped (``direction="backward"`` only labels the record), exactly as
+    ``reshard_batch``'s autograd pair does it.
+    """
+    if from_tp == to_tp:
+        return Handle(x, None)
+    if to_tp < from_tp:
+        return Handle(_local_chunk(x, group, 0), None)
+    x = x.contiguous()
+    out = x.new_empty((x.shape[0] * group.size, *x.shape[1:]))  # [g * b, ...]
+    _issue("all_gather", group, x, direction, tag, True)
+    work = dist.all_gather(list(out.chunk(group.size)), x, group=group.pg, async_op=True)
+    return Handle(out, work)

@@ -1,13 +1,19 @@
 """Schedules: the order of a training step's computation and collectives, as data.
 
 ``build_schedule(name, n_sub)`` returns a ``Schedule`` whose ``step(model, tokens, targets)``
-runs forward and backward of this data-parallel rank's share of the batch through the executor,
-leaves gradients averaged over the data-parallel group in ``.grad`` and returns the mean loss.
-Names: megatron, megatron-recompute, commfree-recompute, overlap, overlap-recompute, oases.
+runs forward and backward of this rank's share of the batch through the executor, leaves
+gradients averaged over data parallelism in ``.grad`` and returns the mean loss of this rank's
+rows. Names: megatron, megatron-recompute, commfree-recompute, overlap, overlap-recompute, oases.
+
+Under a mixed-degree plan (``parallelize(model, ctx, plan)``) the batch is in the embedding's
+layout (``world_size / tp_of("embed")`` data-parallel shares), every region runs at its own
+degree with reshard instructions between them, and the returned loss is that of this rank's
+rows in the head's layout (its mean over all ranks is the global loss).
 """
 
 from __future__ import annotations
 
+import math
 import weakref
 
 import torch
@@ -58,7 +64,8 @@ class Schedule:
         if n_micro not in programs:
             programs[n_micro] = build_program(
                 self.name, len(ex.chain), self.n_sub, n_micro=n_micro,
-                max_inflight=self.max_inflight, dp_tasks=tuple(sorted(ex.buckets)))
+                max_inflight=self.max_inflight, dp_tasks=tuple(sorted(ex.buckets)),
+                degrees=ex.degrees)
         return programs[n_micro]
 
     def split(self, rows: int) -> tuple[int, int]:
@@ -75,6 +82,12 @@ class Schedule:
         """Forward + backward of tokens/targets [rows, S]; returns the mean loss (detached)."""
         check_batch(model.cfg, tokens, targets)
         n_micro, k = self.split(tokens.shape[0])
+        rows, degrees = tokens.shape[0] // (n_micro * k), self.executor(model).degrees
+        for t in degrees:  # a reshard that shrinks the degree slices the sub-batch
+            if rows * t % degrees[0]:
+                raise ValueError(f"a sub-batch of {rows} rows at the embedding's tp={degrees[0]} "
+                                 f"has no whole share at tp={t}: use a multiple of "
+                                 f"{degrees[0] // math.gcd(degrees[0], t)} rows per sub-batch")
         program = self.program(model, tokens.shape[0])
         subs_t = list(tokens.chunk(n_micro * k))  # [rows / (n_micro k), S] each
         subs_y = list(targets.chunk(n_micro * k))

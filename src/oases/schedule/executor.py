@@ -4,20 +4,33 @@ Every piece runs on *detached* inputs (leaves), so autograd graphs end at each c
 executor decides when each gradient is all-reduced. Per region i and sub-batch j::
 
     forward    body:i   x_i -(norm)-> h_i | h_leaf -(TP core)-> y_i ; p_i = row.partial(y_i)
-               Start/Wait fwd: p_i is all-reduced in place into r_i
+               Start/Wait fwd: p_i is all-reduced in place into r_i (region i's TP group)
                epi:i    (x_i, r_i) -> x_{i+1}                      (dropout: RNG state kept)
+               Start/Wait rsf (degree change at i+1): x_{i+1} [b_i, S, H] -> [b_{i+1}, S, H]
     backward   epi:i    dx_{i+1} -> dr_i (= dp_i), residual part of dx_i
                tp:i     dp_i -> row.backward_partial (no forward matmul needed) -> dy -> dh_i
-               Start/Wait bwd: dh_i all-reduced in place
+               Start/Wait bwd: dh_i all-reduced in place (region i's TP group)
                norm:i   dh_i -> norm backward -> dx_i (+ residual part)
+               Start/Wait rsb (degree change at i): dx_i [b_i, S, H] -> [b_{i-1}, S, H]
+
+Each region computes at its own TP degree t_i on b_i = b_0 * t_i / t_0 rows (b_0: the sub-batch
+in the embedding's layout); a reshard gathers the batch over the ranks whose TP groups merge
+(degree grows) or keeps this rank's chunk (degree shrinks), and its backward does the conjugate.
+The targets are resharded from the embedding's layout to the head's once, at the start of a run.
 
 Recompute modes (``ScheduleSpec.recompute``):
     none      every graph is kept from the forward.
     commfree  pieces run without graph in the forward; epi:i saves its inputs (x_i, r_i), both
               post-collective; the segment [epi:i-1, body:i] is recomputed before region i's
               backward: no collective, and no row-parallel matmul (its output is never needed).
-    block     Megatron: a block's pieces run without graph; body:attn saves the block input; the
-              recompute re-runs the block, repeating both forward all-reduces.
+              At a degree change at i the segment is [body:i] from its saved post-reshard input
+              (epi:i-1 keeps its graph), so the reshard is not repeated either.
+    block     Megatron: a block's pieces run without graph; body:attn saves the block input
+              (post-reshard); the recompute re-runs the block, repeating both forward
+              all-reduces and a reshard inside the block.
+
+Data-parallel gradients: each region's are summed over its own DP group and divided by the
+head's DP degree (the number of distinct loss terms), one mean per (bucket, DP group).
 
 Shape legend: b sub-batch rows, S sequence, H hidden.
 """
@@ -33,8 +46,17 @@ from torch import Tensor
 from oases.model import Transformer
 from oases.parallel import comm
 from oases.parallel.layers import input_grads_unreduced
-from oases.schedule.program import Compute, Instr, ScheduleSpec, Start, Wait, comm_name, label
-from oases.schedule.regions import build_chain, dp_buckets
+from oases.schedule.program import (
+    Compute,
+    Instr,
+    ScheduleSpec,
+    Start,
+    Wait,
+    comm_name,
+    degree_changes,
+    label,
+)
+from oases.schedule.regions import build_chain, dp_bucket_groups, dp_buckets
 from oases.schedule.timeline import Event, active_timelines
 
 
@@ -44,13 +66,13 @@ class Executor:
     def __init__(self, model: Transformer, spec: ScheduleSpec) -> None:
         self.model, self.spec = model, spec
         self.ctx = model.parallel_ctx
-        plan = model.parallel_plan
-        if plan is not None and not plan.is_uniform():
-            raise ValueError(f"schedules run uniform plans for now (this plan mixes tp "
-                             f"{plan.degrees()}); a mixed plan trains through model(tokens, "
-                             "targets).backward() and oases.parallel.apply.reduce_gradients")
         self.chain = build_chain(model)
-        self.buckets = dp_buckets(self.chain) if self.ctx.dp > 1 else {}
+        self.degrees = tuple(r.tp for r in self.chain)
+        self.changes = degree_changes(len(self.chain), self.degrees)
+        reduce = any(r.dp_group.size > 1 for r in self.chain)
+        self.buckets = dp_buckets(self.chain) if reduce else {}
+        self.bucket_groups = dp_bucket_groups(self.chain) if reduce else {}
+        self.dp_head = self.ctx.world_size // self.chain[-1].tp  # distinct loss terms
         self.track_memory = False
         self.skip_comm = False  # benchmarks only: compute-only timing, numbers are then wrong
         self.saved_bytes: dict[int, int] = {}  # region -> bytes kept from forward to backward
@@ -61,15 +83,28 @@ class Executor:
         """Does piece (kind, i) run without a graph in the forward (it is recomputed)?"""
         mode, last = self.spec.recompute, len(self.chain) - 1
         if mode == "commfree":  # segments [epi:i-1, body:i] for 0 < i < last (not the head,
-            # whose recompute would repeat the cross-entropy's collectives)
-            return (kind == "body" and 0 < i < last) or (kind == "epi" and i < last - 1)
+            # whose recompute would repeat the cross-entropy's collectives); [body:i] alone
+            # after a reshard
+            return (kind == "body" and 0 < i < last) or (
+                kind == "epi" and i < last - 1 and i + 1 not in self.changes)
         if mode == "block":
             return 0 < i < last
         return False
 
+    def _saves_input(self, i: int) -> bool:
+        """Does body:i keep its input x_i for its recompute (a block's input; in commfree mode,
+        an input that arrived through a reshard)?"""
+        mode = self.spec.recompute
+        if mode == "block":
+            return self.chain[i].kind == "attn"
+        return mode == "commfree" and i in self.changes and self._in_segment("body", i)
+
     def run(self, program: list[Instr], tokens: list[Tensor], targets: list[Tensor],
             loss_scale: float) -> list[Tensor]:
-        """Run ``program`` on sub-batches ``tokens[j]``/``targets[j]``; returns per-sub losses."""
+        """Run ``program`` on sub-batches ``tokens[j]``/``targets[j]`` (the embedding's layout);
+        returns the per-sub losses (of this rank's rows in the head's layout)."""
+        with torch.no_grad():  # a collective when embed and head differ in degree
+            targets = [self.model.target_reshard(y) for y in targets]
         self.tokens, self.targets, self.scale = tokens, targets, loss_scale
         self._reset()
         timelines = list(active_timelines())
@@ -91,7 +126,8 @@ class Executor:
                         if sync:
                             torch.cuda.synchronize(self.ctx.device)
             state = {"graphs": self.bg, "epi": self.eg, "x": self.x, "p": self.p,
-                     "handles": self.handles, "saved": self.saved, "rng": self.rng,
+                     "handles": self.handles, "saved": self.saved, "inputs": self.inputs,
+                     "rng": self.rng,
                      "grads": self.gx, "residual grads": self.gres, "dr": self.dr,
                      "dh": self.dh}
             leftovers = [k for k, d in state.items() if d]
@@ -106,7 +142,8 @@ class Executor:
         self.p: dict = {}
         self.bg: dict = {}
         self.eg: dict = {}
-        self.saved: dict = {}
+        self.saved: dict = {}  # (i, j) -> (x_i, r_i) kept by epi:i (commfree)
+        self.inputs: dict = {}  # (i, j) -> x_i kept by body:i (_saves_input)
         self.rng: dict = {}
         self.gres: dict = {}
         self.gx: dict = {}
@@ -170,12 +207,17 @@ class Executor:
             if grad:
                 self.bg[i, j] = p
             return
-        if recompute and self.spec.recompute == "block" and region.kind == "attn":
-            self.x[i, j] = self.saved.pop((i, j))
         commfree_recompute = recompute and self.spec.recompute == "commfree"
-        x = self.x.pop((i, j)) if commfree_recompute or region.kind == "head" else self.x[i, j]
-        if not recompute and self.spec.recompute == "block" and region.kind == "attn":
-            self.saved[i, j] = x
+        if recompute and self._saves_input(i):
+            x = self.inputs.pop((i, j))
+            if not commfree_recompute:  # the block's recompute re-runs epi:i too
+                self.x[i, j] = x
+        elif commfree_recompute or region.kind == "head":
+            x = self.x.pop((i, j))
+        else:
+            x = self.x[i, j]
+        if not recompute and self._saves_input(i):
+            self.inputs[i, j] = x
             self._count_saved(i, x)
         with torch.set_grad_enabled(grad), self._track(i, recompute):
             xl = x.detach().requires_grad_(grad)
@@ -251,32 +293,54 @@ class Executor:
 
     # ----------------------------------------------------------------------------- collectives
     def _start(self, ins: Start, timelines: list) -> None:
-        key = (ins.kind, ins.index, ins.sub)
-        tag = f"{ins.kind}:{ins.index}:{ins.sub}"
+        i, j = ins.index, ins.sub
+        tag = f"{ins.kind}:{i}:{j}"
         issued = time.perf_counter()
-        if ins.kind == "dp":
-            group = self.ctx.dp_group
-            handle = (comm.Handle(None, None) if self.skip_comm else
-                      comm.gradient_mean_async(self.buckets[ins.index], group, tag=tag))
+        handles: list[tuple[comm.Handle, bool]] = []  # (handle, moves data between ranks)
+        if ins.kind == "dp":  # one mean per DP group among the bucket's regions
+            for group, params in self.bucket_groups[i]:
+                handles.append((comm.Handle(None, None) if self.skip_comm else
+                                comm.gradient_mean_async(params, group, divisor=self.dp_head,
+                                                         tag=tag), group.size > 1))
+        elif ins.kind in ("rsf", "rsb"):
+            a, b = self.chain[i - 1].tp, self.chain[i].tp
+            group = self.ctx.merge_group(a, b)
+            x, src, dst, direction = ((self.x.pop((i, j)), a, b, "forward") if ins.kind == "rsf"
+                                      else (self.gx.pop((i, j)), b, a, "backward"))
+            if self.skip_comm:  # the right shape, wrong numbers
+                out = x.repeat(dst // src, *[1] * (x.dim() - 1)) if dst > src else x[
+                    : x.shape[0] * dst // src]
+                handles.append((comm.Handle(out, None), False))
+            else:
+                handles.append((comm.reshard_batch_async(x, src, dst, group, direction=direction,
+                                                         tag=tag), dst > src))
         else:
-            group = self.ctx.tp_group
-            t, direction = ((self.p[ins.index, ins.sub], "forward") if ins.kind == "fwd" else
-                            (self.dh[ins.index, ins.sub], "backward"))
-            handle = (comm.Handle(t, None) if self.skip_comm else
-                      comm.all_reduce_async(t, group, direction=direction, tag=tag))
-        if timelines and group.size > 1 and not self.skip_comm:
-            rank, name = self.ctx.rank, comm_name(ins.kind, ins.index)
+            group = self.chain[i].tp_group
+            t, direction = ((self.p[i, j], "forward") if ins.kind == "fwd" else
+                            (self.dh[i, j], "backward"))
+            handles.append((comm.Handle(t, None) if self.skip_comm else
+                            comm.all_reduce_async(t, group, direction=direction, tag=tag),
+                            group.size > 1))
+        if timelines and not self.skip_comm:
+            rank, name = self.ctx.rank, comm_name(ins.kind, i)
 
-            def done(sub: int = ins.sub, phase: str = ins.kind) -> None:
+            def done(sub: int = j, phase: str = ins.kind) -> None:
                 ev = Event(rank, "comm", name, phase, sub, issued, time.perf_counter())
                 for tl in timelines:  # the timelines open at issue, even if one closed since
                     tl.add(ev)
 
-            handle.on_complete(done)
-        self.handles[key] = handle
+            for handle, moves in handles:
+                if moves:
+                    handle.on_complete(done)
+        self.handles[ins.kind, i, j] = [h for h, _ in handles]
 
     def _wait(self, ins: Wait) -> None:
-        self.handles.pop((ins.kind, ins.index, ins.sub)).wait()
+        i, j = ins.index, ins.sub
+        results = [h.wait() for h in self.handles.pop((ins.kind, i, j))]
+        if ins.kind == "rsf":  # body:i reads x_i in its own layout
+            self.x[i, j] = results[0]
+        elif ins.kind == "rsb":  # epi:i-1 reads dx_i in region i-1's layout
+            self.gx[i, j] = results[0]
 
 
 def _get_rng(device: torch.device) -> Tensor:

@@ -1,7 +1,7 @@
 """Schedules as data: an instruction set over the chain of regions, and one generator per schedule.
 
-A program is a flat list of instructions for one rank, run by the executor on tensors and (later)
-by the simulator on costs. Pieces of the chain (see ``regions.py``) in each phase:
+A program is a flat list of instructions for one rank, run by the executor on tensors and by the
+planner's simulator on costs. Pieces of the chain (see ``regions.py``) in each phase:
 
     forward / recompute   ("epi", i)   glue after region i's all-reduce   (x_i, r_i) -> x_{i+1}
                           ("body", i)  norm + TP matmuls of region i       x_i -> p_i
@@ -9,17 +9,37 @@ by the simulator on costs. Pieces of the chain (see ``regions.py``) in each phas
                           ("epi", i)   backward of the glue -> dr_i, residual part of dx_i
                           ("tp", i)    backward of region i's TP matmuls -> partial dh_i
 
-Collectives: ``Start``/``Wait`` of kind "fwd" (all-reduce of p_i), "bwd" (of dh_i) or "dp"
-(data-parallel gradient all-reduce of backward task i's parameter bucket).
+Collectives (``Start``/``Wait`` kind, index, sub-batch):
+
+    "fwd", i    all-reduce of p_i over region i's TP group
+    "bwd", i    all-reduce of the partial dh_i over region i's TP group
+    "rsf", i    forward reshard of x_i (made by epi:i-1 in region i-1's layout) into region i's
+                layout, where the TP degree changes between regions i-1 and i (``degrees``):
+                an all-gather along the batch when the degree grows, a local slice when it
+                shrinks (a Start/Wait pair all the same, complete at once)
+    "rsb", i    backward reshard of dx_i (made by norm:i in region i's layout) back into region
+                i-1's layout: the slice when the degree grew, the all-gather when it shrank
+    "dp", t     data-parallel gradient mean of backward task t's parameter bucket
+
+A degree change at region i splits the two tasks that cross it::
+
+    forward   [epi i-1 + body i]               ->  [epi i-1] rsf(i) [body i]
+    backward  [norm i + epi i-1 + tp i-1]      ->  [norm i] rsb(i) [epi i-1 + tp i-1]
 
 Programs are made by a list scheduler from *tasks* in priority order. A task waits for the
 collectives it needs, computes, and starts the collective it produces; at most ``max_inflight``
-TP collectives are in flight, so with two sub-batches a and b the forward steady state is::
+collectives (fwd, bwd, rsf, rsb) are in flight, so with two sub-batches a and b the forward
+steady state is::
 
     compute:  [epi l-1 + body l](a)  [epi l-1 + body l](b)  [epi l + body l+1](a) ...
     comm:     ........ AR(l-1, b) ..... AR(l, a) ............... AR(l, b) ...
 
-and the backward hides each dh all-reduce behind the other sub-batch's recompute + backward.
+and the backward hides each dh all-reduce behind the other sub-batch's recompute + backward. At
+a degree change the halves of the split tasks run for every sub-batch in turn, so sub-batch a's
+reshard runs while sub-batch b computes::
+
+    compute:  [epi i-1](a)  [epi i-1](b)  [body i](a)  [body i](b)
+    comm:     .. AR(i-1,b) .. rsf(i,a) .... rsf(i,b) .... AR(i,a) ...
 
 Schedules (name: sub-batches, overlap, what recompute repeats):
 
@@ -31,6 +51,12 @@ Schedules (name: sub-batches, overlap, what recompute repeats):
     overlap              k  yes  no recompute
     overlap-recompute    k  yes  per-block recompute (cross-pass overlap)
     oases                k  yes  communication-free recompute
+
+Recompute across a degree change at region i: communication-free recompute never repeats a
+collective, so there region i's segment is [body i] alone, from its saved post-reshard input x_i
+(epi i-1 keeps its graph from the forward). Block recompute repeats a block's forward
+collectives by design: a change inside a block (at its MLP) repeats that block's rsf in the
+recompute; a change at a block's start is not repeated (the block input is saved post-reshard).
 """
 
 from __future__ import annotations
@@ -51,7 +77,7 @@ class Compute:
 
 @dataclass(frozen=True)
 class Start:
-    kind: str  # "fwd" | "bwd" | "dp"
+    kind: str  # "fwd" | "bwd" | "rsf" | "rsb" | "dp"
     index: int
     sub: int = 0
 
@@ -124,65 +150,97 @@ def list_schedule(tasks: list[Task], max_inflight: int, synchronous: bool = Fals
     return out
 
 
-def _forward_tasks(n_regions: int, subs: range) -> list[Task]:
+def _forward_tasks(n_regions: int, subs: range, changes: frozenset[int]) -> list[Task]:
     tasks = []
     for i in range(n_regions):
-        for j in subs:
+        produces = [("fwd", i, j) if i < n_regions - 1 else None for j in subs]
+        if i in changes:  # [epi i-1] rsf(i) [body i]
+            tasks += [Task(Compute("forward", (("epi", i - 1),), j), needs=[("fwd", i - 1, j)],
+                           produces=("rsf", i, j)) for j in subs]
+            tasks += [Task(Compute("forward", (("body", i),), j), needs=[("rsf", i, j)],
+                           produces=out) for j, out in zip(subs, produces)]
+            continue
+        for j, out in zip(subs, produces):
             pieces = ((("epi", i - 1),) if i else ()) + (("body", i),)
-            tasks.append(Task(
-                Compute("forward", pieces, j),
-                needs=[("fwd", i - 1, j)] if i else [],
-                produces=("fwd", i, j) if i < n_regions - 1 else None,
-            ))
+            tasks.append(Task(Compute("forward", pieces, j),
+                              needs=[("fwd", i - 1, j)] if i else [], produces=out))
     return tasks
 
 
-def _backward_task(i: int, j: int, n_regions: int) -> Task:
-    pieces = ((("norm", i + 1), ("epi", i)) if i < n_regions - 1 else ()) + (("tp", i),)
-    return Task(
-        Compute("backward", pieces, j),
-        needs=[("bwd", i + 1, j)] if i < n_regions - 1 else [],
-        produces=("bwd", i, j) if i > 0 else None,
-    )
+def _norm_task(i: int, j: int) -> Task:
+    """Backward of region i's norm alone, where dx_i moves to region i-1's layout (rsb)."""
+    return Task(Compute("backward", (("norm", i),), j), needs=[("bwd", i, j)],
+                produces=("rsb", i, j))
 
 
-def _backward_tasks(n_regions: int, subs: range, recompute: str) -> list[Task]:
+def _backward_task(i: int, j: int, n_regions: int, changes: frozenset[int]) -> Task:
+    if i == n_regions - 1:
+        pieces, needs = (("tp", i),), []
+    elif i + 1 in changes:  # norm:i+1 ran in its own task (_norm_task)
+        pieces, needs = (("epi", i), ("tp", i)), [("rsb", i + 1, j)]
+    else:
+        pieces, needs = (("norm", i + 1), ("epi", i), ("tp", i)), [("bwd", i + 1, j)]
+    return Task(Compute("backward", pieces, j), needs=needs,
+                produces=("bwd", i, j) if i > 0 else None)
+
+
+def _block_recompute_tasks(attn: int, subs: range, changes: frozenset[int]) -> list[Task]:
+    """Megatron's recompute of the block (attn, mlp = attn + 1) from its saved input, repeating
+    its forward collectives (and its rsf, where the degree changes inside the block)."""
+    mlp = attn + 1
+    tasks = [Task(Compute("recompute", (("body", attn),), j), produces=("fwd", attn, j))
+             for j in subs]
+    if mlp in changes:
+        tasks += [Task(Compute("recompute", (("epi", attn),), j), needs=[("fwd", attn, j)],
+                       produces=("rsf", mlp, j)) for j in subs]
+        tasks += [Task(Compute("recompute", (("body", mlp),), j), needs=[("rsf", mlp, j)],
+                       produces=("fwd", mlp, j)) for j in subs]
+    else:
+        tasks += [Task(Compute("recompute", (("epi", attn), ("body", mlp)), j),
+                       needs=[("fwd", attn, j)], produces=("fwd", mlp, j)) for j in subs]
+    return tasks
+
+
+def _backward_tasks(n_regions: int, subs: range, recompute: str,
+                    changes: frozenset[int]) -> list[Task]:
     tasks: list[Task] = []
     last = n_regions - 1
     i = last
     while i >= 0:
+        if i + 1 in changes:  # dx_{i+1} first, so its rsb runs beside the next computes
+            tasks += [_norm_task(i + 1, j) for j in subs]
         if recompute == "block" and 0 < i < last:  # i is a block's MLP region: i-1 its attention
             attn, mlp = i - 1, i
-            for j in subs:
-                tasks.append(Task(Compute("recompute", (("body", attn),), j),
-                                  produces=("fwd", attn, j)))
-            for j in subs:
-                tasks.append(Task(Compute("recompute", (("epi", attn), ("body", mlp)), j),
-                                  needs=[("fwd", attn, j)], produces=("fwd", mlp, j)))
+            tasks += _block_recompute_tasks(attn, subs, changes)
             for j in subs:
                 tasks.append(Task(Compute("recompute", (("epi", mlp),), j),
                                   needs=[("fwd", mlp, j)]))
-                tasks.append(_backward_task(mlp, j, n_regions))
-            tasks.extend(_backward_task(attn, j, n_regions) for j in subs)
+                tasks.append(_backward_task(mlp, j, n_regions, changes))
+            if mlp in changes:
+                tasks += [_norm_task(mlp, j) for j in subs]
+            tasks.extend(_backward_task(attn, j, n_regions, changes) for j in subs)
             i -= 2
             continue
         for j in subs:
             if recompute == "commfree" and 0 < i < last:  # the head keeps its graph
-                tasks.append(Task(Compute("recompute", (("epi", i - 1), ("body", i)), j)))
-            tasks.append(_backward_task(i, j, n_regions))
+                pieces = (("body", i),) if i in changes else (("epi", i - 1), ("body", i))
+                tasks.append(Task(Compute("recompute", pieces, j)))
+            tasks.append(_backward_task(i, j, n_regions, changes))
         i -= 1
     return tasks
 
 
 def build_program(
     name: str, n_regions: int, n_sub: int, *, n_micro: int = 1, max_inflight: int = 1,
-    dp_tasks: tuple[int, ...] = (),
+    dp_tasks: tuple[int, ...] = (), degrees: tuple[int, ...] | None = None,
 ) -> list[Instr]:
     """The instruction list of one optimizer step (``n_micro`` micro-batches of ``n_sub``
     sub-batches each; sub-batch ids are global: micro m owns ids m*n_sub .. m*n_sub+n_sub-1).
 
     ``dp_tasks``: backward tasks after which a data-parallel gradient bucket is final; their
     all-reduces start right after that task of the last micro-batch and are waited at the end.
+    ``degrees``: the TP degree of every region (None: one degree for all); reshards ("rsf",
+    "rsb") sit where it changes.
     """
     spec = SPECS.get(name)
     if spec is None:
@@ -191,15 +249,28 @@ def build_program(
     if k < 1 or max_inflight < 1 or n_micro < 1:
         raise ValueError(f"n_sub={n_sub}, max_inflight={max_inflight}, n_micro={n_micro} "
                          "must all be at least 1")
+    changes = degree_changes(n_regions, degrees)
     program: list[Instr] = []
     for m in range(n_micro):
         subs = range(m * k, (m + 1) * k)
-        tasks = _forward_tasks(n_regions, subs) + _backward_tasks(n_regions, subs, spec.recompute)
+        tasks = (_forward_tasks(n_regions, subs, changes)
+                 + _backward_tasks(n_regions, subs, spec.recompute, changes))
         body = list_schedule(tasks, max_inflight, synchronous=not spec.overlapped)
         if m == n_micro - 1 and dp_tasks:
             body = _insert_dp(body, set(dp_tasks), subs[-1])
         program.extend(body)
     return program
+
+
+def degree_changes(n_regions: int, degrees: tuple[int, ...] | None) -> frozenset[int]:
+    """The regions i >= 1 whose TP degree differs from region i-1's (ValueError for a degree
+    list of the wrong length or with a degree below 1)."""
+    if degrees is None:
+        return frozenset()
+    if len(degrees) != n_regions or min(degrees) < 1:
+        raise ValueError(f"degrees={tuple(degrees)} must give a positive TP degree for each of "
+                         f"the {n_regions} regions")
+    return frozenset(i for i in range(1, n_regions) if degrees[i] != degrees[i - 1])
 
 
 def _insert_dp(body: list[Instr], dp_tasks: set[int], last_sub: int) -> list[Instr]:
@@ -212,7 +283,8 @@ def _insert_dp(body: list[Instr], dp_tasks: set[int], last_sub: int) -> list[Ins
             out.append(Start("dp", pending))
             pending = None
         out.append(ins)
-        if isinstance(ins, Compute) and ins.phase == "backward" and ins.sub == last_sub:
+        if (isinstance(ins, Compute) and ins.phase == "backward" and ins.sub == last_sub
+                and ins.pieces[-1][0] == "tp"):
             task = ins.pieces[-1][1]  # ("tp", i) closes backward task i
             if task in dp_tasks:
                 pending = task
@@ -233,5 +305,5 @@ def label(ins: Compute) -> str:
 
 
 def comm_name(kind: str, index: int) -> str:
-    """A collective's name in timelines, e.g. ``"fwd AR 3"``."""
-    return f"{kind} AR {index}"
+    """A collective's name in timelines, e.g. ``"fwd AR 3"`` or ``"rsf 3"`` (a reshard)."""
+    return f"{kind} {index}" if kind in ("rsf", "rsb") else f"{kind} AR {index}"

@@ -7,7 +7,10 @@ input to a partial sum) and replicated *glue*. Region i of the chain has two pie
     epi:i    (x_i, r_i = all-reduce(p_i)) -> x_{i+1} = x_i + dropout(r_i + bias)
 
 so the chain is ``body:0 epi:0 | body:1 epi:1 | ... | body:R-1`` with one forward all-reduce
-after every body (of p_i) and one backward all-reduce of the partial gradient of h_i::
+after every body (of p_i) and one backward all-reduce of the partial gradient of h_i, each over
+the region's own TP group (a plan may give every region its own degree; the batch is resharded
+between regions of different degrees, so a region at degree t holds t / t_0 times the rows of
+the embedding's layout)::
 
     region 0          embed       body: vocab-parallel lookup; epi: + positions, dropout
     region 2l+1       blocks.l    attention (attn_norm, qkv, attention, proj)
@@ -25,6 +28,7 @@ from dataclasses import dataclass, field
 from torch import Tensor, nn
 
 from oases.model import Transformer
+from oases.parallel.context import Group
 from oases.parallel.layers import RowParallelLinear
 
 
@@ -39,6 +43,9 @@ class Region:
     core: Callable[[Tensor], Tensor] | None  # h -> y (attn/mlp) ; None for embed/head
     row: RowParallelLinear | None  # the row-parallel output layer (attn/mlp)
     epilogue: Callable[[Tensor | None, Tensor], Tensor] | None  # (x, r) -> x'; None for head
+    tp: int  # the region's TP degree (``ParallelPlan.tp_of(name)``)
+    tp_group: Group  # its fwd/bwd all-reduces
+    dp_group: Group  # its gradients' data-parallel mean
     norm_params: list[nn.Parameter] = field(default_factory=list)
     tp_params: list[nn.Parameter] = field(default_factory=list)
     epi_params: list[nn.Parameter] = field(default_factory=list)
@@ -53,7 +60,11 @@ def build_chain(model: Transformer) -> list[Region]:
     """The regions of a parallelized model, in forward order."""
     if model.parallel_ctx is None:
         raise ValueError("build_chain needs a parallelized model: call oases.parallelize first")
-    cfg = model.cfg
+    cfg, ctx, plan = model.cfg, model.parallel_ctx, model.parallel_plan
+
+    def degree(name: str) -> tuple[int, Group, Group]:
+        tp = plan.tp_of(name)
+        return (tp, *ctx.groups_for(tp))
 
     def embed_epilogue(x: Tensor | None, r: Tensor) -> Tensor:
         S = r.shape[1]
@@ -62,7 +73,7 @@ def build_chain(model: Transformer) -> list[Region]:
         return model.drop(r)
 
     chain = [
-        Region(0, "embed", "embed", None, None, None, embed_epilogue,
+        Region(0, "embed", "embed", None, None, None, embed_epilogue, *degree("embed"),
                tp_params=_params(model.embed),
                epi_params=_params(model.pos_embed), dropout=cfg.dropout)
     ]
@@ -76,13 +87,15 @@ def build_chain(model: Transformer) -> list[Region]:
                 return x + drop(row.add_bias(r))
 
             tp = [p for p in sub.parameters() if p is not row.bias]
+            name = f"blocks.{layer}.{kind}"
             chain.append(Region(
-                len(chain), kind, f"blocks.{layer}.{kind}", norm, sub.core, row, epilogue,
+                len(chain), kind, name, norm, sub.core, row, epilogue, *degree(name),
                 norm_params=_params(norm), tp_params=tp,
                 epi_params=[row.bias] if row.bias is not None else [], dropout=cfg.dropout,
             ))
     chain.append(Region(len(chain), "head", "head", model.norm, None, None, None,
-                        norm_params=_params(model.norm), tp_params=_params(model.head)))
+                        *degree("head"), norm_params=_params(model.norm),
+                        tp_params=_params(model.head)))
     return chain
 
 
@@ -104,3 +117,22 @@ def dp_buckets(chain: list[Region]) -> dict[int, list[nn.Parameter]]:
     for task, p in last.values():
         buckets.setdefault(task, []).append(p)
     return buckets
+
+
+def dp_bucket_groups(chain: list[Region]) -> dict[int, list[tuple[Group, list[nn.Parameter]]]]:
+    """Each bucket of ``dp_buckets`` split by the data-parallel group its parameters are
+    reduced over: that of the region owning them (backward task i holds norm:i+1's parameters
+    and region i's, which differ where the degree changes). One entry per (task, group), in
+    chain order; a tied weight belongs to the embedding (the head shares its degree)."""
+    owner: dict[int, Region] = {}
+    for region in reversed(chain):
+        for p in (*region.norm_params, *region.tp_params, *region.epi_params):
+            owner[id(p)] = region
+    out: dict[int, list[tuple[Group, list[nn.Parameter]]]] = {}
+    for task, params in dp_buckets(chain).items():
+        by_degree: dict[int, tuple[Group, list[nn.Parameter]]] = {}
+        for p in params:
+            region = owner[id(p)]
+            by_degree.setdefault(region.tp, (region.dp_group, []))[1].append(p)
+        out[task] = list(by_degree.values())
+    return out
