@@ -2,6 +2,9 @@
 
     oases train [CONFIG.toml] [--section.key=value ...] [--nproc-per-node N] [--max-restarts N]
     oases export --checkpoint DIR --out HF_DIR
+    oases profile [CONFIG.toml] --out profile.json [--link ...] [--nproc-per-node N]
+    oases plan [CONFIG.toml] --world-size N [--memory-gb M] (--profile FILE | --hardware PRESET)
+               [--out plan.json]
     oases bench [CONFIG.toml] [--schedules LIST] [--link none|RATE|auto:PRESET] [--steps N]
                 [--out DIR] [--nproc-per-node N] [--section.key=value ...]
 
@@ -76,6 +79,48 @@ def _parser() -> argparse.ArgumentParser:
     bench.add_argument("--out", default="runs/bench", help="output folder")
     bench.add_argument("--nproc-per-node", type=int, default=None, metavar="N",
                        help="local ranks (default: parallel.tp)")
+    profile = commands.add_parser(
+        "profile",
+        allow_abbrev=False,
+        help="measure this model's regions and this machine's collectives for the planner",
+        description="Measure forward, backward and recompute time of every region kind at "
+        "every candidate TP degree and sub-batch size, collectives per group size (fitted to "
+        "latency + bytes/bandwidth), saved activations and the optimizer; write a profile.",
+    )
+    profile.add_argument("config", nargs="?", default=str(BENCH_CONFIG),
+                         help=f"TOML run file (default: {BENCH_CONFIG})")
+    profile.add_argument("--out", default="profile.json", help="profile file to write")
+    profile.add_argument("--link", default="none",
+                         help="none, a tbf rate (200mbit) or auto:PRESET, as for bench")
+    profile.add_argument("--nproc-per-node", type=int, default=None, metavar="N",
+                         help="local ranks = the world size profiled (default: parallel.tp)")
+    profile.add_argument("--repeats", type=int, default=3, help="timed repeats per point")
+    plan = commands.add_parser(
+        "plan",
+        allow_abbrev=False,
+        help="choose every region's TP degree and the schedule under a memory budget",
+        description="Simulate every uniform plan and schedule, solve for a degree per region "
+        "under the budget, print the chosen plan beside the best uniform ones and write it.",
+    )
+    plan.add_argument("config", nargs="?", default=str(BENCH_CONFIG),
+                      help=f"TOML run file (default: {BENCH_CONFIG})")
+    plan.add_argument("--world-size", type=int, required=True, metavar="N")
+    plan.add_argument("--memory-gb", type=float, default=0.0, metavar="M",
+                      help="memory budget per device in GiB (default: none)")
+    source = plan.add_mutually_exclusive_group(required=True)
+    source.add_argument("--profile", metavar="FILE", help="a profile from `oases profile`")
+    source.add_argument("--hardware", metavar="PRESET",
+                        help="a hardware/cluster preset name or a cluster TOML/JSON file")
+    plan.add_argument("--schedules", default=None,
+                      help="comma-separated schedules to consider (default: all)")
+    plan.add_argument("--out", default="plan.json", help="plan file to write")
+    plan.add_argument("--verify", metavar="DIR", default=None,
+                      help="then run every uniform candidate and the chosen plan on "
+                      "--world-size local ranks and write prediction vs measurement to DIR")
+    plan.add_argument("--link", default="none",
+                      help="with --verify: none, a tbf rate (200mbit) or auto:PRESET")
+    plan.add_argument("--steps", type=int, default=4, help="with --verify: timed steps")
+    plan.add_argument("--warmup", type=int, default=2, help="with --verify: warm-up steps")
     export = commands.add_parser(
         "export",
         allow_abbrev=False,
@@ -116,6 +161,75 @@ def _bench(ns: argparse.Namespace, overrides: list[str]) -> int:
     return 0
 
 
+def _profile(ns: argparse.Namespace, overrides: list[str]) -> int:
+    import tempfile
+
+    from oases.bench.suite import launch_ranks, resolve_link
+
+    try:
+        cfg = load_config(ns.config, overrides)
+        nproc = ns.nproc_per_node or cfg.parallel.tp
+        if nproc < 1 or ns.repeats < 1:
+            raise ValueError(f"--nproc-per-node={nproc} and --repeats={ns.repeats} must be >= 1")
+        cfg.validate(nproc)
+        out = Path(ns.out).resolve()
+        out.parent.mkdir(parents=True, exist_ok=True)
+        rate, label, _ = resolve_link(ns.link, ns.config, overrides, nproc, cfg.parallel.tp)
+        with tempfile.TemporaryDirectory() as tmp:
+            launch_ranks("oases.planner.measure",
+                         {"config": ns.config, "overrides": overrides, "out": str(out),
+                          "repeats": ns.repeats, "link_label": label}, nproc, rate, Path(tmp))
+    except (ValueError, RuntimeError) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return EXIT_USER_ERROR
+    print(f"wrote {out}")
+    return 0
+
+
+def _plan(ns: argparse.Namespace, overrides: list[str]) -> int:
+    from oases.planner import format_candidates, load_costs, plan_model
+
+    try:
+        cfg = load_config(ns.config, overrides)
+        if ns.world_size < 1 or ns.memory_gb < 0:
+            raise ValueError(f"--world-size={ns.world_size} must be >= 1 and "
+                             f"--memory-gb={ns.memory_gb} >= 0")
+        costs = load_costs(ns.profile or f"hw:{ns.hardware}", cfg.model)
+        budget = ns.memory_gb * 2**30 if ns.memory_gb > 0 else float("inf")
+        schedules = tuple(s for s in ns.schedules.split(",") if s) if ns.schedules else None
+        best, candidates = plan_model(cfg, ns.world_size, costs, budget, schedules)
+        best.plan.save(ns.out)
+        text = format_candidates(best, candidates, budget)
+        print(text)
+        print(f"wrote {ns.out}")
+        if ns.verify:
+            return _verify(ns, overrides, cfg, best, candidates, budget, text)
+    except (ValueError, OSError, RuntimeError) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return EXIT_USER_ERROR
+    return 0
+
+
+def _verify(ns: argparse.Namespace, overrides: list[str], cfg: Config, best, candidates,  # noqa: ANN001
+            budget: float, text: str) -> int:
+    from oases.bench.suite import resolve_link
+    from oases.planner.verify import format_rows, measure_candidates, summarize, write_report
+
+    if ns.steps < 1 or ns.warmup < 0:
+        raise ValueError(f"--steps={ns.steps} must be >= 1 and --warmup={ns.warmup} >= 0")
+    out = Path(ns.verify)
+    out.mkdir(parents=True, exist_ok=True)
+    rate, label, _ = resolve_link(ns.link, ns.config, overrides, ns.world_size, cfg.parallel.tp)
+    chosen = [best] + [c for c in candidates if c.kind == "uniform" and c is not best]
+    rows = measure_candidates(ns.config, overrides, chosen, ns.world_size, rate, ns.steps,
+                              ns.warmup, out)
+    summary = summarize(rows, best.label(), budget) | {"link": label}
+    write_report(rows, summary, out, text)
+    print(format_rows(rows, summary))
+    print(f"wrote {out / 'report.md'}")
+    return 0
+
+
 def _train(
     config: str | None, overrides: list[str], nproc: int | None, max_restarts: int = 0
 ) -> int:
@@ -151,4 +265,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         return _bench(ns, overrides)
     if ns.command == "export":
         return _export(ns)
+    if ns.command == "profile":
+        return _profile(ns, overrides)
+    if ns.command == "plan":
+        return _plan(ns, overrides)
     return EXIT_USER_ERROR  # pragma: no cover - argparse requires a command

@@ -26,6 +26,7 @@ from pathlib import Path
 from oases.bench.link import (
     LINK_PRESETS,
     SHAPED_ENV,
+    LinkPreset,
     rate_for_ratio,
     run_shaped,
     shaping_unavailable,
@@ -46,16 +47,23 @@ def parse_rate(text: str) -> float:
     return float(m.group(1)) * _UNITS.get(m.group(2).lower(), 1)
 
 
-def _launch(spec: dict, nproc: int, rate: float | None, workdir: Path) -> None:
+def launch_ranks(module: str, spec: dict, nproc: int, rate: float | None,
+                 workdir: Path) -> None:
+    """``torchrun`` ``nproc`` local ranks of ``python -m module SPEC.json`` (on a loopback
+    shaped to ``rate`` bytes/s when given); RuntimeError if any rank fails."""
     spec_path = workdir / f"spec-{len(list(workdir.glob('spec-*')))}.json"
     spec_path.write_text(json.dumps(spec))
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone",
-           f"--nproc-per-node={nproc}", "-m", "oases.bench.runner", str(spec_path)]
+           f"--nproc-per-node={nproc}", "-m", module, str(spec_path)]
     env = dict(os.environ, OMP_NUM_THREADS="1", MALLOC_MMAP_THRESHOLD_="131072",
                PYTHONUNBUFFERED="1")
     proc = run_shaped(cmd, rate, env=env)
     if proc.returncode != 0:
-        raise RuntimeError(f"benchmark ranks failed (exit {proc.returncode}); see output above")
+        raise RuntimeError(f"{module} ranks failed (exit {proc.returncode}); see output above")
+
+
+def _launch(spec: dict, nproc: int, rate: float | None, workdir: Path) -> None:
+    launch_ranks("oases.bench.runner", spec, nproc, rate, workdir)
 
 
 def run_bench(config: str | None, overrides: list[str], schedules: list[str], link: str,
@@ -71,6 +79,24 @@ def run_bench(config: str | None, overrides: list[str], schedules: list[str], li
                          f"{', '.join((*SCHEDULES, 'torch-tp'))}")
     out.mkdir(parents=True, exist_ok=True)
     base = {"config": config, "overrides": overrides, "out": str(out)}
+    rate, label, preset = resolve_link(link, config, overrides, nproc, cfg.parallel.tp)
+    with tempfile.TemporaryDirectory() as tmp:
+        _launch({**base, "schedules": schedules, "steps": steps, "warmup": warmup,
+                 "timeline": "oases" in schedules, "link_label": label}, nproc, rate, Path(tmp))
+    raw = json.loads((out / "raw.json").read_text())
+    result = summarize(raw, schedules, label, rate, preset.name if preset else None)
+    (out / "bench.json").write_text(json.dumps(result, indent=1))
+    print(format_table(result), flush=True)
+    plot_bars(result, out / "bench.png")
+    write_report(result, out, sys.argv)
+    return result
+
+
+def resolve_link(link: str, config: str | None, overrides: list[str], nproc: int,
+                 tp: int) -> tuple[float | None, str, LinkPreset | None]:
+    """``--link`` -> (tbf rate in bytes/s or None, a label, the preset used). ``auto:PRESET``
+    launches the ranks once, unshaped, to measure this model's region forward time."""
+    base = {"config": config, "overrides": overrides}
     rate, label, preset = None, "unshaped loopback", None
     if link.startswith("auto:") and link[5:] not in LINK_PRESETS:
         raise ValueError(f"unknown link preset {link[5:]!r}; valid: {', '.join(LINK_PRESETS)}")
@@ -89,9 +115,9 @@ def run_bench(config: str | None, overrides: list[str], schedules: list[str], li
                          "out": tmp}, nproc, None, Path(tmp))
                 calib = json.loads((Path(tmp) / "calibration.json").read_text())
             # every TP group's all-reduce crosses the one shaped loopback at the same time
-            groups = nproc // cfg.parallel.tp
+            groups = nproc // tp
             rate = groups * rate_for_ratio(calib["allreduce_bytes"], calib["region_forward_s"],
-                                           preset.comm_to_compute, world=cfg.parallel.tp)
+                                           preset.comm_to_compute, world=tp)
             print(f"oases bench: preset {preset.name}: all-reduce = {preset.comm_to_compute}x "
                   f"region forward ({preset.source}); region forward here "
                   f"{calib['region_forward_s'] * 1e3:.1f} ms, all-reduce "
@@ -101,16 +127,7 @@ def run_bench(config: str | None, overrides: list[str], schedules: list[str], li
             rate = parse_rate(link)
         if rate is not None:
             label = f"loopback shaped to {rate * 8 / 1e6:.1f} Mbit/s"
-    with tempfile.TemporaryDirectory() as tmp:
-        _launch({**base, "schedules": schedules, "steps": steps, "warmup": warmup,
-                 "timeline": "oases" in schedules, "link_label": label}, nproc, rate, Path(tmp))
-    raw = json.loads((out / "raw.json").read_text())
-    result = summarize(raw, schedules, label, rate, preset.name if preset else None)
-    (out / "bench.json").write_text(json.dumps(result, indent=1))
-    print(format_table(result), flush=True)
-    plot_bars(result, out / "bench.png")
-    write_report(result, out, sys.argv)
-    return result
+    return rate, label, preset
 
 
 def summarize(raw: dict, schedules: list[str], label: str, rate: float | None,

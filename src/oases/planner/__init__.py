@@ -1,1 +1,114 @@
-"""The planner: predict a plan's step time by simulating its schedule program on costs."""
+"""The planner: predict a plan's step time by simulating its schedule program on costs, and
+choose every region's TP degree and the schedule knobs under a memory budget.
+
+    costs     = load_costs("profile.json" | "hw:PRESET" | "hw:cluster.toml", cfg.model)
+    best, all = plan_model(cfg, world_size, costs, budget_bytes)
+    print(format_candidates(best, all, budget_bytes))
+
+Modules: ``costs`` (the interface, parameter and activation sizes), ``profile`` (a measured
+profile), ``measure`` (the ranks of ``oases profile``), ``hardware``/``clusters`` (presets),
+``simulate`` (programs on costs), ``search`` (the chain solver and the plan search).
+"""
+
+from __future__ import annotations
+
+from oases.config import Config, ModelConfig
+from oases.planner.costs import Costs
+from oases.planner.search import Candidate, solve_plan
+from oases.planner.simulate import BatchShape
+
+__all__ = ["auto_plan", "batch_shape", "format_candidates", "load_costs", "plan_model"]
+
+
+def load_costs(source: str, model: ModelConfig) -> Costs:
+    """A profile file (checked against the model's shape), or ``hw:PRESET`` / ``hw:FILE`` for
+    a named or described cluster (analytic compute and links)."""
+    if source.startswith("hw:"):
+        from pathlib import Path
+
+        from oases.planner.clusters import get_cluster, load_cluster
+        from oases.planner.hardware import HardwareCosts
+
+        name = source[3:]
+        cluster = load_cluster(name) if Path(name).suffix in (".toml", ".json") else \
+            get_cluster(name)
+        return HardwareCosts(cluster, model)
+    from oases.planner.profile import Profile
+
+    profile = Profile.load(source)
+    profile.check_model(model)
+    return profile
+
+
+def batch_shape(cfg: Config, world_size: int) -> BatchShape:
+    """The config's batch as the planner sees it: ``train.global_batch`` sequences per step,
+    fed ``train.micro_batch`` per rank at ``parallel.tp`` (so ``micro_batch * world / tp``
+    across the world) per micro-batch."""
+    micro_rows = cfg.train.micro_batch * world_size // cfg.parallel.tp
+    if cfg.train.global_batch % micro_rows:
+        raise ValueError(f"train.global_batch={cfg.train.global_batch} is not a multiple of the "
+                         f"world's micro-batch train.micro_batch * world / parallel.tp = "
+                         f"{micro_rows}")
+    return BatchShape(cfg.train.global_batch, micro_rows)
+
+
+def plan_model(cfg: Config, world_size: int, costs: Costs, budget_bytes: float,
+               schedules: tuple[str, ...] | None = None,
+               n_subs: tuple[int, ...] = (1, 2, 4)) -> tuple[Candidate, list[Candidate]]:
+    kw = {} if schedules is None else {"schedules": schedules}
+    degrees = getattr(costs, "degrees", None)
+    if degrees is not None:  # a profile prices only the degrees it measured
+        from oases.planner.search import candidate_degrees
+
+        kw["degrees"] = [t for t in candidate_degrees(cfg.model, world_size) if t in degrees()]
+    return solve_plan(cfg.model, costs, world_size, batch_shape(cfg, world_size),
+                      budget_bytes, n_subs=n_subs, max_inflight=cfg.schedule.max_inflight, **kw)
+
+
+def auto_plan(cfg: Config, world_size: int):  # noqa: ANN201 - ParallelPlan
+    """``parallel.plan = "auto"``: plan with ``parallel.profile`` under ``parallel.memory_gb``
+    (0: no budget)."""
+    source = getattr(cfg.parallel, "profile", "")
+    if not source:
+        raise ValueError('parallel.plan = "auto" needs parallel.profile: a file written by '
+                         "`oases profile` or hw:PRESET")
+    budget = float(getattr(cfg.parallel, "memory_gb", 0.0)) * 2**30 or float("inf")
+    best, _ = plan_model(cfg, world_size, load_costs(source, cfg.model), budget)
+    return best.plan
+
+
+def format_candidates(best: Candidate, candidates: list[Candidate], budget_bytes: float,
+                      top: int = 12) -> str:
+    """The chosen plan, then the best uniform plan per degree and the fastest others, with
+    why each loses (slower by how much, or over the budget by how much)."""
+
+    def row(c: Candidate, why: str) -> str:
+        return (f"  {c.label():<44}{c.result.step_s * 1e3:>10.1f} ms"
+                f"{c.result.peak_mem_bytes / 2**30:>9.3f} GiB  {why}")
+
+    def why(c: Candidate) -> str:
+        if c is best:
+            return "chosen"
+        if not c.fits:
+            return f"over budget by {(c.result.peak_mem_bytes - budget_bytes) / 2**30:.3f} GiB"
+        return f"{c.result.step_s / best.result.step_s - 1:+.1%} slower"
+
+    degrees = [r.tp for r in best.plan.regions]
+    lines = [f"chosen: {best.label()}; predicted {best.result.step_s * 1e3:.1f} ms per step, "
+             f"peak {best.result.peak_mem_bytes / 2**30:.3f} GiB per device"
+             + ("" if budget_bytes == float("inf") else
+                f" (budget {budget_bytes / 2**30:.3f} GiB)"),
+             f"degrees by region: {' '.join(map(str, degrees))}", "",
+             f"  {'plan':<44}{'step':>13}{'peak':>13}"]
+    uniform: dict[int, Candidate] = {}
+    for c in candidates:
+        if c.kind == "uniform" and c.fits:
+            t = c.plan.degrees()[0]
+            if t not in uniform or c.result.step_s < uniform[t].result.step_s:
+                uniform[t] = c
+    shown = [best, *sorted((u for u in uniform.values() if u is not best),
+                           key=lambda c: c.result.step_s)]
+    rest = sorted((c for c in candidates if c not in shown), key=lambda c: c.result.step_s)
+    for c in (shown + rest)[:top]:
+        lines.append(row(c, why(c)))
+    return "\n".join(lines)

@@ -12,14 +12,32 @@ between them (zero when d == e). Minimize total time subject to total memory <= 
 tied to both ends, one knapsack row) and solves it with HiGHS through ``scipy.optimize.milp``:
 exact, and every degree it picks is kept (no collapse to two degrees). ``solve_chain_brute``
 is the slow obvious solver the tests compare it with.
+
+``solve_plan`` uses it on a model: node and edge costs from simulating uniform plans of the
+schedule, then the solver's plan is simulated whole and compared with every uniform plan, so the
+answer is the best plan by the same simulation that predicts every other.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 from dataclasses import dataclass
 
 import numpy as np
+
+from oases.config import ModelConfig
+from oases.plan import ParallelPlan, RegionPlan, region_names
+from oases.planner.costs import (
+    BYTES,
+    OPTIMIZER_STATES,
+    Costs,
+    analytic_saved_bytes,
+    region_kind,
+    region_param_count,
+)
+from oases.planner.simulate import BatchShape, PlanResult, region_rows, simulate_plan
+from oases.schedule.program import SPECS
 
 
 @dataclass(frozen=True)
@@ -131,4 +149,182 @@ def solve_chain_brute(node_s: np.ndarray, node_bytes: np.ndarray, edge_s: np.nda
             best = sol
     if best is None:
         raise _infeasible(budget_bytes, node_bytes)
+    return best
+
+
+# -------------------------------------------------------------------------- plans of a model
+@dataclass
+class Candidate:
+    """One plan the planner considered, with its simulated step time and peak memory."""
+
+    plan: ParallelPlan
+    result: PlanResult
+    fits: bool
+    kind: str  # "uniform" | "searched"
+
+    def label(self) -> str:
+        degrees = self.plan.degrees()
+        layout = (f"uniform tp={degrees[0]}" if len(degrees) == 1 else
+                  "mixed tp " + "/".join(str(d) for d in degrees))
+        return f"{layout}, {self.plan.schedule}, n_sub={self.plan.n_sub}"
+
+
+def candidate_degrees(cfg: ModelConfig, world_size: int, limit: int | None = None) -> list[int]:
+    """Powers of two dividing the world size, heads, kv heads and ffn (up to ``limit``)."""
+    out, t = [], 1
+    while t <= min(world_size, limit or world_size):
+        if not (world_size % t or cfg.n_heads % t or cfg.n_kv_heads % t or cfg.ffn_dim % t):
+            out.append(t)
+        t *= 2
+    return out
+
+
+def _simulate(cfg: ModelConfig, plan: ParallelPlan, costs: Costs, world_size: int,
+              batch: BatchShape, max_inflight: int) -> PlanResult | None:
+    try:
+        return simulate_plan(cfg, plan, costs, world_size, batch, max_inflight=max_inflight)
+    except ValueError:  # the batch does not split at these degrees / sub-batches
+        return None
+
+
+def _node_costs(cfg: ModelConfig, costs: Costs, world_size: int, batch: BatchShape,
+                schedule: str, n_sub: int, degrees: list[int], uniform: dict[int, PlanResult],
+                max_inflight: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Per-region seconds and bytes at each degree, and reshard edge seconds, for the chain
+    solver. A layer's seconds are its marginal in the simulated uniform plan (L layers minus
+    L-1), so overlap, exposed collectives and DP synchronization are priced as the schedule
+    runs them; the layer is split between attention and MLP by their compute."""
+    names = region_names(cfg)
+    n, k = len(names), len(degrees)
+    node_s = np.full((n, k), np.inf)
+    node_bytes = np.full((n, k), np.inf)
+    edge_s = np.zeros((max(n - 1, 0), k, k))
+    shorter = dataclasses.replace(cfg, n_layers=cfg.n_layers - 1) if cfg.n_layers > 1 else None
+    mode = SPECS[schedule].recompute
+    subs = n_sub if SPECS[schedule].overlapped else 1
+    for d, t in enumerate(degrees):
+        full = uniform.get(t)
+        if full is None:
+            continue
+        plan = ParallelPlan.uniform(cfg, world_size, t, schedule=schedule, n_sub=n_sub)
+        rows = region_rows(plan, world_size, batch, subs)
+        part = {}
+        for kind in ("attn", "mlp"):
+            part[kind] = sum(costs.compute_s(kind, ph, pc, t, rows[1]) for ph, pc in
+                             (("forward", "body"), ("backward", "tp"), ("backward", "norm")))
+        if shorter is not None:
+            less = _simulate(shorter, ParallelPlan.uniform(shorter, world_size, t,
+                                                           schedule=schedule, n_sub=n_sub),
+                             costs, world_size, batch, max_inflight)
+            layer_s = full.step_s - less.step_s if less is not None else 0.0
+        else:
+            layer_s = full.step_s / 2
+        ends = max(0.0, full.step_s - cfg.n_layers * layer_s) / 2
+        share = part["attn"] / max(part["attn"] + part["mlp"], 1e-30)
+        for i, name in enumerate(names):
+            kind = region_kind(name)
+            node_s[i, d] = {"attn": layer_s * share, "mlp": layer_s * (1 - share)}.get(kind,
+                                                                                        ends)
+            params = region_param_count(cfg, kind, t) * BYTES * (2 + OPTIMIZER_STATES)
+            kept = analytic_saved_bytes(cfg, kind, mode, t, rows[i])
+            measured = getattr(costs, "saved_bytes", None)
+            if measured is not None and measured(kind, mode, t, rows[i]) is not None:
+                kept = measured(kind, mode, t, rows[i])
+            node_bytes[i, d] = params + subs * kept
+    act = batch.micro_rows * cfg.seq_len * cfg.dim * BYTES  # [M, S, H] of the whole world
+    for a, ta in enumerate(degrees):
+        for b, tb in enumerate(degrees):
+            if ta != tb:
+                lo, hi = sorted((ta, tb))
+                gathered = act * hi // world_size  # rows a rank holds at the larger degree
+                edge_s[:, a, b] = batch.n_micro() * costs.collective_s("all_gather", hi // lo,
+                                                                       gathered)
+    return node_s, node_bytes, edge_s
+
+
+def solve_plan(cfg: ModelConfig, costs: Costs, world_size: int, batch: BatchShape,
+               budget_bytes: float, *, schedules: tuple[str, ...] = tuple(SPECS),
+               n_subs: tuple[int, ...] = (1, 2, 4), degrees: list[int] | None = None,
+               max_inflight: int = 1) -> tuple[Candidate, list[Candidate]]:
+    """The fastest predicted plan under ``budget_bytes`` per device, and every candidate.
+
+    For each schedule and sub-batch count: every uniform degree is simulated; then the chain
+    solver picks a degree per region (exact for the additive model of ``_node_costs``, with
+    memory as a knapsack row), and the plan it returns is simulated as a whole. The answer is
+    the best *simulated* plan, so it is never worse than the best uniform one as predicted.
+    Raises ValueError naming the smallest feasible budget when nothing fits."""
+    degrees = degrees or candidate_degrees(cfg, world_size)
+    candidates: list[Candidate] = []
+    for schedule in schedules:
+        # an overlapped schedule with one sub-batch is its non-overlapped twin
+        subs = [k for k in n_subs if k > 1] if SPECS[schedule].overlapped else (1,)
+        for n_sub in subs:
+            uniform = {}
+            for t in degrees:
+                plan = ParallelPlan.uniform(cfg, world_size, t, schedule=schedule, n_sub=n_sub)
+                res = _simulate(cfg, plan, costs, world_size, batch, max_inflight)
+                if res is not None:
+                    uniform[t] = res
+                    candidates.append(Candidate(plan, res, res.peak_mem_bytes <= budget_bytes,
+                                                "uniform"))
+            if len(uniform) < 2:
+                continue
+            searched = _search(cfg, costs, world_size, batch, budget_bytes, schedule, n_sub,
+                               degrees, uniform, max_inflight)
+            if searched is not None and not any(
+                    c.plan.regions == searched.plan.regions and c.plan.schedule == schedule
+                    and c.plan.n_sub == n_sub for c in candidates):
+                candidates.append(searched)
+    if not candidates:
+        raise ValueError(f"no plan splits the batch ({batch.global_batch} sequences, "
+                         f"micro-batch {batch.micro_rows}) over {world_size} ranks at degrees "
+                         f"{degrees}")
+    fitting = [c for c in candidates if c.fits]
+    if not fitting:
+        lean = min(candidates, key=lambda c: c.result.peak_mem_bytes)
+        raise ValueError(f"no plan fits in {budget_bytes / 2**30:.3f} GiB per device; the "
+                         f"smallest feasible budget is {lean.result.peak_mem_bytes / 2**30:.3f}"
+                         f" GiB ({lean.label()})")
+    best = min(fitting, key=lambda c: c.result.step_s)
+    best.plan.predicted_step_s = best.result.step_s
+    best.plan.predicted_peak_mem_bytes = int(best.result.peak_mem_bytes)
+    return best, candidates
+
+
+def _search(cfg: ModelConfig, costs: Costs, world_size: int, batch: BatchShape,
+            budget_bytes: float, schedule: str, n_sub: int, degrees: list[int],
+            uniform: dict[int, PlanResult], max_inflight: int) -> Candidate | None:
+    """Chain-solve, simulate, and tighten the solver's budget by any overshoot (a few times)."""
+    node_s, node_bytes, edge_s = _node_costs(cfg, costs, world_size, batch, schedule, n_sub,
+                                             degrees, uniform, max_inflight)
+    # what the additive memory model leaves out (baseline, transients), from the uniform plans
+    extra = min(res.peak_mem_bytes - node_bytes[:, degrees.index(t)].sum()
+                for t, res in uniform.items())
+    names = region_names(cfg)
+    options = [None] if not cfg.tie_embeddings else degrees
+    best: Candidate | None = None
+    for tied in options:
+        s = node_s.copy()
+        if tied is not None:  # a tied embedding and head share one degree
+            for i in (0, len(names) - 1):
+                s[i, [d for d, t in enumerate(degrees) if t != tied]] = np.inf
+        limit = budget_bytes - extra
+        for _ in range(4):
+            try:
+                sol = solve_chain(s, node_bytes, edge_s, limit)
+            except ValueError:
+                break
+            plan = ParallelPlan([RegionPlan(name, degrees[d], world_size // degrees[d])
+                                 for name, d in zip(names, sol.choice)],
+                                n_sub=n_sub, schedule=schedule)
+            res = _simulate(cfg, plan, costs, world_size, batch, max_inflight)
+            if res is None:
+                break
+            cand = Candidate(plan, res, res.peak_mem_bytes <= budget_bytes, "searched")
+            if cand.fits:
+                if best is None or res.step_s < best.result.step_s:
+                    best = cand
+                break
+            limit -= res.peak_mem_bytes - budget_bytes  # the model was optimistic: tighten
+            best = best or cand
     return best

@@ -12,16 +12,30 @@ So the same question (how long is a step under this schedule?) is answered by a 
 and by a prediction, and the two timelines can be compared number by number.
 
 Costs come from a ``StepCosts``: per-piece (or per-instruction) compute times and per-collective
-times, e.g. from a profile measured on this machine (``oases.bench.runner.predict_step``).
-Memory is not simulated yet.
+times. ``simulate_plan`` builds them for a whole ``ParallelPlan`` from a ``planner.costs.Costs``
+(a measured profile or a hardware preset): every region at its own TP degree and sub-batch rows,
+reshards between degrees, DP gradient all-reduces per region group, the optimizer step, and peak
+memory by walking the same program (parameters, gradients, Adam moments, the activations each
+forward piece keeps until its backward, a recompute's transient graph, the head's logits).
+Collectives of groups over the same ranks share one stream (one link); others run beside them.
 Shape legend: b sub-batch rows, S sequence, H hidden, F ffn, V vocabulary, t TP degree.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Hashable
 from dataclasses import dataclass
 
+from oases.config import ModelConfig
+from oases.plan import ParallelPlan
+from oases.planner.costs import (
+    BYTES,
+    OPTIMIZER_STATES,
+    Costs,
+    analytic_saved_bytes,
+    region_kind,
+    region_param_count,
+)
 from oases.schedule.program import Compute, Instr, Start, Wait, comm_name, label
 from oases.schedule.timeline import Event, Timeline
 
@@ -43,6 +57,7 @@ class StepCosts:
     collective_s: Callable[[str, int], float]
     recompute_body_s: Callable[[int], float] | None = None
     compute_s: Callable[[Compute], float] | None = None
+    stream_of: Callable[[str, int], Hashable] | None = None  # default: "tp" or "dp"
 
 
 @dataclass(frozen=True)
@@ -59,7 +74,7 @@ def simulate_program(program: list[Instr], costs: StepCosts, *, commfree: bool =
     (as the executor does for communication-free recomputation)."""
     timeline = Timeline()
     now = 0.0
-    free = {"tp": 0.0, "dp": 0.0}
+    free: dict[Hashable, float] = {}
     ends: dict[tuple[str, int, int], float] = {}
     compute_busy = comm_busy = 0.0
     for ins in program:
@@ -75,8 +90,9 @@ def simulate_program(program: list[Instr], costs: StepCosts, *, commfree: bool =
             now += cost
             compute_busy += cost
         elif isinstance(ins, Start):
-            stream = "dp" if ins.kind == "dp" else "tp"
-            begin = max(free[stream], now)
+            stream = (("dp" if ins.kind == "dp" else "tp") if costs.stream_of is None
+                      else costs.stream_of(ins.kind, ins.index))
+            begin = max(free.get(stream, 0.0), now)
             cost = costs.collective_s(ins.kind, ins.index)
             free[stream] = ends[ins.kind, ins.index, ins.sub] = begin + cost
             timeline.add(Event(rank, "comm", comm_name(ins.kind, ins.index), ins.kind, ins.sub,
@@ -87,3 +103,173 @@ def simulate_program(program: list[Instr], costs: StepCosts, *, commfree: bool =
     if ends:
         raise ValueError(f"program leaves collectives unwaited: {sorted(ends)}")
     return SimResult(max([now, *free.values()]), compute_busy, comm_busy, timeline)
+
+
+# ------------------------------------------------------------------------------ whole plans
+@dataclass(frozen=True)
+class PlanResult:
+    step_s: float
+    peak_mem_bytes: float
+    timeline: Timeline
+    breakdown: dict[str, float]  # seconds and bytes by cause, for reports
+
+
+@dataclass(frozen=True)
+class BatchShape:
+    """How a step's batch is cut: ``global_batch`` sequences per optimizer step, fed
+    ``micro_rows`` sequences at a time across the whole world (each rank sees
+    ``micro_rows * t / world_size`` of them in a region of degree t)."""
+
+    global_batch: int
+    micro_rows: int
+
+    def n_micro(self) -> int:
+        return self.global_batch // self.micro_rows
+
+
+def region_rows(plan: ParallelPlan, world_size: int, batch: BatchShape, n_sub: int) -> list[int]:
+    """Rows of one sub-batch in every region (ValueError where they do not divide)."""
+    if batch.global_batch % batch.micro_rows:
+        raise ValueError(f"global batch {batch.global_batch} is not a multiple of the "
+                         f"micro-batch {batch.micro_rows}")
+    rows = []
+    for r in plan.regions:
+        local, left = divmod(batch.micro_rows * r.tp, world_size)
+        if left or local % n_sub or local == 0:
+            raise ValueError(f"region {r.name} at tp={r.tp}: a micro-batch of {batch.micro_rows} "
+                             f"sequences over dp={r.dp} does not split into {n_sub} sub-batches")
+        rows.append(local // n_sub)
+    return rows
+
+
+def _group_ranks(kind: str, a: int, b: int, world_size: int) -> tuple[int, ...]:
+    """Rank 0's group: TP at degree a, DP at degree a, or the merge group of degrees a < b."""
+    if kind == "tp":
+        return tuple(range(a))
+    if kind == "dp":
+        return tuple(range(0, world_size, a))
+    return tuple(j * a for j in range(b // a))
+
+
+def simulate_plan(cfg: ModelConfig, plan: ParallelPlan, costs: Costs, world_size: int,
+                  batch: BatchShape, *, max_inflight: int = 1, rank: int = 0) -> PlanResult:
+    """Predict one optimizer step of ``plan`` (its ``schedule`` and ``n_sub``): time, timeline
+    and peak memory per device."""
+    from oases.schedule.program import SPECS, build_program
+
+    plan.check(cfg, world_size)
+    spec = SPECS[plan.schedule]
+    k = plan.n_sub if spec.overlapped else 1
+    n_micro = batch.n_micro()
+    degrees = [r.tp for r in plan.regions]
+    kinds = [region_kind(r.name) for r in plan.regions]
+    rows = region_rows(plan, world_size, batch, k)
+    n = len(degrees)
+    act_bytes = [rows[i] * cfg.seq_len * cfg.dim * BYTES for i in range(n)]  # [b, S, H] fp32
+
+    # data-parallel buckets: backward task i finalizes region i's own parameters and region
+    # i+1's norm; each part is all-reduced over its own region's DP group
+    norm = 2 * cfg.dim if cfg.arch == "gpt2" else cfg.dim
+    buckets: dict[int, list[tuple[int, int]]] = {}  # task -> [(dp degree, numel)]
+    for i, (kind, t) in enumerate(zip(kinds, degrees)):
+        own = region_param_count(cfg, kind, t) - (norm if kind != "embed" else 0)
+        parts = [(world_size // t, own)]
+        if i + 1 < n:
+            parts.append((world_size // degrees[i + 1], norm))
+        parts = [(dp, numel) for dp, numel in parts if dp > 1 and numel > 0]
+        if parts:
+            buckets[i] = parts
+    program = build_program(plan.schedule, n, plan.n_sub, n_micro=n_micro,
+                            max_inflight=max_inflight, dp_tasks=tuple(sorted(buckets)),
+                            degrees=tuple(degrees))
+
+    def reshard(i: int, backward: bool) -> tuple[int, int, int]:
+        """(bytes, group size, from degree) of the all-gather a reshard into region i moves."""
+        a, b = degrees[i - 1], degrees[i]
+        grows = b > a
+        if grows == backward:  # the slicing direction moves nothing
+            return 0, 1, a
+        lo, hi = min(a, b), max(a, b)
+        return act_bytes[i if grows else i - 1], hi // lo, lo
+
+    def collective_s(kind: str, index: int) -> float:
+        if kind == "dp":
+            return sum(costs.collective_s("all_reduce", dp, numel * BYTES)
+                       for dp, numel in buckets[index])
+        if kind in ("rsf", "rsb"):
+            nbytes, size, _ = reshard(index, kind == "rsb")
+            return costs.collective_s("all_gather", size, nbytes) if size > 1 else 0.0
+        return costs.collective_s("all_reduce", degrees[index], act_bytes[index])
+
+    def stream_of(kind: str, index: int) -> Hashable:
+        if kind == "dp":
+            return _group_ranks("dp", degrees[index], 0, world_size)
+        if kind in ("rsf", "rsb"):
+            lo, hi = sorted((degrees[index - 1], degrees[index]))
+            return _group_ranks("merge", lo, hi, world_size)
+        return _group_ranks("tp", degrees[index], 0, world_size)
+
+    commfree = spec.recompute == "commfree"
+
+    def piece_s(phase: str, piece: str, i: int) -> float:
+        if phase == "recompute" and piece == "body" and commfree:
+            piece = "body-commfree"
+        return costs.compute_s(kinds[i], phase, piece, degrees[i], rows[i])
+
+    step = StepCosts(piece_s=piece_s, collective_s=collective_s, stream_of=stream_of)
+    sim = simulate_program(program, step, rank=rank)
+    local_params = sum(region_param_count(cfg, kind, t) for kind, t in zip(kinds, degrees))
+    optimizer = getattr(costs, "optimizer_s", None)
+    opt_s = optimizer(local_params) if optimizer is not None else 0.0
+    mem = _peak_memory(cfg, program, kinds, degrees, rows, spec.recompute, costs, local_params)
+    timeline = sim.timeline
+    if opt_s:
+        end = sim.step_s
+        timeline.add(Event(rank, "compute", "optimizer", "optimizer", 0, end, end + opt_s))
+    return PlanResult(sim.step_s + opt_s, mem["peak"], timeline,
+                      {"compute_s": sim.compute_busy_s, "comm_s": sim.comm_busy_s,
+                       "optimizer_s": opt_s, **{f"{k}_bytes": v for k, v in mem.items()}})
+
+
+def _saved(costs: Costs, cfg: ModelConfig, kind: str, mode: str, t: int, rows: int) -> float:
+    measured = getattr(costs, "saved_bytes", None)
+    value = measured(kind, mode, t, rows) if measured is not None else None
+    return analytic_saved_bytes(cfg, kind, mode, t, rows) if value is None else value
+
+
+def _peak_memory(cfg: ModelConfig, program: list[Instr], kinds: list[str], degrees: list[int],
+                 rows: list[int], mode: str, costs: Costs, local_params: int) -> dict[str, float]:
+    """Walk the program: forward pieces keep their region's activations until its backward
+    (task "tp"); a recompute holds the region's full graph until then; gradients appear at the
+    first backward of each region and stay; parameters and Adam moments are always there."""
+    static = local_params * BYTES * (1 + OPTIMIZER_STATES)
+    grads = {i: region_param_count(cfg, kinds[i], degrees[i]) * BYTES for i in range(len(kinds))}
+    kept = {i: _saved(costs, cfg, kinds[i], mode, degrees[i], rows[i]) for i in range(len(kinds))}
+    graph = {i: _saved(costs, cfg, kinds[i], "none", degrees[i], rows[i])
+             for i in range(len(kinds))}
+    alive: dict[tuple[int, int], float] = {}
+    grads_alive: set[int] = set()
+    peak = peak_act = 0.0
+    for ins in program:
+        if not isinstance(ins, Compute):
+            continue
+        for piece, i in ins.pieces:
+            if ins.phase == "forward" and piece == "body":
+                alive[i, ins.sub] = alive.get((i, ins.sub), 0.0) + kept[i]
+            elif ins.phase == "recompute" and piece == "body":
+                alive[i, ins.sub] = alive.get((i, ins.sub), 0.0) + graph[i] - kept[i]
+            elif ins.phase == "backward" and piece == "tp":
+                alive.pop((i, ins.sub), None)
+                grads_alive.add(i)
+        act = sum(alive.values())
+        now = static + act + sum(grads[i] for i in grads_alive)
+        if now > peak:
+            peak, peak_act = now, act
+    total_grads = sum(grads.values())
+    # the optimizer step: every gradient alive, plus foreach temporaries of about one copy
+    opt_peak = static + total_grads + local_params * BYTES
+    baseline = float(getattr(costs, "baseline_bytes", 0.0))
+    return {"peak": baseline + max(peak, opt_peak), "baseline": baseline,
+            "params": local_params * BYTES, "grads": total_grads,
+            "optimizer_state": local_params * BYTES * OPTIMIZER_STATES,
+            "activations_at_peak": peak_act}

@@ -1,0 +1,80 @@
+"""The per-rank side of ``oases plan --verify``: measure one plan's real training step.
+
+Run under torchrun (``python -m oases.bench.plan_runner SPEC.json``), one plan per launch so
+the peak memory of a step is this plan's alone. A step is what the planner predicts: the
+schedule's forward and backward over every micro-batch, the data-parallel gradient reduction,
+and one AdamW step. Rank 0 writes ``{median_step_s, steps_s, peak_mem_bytes, loss}``; the peak is
+the largest over ranks (CUDA allocator peak on a GPU, else the process's peak resident set).
+"""
+
+from __future__ import annotations
+
+import json
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+from oases.config import load_config
+from oases.memory import peak_memory_mb, reset_peak_memory
+from oases.model import build_model
+from oases.parallel import comm
+from oases.parallel.apply import parallelize
+from oases.parallel.context import close_distributed, init_distributed
+from oases.plan import ParallelPlan
+from oases.schedule import build_schedule
+
+
+def run(spec: dict) -> None:
+    cfg = load_config(spec.get("config"), spec.get("overrides", ()))
+    torch.set_num_threads(1)
+    plan = ParallelPlan.load(spec["plan"])
+    embed_tp = plan.tp_of("embed")
+    ctx = init_distributed(tp=embed_tp, timeout_s=cfg.parallel.timeout_s,
+                           degrees=plan.degrees())
+    torch.manual_seed(cfg.train.seed)
+    model = parallelize(build_model(cfg.model), ctx, plan)
+    model.train()
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4)
+    # the world's micro-batch (train.micro_batch per rank at parallel.tp), in the embedding's
+    # layout: each of its dp groups feeds its share
+    micro_rows = cfg.train.micro_batch * ctx.world_size // cfg.parallel.tp
+    local_micro = micro_rows * embed_tp // ctx.world_size
+    local_rows = cfg.train.global_batch * embed_tp // ctx.world_size
+    schedule = build_schedule(plan.schedule, n_sub=plan.n_sub, micro_batch=local_micro,
+                              max_inflight=cfg.schedule.max_inflight)
+    gen = torch.Generator().manual_seed(cfg.train.seed + ctx.rank // embed_tp)
+    tokens = torch.randint(0, cfg.model.vocab_size, (local_rows, cfg.model.seq_len),
+                           generator=gen).to(ctx.device)
+    targets = torch.roll(tokens, -1, dims=1)
+    times, loss = [], float("nan")
+    reset_peak_memory(ctx.device)
+    for it in range(int(spec.get("warmup", 2)) + int(spec["steps"])):
+        optimizer.zero_grad(set_to_none=True)
+        comm.barrier(ctx.world_group)
+        start = time.perf_counter()
+        loss = float(schedule.step(model, tokens, targets))
+        optimizer.step()
+        comm.barrier(ctx.world_group)
+        if it >= int(spec.get("warmup", 2)):
+            times.append(time.perf_counter() - start)
+    peaks = comm.all_gather_objects(peak_memory_mb(ctx.device) * 2**20, ctx.world_group)
+    if ctx.rank == 0:
+        Path(spec["out"]).write_text(json.dumps({
+            "median_step_s": statistics.median(times), "steps_s": times,
+            "peak_mem_bytes": max(peaks), "loss": loss}, indent=1))
+    comm.barrier(ctx.world_group)  # nobody exits while a peer still talks
+
+
+def main(spec_path: str) -> None:
+    spec = json.loads(Path(spec_path).read_text())
+    try:
+        run(spec)
+    finally:
+        close_distributed()
+
+
+if __name__ == "__main__":
+    main(sys.argv[1])

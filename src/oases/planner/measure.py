@@ -1,0 +1,235 @@
+"""The per-rank side of ``oases profile``: measure this model's regions and this machine's
+collectives, write a ``planner.profile.Profile`` (rank 0).
+
+Run under torchrun (``python -m oases.planner.measure SPEC.json``), all ranks together so compute
+is measured under the same contention as a real step. For every candidate TP degree t (powers of
+two dividing the world size and the model's heads and ffn)::
+
+    model at a uniform plan of degree t, executor with collectives skipped (compute only), and
+    programs whose compute instructions are cut into single pieces, so each piece is timed:
+        megatron             forward body/epi, backward norm/epi/tp
+        megatron-recompute   recompute body (the whole body)
+        commfree-recompute   recompute body-commfree (without the last row-parallel matmul)
+    at every sub-batch size the planner may use; saved activations per region and mode;
+    collectives: all-reduce and all-gather over groups of size t, sizes around the activations;
+    one AdamW step at a few model sizes; the memory a rank holds before any model exists.
+
+Per piece the profile keeps the median over layers and repeats.
+"""
+
+from __future__ import annotations
+
+import copy
+import datetime
+import json
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+from oases.config import Config, config_to_dict, load_config
+from oases.model import build_model
+from oases.parallel import comm
+from oases.parallel.apply import parallelize
+from oases.parallel.context import ParallelContext, close_distributed, init_distributed
+from oases.plan import ParallelPlan
+from oases.planner.profile import Profile
+from oases.schedule import build_schedule, record_timeline
+from oases.schedule.program import Compute, Instr
+
+MODES = {"megatron": "none", "megatron-recompute": "block", "commfree-recompute": "commfree"}
+
+
+def candidate_degrees(cfg: Config, world_size: int) -> list[int]:
+    """Powers of two up to the world size that divide it and the model's heads and ffn."""
+    m = cfg.model
+    out, t = [], 1
+    while t <= world_size:
+        if not (world_size % t or m.n_heads % t or m.n_kv_heads % t or m.ffn_dim % t):
+            out.append(t)
+        t *= 2
+    return out
+
+
+def split_pieces(program: list[Instr]) -> list[Instr]:
+    """The same program with every compute instruction cut into one per piece (the executor
+    runs a piece list in order, so this changes timing resolution, not results)."""
+    out: list[Instr] = []
+    for ins in program:
+        if isinstance(ins, Compute) and len(ins.pieces) > 1:
+            out += [Compute(ins.phase, (p,), ins.sub) for p in ins.pieces]
+        else:
+            out.append(ins)
+    return out
+
+
+def current_rss_bytes() -> float:
+    try:
+        for line in Path("/proc/self/status").read_text().splitlines():
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1]) * 1024.0
+    except OSError:
+        pass
+    return 0.0
+
+
+def measure_compute(model: torch.nn.Module, ctx: ParallelContext, t: int, rows: int,
+                    repeats: int) -> tuple[list[dict], list[dict]]:
+    """Per-piece compute times and saved activations of ``model`` (uniform degree t) for one
+    sub-batch of ``rows`` sequences."""
+    cfg = model.cfg
+    gen = torch.Generator().manual_seed(ctx.rank)
+    tokens = torch.randint(0, cfg.vocab_size, (rows, cfg.seq_len), generator=gen)
+    tokens = tokens.to(ctx.device)
+    times: dict[tuple[str, str, str], list[float]] = {}
+    memory: list[dict] = []
+    for name, mode in MODES.items():
+        sched = build_schedule(name, n_sub=1)
+        ex = sched.executor(model)
+        program = split_pieces(sched.program(model, rows))
+        ex.skip_comm = True
+        for rep in range(repeats + 1):
+            model.zero_grad(set_to_none=True)
+            ex.track_memory = rep == 0
+            ex.saved_bytes = {}
+            comm.barrier(ctx.world_group)
+            with record_timeline() as tl:
+                ex.run(program, [tokens], [tokens], 1.0)
+            if rep == 0:  # warm-up; its saved-activation count is exact
+                per_kind: dict[str, list[int]] = {}
+                for region in ex.chain:
+                    per_kind.setdefault(region.kind, []).append(
+                        ex.saved_bytes.get(region.index, 0))
+                memory += [{"region": k, "mode": mode, "tp": t, "rows": rows,
+                            "saved_bytes": statistics.median(v)} for k, v in per_kind.items()]
+                continue
+            for e in tl.events:
+                if e.lane != "compute" or (name != "megatron" and e.phase != "recompute"):
+                    continue
+                piece, index = e.name.split(":")
+                kind = ex.chain[int(index)].kind
+                if e.phase == "recompute" and piece == "body" and mode == "commfree":
+                    piece = "body-commfree"
+                times.setdefault((kind, e.phase, piece), []).append(e.end_s - e.start_s)
+        ex.skip_comm, ex.track_memory = False, False
+    model.zero_grad(set_to_none=True)
+    compute = [{"region": k, "phase": ph, "piece": pc, "tp": t, "rows": rows,
+                "s": statistics.median(v)} for (k, ph, pc), v in sorted(times.items())]
+    return compute, memory
+
+
+def measure_collectives(ctx: ParallelContext, t: int, sizes: list[int],
+                        repeats: int) -> list[dict]:
+    """All-reduce over the TP group of degree t and all-gather (along the batch, as a reshard
+    does) over the merge group of degrees 1 and t, at each byte size."""
+    tp_group = ctx.groups_for(t)[0]
+    gather_group = ctx.merge_group(1, t)
+    out = []
+    for nbytes in sizes:
+        n = max(1, nbytes // 4)
+        ops = {
+            "all_reduce": (lambda buf: comm.all_reduce_(buf, tp_group), torch.zeros(n)),
+            "all_gather": (lambda buf: comm.reshard_batch(buf, 1, t, gather_group),
+                           torch.zeros(max(1, n // t))),
+        }
+        for op, (fn, buf) in ops.items():
+            buf = buf.to(ctx.device)
+            samples = []
+            for _ in range(repeats + 1):
+                comm.barrier(ctx.world_group)
+                start = time.perf_counter()
+                with torch.no_grad():
+                    fn(buf)
+                samples.append(time.perf_counter() - start)
+            out.append({"op": op, "group_size": t, "nbytes": n * 4,
+                        "s": statistics.median(samples[1:])})
+    return out
+
+
+def measure_optimizer(models: list[torch.nn.Module], repeats: int) -> list[dict]:
+    out = []
+    for model in models:
+        params = [p for p in model.parameters()]
+        for p in params:
+            p.grad = torch.zeros_like(p)
+        opt = torch.optim.AdamW(params, lr=1e-4)
+        samples = []
+        for _ in range(repeats + 1):
+            start = time.perf_counter()
+            opt.step()
+            samples.append(time.perf_counter() - start)
+        out.append({"n_params": sum(p.numel() for p in params),
+                    "s": statistics.median(samples[1:])})
+        model.zero_grad(set_to_none=True)
+    return out
+
+
+def profile_rows(cfg: Config, world_size: int, t: int, n_subs: tuple[int, ...]) -> list[int]:
+    """Sub-batch sizes a region of degree t sees: the world's micro-batch (``train.micro_batch``
+    per rank at ``parallel.tp``) shared by dp = world/t replicas, cut into k sub-batches."""
+    micro_rows = cfg.train.micro_batch * world_size // cfg.parallel.tp
+    rows = {micro_rows * t // world_size // k for k in n_subs
+            if (micro_rows * t) % (world_size * k) == 0}
+    return sorted(r for r in rows if r > 0)
+
+
+def run(spec: dict) -> None:
+    import os
+
+    cfg: Config = load_config(spec.get("config"), spec.get("overrides", ()))
+    torch.set_num_threads(max(1, int(spec.get("threads", 1))))
+    world_size = int(os.environ.get("WORLD_SIZE", "1"))
+    degrees = candidate_degrees(cfg, world_size)
+    repeats = int(spec.get("repeats", 3))
+    ctx = init_distributed(tp=1, timeout_s=cfg.parallel.timeout_s, degrees=tuple(degrees))
+    comm.barrier(ctx.world_group)
+    baseline = current_rss_bytes()  # what a rank holds before any model: torch, groups
+    torch.manual_seed(cfg.train.seed)
+    base = build_model(cfg.model)
+    compute: list[dict] = []
+    memory: list[dict] = []
+    collectives: list[dict] = []
+    models = []
+    act = cfg.model.seq_len * cfg.model.dim * 4  # bytes of one sequence's [S, H] activation
+    for t in degrees:
+        model = parallelize(copy.deepcopy(base), ctx,
+                            ParallelPlan.uniform(cfg.model, world_size, t))
+        model.train()
+        for rows in profile_rows(cfg, world_size, t, tuple(spec.get("n_subs", (1, 2, 4)))):
+            c, m = measure_compute(model, ctx, t, rows, repeats)
+            compute += c
+            memory += m
+            if ctx.rank == 0:
+                print(f"oases profile: tp={t} rows={rows}: {len(c)} pieces", flush=True)
+        if t > 1:
+            rows = profile_rows(cfg, world_size, t, (1,))[-1]
+            sizes = sorted({max(act // 4, 1024), act, rows * act // 2, rows * act,
+                            4 * rows * act, 16 * rows * act})
+            collectives += measure_collectives(ctx, t, sizes, repeats + 2)
+        models.append(model)
+    optimizer = measure_optimizer(models, repeats)
+    if ctx.rank == 0:
+        from oases.bench.suite import machine_info
+
+        machine = machine_info() | {"world_size": world_size, "backend": ctx.backend,
+                                    "device": str(ctx.device), "threads": torch.get_num_threads(),
+                                    "link": spec.get("link_label", "")}
+        created = datetime.datetime.now().isoformat(timespec="seconds")
+        profile = Profile(config_to_dict(cfg)["model"], machine, compute, collectives, memory,
+                          optimizer, baseline, created)
+        profile.save(spec["out"])
+    comm.barrier(ctx.world_group)  # nobody exits while a peer still talks
+
+
+def main(spec_path: str) -> None:
+    spec = json.loads(Path(spec_path).read_text())
+    try:
+        run(spec)
+    finally:
+        close_distributed()
+
+
+if __name__ == "__main__":
+    main(sys.argv[1])

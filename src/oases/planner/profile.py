@@ -1,0 +1,164 @@
+"""A profile: what one model's regions and this machine's collectives cost, measured.
+
+``oases profile`` (``planner.measure`` on every rank) writes it; the planner reads it through the
+``planner.costs.Costs`` interface. JSON, versioned, naming the machine and model it was made for::
+
+    format, version, created, machine {cpu, cores, torch, backend, world_size, link, ...}, model
+    compute      [{region, phase, piece, tp, rows, s}]      median of one sub-batch's piece
+    collectives  [{op, group_size, nbytes, s}]               fitted to latency + bytes / bandwidth
+    memory       [{region, mode, tp, rows, saved_bytes}]     activations kept forward -> backward
+    optimizer    [{n_params, s}]                             one AdamW step
+    baseline_bytes                                           a rank's memory before the model
+
+Between measured row counts compute time is interpolated linearly (and extrapolated from the
+two nearest points); a single point scales in proportion to rows.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+from oases.config import ModelConfig
+
+FORMAT, VERSION = "oases-profile", 1
+SHAPE_KEYS = ("arch", "dim", "n_heads", "n_kv_heads", "ffn_dim", "vocab_size", "seq_len",
+              "tie_embeddings")
+
+
+def fit_latency_bandwidth(points: list[tuple[float, float]]) -> tuple[float, float]:
+    """Least squares ``s = latency + nbytes / bandwidth`` over (nbytes, s) points (both kept
+    non-negative). Returns (latency_s, bandwidth_bytes_per_s)."""
+    x = np.array([p[0] for p in points], dtype=float)
+    y = np.array([p[1] for p in points], dtype=float)
+    if len(points) == 1 or np.ptp(x) == 0:
+        return 0.0, float(x.mean() / max(y.mean(), 1e-12))
+    slope, intercept = np.polyfit(x, y, 1)
+    if slope <= 0:
+        return float(y.mean()), float("inf")
+    if intercept < 0:  # through the origin
+        return 0.0, float((x * x).sum() / (x * y).sum())
+    return float(intercept), float(1.0 / slope)
+
+
+@dataclass
+class Profile:
+    model: dict
+    machine: dict
+    compute: list[dict] = field(default_factory=list)
+    collectives: list[dict] = field(default_factory=list)
+    memory: list[dict] = field(default_factory=list)
+    optimizer: list[dict] = field(default_factory=list)
+    baseline_bytes: float = 0.0
+    created: str = ""
+
+    def __post_init__(self) -> None:
+        self._compute: dict[tuple, dict[int, float]] = {}
+        for e in self.compute:
+            key = (e["region"], e["phase"], e["piece"], int(e["tp"]))
+            self._compute.setdefault(key, {})[int(e["rows"])] = float(e["s"])
+        by_group: dict[tuple[str, int], list[tuple[float, float]]] = {}
+        for e in self.collectives:
+            by_group.setdefault((e["op"], int(e["group_size"])), []).append(
+                (float(e["nbytes"]), float(e["s"])))
+        self._fits = {k: fit_latency_bandwidth(v) for k, v in by_group.items()}
+        self._memory: dict[tuple, dict[int, float]] = {}
+        for e in self.memory:
+            key = (e["region"], e["mode"], int(e["tp"]))
+            self._memory.setdefault(key, {})[int(e["rows"])] = float(e["saved_bytes"])
+
+    # ---------------------------------------------------------------------- Costs interface
+    def degrees(self) -> list[int]:
+        return sorted({k[3] for k in self._compute})
+
+    def compute_s(self, region: str, phase: str, piece: str, tp: int, rows: int) -> float:
+        points = self._compute.get((region, phase, piece, tp))
+        if points is None:
+            raise ValueError(f"the profile has no {phase} {piece} time for {region} at tp={tp} "
+                             f"(profiled degrees: {self.degrees()}); profile with a world "
+                             "size that includes it")
+        return _interpolate(points, rows)
+
+    def collective_s(self, op: str, group_size: int, nbytes: int) -> float:
+        if group_size <= 1 or nbytes <= 0:
+            return 0.0
+        fit = self._fits.get((op, group_size))
+        if fit is None:
+            known = sorted({f"{o}/{g}" for o, g in self._fits})
+            raise ValueError(f"the profile has no {op} over {group_size} ranks (has: {known})")
+        latency, bandwidth = fit
+        return latency + nbytes / bandwidth
+
+    def collective_fit(self, op: str, group_size: int) -> tuple[float, float] | None:
+        return self._fits.get((op, group_size))
+
+    def optimizer_s(self, n_params: int) -> float:
+        if not self.optimizer:
+            return 0.0
+        pts = [(float(e["n_params"]), float(e["s"])) for e in self.optimizer]
+        latency, rate = fit_latency_bandwidth(pts)
+        return latency + n_params / rate
+
+    def saved_bytes(self, region: str, mode: str, tp: int, rows: int) -> float | None:
+        points = self._memory.get((region, mode, tp))
+        if not points:
+            return None
+        ref = max(points)
+        return points[ref] * rows / ref
+
+    # ---------------------------------------------------------------------------- checks, io
+    def check_model(self, cfg: ModelConfig) -> None:
+        """ValueError unless the profile measured regions of this model's shape (the number
+        of layers may differ: costs are per region)."""
+        bad = [f"{k}: profile {self.model.get(k)!r}, model {getattr(cfg, k)!r}"
+               for k in SHAPE_KEYS if self.model.get(k) != getattr(cfg, k)]
+        if bad:
+            raise ValueError("the profile was made for another model shape (" + "; ".join(bad)
+                             + "); run oases profile with this config")
+
+    def to_dict(self) -> dict:
+        return {"format": FORMAT, "version": VERSION, "created": self.created,
+                "machine": self.machine, "model": self.model, "compute": self.compute,
+                "collectives": self.collectives, "memory": self.memory,
+                "optimizer": self.optimizer, "baseline_bytes": self.baseline_bytes}
+
+    def save(self, path: str | os.PathLike[str]) -> None:
+        Path(path).write_text(json.dumps(self.to_dict(), indent=1))
+
+    @staticmethod
+    def load(path: str | os.PathLike[str]) -> Profile:
+        try:
+            raw = json.loads(Path(path).read_text())
+        except OSError as exc:
+            raise ValueError(f"cannot read profile {path}: {exc.strerror}") from None
+        except json.JSONDecodeError as exc:
+            raise ValueError(f"{path} is not a profile: {exc}") from None
+        if not isinstance(raw, dict) or raw.get("format") != FORMAT:
+            raise ValueError(f"{path} is not an oases profile (no format={FORMAT!r})")
+        if raw.get("version") != VERSION:
+            raise ValueError(f"{path}: profile version {raw.get('version')} is not {VERSION}; "
+                             "run oases profile again")
+        try:
+            return Profile(raw["model"], raw["machine"], raw["compute"], raw["collectives"],
+                           raw.get("memory", []), raw.get("optimizer", []),
+                           float(raw.get("baseline_bytes", 0.0)), raw.get("created", ""))
+        except (KeyError, TypeError, ValueError) as exc:
+            raise ValueError(f"{path}: malformed profile ({exc!r})") from None
+
+
+def _interpolate(points: dict[int, float], rows: int) -> float:
+    if rows in points:
+        return points[rows]
+    xs = sorted(points)
+    if len(xs) == 1:
+        return points[xs[0]] * rows / xs[0]
+    lo = max([x for x in xs if x < rows], default=xs[0])
+    hi = min([x for x in xs if x > rows], default=xs[-1])
+    if lo == hi:  # outside: the two nearest points
+        lo, hi = (xs[0], xs[1]) if rows < xs[0] else (xs[-2], xs[-1])
+    slope = (points[hi] - points[lo]) / (hi - lo)
+    return max(0.0, points[lo] + slope * (rows - lo))
