@@ -16,6 +16,8 @@ import shutil
 import subprocess
 from dataclasses import dataclass
 
+from oases.planner.hardware import CLUSTERS, PAPER_REFERENCE_MODEL, comm_to_compute
+
 SHAPED_ENV = "OASES_LINK_SHAPED"  # set inside the shaped namespace, so we never nest
 
 
@@ -29,15 +31,32 @@ class LinkPreset:
     source: str
 
 
-LINK_PRESETS = {
-    # PAPER.md section 4, H=2048, t=4 on an RTX 3090 server over PCIe (ms): attention forward
-    # 3.24, MLP forward 2.69, all-reduce of the block output 7.29 -> 2.25x and 2.71x; mean 2.46x.
-    "rtx3090-pcie": LinkPreset("rtx3090-pcie", 2.46,
-                               "Oases paper profile, H=2048 t=4: AR 7.29 ms / fwd 2.69-3.24 ms"),
-    # Same servers with NVLink bridges between GPU pairs: about 4x the PCIe bandwidth per pair.
-    "rtx3090-nvlink": LinkPreset("rtx3090-nvlink", 0.62,
-                                 "NVLink bridge ~4x PCIe 3.0 x16 bandwidth: 2.46 / 4"),
+# (cluster preset of planner.hardware, TP degree, dtype) whose ratio each link preset copies,
+# for the paper's reference layer (H=2048, S=1024, 4 sequences per TP group): the 3090 servers
+# at the paper's t=4 (PCIe) and at t=2 (one NVLink-bridged pair), DGX servers at t=8 in bf16.
+_LINK_REFERENCES = {
+    "rtx3090-pcie": ("rtx3090-pcie", 4, "fp32"),
+    "rtx3090-nvlink": ("rtx3090-nvlink", 2, "fp32"),
+    "a100-nvlink": ("a100-nvlink", 8, "bf16"),
+    "h100-nvlink": ("h100-nvlink", 8, "bf16"),
+    "h200-nvlink": ("h200-nvlink", 8, "bf16"),
 }
+
+
+def link_presets() -> dict[str, LinkPreset]:
+    """The link presets, derived from the hardware presets (one place for hardware numbers):
+    rtx3090-pcie comes out at about 2.46, PAPER.md's 7.29 ms / mean(3.24, 2.69) ms."""
+    presets = {}
+    for name, (cluster, tp, dtype) in _LINK_REFERENCES.items():
+        ratio = comm_to_compute(CLUSTERS[cluster], PAPER_REFERENCE_MODEL, tp, 4, dtype)
+        presets[name] = LinkPreset(
+            name, round(ratio, 2),
+            f"planner.hardware preset {cluster}: region all-reduce / forward at H=2048, "
+            f"S=1024, 4 sequences, t={tp}, {dtype}")
+    return presets
+
+
+LINK_PRESETS = link_presets()
 
 
 def shaping_unavailable() -> str | None:
