@@ -95,8 +95,9 @@ def simulate_program(program: list[Instr], costs: StepCosts, *, commfree: bool =
             begin = max(free.get(stream, 0.0), now)
             cost = costs.collective_s(ins.kind, ins.index)
             free[stream] = ends[ins.kind, ins.index, ins.sub] = begin + cost
-            timeline.add(Event(rank, "comm", comm_name(ins.kind, ins.index), ins.kind, ins.sub,
-                               begin, begin + cost))
+            if cost > 0:  # (a reshard's slicing direction moves nothing)
+                timeline.add(Event(rank, "comm", comm_name(ins.kind, ins.index), ins.kind,
+                                   ins.sub, begin, begin + cost))
             comm_busy += cost
         elif isinstance(ins, Wait):
             now = max(now, ends.pop((ins.kind, ins.index, ins.sub)))
@@ -151,11 +152,44 @@ def _group_ranks(kind: str, a: int, b: int, world_size: int) -> tuple[int, ...]:
     return tuple(j * a for j in range(b // a))
 
 
+def _dp_buckets(cfg: ModelConfig, kinds: list[str], degrees: list[int],
+                world_size: int) -> dict[int, list[tuple[int, int]]]:
+    """{backward task: [(dp degree, parameters)]}, as ``schedule.regions.dp_buckets`` groups
+    them: task i finalizes region i's own parameters and region i+1's norm (a tied head's
+    weight is the embedding's, final at task 0). Empty when no region is data-parallel."""
+    if all(t == world_size for t in degrees):
+        return {}
+    norm = 2 * cfg.dim if cfg.arch == "gpt2" else cfg.dim
+    buckets: dict[int, list[tuple[int, int]]] = {}
+    for i, (kind, t) in enumerate(zip(kinds, degrees)):
+        own = region_param_count(cfg, kind, t) - (norm if kind != "embed" else 0)
+        parts = [(world_size // t, own)]
+        if i + 1 < len(kinds):
+            parts.append((world_size // degrees[i + 1], norm))
+        if any(numel for _, numel in parts):
+            buckets[i] = [(dp, numel) for dp, numel in parts if numel]
+    return buckets
+
+
+def plan_program(cfg: ModelConfig, plan: ParallelPlan, world_size: int, batch: BatchShape,
+                 *, max_inflight: int = 1) -> list[Instr]:
+    """The instruction list one rank runs for a step of ``plan``: the executor's very program
+    (``Schedule.program`` builds the same from a parallelized model)."""
+    from oases.schedule.program import build_program
+
+    degrees = tuple(r.tp for r in plan.regions)
+    kinds = [region_kind(r.name) for r in plan.regions]
+    buckets = _dp_buckets(cfg, kinds, list(degrees), world_size)
+    return build_program(plan.schedule, len(degrees), plan.n_sub, n_micro=batch.n_micro(),
+                         max_inflight=max_inflight, dp_tasks=tuple(sorted(buckets)),
+                         degrees=None if len(set(degrees)) == 1 else degrees)
+
+
 def simulate_plan(cfg: ModelConfig, plan: ParallelPlan, costs: Costs, world_size: int,
                   batch: BatchShape, *, max_inflight: int = 1, rank: int = 0) -> PlanResult:
     """Predict one optimizer step of ``plan`` (its ``schedule`` and ``n_sub``): time, timeline
     and peak memory per device."""
-    from oases.schedule.program import SPECS, build_program
+    from oases.schedule.program import SPECS
 
     plan.check(cfg, world_size)
     spec = SPECS[plan.schedule]
@@ -167,21 +201,8 @@ def simulate_plan(cfg: ModelConfig, plan: ParallelPlan, costs: Costs, world_size
     n = len(degrees)
     act_bytes = [rows[i] * cfg.seq_len * cfg.dim * BYTES for i in range(n)]  # [b, S, H] fp32
 
-    # data-parallel buckets: backward task i finalizes region i's own parameters and region
-    # i+1's norm; each part is all-reduced over its own region's DP group
-    norm = 2 * cfg.dim if cfg.arch == "gpt2" else cfg.dim
-    buckets: dict[int, list[tuple[int, int]]] = {}  # task -> [(dp degree, numel)]
-    for i, (kind, t) in enumerate(zip(kinds, degrees)):
-        own = region_param_count(cfg, kind, t) - (norm if kind != "embed" else 0)
-        parts = [(world_size // t, own)]
-        if i + 1 < n:
-            parts.append((world_size // degrees[i + 1], norm))
-        parts = [(dp, numel) for dp, numel in parts if dp > 1 and numel > 0]
-        if parts:
-            buckets[i] = parts
-    program = build_program(plan.schedule, n, plan.n_sub, n_micro=n_micro,
-                            max_inflight=max_inflight, dp_tasks=tuple(sorted(buckets)),
-                            degrees=tuple(degrees))
+    buckets = _dp_buckets(cfg, kinds, degrees, world_size)
+    program = plan_program(cfg, plan, world_size, batch, max_inflight=max_inflight)
 
     def reshard(i: int, backward: bool) -> tuple[int, int, int]:
         """(bytes, group size, from degree) of the all-gather a reshard into region i moves."""
@@ -195,7 +216,7 @@ def simulate_plan(cfg: ModelConfig, plan: ParallelPlan, costs: Costs, world_size
     def collective_s(kind: str, index: int) -> float:
         if kind == "dp":
             return sum(costs.collective_s("all_reduce", dp, numel * BYTES)
-                       for dp, numel in buckets[index])
+                       for dp, numel in buckets[index] if dp > 1)
         if kind in ("rsf", "rsb"):
             nbytes, size, _ = reshard(index, kind == "rsb")
             return costs.collective_s("all_gather", size, nbytes) if size > 1 else 0.0
@@ -262,9 +283,8 @@ def _peak_memory(cfg: ModelConfig, program: list[Instr], kinds: list[str], degre
                 alive.pop((i, ins.sub), None)
                 grads_alive.add(i)
         act = sum(alive.values())
-        now = static + act + sum(grads[i] for i in grads_alive)
-        if now > peak:
-            peak, peak_act = now, act
+        peak = max(peak, static + act + sum(grads[i] for i in grads_alive))
+        peak_act = max(peak_act, act)
     total_grads = sum(grads.values())
     # the optimizer step: every gradient alive, plus foreach temporaries of about one copy
     opt_peak = static + total_grads + local_params * BYTES
@@ -272,4 +292,4 @@ def _peak_memory(cfg: ModelConfig, program: list[Instr], kinds: list[str], degre
     return {"peak": baseline + max(peak, opt_peak), "baseline": baseline,
             "params": local_params * BYTES, "grads": total_grads,
             "optimizer_state": local_params * BYTES * OPTIMIZER_STATES,
-            "activations_at_peak": peak_act}
+            "activations_peak": peak_act}

@@ -1,0 +1,275 @@
+"""The planner end to end on costs: profiles, whole-plan simulation, plan search, the CLI."""
+
+import json
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+from oases.config import ModelConfig, load_config
+from oases.plan import ParallelPlan, RegionPlan, region_names
+from oases.planner import batch_shape, format_candidates, plan_model
+from oases.planner.costs import region_param_count, region_params
+from oases.planner.profile import Profile, fit_latency_bandwidth
+from oases.planner.search import solve_plan
+from oases.planner.simulate import BatchShape, plan_program, simulate_plan
+from oases.schedule.program import Start
+
+from distributed import REPO_ROOT, run_ranks
+
+CFG = ModelConfig(arch="gpt2", n_layers=4, dim=64, n_heads=4, vocab_size=128, seq_len=32)
+PIECES = [("forward", "body"), ("forward", "epi"), ("recompute", "body"),
+          ("recompute", "body-commfree"), ("recompute", "epi"), ("backward", "norm"),
+          ("backward", "epi"), ("backward", "tp")]
+
+
+def synthetic_profile(cfg=CFG, degrees=(1, 2), rows=(1, 2, 4), latency_s=1e-3,
+                      bandwidth=50e6, baseline=100e6) -> Profile:
+    """Matmul pieces cost 1 ms per row at tp=1 and scale as 1/tp; glue 0.1 ms per row."""
+    compute = []
+    for region in ("embed", "attn", "mlp", "head"):
+        for phase, piece in PIECES:
+            for t in degrees:
+                for r in rows:
+                    matmul = piece in ("body", "body-commfree", "tp")
+                    s = (1e-3 * r / t) * (2 if piece == "tp" else 1) if matmul else 1e-4 * r
+                    if piece == "body-commfree":
+                        s *= 0.6
+                    compute.append({"region": region, "phase": phase, "piece": piece, "tp": t,
+                                    "rows": r, "s": s})
+    collectives = [{"op": op, "group_size": g, "nbytes": n, "s": latency_s + n / bandwidth}
+                   for op in ("all_reduce", "all_gather") for g in degrees if g > 1
+                   for n in (2**14, 2**18, 2**22)]
+    model = {k: getattr(cfg, k) for k in ("arch", "dim", "n_heads", "n_kv_heads", "ffn_dim",
+                                          "vocab_size", "seq_len", "tie_embeddings")}
+    return Profile(model, {"cpu": "synthetic"}, compute, collectives, [],
+                   [{"n_params": 1e5, "s": 1e-3}, {"n_params": 1e6, "s": 1e-2}], baseline)
+
+
+def test_fit_recovers_latency_and_bandwidth():
+    pts = [(n, 2e-4 + n / 1e8) for n in (1e4, 1e5, 1e6, 1e7)]
+    latency, bandwidth = fit_latency_bandwidth(pts)
+    assert latency == pytest.approx(2e-4, rel=1e-6)
+    assert bandwidth == pytest.approx(1e8, rel=1e-6)
+
+
+def test_profile_round_trip_and_interpolation(tmp_path):
+    prof = synthetic_profile()
+    prof.save(tmp_path / "p.json")
+    back = Profile.load(tmp_path / "p.json")
+    assert back.compute_s("mlp", "forward", "body", 2, 4) == pytest.approx(2e-3)
+    assert back.compute_s("mlp", "forward", "body", 2, 3) == pytest.approx(1.5e-3)  # between
+    assert back.compute_s("mlp", "forward", "body", 2, 8) == pytest.approx(4e-3)  # beyond
+    assert back.collective_s("all_reduce", 2, 2**20) == pytest.approx(1e-3 + 2**20 / 50e6)
+    assert back.collective_s("all_reduce", 1, 2**20) == 0.0
+    assert back.optimizer_s(5e5) == pytest.approx(5e-3)
+    with pytest.raises(ValueError, match="profiled degrees"):
+        back.compute_s("mlp", "forward", "body", 4, 1)
+    with pytest.raises(ValueError, match="no all_reduce over 4 ranks"):
+        back.collective_s("all_reduce", 4, 100)
+
+
+def test_profile_errors_name_the_problem(tmp_path):
+    (tmp_path / "x.json").write_text("{}")
+    with pytest.raises(ValueError, match="not an oases profile"):
+        Profile.load(tmp_path / "x.json")
+    with pytest.raises(ValueError, match="cannot read profile"):
+        Profile.load(tmp_path / "missing.json")
+    raw = synthetic_profile().to_dict() | {"version": 99}
+    (tmp_path / "v.json").write_text(json.dumps(raw))
+    with pytest.raises(ValueError, match="version 99"):
+        Profile.load(tmp_path / "v.json")
+    other = ModelConfig(arch="gpt2", n_layers=4, dim=128, n_heads=4, vocab_size=128, seq_len=32)
+    with pytest.raises(ValueError, match="dim: profile 64, model 128"):
+        synthetic_profile().check_model(other)
+    synthetic_profile().check_model(ModelConfig(**{**CFG.__dict__, "n_layers": 9}))
+
+
+@pytest.mark.parametrize("arch", ["gpt2", "llama"])
+@pytest.mark.parametrize("tied", [False, True])
+def test_region_parameter_counts_match_the_model(arch, tied):
+    import oases
+
+    cfg = ModelConfig(arch=arch, n_layers=2, dim=32, n_heads=4, n_kv_heads=2 if arch == "llama"
+                      else 4, vocab_size=101, seq_len=16, tie_embeddings=tied)
+    total = sum(region_param_count(cfg, name.rsplit(".", 1)[-1], 1) for name in region_names(cfg))
+    assert total == oases.count_params(oases.build_model(cfg))
+    sharded, replicated = region_params(cfg, "mlp", 2)
+    assert sharded * 2 + replicated == region_param_count(cfg, "mlp", 1)
+
+
+def _plan(degrees, schedule="oases", n_sub=2, world=2):
+    return ParallelPlan([RegionPlan(n, t, world // t)
+                         for n, t in zip(region_names(CFG), degrees)], n_sub=n_sub,
+                        schedule=schedule)
+
+
+def test_synchronous_uniform_plan_adds_up():
+    """megatron at tp=2 on 2 ranks: no overlap, no DP; step = compute + collectives + optimizer."""
+    prof = synthetic_profile()
+    res = simulate_plan(CFG, _plan([2] * 10, "megatron", 1), prof, 2, BatchShape(8, 4))
+    b = res.breakdown
+    assert res.step_s == pytest.approx(b["compute_s"] + b["comm_s"] + b["optimizer_s"])
+    assert b["comm_s"] > 0 and b["optimizer_s"] > 0
+
+
+def test_mixed_plan_prices_reshards_where_the_degree_changes():
+    prof = synthetic_profile()
+    degrees = [1, 1, 1, 2, 2, 2, 2, 1, 1, 1]
+    res = simulate_plan(CFG, _plan(degrees), prof, 2, BatchShape(8, 4))
+    reshards = {(e.phase, e.name) for e in res.timeline.events if e.phase in ("rsf", "rsb")}
+    # growing at region 3 moves data forward, shrinking at region 7 moves gradients back
+    assert reshards == {("rsf", "rsf 3"), ("rsb", "rsb 7")}
+    program = plan_program(CFG, _plan(degrees), 2, BatchShape(8, 4))
+    starts = {(s.kind, s.index) for s in program if isinstance(s, Start)
+              and s.kind in ("rsf", "rsb")}
+    assert starts == {("rsf", 3), ("rsb", 3), ("rsf", 7), ("rsb", 7)}
+
+
+def _rank_programs(rank, world_size, cases):
+    import oases
+    from oases.schedule import build_schedule
+
+    out = []
+    for degrees, schedule, global_batch, micro_rows in cases:
+        plan = _plan(degrees, schedule)
+        ctx = oases.init_distributed(tp=degrees[0], degrees=plan.degrees())
+        model = oases.parallelize(oases.build_model(CFG), ctx, plan)
+        t_e = degrees[0]
+        sched = build_schedule(schedule, n_sub=2, micro_batch=micro_rows * t_e // world_size)
+        executed = sched.program(model, global_batch * t_e // world_size)
+        simulated = plan_program(CFG, plan, world_size, BatchShape(global_batch, micro_rows))
+        out.append(executed == simulated)
+    return out
+
+
+def test_simulator_and_executor_consume_the_same_programs(tmp_path):
+    cases = [([1] * 10, "oases", 8, 4), ([2] * 10, "megatron", 8, 8),
+             ([1, 1, 1, 2, 2, 2, 2, 1, 1, 1], "oases", 8, 4),
+             ([2, 1, 1, 2, 2, 1, 2, 1, 1, 2], "overlap-recompute", 16, 8),
+             ([1, 2, 2, 2, 1, 1, 2, 2, 1, 1], "commfree-recompute", 8, 8)]
+    for per_rank in run_ranks(_rank_programs, 2, tmp_path, cases):
+        assert per_rank == [True] * len(cases)
+
+
+def test_memory_falls_with_degree_and_recompute():
+    prof = synthetic_profile(baseline=0.0)
+    batch = BatchShape(8, 8)
+    mem = {(s, t): simulate_plan(CFG, _plan([t] * 10, s, 1 if s == "megatron" else 2), prof, 2,
+                                 batch).breakdown
+           for s in ("megatron", "oases") for t in (1, 2)}
+    assert mem["megatron", 2]["params_bytes"] < mem["megatron", 1]["params_bytes"]
+    assert mem["oases", 1]["activations_peak_bytes"] < mem["megatron", 1][
+        "activations_peak_bytes"]
+
+
+def test_plan_search_is_never_worse_than_uniform_and_meets_the_budget():
+    prof = synthetic_profile()
+    batch = BatchShape(8, 4)
+    best, cands = solve_plan(CFG, prof, 2, batch, float("inf"))
+    fitting_uniform = [c for c in cands if c.kind == "uniform"]
+    assert best.result.step_s <= min(c.result.step_s for c in fitting_uniform) + 1e-12
+    assert best.plan.predicted_step_s == best.result.step_s
+    # a budget between the leanest and the fattest uniform plan: the answer fits it
+    peaks = sorted(c.result.peak_mem_bytes for c in fitting_uniform)
+    budget = (peaks[0] + peaks[-1]) / 2
+    tight, cands = solve_plan(CFG, prof, 2, batch, budget)
+    assert tight.result.peak_mem_bytes <= budget
+    assert tight.result.step_s <= min(c.result.step_s for c in cands
+                                      if c.kind == "uniform" and c.fits) + 1e-12
+    text = format_candidates(tight, cands, budget)
+    assert "chosen" in text and ("over budget" in text or "slower" in text)
+    with pytest.raises(ValueError, match=r"smallest feasible budget is \d+\.\d+ GiB"):
+        solve_plan(CFG, prof, 2, batch, peaks[0] * 0.5)
+
+
+def test_memory_pressure_moves_layers_to_the_higher_degree():
+    """tp=1 is faster (no TP collectives) but holds twice the weights: under a budget between
+    the two uniform plans the planner mixes degrees (or recomputes), and stays in budget."""
+    prof = synthetic_profile(bandwidth=5e9, baseline=0.0)
+    batch = BatchShape(8, 4)
+    free, cands = solve_plan(CFG, prof, 2, batch, float("inf"), schedules=("megatron",))
+    assert free.plan.degrees() == (1,)
+    uni = {c.plan.degrees()[0]: c.result.peak_mem_bytes for c in cands if c.kind == "uniform"}
+    budget = uni[2] + 0.4 * (uni[1] - uni[2])
+    tight, _ = solve_plan(CFG, prof, 2, batch, budget, schedules=("megatron",))
+    assert tight.result.peak_mem_bytes <= budget
+    assert 2 in tight.plan.degrees()
+
+
+def test_plan_for_96_layers_is_quick():
+    import time
+
+    cfg = ModelConfig(arch="gpt2", n_layers=96, dim=64, n_heads=8, vocab_size=128, seq_len=32)
+    prof = synthetic_profile(cfg, degrees=(1, 2, 4, 8), rows=(1, 2, 4, 8))
+    start = time.perf_counter()
+    best, _ = solve_plan(cfg, prof, 8, BatchShape(16, 16), float("inf"), schedules=("oases",),
+                         n_subs=(2,))
+    assert time.perf_counter() - start < 30.0
+    assert len(best.plan.regions) == 2 * 96 + 2
+
+
+def test_batch_shape_from_the_config():
+    cfg = load_config(REPO_ROOT / "configs" / "bench.toml", [])
+    shape = batch_shape(cfg, 2)
+    assert (shape.global_batch, shape.micro_rows) == (4, 4)
+    with pytest.raises(ValueError, match="not a multiple"):
+        batch_shape(load_config(REPO_ROOT / "configs" / "bench.toml",
+                                ["--train.global_batch=6"]), 2)
+
+
+def test_plan_model_uses_only_profiled_degrees():
+    cfg = load_config(REPO_ROOT / "configs" / "bench.toml",
+                      ["--model.dim=64", "--model.n_heads=4", "--model.seq_len=32",
+                       "--model.vocab_size=128", "--train.global_batch=8"])
+    prof = synthetic_profile(cfg.model, degrees=(1, 2))
+    best, cands = plan_model(cfg, 4, prof, float("inf"))  # 4 ranks, but tp=4 is not profiled
+    assert all(max(c.plan.degrees()) <= 2 for c in cands)
+
+
+def _cli(*args, cwd=REPO_ROOT):
+    return subprocess.run([sys.executable, "-m", "oases", *args], capture_output=True,
+                          text=True, cwd=cwd, timeout=300)
+
+
+def test_cli_plan_writes_the_plan_and_explains(tmp_path):
+    cfg = load_config(REPO_ROOT / "configs" / "tiny.toml", [])
+    synthetic_profile(cfg.model).save(tmp_path / "p.json")
+    out = tmp_path / "plan.json"
+    proc = _cli("plan", "configs/tiny.toml", "--world-size", "2", "--profile",
+                str(tmp_path / "p.json"), "--out", str(out))
+    assert proc.returncode == 0, proc.stderr
+    assert "chosen:" in proc.stdout and "uniform tp=2" in proc.stdout
+    raw = json.loads(out.read_text())
+    assert {"regions", "n_sub", "schedule", "predicted_step_s",
+            "predicted_peak_mem_bytes"} <= set(raw)
+    assert raw["regions"][0] == {"name": "embed", "tp": raw["regions"][0]["tp"],
+                                 "dp": 2 // raw["regions"][0]["tp"]}
+    ParallelPlan.load(out).check(cfg.model, 2)
+    proc = _cli("plan", "configs/tiny.toml", "--world-size", "2", "--profile",
+                str(tmp_path / "p.json"), "--memory-gb", "0.001", "--out", str(out))
+    assert proc.returncode == 2
+    assert proc.stderr.startswith("error: no plan fits in 0.001 GiB")
+    assert "smallest feasible budget" in proc.stderr and len(proc.stderr.splitlines()) == 1
+    proc = _cli("plan", "configs/tiny.toml", "--world-size", "2", "--profile",
+                str(tmp_path / "missing.json"))
+    assert proc.returncode == 2 and "cannot read profile" in proc.stderr
+
+
+def test_cli_profile_measures_every_piece_on_two_ranks(tmp_path):
+    out = tmp_path / "profile.json"
+    proc = _cli("profile", "configs/tiny.toml", "--out", str(out), "--repeats", "1",
+                "--model.n_layers=1")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    prof = Profile.load(out)
+    assert prof.degrees() == [1, 2]
+    for region in ("attn", "mlp"):
+        for phase, piece in PIECES:
+            for t in (1, 2):
+                assert prof.compute_s(region, phase, piece, t, 1) > 0
+    assert prof.collective_fit("all_reduce", 2) is not None
+    assert prof.collective_fit("all_gather", 2) is not None
+    assert prof.saved_bytes("attn", "none", 1, 1) > prof.saved_bytes("attn", "commfree", 1, 1)
+    assert prof.baseline_bytes > 0 and prof.optimizer_s(10**6) > 0
+    assert np.isfinite(prof.collective_s("all_reduce", 2, 2**20))
