@@ -194,7 +194,6 @@ def simulate_plan(cfg: ModelConfig, plan: ParallelPlan, costs: Costs, world_size
     plan.check(cfg, world_size)
     spec = SPECS[plan.schedule]
     k = plan.n_sub if spec.overlapped else 1
-    n_micro = batch.n_micro()
     degrees = [r.tp for r in plan.regions]
     kinds = [region_kind(r.name) for r in plan.regions]
     rows = region_rows(plan, world_size, batch, k)

@@ -206,6 +206,8 @@ class Executor:
             self.p[i, j] = p.detach().clone() if grad else p  # all-reduced in place
             if grad:
                 self.bg[i, j] = p
+                if not recompute:  # kept as the graph's root until the backward
+                    self._count_saved(i, p)
             return
         commfree_recompute = recompute and self.spec.recompute == "commfree"
         if recompute and self._saves_input(i):
@@ -233,6 +235,8 @@ class Executor:
                 self.p[i, j] = region.row.partial(out)  # [b, S, H] partial sums
         if grad:
             self.bg[i, j] = (xl, h, hl, out)
+            if not recompute and region.kind != "head":  # y, for the row-parallel backward
+                self._count_saved(i, out)
 
     def _epi(self, i: int, j: int, grad: bool, recompute: bool) -> None:
         region = self.chain[i]
