@@ -7,6 +7,7 @@ import sys
 import numpy as np
 import pytest
 
+from distributed import REPO_ROOT, run_ranks
 from oases.config import ModelConfig, load_config
 from oases.plan import ParallelPlan, RegionPlan, region_names
 from oases.planner import batch_shape, format_candidates, plan_model
@@ -15,8 +16,6 @@ from oases.planner.profile import Profile, fit_latency_bandwidth
 from oases.planner.search import solve_plan
 from oases.planner.simulate import BatchShape, plan_program, simulate_plan
 from oases.schedule.program import Start
-
-from distributed import REPO_ROOT, run_ranks
 
 CFG = ModelConfig(arch="gpt2", n_layers=4, dim=64, n_heads=4, vocab_size=128, seq_len=32)
 PIECES = [("forward", "body"), ("forward", "epi"), ("recompute", "body"),
