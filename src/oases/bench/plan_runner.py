@@ -24,6 +24,7 @@ from oases.parallel import comm
 from oases.parallel.apply import parallelize
 from oases.parallel.context import close_distributed, init_distributed
 from oases.plan import ParallelPlan
+from oases.planner.measure import runtime_baseline_bytes
 from oases.schedule import build_schedule
 
 
@@ -34,6 +35,8 @@ def run(spec: dict) -> None:
     embed_tp = plan.tp_of("embed")
     ctx = init_distributed(tp=embed_tp, timeout_s=cfg.parallel.timeout_s,
                            degrees=plan.degrees())
+    comm.barrier(ctx.world_group)
+    before_model = runtime_baseline_bytes()  # as the profile measures its baseline
     torch.manual_seed(cfg.train.seed)
     model = parallelize(build_model(cfg.model), ctx, plan)
     model.train()
@@ -61,10 +64,12 @@ def run(spec: dict) -> None:
         if it >= int(spec.get("warmup", 2)):
             times.append(time.perf_counter() - start)
     peaks = comm.all_gather_objects(peak_memory_mb(ctx.device) * 2**20, ctx.world_group)
+    baselines = comm.all_gather_objects(before_model, ctx.world_group)
     if ctx.rank == 0:
         Path(spec["out"]).write_text(json.dumps({
             "median_step_s": statistics.median(times), "steps_s": times,
-            "peak_mem_bytes": max(peaks), "loss": loss}, indent=1))
+            "peak_mem_bytes": max(peaks), "baseline_bytes": max(baselines),
+            "loss": loss}, indent=1))
     comm.barrier(ctx.world_group)  # nobody exits while a peer still talks
 
 

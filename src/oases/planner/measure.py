@@ -65,6 +65,16 @@ def split_pieces(program: list[Instr]) -> list[Instr]:
     return out
 
 
+def runtime_baseline_bytes() -> float:
+    """Resident memory of a rank before any model: torch, the process groups, and the code the
+    optimizer and autograd load on first use (constructing AdamW alone imports ~70 MB), so
+    that everything a plan adds on top is the plan's."""
+    w = torch.nn.Parameter(torch.ones(4))
+    (w * w).sum().backward()
+    torch.optim.AdamW([w], lr=1e-4).step()
+    return current_rss_bytes()
+
+
 def current_rss_bytes() -> float:
     try:
         for line in Path("/proc/self/status").read_text().splitlines():
@@ -185,7 +195,7 @@ def run(spec: dict) -> None:
     repeats = int(spec.get("repeats", 3))
     ctx = init_distributed(tp=1, timeout_s=cfg.parallel.timeout_s, degrees=tuple(degrees))
     comm.barrier(ctx.world_group)
-    baseline = current_rss_bytes()  # what a rank holds before any model: torch, groups
+    baseline = runtime_baseline_bytes()
     torch.manual_seed(cfg.train.seed)
     base = build_model(cfg.model)
     compute: list[dict] = []

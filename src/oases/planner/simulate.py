@@ -203,23 +203,31 @@ def simulate_plan(cfg: ModelConfig, plan: ParallelPlan, costs: Costs, world_size
     buckets = _dp_buckets(cfg, kinds, degrees, world_size)
     program = plan_program(cfg, plan, world_size, batch, max_inflight=max_inflight)
 
-    def reshard(i: int, backward: bool) -> tuple[int, int, int]:
-        """(bytes, group size, from degree) of the all-gather a reshard into region i moves."""
+    def reshard(i: int, backward: bool) -> tuple[int, tuple[int, ...]]:
+        """(bytes, rank 0's group) of the all-gather a reshard into region i moves."""
         a, b = degrees[i - 1], degrees[i]
         grows = b > a
-        if grows == backward:  # the slicing direction moves nothing
-            return 0, 1, a
         lo, hi = min(a, b), max(a, b)
-        return act_bytes[i if grows else i - 1], hi // lo, lo
+        if grows == backward:  # the slicing direction moves nothing
+            return 0, (0,)
+        return act_bytes[i if grows else i - 1], _group_ranks("merge", lo, hi, world_size)
+
+    def priced(op: str, ranks: tuple[int, ...], nbytes: float) -> float:
+        if len(ranks) <= 1 or nbytes <= 0:
+            return 0.0
+        by_ranks = getattr(costs, "collective_ranks_s", None)  # topology-aware costs
+        if by_ranks is not None:
+            return by_ranks(op, ranks, int(nbytes))
+        return costs.collective_s(op, len(ranks), int(nbytes))
 
     def collective_s(kind: str, index: int) -> float:
         if kind == "dp":
-            return sum(costs.collective_s("all_reduce", dp, numel * BYTES)
-                       for dp, numel in buckets[index] if dp > 1)
+            return sum(priced("all_reduce", _group_ranks("dp", world_size // dp, 0, world_size),
+                              numel * BYTES) for dp, numel in buckets[index])
         if kind in ("rsf", "rsb"):
-            nbytes, size, _ = reshard(index, kind == "rsb")
-            return costs.collective_s("all_gather", size, nbytes) if size > 1 else 0.0
-        return costs.collective_s("all_reduce", degrees[index], act_bytes[index])
+            return priced("all_gather", *reversed(reshard(index, kind == "rsb")))
+        return priced("all_reduce", _group_ranks("tp", degrees[index], 0, world_size),
+                      act_bytes[index])
 
     def stream_of(kind: str, index: int) -> Hashable:
         if kind == "dp":
