@@ -243,7 +243,7 @@ def _train_export_rank(rank, world_size, llama_dir, out_root, tokens):
                 {},
                 cfg,
                 ctx,
-                build_tp_mesh(ctx),
+                {ctx.tp: build_tp_mesh(ctx)},
                 keep=1,
             )
         comm.barrier(ctx.world_group)

@@ -18,7 +18,7 @@ import torch
 
 from oases.config import TrainConfig, load_config
 from oases.model import build_model
-from oases.train.loop import build_optimizer, clip_grad_norm_, lr_at
+from oases.train.optim import build_optimizer, clip_grad_norm_, lr_at
 
 REPO = Path(__file__).resolve().parent.parent
 TINY = REPO / "configs" / "tiny.toml"

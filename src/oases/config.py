@@ -116,11 +116,17 @@ class ModelConfig:
 
 @dataclass
 class ParallelConfig:
-    """Tensor-parallel degree and process-group settings."""
+    """Tensor-parallel degree and process-group settings.
+
+    ``plan``: "" = every region at ``tp``; a path to a plan JSON (``ParallelPlan.save``, e.g.
+    from ``oases plan``) giving every region its own degree, which then replaces ``tp``;
+    "auto" = the planner picks one for this world size (``oases.planner.auto_plan``).
+    """
 
     tp: int = 1
     timeout_s: float = 60.0
     backend: str = "auto"
+    plan: str = ""
 
     def __post_init__(self) -> None:
         _check(
@@ -221,14 +227,28 @@ class Config:
     data: DataConfig = field(default_factory=DataConfig)
     checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
 
-    def validate(self, world_size: int) -> None:
-        """Cross-field checks for a job of ``world_size`` ranks; raises ValueError."""
+    def validate(self, world_size: int, degrees: tuple[int, ...] | None = None) -> None:
+        """Cross-field checks for a job of ``world_size`` ranks; raises ValueError.
+
+        ``degrees``: a plan's TP degree of every region in chain order (the embedding's first),
+        replacing ``parallel.tp``; the batch is then split over the embedding's DP degree (the
+        plan's own checks, ``ParallelPlan.check``, cover heads and ffn)."""
         m, tp, t, n_sub = self.model, self.parallel.tp, self.train, self.schedule.n_sub
         _check(world_size >= 1, f"world_size={world_size} must be >= 1")
-        _divisible("world_size", world_size, "parallel.tp", tp)
-        for name in ("n_heads", "n_kv_heads", "ffn_dim"):
-            _divisible(f"model.{name}", getattr(m, name), "parallel.tp", tp)
+        if degrees is None:
+            _divisible("world_size", world_size, "parallel.tp", tp)
+            for name in ("n_heads", "n_kv_heads", "ffn_dim"):
+                _divisible(f"model.{name}", getattr(m, name), "parallel.tp", tp)
+        else:
+            for d in sorted(set(degrees)):
+                _divisible("world_size", world_size, "a tp degree of parallel.plan", d)
+            tp = degrees[0]
         _divisible("train.micro_batch", t.micro_batch, "schedule.n_sub", n_sub)
+        sub = t.micro_batch // n_sub  # a sub-batch's rows in the embedding's layout
+        for d in sorted(set(degrees or ())):  # where the degree shrinks, reshards slice it
+            _check(sub * d % tp == 0,
+                   f"a sub-batch of train.micro_batch / schedule.n_sub = {sub} rows at the "
+                   f"embedding's tp={tp} has no whole share at the plan's tp={d}")
         dp = world_size // tp
         _check(
             t.global_batch % (t.micro_batch * dp) == 0,

@@ -30,9 +30,10 @@ from torch import Tensor
 from oases.config import ModelConfig
 from oases.hf.convert import PREFIX, Piece, config_from_hf, hf_pieces
 from oases.model import Transformer, rope_tables
-from oases.parallel.apply import parallelize
+from oases.parallel.apply import parallelize, parameter_degrees
 from oases.parallel.context import ParallelContext
 from oases.parallel.layers import ShardSpec, shard_spec
+from oases.plan import ParallelPlan
 
 T = TypeVar("T")
 
@@ -208,6 +209,7 @@ def hf_model_config(
 def load_hf(
     path: str | os.PathLike[str],
     ctx: ParallelContext | None = None,
+    plan: ParallelPlan | None = None,
     *,
     max_seq_len: int | None = None,
     dropout: float = 0.0,
@@ -215,7 +217,8 @@ def load_hf(
     """Read a local HF GPT-2 / LLaMA / Mistral directory (``config.json`` + safetensors).
 
     Without ``ctx``: the single-device fp32 model on the CPU. With ``ctx``: the model
-    parallelized over ``ctx.tp_group`` on ``ctx.device``, each rank reading only its slices.
+    parallelized over ``ctx.tp_group`` (or by ``plan``, every region at its own degree) on
+    ``ctx.device``, each rank reading only its slices.
     ``max_seq_len`` caps ``seq_len`` (GPT-2 keeps the first rows of its position table);
     ``dropout`` is the model's (default 0: HF dropout settings are not carried over).
     ValueError (one line) for a missing file or tensor and for unsupported architectures.
@@ -227,10 +230,12 @@ def load_hf(
             model = Transformer(cfg)
         pieces = hf_pieces(cfg)
         _check_shapes(reader, pieces, {name: p.shape for name, p in model.named_parameters()})
-        device, rank, tp = torch.device("cpu"), 0, 1
+        device, degrees = torch.device("cpu"), {}
         if ctx is not None:
-            parallelize(model, ctx)  # on meta: shapes and shard specs only, no memory
-            device, rank, tp = ctx.device, ctx.tp_rank, ctx.tp
+            parallelize(model, ctx, plan)  # on meta: shapes and shard specs only, no memory
+            device = ctx.device
+            by_id = parameter_degrees(model)
+            degrees = {name: by_id[id(p)] for name, p in model.named_parameters()}
         specs = {name: shard_spec(p) for name, p in model.named_parameters()}
         model.to_empty(device=device)
         # to_empty gives every module a new Parameter (meta -> cpu): re-attach the ShardSpecs
@@ -242,6 +247,8 @@ def load_hf(
                 p._oases_shard = specs[name]  # type: ignore[attr-defined]
         with torch.no_grad():
             for name, p in model.named_parameters():  # a tied head appears once, as embed
+                tp = degrees.get(name, 1)  # this rank's TP group at the region's degree
+                rank = 0 if ctx is None else ctx.groups_for(tp)[0].rank
                 local = read_local(reader, pieces[name], p.shape, shard_spec(p), rank, tp)
                 if local.shape != p.shape:
                     raise ValueError(

@@ -3,7 +3,8 @@ transformers loads (``config.json`` in the HF format, ``model.safetensors`` with
 layouts, fp32).
 
 Under TP every rank gathers each sharded parameter over its TP group (``comm.gather_from_tp``,
-one parameter at a time) and rank 0 writes; the other ranks drop the full tensors at once.
+one parameter at a time; under a mixed-degree plan, the group of the parameter's region) and
+rank 0 writes; the other ranks drop the full tensors at once.
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ from oases.hf.convert import config_to_hf, hf_pieces
 from oases.hf.load import SINGLE_FILE, safetensors_module, user_input_errors
 from oases.model import Transformer
 from oases.parallel import comm
+from oases.parallel.apply import parameter_degrees
 from oases.parallel.context import Group, ParallelContext
 from oases.parallel.layers import shard_spec, unshard_tensor
 
@@ -37,13 +39,14 @@ def gather_full_tensor(param: Tensor, group: Group) -> Tensor:
     return unshard_tensor(list(shards.unbind(0)), spec)
 
 
-def full_state_dict(model: Transformer, group: Group | None = None) -> dict[str, Tensor]:
+def full_state_dict(model: Transformer, ctx: ParallelContext | None = None) -> dict[str, Tensor]:
     """Oases name -> full fp32 CPU tensor (a tied head appears once, as ``embed.weight``).
-    Every rank of ``group`` must call it (it gathers the shards)."""
-    if group is None and model.parallel_ctx is not None:
-        group = model.parallel_ctx.tp_group
+    Every rank must call it (it gathers each shard over the TP group of its region's degree)."""
+    ctx = ctx if ctx is not None else model.parallel_ctx
+    degrees = parameter_degrees(model)
     out = {}
     for name, p in model.named_parameters():
+        group = None if ctx is None else ctx.groups_for(degrees.get(id(p), ctx.tp))[0]
         full = p.detach() if group is None else gather_full_tensor(p, group)
         out[name] = full.float().cpu()
     return out
@@ -85,7 +88,7 @@ def save_hf(
     Under TP every rank must call it; global rank 0 writes and the others return at once
     (call ``comm.barrier`` before reading the files from another rank)."""
     ctx = ctx if ctx is not None else model.parallel_ctx
-    full = full_state_dict(model, None if ctx is None else ctx.tp_group)
+    full = full_state_dict(model, ctx)
     if ctx is None or ctx.rank == 0:
         write_hf_dir(model.cfg, full, out_dir)
     return Path(out_dir)

@@ -136,6 +136,14 @@ def region_parameters(model: Transformer) -> dict[str, list[nn.Parameter]]:
     return out
 
 
+def parameter_degrees(model: Transformer) -> dict[int, int]:
+    """id(parameter) -> the TP degree of its region ({} for a model that is not parallelized)."""
+    plan = model.parallel_plan
+    if plan is None:
+        return {}
+    return {id(p): plan.tp_of(name) for name, ps in region_parameters(model).items() for p in ps}
+
+
 def reduce_gradients(model: Transformer) -> None:
     """Average gradients over data parallelism for any plan: each region's gradients are
     summed over its own DP group and divided by the head's DP degree (the number of distinct

@@ -219,18 +219,22 @@ def close_distributed() -> None:
         dist.destroy_process_group()
 
 
-def build_tp_mesh(ctx: ParallelContext) -> Any:
-    """The "tp" sub-mesh of a (dp, tp) ``DeviceMesh`` (for DTensor: checkpoints, the torch-tp
-    peer), or None when nothing is sharded across processes (tp == 1 or one process).
-    Collective: every rank calls it, in the same order. The row-major (dp, tp) layout puts
-    ranks ``i*tp .. i*tp+tp-1`` in one TP mesh, exactly ``ctx.tp_group`` (checked)."""
-    if ctx.tp == 1 or not (dist.is_available() and dist.is_initialized()):
+def build_tp_mesh(ctx: ParallelContext, tp: int | None = None) -> Any:
+    """The "tp" sub-mesh of a (dp, tp) ``DeviceMesh`` at degree ``tp`` (default ``ctx.tp``; for
+    DTensor: checkpoints, the torch-tp peer), or None when nothing is sharded across processes
+    (tp == 1 or one process). Collective: every rank calls it, in the same order. The row-major
+    (dp, tp) layout puts ranks ``i*tp .. i*tp+tp-1`` in one TP mesh, exactly the TP group of
+    ``ctx.groups_for(tp)`` (checked)."""
+    tp = ctx.tp if tp is None else tp
+    if tp == 1 or not (dist.is_available() and dist.is_initialized()):
         return None
     from torch.distributed.device_mesh import init_device_mesh
 
-    mesh = init_device_mesh(ctx.device.type, (ctx.dp, ctx.tp), mesh_dim_names=("dp", "tp"))
+    mesh = init_device_mesh(ctx.device.type, (ctx.world_size // tp, tp),
+                            mesh_dim_names=("dp", "tp"))
     tp_mesh = mesh["tp"]
     ranks = tuple(int(r) for r in tp_mesh.mesh.flatten().tolist())
-    if ranks != ctx.tp_group.ranks:
-        raise RuntimeError(f"DeviceMesh TP ranks {ranks} differ from the TP group {ctx.tp_group}")
+    group = ctx.groups_for(tp)[0]
+    if ranks != group.ranks:
+        raise RuntimeError(f"DeviceMesh TP ranks {ranks} differ from the TP group {group}")
     return tp_mesh

@@ -22,13 +22,15 @@ Resharding. Keys name the *full* (unsharded) tensors, so any tp reads any other 
     rng.rank<r>.cpu, rng.rank<r>.cuda   each rank's torch RNG state (uint8 tensors)
 
 Part i of a sharded parameter is saved as a ``DTensor`` sharded along ``ShardSpec.dim`` over the
-TP sub-mesh of a (dp, tp) device mesh, with the part's full shape. A padded part (the
+TP sub-mesh of a (dp, tp) device mesh at the degree of the parameter's region (a mixed-degree plan
+passes one mesh per degree), with the part's full shape. A padded part (the
 vocabulary) has ``parts[i]`` real rows; with the chunk size c = ceil(parts[i] / tp), rank r's
 real rows are ``[r*c, min((r+1)*c, parts[i]))`` - exactly ``torch.chunk``'s uneven chunks, which
 is how DTensor places ``Shard(dim)``, so the padding is sliced off before saving and zero-filled
 on loading. DCP writes replicated tensors once (it de-duplicates equal keys across ranks) and
 each shard once (the DP replicas of a shard have the same key and offset). Loading builds the
-same keys in the *current* layout and lets DCP read the overlapping pieces.
+same keys in the *current* layout and lets DCP read the overlapping pieces, so a run resumes at
+any tp and under any plan (uniform or mixed), whatever layout saved it.
 
 Safety: DCP 2.13 reads tensors with ``torch.load(weights_only=True)`` but its ``.metadata`` with
 a plain ``pickle.load``, and it hands "bytes" entries to ``torch.load(weights_only=False)``.
@@ -60,6 +62,7 @@ from torch.distributed.checkpoint.api import CheckpointException
 
 from oases.config import Config, config_to_dict
 from oases.parallel import comm
+from oases.parallel.apply import parameter_degrees
 from oases.parallel.context import ParallelContext
 from oases.parallel.layers import ShardSpec, shard_spec
 from oases.train.safe_load import SafeReader, TensorOnlyPlanner, load_metadata
@@ -201,13 +204,15 @@ def _parts(local: Tensor, spec: ShardSpec, tp_rank: int, tp: int) -> list[tuple[
     return out
 
 
-def _entries(name: str, t: Tensor, spec: ShardSpec | None, ctx: ParallelContext,
+def _entries(name: str, t: Tensor, spec: ShardSpec | None, tp: int, ctx: ParallelContext,
              mesh: Any) -> dict[str, Tensor]:
-    """Checkpoint entries of one tensor with a parameter's layout: views or DTensors of ``t``."""
+    """Checkpoint entries of one tensor with a parameter's layout (sharded over the TP group of
+    degree ``tp``, whose mesh is ``mesh``): views or DTensors of ``t``."""
     if spec is None:
         return {name: t}
     out: dict[str, Tensor] = {}
-    for i, (piece, full_shape) in enumerate(_parts(t, spec, ctx.tp_rank, ctx.tp)):
+    tp_rank = ctx.groups_for(tp)[0].rank
+    for i, (piece, full_shape) in enumerate(_parts(t, spec, tp_rank, tp)):
         if mesh is None:
             out[f"{name}/part{i}"] = piece
         else:
@@ -231,16 +236,17 @@ def _adam_state(optimizer: torch.optim.Optimizer, p: nn.Parameter) -> dict[str, 
 
 
 def _local_tensors(model: nn.Module, optimizer: torch.optim.Optimizer
-                   ) -> list[tuple[str, Tensor, ShardSpec | None]]:
-    """(key, local tensor, spec) for every parameter and optimizer-state tensor."""
+                   ) -> list[tuple[str, Tensor, ShardSpec | None, int]]:
+    """(key, local tensor, spec, TP degree) for every parameter and optimizer-state tensor."""
+    degrees = parameter_degrees(model)
     out = []
     for name, p in model.named_parameters():  # a tied weight once, under its first name
-        spec = shard_spec(p)
-        out.append((f"model.{name}", p.data, spec))
+        spec, tp = shard_spec(p), degrees.get(id(p), 1)
+        out.append((f"model.{name}", p.data, spec, tp))
         state = _adam_state(optimizer, p)
-        out.append((f"optim.{name}.exp_avg", state["exp_avg"], spec))
-        out.append((f"optim.{name}.exp_avg_sq", state["exp_avg_sq"], spec))
-        out.append((f"optim.{name}.step", state["step"], None))
+        out.append((f"optim.{name}.exp_avg", state["exp_avg"], spec, tp))
+        out.append((f"optim.{name}.exp_avg_sq", state["exp_avg_sq"], spec, tp))
+        out.append((f"optim.{name}.step", state["step"], None, tp))
     return out
 
 
@@ -256,10 +262,12 @@ def _rng_state(device: torch.device) -> dict[str, Tensor]:
 
 def save_checkpoint(
     root: Path, step: int, model: nn.Module, optimizer: torch.optim.Optimizer,
-    extras: dict[str, Any], cfg: Config, ctx: ParallelContext, mesh: Any, keep: int,
-    files: dict[str, Path] | None = None,
+    extras: dict[str, Any], cfg: Config, ctx: ParallelContext, meshes: dict[int, Any],
+    keep: int, files: dict[str, Path] | None = None,
 ) -> Path:
     """Write checkpoint ``root/step_<step>`` atomically on every rank; returns its path.
+
+    ``meshes``: the TP mesh of every degree the model uses (``build_tp_mesh(ctx, tp)``).
 
     ``extras`` (JSON: the data position and the like) is stored with the step, the resolved
     config and the layout; ``files`` (name -> path on rank 0, e.g. the tokenizer) are copied in
@@ -273,8 +281,8 @@ def save_checkpoint(
             shutil.rmtree(tmp)
     comm.barrier(ctx.world_group)
     state: dict[str, Tensor] = {}
-    for key, t, spec in _local_tensors(model, optimizer):
-        state |= _entries(key, t.detach(), spec, ctx, mesh)
+    for key, t, spec, tp in _local_tensors(model, optimizer):
+        state |= _entries(key, t.detach(), spec, tp, ctx, meshes.get(tp))
     for kind, t in _rng_state(ctx.device).items():
         state[f"rng.rank{ctx.rank}.{kind}"] = t
     with _single_process_quiet():  # returns once every rank's files and .metadata are written
@@ -286,7 +294,8 @@ def save_checkpoint(
         files = {f.name: f.stat().st_size for f in sorted(tmp.iterdir()) if f.is_file()}
         manifest = {
             "format": FORMAT_VERSION, "step": step, "tp": ctx.tp, "dp": ctx.dp,
-            "world_size": ctx.world_size, "torch": torch.__version__, "extras": extras,
+            "degrees": _region_degrees(model), "world_size": ctx.world_size,
+            "torch": torch.__version__, "extras": extras,
             "config": config_to_dict(cfg), "files": files,
         }
         _write_synced(tmp / MANIFEST, json.dumps(manifest, indent=1))
@@ -295,6 +304,12 @@ def save_checkpoint(
         _prune(root, keep, final)
     comm.barrier(ctx.world_group)
     return final
+
+
+def _region_degrees(model: nn.Module) -> dict[str, int]:
+    """The TP degree of every region of a parallelized model (for the record)."""
+    plan = getattr(model, "parallel_plan", None)
+    return {} if plan is None else {r.name: r.tp for r in plan.regions}
 
 
 def _single_process() -> bool:
@@ -359,8 +374,8 @@ def check_checkpoint(path: Path, model: nn.Module, optimizer: torch.optim.Optimi
     manifest. ValueError naming the path: incomplete, truncated, or shapes that differ."""
     manifest = read_manifest(path)
     saved = load_metadata(path).state_dict_metadata
-    for key, t, spec in _local_tensors(model, optimizer):
-        entries = _entries(key, t, spec, ctx, None)  # plain views: the full shapes below
+    for key, t, spec, tp in _local_tensors(model, optimizer):
+        entries = _entries(key, t, spec, tp, ctx, None)  # plain views: the full shapes below
         for k, v in entries.items():
             full = v.shape if spec is None else _full_shape(k, t, spec)
             if k not in saved:
@@ -381,7 +396,7 @@ def _full_shape(key: str, t: Tensor, spec: ShardSpec) -> torch.Size:
 
 
 def load_checkpoint(path: Path, model: nn.Module, optimizer: torch.optim.Optimizer,
-                    ctx: ParallelContext, mesh: Any) -> dict[str, Any]:
+                    ctx: ParallelContext, meshes: dict[int, Any]) -> dict[str, Any]:
     """Load checkpoint ``path`` into ``model`` and ``optimizer`` (any saved tp) on every rank and
     restore this rank's RNG; returns the manifest. Call ``check_checkpoint`` first (locally) so
     that user errors surface before this collective. A read failure inside DCP raises the same
@@ -391,8 +406,9 @@ def load_checkpoint(path: Path, model: nn.Module, optimizer: torch.optim.Optimiz
     targets = _local_tensors(model, optimizer)
     state: dict[str, Tensor] = {}
     buffers: list[tuple[Tensor, Tensor]] = []  # (destination view, buffer DCP fills)
-    for key, t, spec in targets:
-        for k, view in _entries(key, t.detach(), spec, ctx, None).items():
+    for key, t, spec, tp in targets:
+        mesh = meshes.get(tp)
+        for k, view in _entries(key, t.detach(), spec, tp, ctx, None).items():
             buf = torch.empty_like(view, memory_format=torch.contiguous_format)
             buffers.append((view, buf))
             if spec is None or mesh is None:
@@ -417,7 +433,7 @@ def load_checkpoint(path: Path, model: nn.Module, optimizer: torch.optim.Optimiz
             f"checkpoint {path}: a tensor file is corrupt or unreadable ({_last_line(exc)})"
         ) from None
     with torch.no_grad():
-        for _, t, spec in targets:
+        for _, t, spec, _ in targets:
             if spec is not None and spec.pad:
                 t.zero_()  # padding rows of the vocabulary stay zero
         for view, buf in buffers:

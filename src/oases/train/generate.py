@@ -13,6 +13,10 @@ activations diverge. The draws therefore come only from an explicit ``torch.Gene
 caller seeds identically on every rank (``sampling_generator(seed)``); the global RNG state is
 never read or advanced, so sampling in the middle of a run does not change training's random
 stream. No KV cache: the context is re-run each step, which is fine for a short sample.
+
+Under a mixed-degree plan the batch changes size between regions (gathered where the TP degree
+grows, sliced where it shrinks): sample from one prompt, run as ``replicas`` identical rows so
+that every slice keeps a whole row; the head's first row picks the token for all of them.
 """
 
 from __future__ import annotations
@@ -62,6 +66,7 @@ def generate(
     temperature: float = 0.8,
     top_k: int | None = 40,
     generator: torch.Generator | None = None,
+    replicas: int = 1,
 ) -> Tensor:
     """Prompt [B, P] (or [P]) int -> [B, P + N] int64: the prompt followed by N = max_new_tokens
     sampled tokens (on the model's device).
@@ -70,7 +75,8 @@ def generate(
     ``generator`` drives the draws (on TP, seed it identically on every rank; on CUDA a CPU
     generator works: the probabilities are moved to its device for the draw). Without one, a
     generator seeded with 0 is used, never the global RNG. Runs under ``torch.no_grad`` in eval
-    mode and restores the model's train/eval mode afterwards.
+    mode and restores the model's train/eval mode afterwards. ``replicas`` > 1 (a one-row prompt
+    under a mixed-degree plan, see above): the prompt runs as that many identical rows.
     """
     if prompt_tokens.dim() == 1:
         prompt_tokens = prompt_tokens.unsqueeze(0)  # [1, P]
@@ -84,8 +90,12 @@ def generate(
         raise ValueError(f"temperature={temperature} must be >= 0")
     if top_k is not None and top_k < 1:
         raise ValueError(f"top_k={top_k} must be >= 1 or None")
+    if replicas < 1 or (replicas > 1 and prompt_tokens.shape[0] != 1):
+        raise ValueError(f"replicas={replicas} must be >= 1, and 1 for a batch of "
+                         f"{prompt_tokens.shape[0]} prompts")
     S = model.cfg.seq_len
     tokens = prompt_tokens.to(_model_device(model), dtype=torch.long)  # [B, P]
+    tokens = tokens.expand(replicas, -1) if replicas > 1 else tokens  # [replicas, P]
     was_training = model.training
     model.eval()
     try:
@@ -93,10 +103,12 @@ def generate(
             for _ in range(max_new_tokens):
                 context = tokens[:, -S:]  # [B, min(P + n, S)]
                 logits = model(context)[:, -1, :]  # [B, V]
+                if prompt_tokens.shape[0] == 1:  # a mixed plan's head may hold several copies
+                    logits = logits[:1]
                 nxt = next_token(
                     logits, temperature=temperature, top_k=top_k, generator=generator
                 )  # [B, 1]
-                tokens = torch.cat([tokens, nxt], dim=1)  # [B, P + n + 1]
+                tokens = torch.cat([tokens, nxt.expand(tokens.shape[0], -1)], dim=1)  # [B, P+n+1]
     finally:
         model.train(was_training)
-    return tokens
+    return tokens[:1] if replicas > 1 else tokens

@@ -7,6 +7,11 @@ Every rank runs ``train(cfg)``. Order of one step::
     clip_grad_norm_         global norm over TP shards (all-reduce) + replicated params (once)
     optimizer.step, zero_grad
 
+``parallel.plan`` (a plan file, or "auto") gives every region its own TP degree: the process
+groups of every degree are built, the batch is dealt out in the embedding's layout (B = G / dp
+of the embedding), the schedule reshards between regions, the gradient norm sums each degree's
+shards over that degree's TP group, and losses are averaged over the head's DP group.
+
 On CUDA the step runs under bf16 autocast (the parameters, gradients and AdamW state stay fp32:
 fp32 master weights); on CPU everything is fp32.
 
@@ -30,19 +35,20 @@ import json
 import math
 import sys
 import time
-from collections.abc import Iterable
+import zlib
 from pathlib import Path
 from typing import Any, TextIO
 
 import torch
 from torch import nn
 
-from oases.config import Config, TrainConfig, config_to_dict, save_config
+from oases.config import Config, config_to_dict, save_config
 from oases.memory import peak_memory_mb
 from oases.model import build_model, count_params
 from oases.parallel import comm
-from oases.parallel.apply import parallelize, shard_spec
+from oases.parallel.apply import parallelize, parameter_degrees
 from oases.parallel.context import Group, ParallelContext, build_tp_mesh, init_distributed
+from oases.plan import ParallelPlan
 from oases.schedule import Timeline, build_schedule, record_timeline
 from oases.train import checkpoint as ckpt
 from oases.train.data import (
@@ -54,6 +60,7 @@ from oases.train.data import (
     tokenize_corpus,
 )
 from oases.train.generate import generate, sampling_generator
+from oases.train.optim import build_optimizer, clip_grad_norm_, lr_at
 from oases.train.progress import Progress
 from oases.train.tokenizer import TOKENIZER_FILE, Tokenizer, check_tokenizer_name, save_tokenizer
 
@@ -70,10 +77,28 @@ def resolve_init_from(cfg: Config) -> None:
                                         init_std=cfg.model.init_std)
 
 
-def check_config(cfg: Config, world_size: int) -> None:
-    """Every user-input check that needs no data and no collective; ValueError with numbers."""
+def resolve_plan(cfg: Config, world_size: int) -> ParallelPlan | None:
+    """``parallel.plan``: None for "" (every region at ``parallel.tp``), the planner's choice
+    for "auto", else the plan file; checked against the model and the world size."""
+    source = cfg.parallel.plan
+    if not source:
+        return None
+    if source == "auto":
+        from oases.planner import auto_plan
+
+        plan = auto_plan(cfg, world_size)
+    else:
+        plan = ParallelPlan.load(source)
+    plan.check(cfg.model, world_size)
+    return plan
+
+
+def check_config(cfg: Config, world_size: int) -> ParallelPlan | None:
+    """Every user-input check that needs no data and no collective; ValueError with numbers.
+    Returns the plan of ``parallel.plan`` (None: uniform at ``parallel.tp``)."""
     resolve_init_from(cfg)
-    cfg.validate(world_size)
+    plan = resolve_plan(cfg, world_size)
+    cfg.validate(world_size, None if plan is None else tuple(r.tp for r in plan.regions))
     hf_dir = cfg.model.init_from[3:]
     own_tokenizer = hf_dir and (Path(hf_dir) / TOKENIZER_FILE).is_file()
     if own_tokenizer and cfg.data.tokenizer != f"hf:{hf_dir}":
@@ -93,6 +118,7 @@ def check_config(cfg: Config, world_size: int) -> None:
             f"model.vocab_size={cfg.model.vocab_size} is smaller than the {cfg.data.tokenizer}"
             f" tokenizer's vocabulary of {want}"
         )
+    return plan
 
 
 def build_run_tokenizer(cfg: Config, corpus: Corpus, resume_from: Path | None) -> Tokenizer:
@@ -109,50 +135,10 @@ def build_run_tokenizer(cfg: Config, corpus: Corpus, resume_from: Path | None) -
     return tok
 
 
-def lr_at(step: int, t: TrainConfig) -> float:
-    """Learning rate of 0-based ``step``: linear warmup to ``lr``, cosine decay to ``min_lr``."""
-    if step < t.warmup_steps:
-        return t.lr * (step + 1) / t.warmup_steps
-    progress = (step - t.warmup_steps) / max(1, t.steps - t.warmup_steps)
-    return t.min_lr + 0.5 * (t.lr - t.min_lr) * (1.0 + math.cos(math.pi * min(1.0, progress)))
-
-
-def build_optimizer(model: nn.Module, t: TrainConfig) -> torch.optim.AdamW:
-    """AdamW; biases, norms and embeddings (by name) get no weight decay."""
-    decay, no_decay = [], []
-    for name, p in model.named_parameters():  # a tied weight appears once, as embed.weight
-        if not p.requires_grad:
-            continue
-        skip = name.endswith("bias") or "norm" in name or "embed" in name
-        (no_decay if skip else decay).append(p)
-    groups = [
-        {"params": decay, "weight_decay": t.weight_decay},
-        {"params": no_decay, "weight_decay": 0.0},
-    ]
-    return torch.optim.AdamW(groups, lr=lr_at(0, t), betas=(0.9, 0.95), eps=1e-8)
-
-
-def clip_grad_norm_(params: Iterable[nn.Parameter], max_norm: float, tp_group: Group) -> float:
-    """Clip ``.grad`` in place by the global norm of the full (unsharded) model's gradient.
-
-    Sharded parameters contribute their local sum of squares, summed over the TP group by one
-    all-reduce; replicated parameters hold the same gradient on every TP rank and are counted
-    once. Gradients must already be averaged over DP. ``max_norm <= 0`` only measures.
-    Returns the norm before clipping.
-    """
-    params = [p for p in {id(p): p for p in params}.values() if p.grad is not None]
-    if not params:
-        return 0.0
-    zero = params[0].grad.new_zeros((), dtype=torch.float32)
-    sharded = sum((p.grad.float().pow(2).sum() for p in params if shard_spec(p) is not None), zero)
-    replicated = sum((p.grad.float().pow(2).sum() for p in params if shard_spec(p) is None), zero)
-    sharded = comm.all_reduce_(sharded.reshape(1), tp_group, direction="backward", tag="grad-norm")
-    norm = float((sharded[0] + replicated).sqrt())
-    if max_norm > 0 and norm > max_norm:
-        coef = max_norm / (norm + 1e-6)
-        for p in params:
-            p.grad.mul_(coef)
-    return norm
+def loss_group(model: nn.Module, ctx: ParallelContext) -> Group:
+    """The head's DP group: one rank of every head TP group, so the mean of the ranks' losses
+    over it is the global loss (the DP group of a uniform plan)."""
+    return ctx.groups_for(model.parallel_plan.tp_of("head"))[1]
 
 
 @torch.no_grad()
@@ -166,7 +152,7 @@ def evaluate(model: nn.Module, batches: PackedBatches, ctx: ParallelContext, n: 
         tokens, targets = batches.batch(i)
         total += model(tokens.to(ctx.device), targets.to(ctx.device)).float()
     model.train(was_training)
-    return float(comm.all_reduce_mean(total / n, ctx.dp_group))
+    return float(comm.all_reduce_mean(total / n, loss_group(model, ctx)))
 
 
 def _format_config(cfg: Config) -> str:
@@ -272,9 +258,9 @@ def train(
     resumed run stops at the same place), with a checkpoint, as a stopped job would; the LR
     schedule still follows ``train.steps``.
     """
-    ctx = init_distributed(
-        tp=cfg.parallel.tp, timeout_s=cfg.parallel.timeout_s, backend=cfg.parallel.backend
-    )
+    groups = dict(timeout_s=cfg.parallel.timeout_s, backend=cfg.parallel.backend)
+    # with a plan, its degrees' groups are built once every rank has read it
+    ctx = init_distributed(tp=1 if cfg.parallel.plan else cfg.parallel.tp, **groups)
     t, S = cfg.train, cfg.model.seq_len
     is_main = ctx.rank == 0
     end = t.steps if stop_after is None else min(t.steps, stop_after)
@@ -290,8 +276,19 @@ def train(
 
     error: ValueError | None = None
     resume_from: Path | None = None
+    plan: ParallelPlan | None = None
     try:  # local setup only: no collective until every rank agrees it succeeded
-        check_config(cfg, ctx.world_size)
+        plan = check_config(cfg, ctx.world_size)
+    except ValueError as exc:
+        error = exc
+    agree_on_setup(ctx, error)
+    if plan is None:
+        plan = ParallelPlan.uniform(cfg.model, ctx.world_size, ctx.tp)
+    else:
+        agree_on_value(ctx, zlib.crc32(plan.to_json().encode()) % (1 << 24),
+                       "parallel.plan (every machine must read the same plan)")
+        ctx = init_distributed(tp=plan.tp_of("embed"), degrees=plan.degrees(), **groups)
+    try:
         resume_from = ckpt.resolve_resume(cfg)
         if resume_from is not None:
             check_resume_compatible(cfg, ckpt.read_manifest(resume_from), resume_from)
@@ -338,13 +335,13 @@ def train(
     if cfg.model.init_from and resume_from is None:  # each rank reads only its own slices
         from oases.hf import load_hf
 
-        _, model = load_hf(cfg.model.init_from[3:], ctx, max_seq_len=cfg.model.seq_len,
+        _, model = load_hf(cfg.model.init_from[3:], ctx, plan, max_seq_len=cfg.model.seq_len,
                            dropout=cfg.model.dropout)
         n_params = cfg.model.num_params()
     else:
         model = build_model(cfg.model)
         n_params = count_params(model)
-        parallelize(model, ctx)
+        parallelize(model, ctx, plan)
     model.train()
     optimizer = build_optimizer(model, t)
     schedule = build_schedule(
@@ -353,7 +350,9 @@ def train(
         micro_batch=t.micro_batch,
         max_inflight=cfg.schedule.max_inflight,
     )
-    mesh = build_tp_mesh(ctx)
+    meshes = {d: build_tp_mesh(ctx, d) for d in plan.degrees()}  # checkpoints' DTensors
+    tp_groups = {pid: ctx.groups_for(d)[0] for pid, d in parameter_degrees(model).items()}
+    losses_over = loss_group(model, ctx)
     start_step = 0
     if resume_from is not None:
         try:  # local checks first (complete, sizes, shapes), so a bad checkpoint never hangs
@@ -361,7 +360,7 @@ def train(
         except ValueError as exc:
             error = exc
         agree_on_setup(ctx, error)
-        manifest = ckpt.load_checkpoint(resume_from, model, optimizer, ctx, mesh)
+        manifest = ckpt.load_checkpoint(resume_from, model, optimizer, ctx, meshes)
         start_step = int(manifest["step"])
         train_data.load_state_dict(manifest["extras"]["data"])
 
@@ -383,9 +382,12 @@ def train(
         f" {len(corpus.train) / 1e6:.2f}M train / {len(corpus.val) / 1e6:.2f}M val tokens"
         f" ({len(corpus.train_files)} + {len(corpus.val_files)} files)"
     )
+    if not plan.is_uniform():
+        say("plan: " + ", ".join(f"{r.name} tp={r.tp}" for r in plan.regions))
     if resume_from is not None:
-        say(f"resumed from {resume_from} at step {start_step} (saved at tp={manifest['tp']},"
-            f" dp={manifest['dp']})")
+        saved_degrees = sorted(set(manifest.get("degrees", {}).values()) | {manifest["tp"]})
+        say(f"resumed from {resume_from} at step {start_step} (saved at tp="
+            f"{'/'.join(map(str, saved_degrees))} on {manifest['world_size']} ranks)")
 
     def write(row: dict[str, Any]) -> None:
         if metrics is not None:
@@ -402,7 +404,7 @@ def train(
     def save(step: int) -> Path:
         extras = {"data": train_data.state_dict(), "lr": lr_at(max(0, step - 1), t)}
         path = ckpt.save_checkpoint(ckpt.checkpoint_root(cfg), step, model, optimizer, extras,
-                                    cfg, ctx, mesh, cfg.checkpoint.keep, tokenizer_files)
+                                    cfg, ctx, meshes, cfg.checkpoint.keep, tokenizer_files)
         say(f"step {step:5d}/{t.steps}  checkpoint {path}")
         return path
 
@@ -431,10 +433,11 @@ def train(
             if timeline is not None:  # one step's picture, the second of the run (warmed up)
                 save_timeline(timeline, ctx, run_dir / "timeline.png",
                               f"{cfg.schedule.name}, step {step + 1}, {ctx}")
-            grad_norm = clip_grad_norm_(model.parameters(), t.grad_clip, ctx.tp_group)
+            grad_norm = clip_grad_norm_(model.parameters(), t.grad_clip, ctx.tp_group,
+                                        tp_groups)
             optimizer.step()
             optimizer.zero_grad(set_to_none=True)
-            loss = float(comm.all_reduce_mean(local.float(), ctx.dp_group))
+            loss = float(comm.all_reduce_mean(local.float(), losses_over))
             if not math.isfinite(loss):  # the same on every rank: rank 0 reports it
                 msg = f"loss became {loss} at step {step + 1}; try a lower train.lr={t.lr}"
                 raise ValueError(msg) if is_main else PeerError(msg)
@@ -475,7 +478,8 @@ def train(
             saved = save(final)
         if t.sample_tokens:  # every rank samples (the logits are gathered over TP)
             prompt = torch.tensor([[tok.doc_sep_id]], device=ctx.device)
-            out = generate(model, prompt, t.sample_tokens, generator=sampling_generator(t.seed))
+            out = generate(model, prompt, t.sample_tokens, generator=sampling_generator(t.seed),
+                           replicas=plan.tp_of("embed") // min(plan.degrees()))
             say("sample:\n" + tok.decode(out[0, 1:].tolist()))
     finally:
         if metrics is not None:
