@@ -176,6 +176,21 @@ def _load_tp2_rank(rank, world_size, dirs, tokens):
             n: shard_spec(p) for n, p in twin.named_parameters()
         }
         out[name] = (logits, log, {n: tuple(p.shape) for n, p in model.named_parameters()})
+    # a mixed-degree plan (tp 2 and 1; the batch of 2 rows is sliced at tp=1): each region
+    # reads its slices at its own degree, and save_hf gathers each over its own group
+    from oases.plan import ParallelPlan, RegionPlan, region_names
+
+    safetensors.safe_open = real
+    for name, path in dirs.items():
+        cfg = load_hf(path)[0]
+        degrees = (2, 1, 2, 2, 1, 2)
+        plan = ParallelPlan([RegionPlan(n, t, world_size // t)
+                             for n, t in zip(region_names(cfg), degrees)])
+        mixed_ctx = oases.init_distributed(tp=2, degrees=plan.degrees())
+        _, model = load_hf(path, mixed_ctx, plan)
+        with torch.no_grad():
+            out[name, "mixed"] = model.eval()(tokens)
+        save_hf(model, f"{path}-mixed-export")
     return out
 
 
@@ -183,6 +198,12 @@ def test_load_tp2_matches_and_reads_only_slices(hf_dirs, spawn_ranks):
     dirs = {name: str(path) for name, (path, _) in hf_dirs.items()}
     results = spawn_ranks(_load_tp2_rank, 2, dirs, _tokens())
     for rank, res in enumerate(results):
+        for name in dirs:
+            mixed = res.pop((name, "mixed"))
+            torch.testing.assert_close(mixed, hf_dirs[name][1], **TOL, msg=f"{name} mixed")
+            _, again = load_hf(f"{dirs[name]}-mixed-export")  # the export is the same model
+            with torch.no_grad():
+                torch.testing.assert_close(again.eval()(_tokens()), hf_dirs[name][1], **TOL)
         for name, (logits, log, shapes) in res.items():
             torch.testing.assert_close(logits, hf_dirs[name][1], **TOL, msg=f"{name} r{rank}")
             heads = 4 + 2 * (4 if name == "gpt2" else 2)  # A + 2K (GQA for llama)
