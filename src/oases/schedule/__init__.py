@@ -3,7 +3,8 @@
 ``build_schedule(name, n_sub)`` returns a ``Schedule`` whose ``step(model, tokens, targets)``
 runs forward and backward of this rank's share of the batch through the executor, leaves
 gradients averaged over data parallelism in ``.grad`` and returns the mean loss of this rank's
-rows. Names: megatron, megatron-recompute, commfree-recompute, overlap, overlap-recompute, oases.
+rows. Names: megatron, megatron-recompute, commfree-recompute, overlap, overlap-recompute, oases
+(``SCHEDULES``, the paper's ablation set), and the baseline merak (``program.BASELINES``).
 
 Under a mixed-degree plan (``parallelize(model, ctx, plan)``) the batch is in the embedding's
 layout (``world_size / tp_of("embed")`` data-parallel shares), every region runs at its own
@@ -21,10 +22,10 @@ from torch import Tensor
 
 from oases.model import Transformer, check_batch
 from oases.schedule.executor import Executor
-from oases.schedule.program import SPECS, Instr, build_program, sub_batches
+from oases.schedule.program import BASELINES, SPECS, Instr, build_program, sub_batches
 from oases.schedule.timeline import Timeline, record_timeline
 
-SCHEDULES = tuple(SPECS)
+SCHEDULES = tuple(name for name in SPECS if name not in BASELINES)
 
 __all__ = ["SCHEDULES", "Schedule", "Timeline", "build_schedule", "record_timeline"]
 

@@ -51,6 +51,20 @@ Schedules (name: sub-batches, overlap, what recompute repeats):
     overlap              k  yes  no recompute
     overlap-recompute    k  yes  per-block recompute (cross-pass overlap)
     oases                k  yes  communication-free recompute
+    merak (baseline)     k  yes, inside a block and a pass only; per-block recompute
+
+Merak's sub-pipelined TMP (Lai et al., "Merak", IEEE TPDS 2023), the paper's strongest
+baseline, is rebuilt as a program for comparison (``BASELINES``; not one of the paper's
+ablation schedules). It uses activation checkpointing as Merak does (block recompute that
+repeats both forward collectives), and its sub-batches overlap only inside one block and one
+pass: every collective is waited before the next block starts, and the recompute of a block
+finishes its collectives before that block's backward starts (no cross-block and no
+cross-pass overlap). Per block and pass, with sub-batches a and b::
+
+    compute:  attn(a)  attn(b)        mlp(a)        mlp(b) |           | next block
+    comm:     ....... AR attn(a) .... AR attn(b) .. AR mlp(a) .. AR mlp(b) |
+
+so one collective per block and pass is exposed (oases hides it behind the next block).
 
 Recompute across a degree change at region i: communication-free recompute never repeats a
 collective, so there region i's segment is [body i] alone, from its saved post-reshard input x_i
@@ -61,6 +75,7 @@ recompute; a change at a block's start is not repeated (the block input is saved
 
 from __future__ import annotations
 
+import functools
 from collections import deque
 from dataclasses import dataclass, field
 
@@ -99,6 +114,7 @@ class ScheduleSpec:
     name: str
     overlapped: bool  # k sub-batches (else 1)
     recompute: str  # "none" | "block" | "commfree"
+    scope: str = "chain"  # "chain": collectives overlap anything; "block": within a block+pass
 
 
 SPECS = {
@@ -110,8 +126,10 @@ SPECS = {
         ScheduleSpec("overlap", True, "none"),
         ScheduleSpec("overlap-recompute", True, "block"),
         ScheduleSpec("oases", True, "commfree"),
+        ScheduleSpec("merak", True, "block", scope="block"),
     )
 }
+BASELINES = ("merak",)  # other systems' schedules, rebuilt as programs (not the ablation set)
 
 
 @dataclass
@@ -249,17 +267,54 @@ def build_program(
     if k < 1 or max_inflight < 1 or n_micro < 1:
         raise ValueError(f"n_sub={n_sub}, max_inflight={max_inflight}, n_micro={n_micro} "
                          "must all be at least 1")
+    degrees = None if degrees is None else tuple(degrees)
+    degree_changes(n_regions, degrees)  # (checks the degrees)
+    return list(_build_program(spec, k, n_regions, n_micro, max_inflight, tuple(dp_tasks),
+                               degrees))
+
+
+@functools.lru_cache(maxsize=64)
+def _build_program(spec: ScheduleSpec, k: int, n_regions: int, n_micro: int, max_inflight: int,
+                   dp_tasks: tuple[int, ...], degrees: tuple[int, ...] | None
+                   ) -> tuple[Instr, ...]:
+    """``build_program``'s instructions, remembered (the planner asks for the same programs
+    many times; instructions are frozen, and callers get their own list)."""
     changes = degree_changes(n_regions, degrees)
     program: list[Instr] = []
     for m in range(n_micro):
         subs = range(m * k, (m + 1) * k)
         tasks = (_forward_tasks(n_regions, subs, changes)
                  + _backward_tasks(n_regions, subs, spec.recompute, changes))
-        body = list_schedule(tasks, max_inflight, synchronous=not spec.overlapped)
+        if spec.scope == "block":  # every group's collectives are waited at its end
+            body = [ins for group in _block_groups(tasks)
+                    for ins in list_schedule(group, max_inflight)]
+        else:
+            body = list_schedule(tasks, max_inflight, synchronous=not spec.overlapped)
         if m == n_micro - 1 and dp_tasks:
             body = _insert_dp(body, set(dp_tasks), subs[-1])
         program.extend(body)
-    return program
+    return tuple(program)
+
+
+def _block_groups(tasks: list[Task]) -> list[list[Task]]:
+    """Consecutive tasks of one block and one pass. A task belongs to the block of the region
+    of its last piece (region r -> block (r + 1) // 2: the embedding 0, block l's attention and
+    MLP l + 1, the head L + 1) and to one of three passes: forward, a recompute that starts a
+    collective, and the backward (with the recompute of glue that starts none)."""
+    def key(task: Task) -> tuple[int, str]:
+        c = task.compute
+        step = "backward" if c.phase == "recompute" and task.produces is None else c.phase
+        return (c.pieces[-1][1] + 1) // 2, step
+
+    groups: list[list[Task]] = []
+    last: tuple[int, str] | None = None
+    for task in tasks:
+        k = key(task)
+        if k != last:
+            groups.append([])
+            last = k
+        groups[-1].append(task)
+    return groups
 
 
 def degree_changes(n_regions: int, degrees: tuple[int, ...] | None) -> frozenset[int]:
