@@ -24,7 +24,8 @@ val_loss`` (every ``train.eval_every`` steps and at the end). The resolved confi
 
 Checkpoints (``oases.train.checkpoint``): every ``checkpoint.every`` steps and at the end;
 ``checkpoint.resume`` picks one to continue from (model, AdamW state, step and so the LR
-schedule, data position, RNG), at any tp. A resumed run keeps the metrics lines up to its step.
+schedule, data position, RNG), at any tp or plan. A resumed run keeps the metrics lines up to
+its step.
 """
 
 from __future__ import annotations
