@@ -8,10 +8,12 @@ between them (zero when d == e). Minimize total time subject to total memory <= 
     min  sum_n node_s[n, x_n] + sum_n edge_s[n, x_n, x_{n+1}]
     s.t. sum_n node_bytes[n, x_n] <= budget_bytes
 
-``solve_chain`` writes it as an integer program (one-hot x per node, one-hot pair y per edge
-tied to both ends, one knapsack row) and solves it with HiGHS through ``scipy.optimize.milp``:
-exact, and every degree it picks is kept (no collapse to two degrees). ``solve_chain_brute``
-is the slow obvious solver the tests compare it with.
+``solve_chain`` first solves the chain without the memory row by dynamic programming
+(``solve_chain_dp``, O(N K^2)): when that answer fits the budget it is the answer. Otherwise it
+writes an integer program (one-hot x per node, one-hot pair y per edge tied to both ends, one
+knapsack row) and solves it with HiGHS through ``scipy.optimize.milp``: exact, and every degree
+it picks is kept (no collapse to two degrees). ``solve_chain_brute`` is the slow obvious
+solver the tests compare both with.
 
 ``solve_plan`` uses it on a model: node and edge costs from simulating uniform plans of the
 schedule, then the solver's plan is simulated whole and compared with every uniform plan, so the
@@ -75,27 +77,53 @@ def _infeasible(budget: float, node_bytes: np.ndarray) -> ValueError:
                       f"feasible budget is {need / 2**30:.2f} GiB")
 
 
+def solve_chain_dp(node_s: np.ndarray, edge_s: np.ndarray) -> tuple[int, ...]:
+    """The minimum-time choice ignoring memory (Viterbi over the chain; ties go to the lower
+    option). ``inf`` marks a banned option; ValueError when every choice is banned."""
+    n, k = node_s.shape
+    cost = node_s[0].copy()  # best time of nodes 0..i with node i at each option
+    back = np.zeros((max(n - 1, 0), k), dtype=int)
+    for i in range(1, n):
+        total = cost[:, None] + edge_s[i - 1]  # [from option d, to option e]
+        back[i - 1] = total.argmin(axis=0)
+        cost = total[back[i - 1], np.arange(k)] + node_s[i]
+    if not np.isfinite(cost.min()):
+        raise ValueError("every choice of the chain has a banned option")
+    choice = [int(cost.argmin())]
+    for i in range(n - 2, -1, -1):
+        choice.append(int(back[i, choice[-1]]))
+    return tuple(reversed(choice))
+
+
 def solve_chain(node_s: np.ndarray, node_bytes: np.ndarray, edge_s: np.ndarray,
                 budget_bytes: float, time_limit_s: float = 30.0) -> ChainSolution:
-    """Exact minimum-time choice under the budget (HiGHS MILP). Infeasible options are given
-    as ``inf`` in node_s or node_bytes. Raises ValueError naming the smallest feasible budget."""
-    from scipy.optimize import Bounds, LinearConstraint, milp
-    from scipy.sparse import lil_matrix
-
+    """Exact minimum-time choice under the budget: the dynamic program's answer when it fits,
+    else HiGHS's MILP. Infeasible options are given as ``inf`` in node_s or node_bytes. Raises
+    ValueError naming the smallest feasible budget."""
     node_s, node_bytes, edge_s = (np.asarray(a, dtype=float) for a in (node_s, node_bytes,
                                                                          edge_s))
     n, k = _check(node_s, node_bytes, edge_s)
     if min_memory_bytes(node_bytes) > budget_bytes:
         raise _infeasible(budget_bytes, node_bytes)
     banned = ~(np.isfinite(node_s) & np.isfinite(node_bytes))
+    try:
+        free = evaluate(solve_chain_dp(np.where(banned, np.inf, node_s), edge_s), node_s,
+                        node_bytes, edge_s)
+    except ValueError:
+        raise _infeasible(budget_bytes, node_bytes) from None
+    if free.memory_bytes <= budget_bytes:  # the memory row does not bind
+        return free
+    return _solve_chain_milp(node_s, node_bytes, edge_s, banned, budget_bytes, time_limit_s)
+
+
+def _solve_chain_milp(node_s: np.ndarray, node_bytes: np.ndarray, edge_s: np.ndarray,
+                      banned: np.ndarray, budget_bytes: float,
+                      time_limit_s: float) -> ChainSolution:
+    from scipy.optimize import Bounds, LinearConstraint, milp
+    from scipy.sparse import coo_matrix
+
+    n, k = node_s.shape
     nx, ne = n * k, max(n - 1, 0) * k * k
-
-    def xi(i: int, d: int) -> int:
-        return i * k + d
-
-    def yi(i: int, d: int, e: int) -> int:
-        return nx + (i * k + d) * k + e
-
     cost = np.zeros(nx + ne)
     cost[:nx] = np.where(banned, 0.0, node_s).ravel()
     if ne:
@@ -105,28 +133,25 @@ def solve_chain(node_s: np.ndarray, node_bytes: np.ndarray, edge_s: np.ndarray,
     if ne:
         upper[nx:][~np.isfinite(edge_s).ravel()] = 0.0
     rows = n + 2 * (n - 1) * k + 1
-    a = lil_matrix((rows, nx + ne))
+    # one option per node: row i holds x[i, :]
+    r_node, c_node = np.repeat(np.arange(n), k), np.arange(nx)
+    # edge i: row n + 2ki + d holds y[i, d, :] - x[i, d];
+    #         row n + 2ki + k + e holds y[i, :, e] - x[i+1, e]
+    i, d, e = (a.ravel() for a in np.meshgrid(np.arange(n - 1), np.arange(k), np.arange(k),
+                                               indexing="ij"))
+    y = nx + (i * k + d) * k + e
+    r_out, r_in = n + 2 * k * i + d, n + 2 * k * i + k + e
+    j, o = (a.ravel() for a in np.meshgrid(np.arange(n - 1), np.arange(k), indexing="ij"))
+    r_x_out, r_x_in = n + 2 * k * j + o, n + 2 * k * j + k + o
+    row = np.concatenate([r_node, r_out, r_in, r_x_out, r_x_in, np.full(nx, rows - 1)])
+    col = np.concatenate([c_node, y, y, j * k + o, (j + 1) * k + o, np.arange(nx)])
+    val = np.concatenate([np.ones(nx + 2 * len(y)), -np.ones(2 * len(j)),
+                          np.where(banned, 0.0, node_bytes).ravel()])  # memory knapsack
+    a = coo_matrix((val, (row, col)), shape=(rows, nx + ne)).tocsr()
     lo, hi = np.zeros(rows), np.zeros(rows)
-    r = 0
-    for i in range(n):  # one option per node
-        for d in range(k):
-            a[r, xi(i, d)] = 1.0
-        lo[r] = hi[r] = 1.0
-        r += 1
-    for i in range(n - 1):  # each edge's pair agrees with both of its nodes
-        for d in range(k):
-            for e in range(k):
-                a[r, yi(i, d, e)] = 1.0
-            a[r, xi(i, d)] = -1.0
-            r += 1
-        for e in range(k):
-            for d in range(k):
-                a[r, yi(i, d, e)] = 1.0
-            a[r, xi(i + 1, e)] = -1.0
-            r += 1
-    a[r, :nx] = np.where(banned, 0.0, node_bytes).ravel()  # memory knapsack
-    lo[r], hi[r] = -np.inf, budget_bytes
-    res = milp(cost, constraints=LinearConstraint(a.tocsr(), lo, hi),
+    lo[:n] = hi[:n] = 1.0
+    lo[-1], hi[-1] = -np.inf, budget_bytes
+    res = milp(cost, constraints=LinearConstraint(a, lo, hi),
                integrality=np.ones(nx + ne), bounds=Bounds(0.0, upper),
                options={"time_limit": time_limit_s})
     if res.x is None:
@@ -182,7 +207,8 @@ def candidate_degrees(cfg: ModelConfig, world_size: int, limit: int | None = Non
 def _simulate(cfg: ModelConfig, plan: ParallelPlan, costs: Costs, world_size: int,
               batch: BatchShape, max_inflight: int) -> PlanResult | None:
     try:
-        return simulate_plan(cfg, plan, costs, world_size, batch, max_inflight=max_inflight)
+        return simulate_plan(cfg, plan, costs, world_size, batch, max_inflight=max_inflight,
+                             timeline=False)
     except ValueError:  # the batch does not split at these degrees / sub-batches
         return None
 

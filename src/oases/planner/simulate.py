@@ -23,8 +23,9 @@ Shape legend: b sub-batch rows, S sequence, H hidden, F ffn, V vocabulary, t TP 
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable, Hashable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from oases.config import ModelConfig
 from oases.plan import ParallelPlan
@@ -36,7 +37,7 @@ from oases.planner.costs import (
     region_kind,
     region_param_count,
 )
-from oases.schedule.program import Compute, Instr, Start, Wait, comm_name, label
+from oases.schedule.program import Compute, Instr, Piece, Start, Wait, comm_name, label
 from oases.schedule.timeline import Event, Timeline
 
 
@@ -69,24 +70,39 @@ class SimResult:
 
 
 def simulate_program(program: list[Instr], costs: StepCosts, *, commfree: bool = False,
-                     rank: int = 0) -> SimResult:
+                     rank: int = 0, record: bool = True) -> SimResult:
     """Predict one step of ``program``. ``commfree``: recomputed bodies skip their last matmul
-    (as the executor does for communication-free recomputation)."""
+    (as the executor does for communication-free recomputation). ``record=False`` leaves the
+    timeline empty (the planner's search needs only the times)."""
     timeline = Timeline()
     now = 0.0
     free: dict[Hashable, float] = {}
     ends: dict[tuple[str, int, int], float] = {}
     compute_busy = comm_busy = 0.0
+    priced: dict[tuple[str, tuple[Piece, ...]], float] = {}  # per-piece costs ignore the sub
+
+    def pieces_s(phase: str, pieces: tuple[Piece, ...]) -> float:
+        cost = 0.0
+        for kind, region in pieces:
+            if (phase == "recompute" and kind == "body" and commfree
+                    and costs.recompute_body_s is not None):
+                cost += costs.recompute_body_s(region)
+            else:
+                cost += costs.piece_s(phase, kind, region)
+        return cost
+
     for ins in program:
         if isinstance(ins, Compute):
-            cost = 0.0 if costs.compute_s is None else costs.compute_s(ins)
-            for kind, region in ins.pieces if costs.compute_s is None else ():
-                if (ins.phase == "recompute" and kind == "body" and commfree
-                        and costs.recompute_body_s is not None):
-                    cost += costs.recompute_body_s(region)
-                else:
-                    cost += costs.piece_s(ins.phase, kind, region)
-            timeline.add(Event(rank, "compute", label(ins), ins.phase, ins.sub, now, now + cost))
+            if costs.compute_s is not None:
+                cost = costs.compute_s(ins)
+            else:
+                key = (ins.phase, ins.pieces)
+                cost = priced.get(key)
+                if cost is None:
+                    cost = priced[key] = pieces_s(ins.phase, ins.pieces)
+            if record:
+                timeline.add(Event(rank, "compute", label(ins), ins.phase, ins.sub, now,
+                                   now + cost))
             now += cost
             compute_busy += cost
         elif isinstance(ins, Start):
@@ -95,7 +111,7 @@ def simulate_program(program: list[Instr], costs: StepCosts, *, commfree: bool =
             begin = max(free.get(stream, 0.0), now)
             cost = costs.collective_s(ins.kind, ins.index)
             free[stream] = ends[ins.kind, ins.index, ins.sub] = begin + cost
-            if cost > 0:  # (a reshard's slicing direction moves nothing)
+            if cost > 0 and record:  # (a reshard's slicing direction moves nothing)
                 timeline.add(Event(rank, "comm", comm_name(ins.kind, ins.index), ins.kind,
                                    ins.sub, begin, begin + cost))
             comm_busy += cost
@@ -172,24 +188,40 @@ def _dp_buckets(cfg: ModelConfig, kinds: list[str], degrees: list[int],
 
 
 def plan_program(cfg: ModelConfig, plan: ParallelPlan, world_size: int, batch: BatchShape,
-                 *, max_inflight: int = 1) -> list[Instr]:
+                 *, max_inflight: int = 1, n_micro: int | None = None,
+                 dp: bool = True) -> list[Instr]:
     """The instruction list one rank runs for a step of ``plan``: the executor's very program
-    (``Schedule.program`` builds the same from a parallelized model)."""
+    (``Schedule.program`` builds the same from a parallelized model). ``n_micro``: build only
+    that many micro-batches (default: the batch's); ``dp=False``: without the data-parallel
+    gradient all-reduces (a micro-batch that is not the last)."""
     from oases.schedule.program import build_program
 
     degrees = tuple(r.tp for r in plan.regions)
     kinds = [region_kind(r.name) for r in plan.regions]
-    buckets = _dp_buckets(cfg, kinds, list(degrees), world_size)
-    return build_program(plan.schedule, len(degrees), plan.n_sub, n_micro=batch.n_micro(),
+    buckets = _dp_buckets(cfg, kinds, list(degrees), world_size) if dp else {}
+    return build_program(plan.schedule, len(degrees), plan.n_sub,
+                         n_micro=batch.n_micro() if n_micro is None else n_micro,
                          max_inflight=max_inflight, dp_tasks=tuple(sorted(buckets)),
                          degrees=None if len(set(degrees)) == 1 else degrees)
 
 
 def simulate_plan(cfg: ModelConfig, plan: ParallelPlan, costs: Costs, world_size: int,
-                  batch: BatchShape, *, max_inflight: int = 1, rank: int = 0) -> PlanResult:
+                  batch: BatchShape, *, max_inflight: int = 1, rank: int = 0,
+                  timeline: bool = True, scaled: bool = True) -> PlanResult:
     """Predict one optimizer step of ``plan`` (its ``schedule`` and ``n_sub``): time, timeline
-    and peak memory per device."""
+    (``timeline=False``: none, faster) and peak memory per device.
+
+    Micro-batches run one after another and each waits for all of its collectives before the
+    next one starts; the DP all-reduces start only in the last. So every micro-batch but the
+    last takes the same time, and ``scaled`` (the default) simulates one micro-batch without
+    and one with the DP all-reduces and adds them up::
+
+        step = (n_micro - 1) * t(micro-batch) + t(last micro-batch, with DP)
+
+    ``scaled=False`` simulates the whole program instead (the slow obvious reference)."""
     from oases.schedule.program import SPECS
+
+    costs = _CachedCosts(costs)
 
     plan.check(cfg, world_size)
     spec = SPECS[plan.schedule]
@@ -201,7 +233,10 @@ def simulate_plan(cfg: ModelConfig, plan: ParallelPlan, costs: Costs, world_size
     act_bytes = [rows[i] * cfg.seq_len * cfg.dim * BYTES for i in range(n)]  # [b, S, H] fp32
 
     buckets = _dp_buckets(cfg, kinds, degrees, world_size)
-    program = plan_program(cfg, plan, world_size, batch, max_inflight=max_inflight)
+    n_micro = batch.n_micro()
+    whole = not scaled or n_micro == 1
+    program = plan_program(cfg, plan, world_size, batch, max_inflight=max_inflight,
+                           n_micro=None if whole else 1)
 
     def reshard(i: int, backward: bool) -> tuple[int, tuple[int, ...]]:
         """(bytes, rank 0's group) of the all-gather a reshard into region i moves."""
@@ -244,19 +279,56 @@ def simulate_plan(cfg: ModelConfig, plan: ParallelPlan, costs: Costs, world_size
             piece = "body-commfree"
         return costs.compute_s(kinds[i], phase, piece, degrees[i], rows[i])
 
-    step = StepCosts(piece_s=piece_s, collective_s=collective_s, stream_of=stream_of)
-    sim = simulate_program(program, step, rank=rank)
+    step = StepCosts(piece_s=functools.cache(piece_s), collective_s=functools.cache(collective_s),
+                     stream_of=functools.cache(stream_of))
+    sim = simulate_program(program, step, rank=rank, record=timeline)
+    if not whole:  # n_micro - 1 micro-batches without DP, then the last one (``program``)
+        earlier = plan_program(cfg, plan, world_size, batch, max_inflight=max_inflight,
+                               n_micro=1, dp=False)
+        sim = _repeat(simulate_program(earlier, step, rank=rank, record=timeline), sim,
+                      n_micro, k)
     local_params = sum(region_param_count(cfg, kind, t) for kind, t in zip(kinds, degrees))
     optimizer = getattr(costs, "optimizer_s", None)
     opt_s = optimizer(local_params) if optimizer is not None else 0.0
-    mem = _peak_memory(cfg, program, kinds, degrees, rows, spec.recompute, costs, local_params)
-    timeline = sim.timeline
-    if opt_s:
+    mem = _peak_memory(cfg, program, kinds, degrees, rows, spec.recompute, costs, local_params,
+                       repeats=1 if whole else n_micro)
+    events = sim.timeline
+    if opt_s and timeline:
         end = sim.step_s
-        timeline.add(Event(rank, "compute", "optimizer", "optimizer", 0, end, end + opt_s))
-    return PlanResult(sim.step_s + opt_s, mem["peak"], timeline,
+        events.add(Event(rank, "compute", "optimizer", "optimizer", 0, end, end + opt_s))
+    return PlanResult(sim.step_s + opt_s, mem["peak"], events,
                       {"compute_s": sim.compute_busy_s, "comm_s": sim.comm_busy_s,
                        "optimizer_s": opt_s, **{f"{k}_bytes": v for k, v in mem.items()}})
+
+
+def _repeat(one: SimResult, last: SimResult, n_micro: int, k: int) -> SimResult:
+    """``n_micro - 1`` runs of micro-batch ``one`` then ``last``, back to back (each starts
+    when the previous one's collectives are all done); sub-batch ids as the whole program
+    numbers them (micro-batch m owns m*k .. m*k+k-1; DP all-reduces keep theirs)."""
+    t = one.step_s
+    timeline = Timeline()
+    for m, sim in [(m, one) for m in range(n_micro - 1)] + [(n_micro - 1, last)]:
+        for e in sim.timeline.events:
+            timeline.add(replace(e, sub=e.sub if e.phase == "dp" else e.sub + m * k,
+                                 start_s=e.start_s + m * t, end_s=e.end_s + m * t))
+    return SimResult((n_micro - 1) * t + last.step_s,
+                     (n_micro - 1) * one.compute_busy_s + last.compute_busy_s,
+                     (n_micro - 1) * one.comm_busy_s + last.comm_busy_s, timeline)
+
+
+class _CachedCosts:
+    """``costs`` with its pure price methods remembered (the simulator asks the same few
+    questions for every region, sub-batch and micro-batch)."""
+
+    def __init__(self, costs: Costs) -> None:
+        self._costs = costs
+        for name in ("compute_s", "collective_s", "collective_ranks_s", "saved_bytes"):
+            method = getattr(costs, name, None)
+            if method is not None:
+                setattr(self, name, functools.cache(method))
+
+    def __getattr__(self, name: str) -> object:
+        return getattr(self._costs, name)
 
 
 def _saved(costs: Costs, cfg: ModelConfig, kind: str, mode: str, t: int, rows: int) -> float:
@@ -266,10 +338,13 @@ def _saved(costs: Costs, cfg: ModelConfig, kind: str, mode: str, t: int, rows: i
 
 
 def _peak_memory(cfg: ModelConfig, program: list[Instr], kinds: list[str], degrees: list[int],
-                 rows: list[int], mode: str, costs: Costs, local_params: int) -> dict[str, float]:
+                 rows: list[int], mode: str, costs: Costs, local_params: int,
+                 repeats: int = 1) -> dict[str, float]:
     """Walk the program: forward pieces keep their region's activations until its backward
     (task "tp"); a recompute holds the region's full graph until then; gradients appear at the
-    first backward of each region and stay; parameters and Adam moments are always there."""
+    first backward of each region and stay; parameters and Adam moments are always there.
+    ``repeats``: the program is one micro-batch of that many run back to back (each frees its
+    activations; from the second on every gradient is there)."""
     static = local_params * BYTES * (1 + OPTIMIZER_STATES)
     grads = {i: region_param_count(cfg, kinds[i], degrees[i]) * BYTES for i in range(len(kinds))}
     kept = {i: _saved(costs, cfg, kinds[i], mode, degrees[i], rows[i]) for i in range(len(kinds))}
@@ -277,22 +352,27 @@ def _peak_memory(cfg: ModelConfig, program: list[Instr], kinds: list[str], degre
              for i in range(len(kinds))}
     alive: dict[tuple[int, int], float] = {}
     grads_alive: set[int] = set()
-    peak = peak_act = 0.0
+    peak = peak_act = act = grads_now = 0.0
     for ins in program:
         if not isinstance(ins, Compute):
             continue
         for piece, i in ins.pieces:
             if ins.phase == "forward" and piece == "body":
                 alive[i, ins.sub] = alive.get((i, ins.sub), 0.0) + kept[i]
+                act += kept[i]
             elif ins.phase == "recompute" and piece == "body":
                 alive[i, ins.sub] = alive.get((i, ins.sub), 0.0) + graph[i] - kept[i]
+                act += graph[i] - kept[i]
             elif ins.phase == "backward" and piece == "tp":
-                alive.pop((i, ins.sub), None)
-                grads_alive.add(i)
-        act = sum(alive.values())
-        peak = max(peak, static + act + sum(grads[i] for i in grads_alive))
+                act -= alive.pop((i, ins.sub), 0.0)
+                if i not in grads_alive:
+                    grads_alive.add(i)
+                    grads_now += grads[i]
+        peak = max(peak, static + act + grads_now)
         peak_act = max(peak_act, act)
     total_grads = sum(grads.values())
+    if repeats > 1:  # the later micro-batches hold every gradient
+        peak = max(peak, static + total_grads + peak_act)
     # the optimizer step: every gradient alive, plus foreach temporaries of about one copy
     opt_peak = static + total_grads + local_params * BYTES
     baseline = float(getattr(costs, "baseline_bytes", 0.0))
