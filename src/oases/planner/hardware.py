@@ -296,11 +296,18 @@ class HardwareCosts:
                         paired: bool) -> float:
         """Reduce-scatter inside each server, ``op`` across servers on 1/per_server of the data
         (each local rank on its share of the server's ports, at most its own server link's
-        rate), all-gather inside."""
+        rate), all-gather inside.
+
+        Every rank runs the same program, so while this group crosses servers every other GPU
+        of the server does the same in its own group (the TP groups of a degree, the DP
+        groups, the merge groups partition the ranks): the server's ports are shared by all
+        of its GPUs, not only by this group's ``per_server`` ranks. A DP group of one rank per
+        server on 4-GPU servers with one port gets a quarter of the port."""
         c = self.cluster
         inter = c.inter_link
         assert inter is not None  # check_cluster: several servers have an inter_link
-        share = inter.effective_bytes_per_s * min(c.nics_per_server, per_server) / per_server
+        gps = c.server.gpus_per_server
+        share = inter.effective_bytes_per_s * min(c.nics_per_server, gps) / gps
         # what leaves a GPU crosses its own server link first (PCIe staging on GeForce cards)
         share = min(share, c.server.link.effective_bytes_per_s)
         cross = self._ring_s(op, n_servers, nbytes / per_server, inter.latency_s, share)
