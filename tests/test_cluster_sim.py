@@ -187,22 +187,25 @@ def test_one_micro_batch_scaled_equals_the_whole_program(schedule, degrees, n_mi
     assert bare.step_s == fast.step_s and not bare.timeline.events
 
 
-def test_chain_solvers_agree_with_brute_force():
-    """The dynamic program (memory ignored) and the MILP (memory binding) against brute force."""
+def test_chain_solvers_agree_with_brute_force(monkeypatch):
+    """The dynamic program (memory ignored), the Pareto dynamic program and the MILP (memory
+    binding) against brute force; solve_chain falls back to the MILP when fronts grow."""
     import numpy as np
 
+    from oases.planner import search
     from oases.planner.search import (
         _solve_chain_milp,
         solve_chain,
         solve_chain_brute,
         solve_chain_dp,
+        solve_chain_pareto,
     )
 
     rng = np.random.default_rng(7)
-    for _ in range(60):
-        n, k = int(rng.integers(2, 7)), int(rng.integers(2, 4))
+    for case in range(80):
+        n, k = int(rng.integers(1, 7)), int(rng.integers(2, 4))
         node_s, node_bytes = rng.uniform(0, 1, (n, k)), rng.uniform(1, 3, (n, k))
-        edge_s = rng.uniform(0, 0.3, (n - 1, k, k)) * (1 - np.eye(k))
+        edge_s = rng.uniform(0, 0.3, (max(n - 1, 0), k, k)) * (1 - np.eye(k))
         node_s[rng.integers(n), rng.integers(k)] = np.inf
         free = solve_chain_brute(node_s, node_bytes, edge_s, np.inf)
         assert solve_chain_dp(node_s, edge_s) == free.choice
@@ -213,6 +216,12 @@ def test_chain_solvers_agree_with_brute_force():
             continue
         got = _solve_chain_milp(node_s, node_bytes, edge_s, ~np.isfinite(node_s), budget, 30.0)
         assert got.time_s == pytest.approx(want.time_s, abs=1e-9)
+        monkeypatch.setattr(search, "PARETO_LIMIT", 20_000)
+        pareto = search.evaluate(solve_chain_pareto(node_s, node_bytes, edge_s, budget),
+                                 node_s, node_bytes, edge_s)
+        assert pareto.time_s == pytest.approx(want.time_s, abs=1e-12)
+        assert pareto.memory_bytes <= budget
+        monkeypatch.setattr(search, "PARETO_LIMIT", 0 if case % 2 else 20_000)
         assert solve_chain(node_s, node_bytes, edge_s, budget).time_s == pytest.approx(
             want.time_s, abs=1e-9)
 

@@ -9,11 +9,14 @@ between them (zero when d == e). Minimize total time subject to total memory <= 
     s.t. sum_n node_bytes[n, x_n] <= budget_bytes
 
 ``solve_chain`` first solves the chain without the memory row by dynamic programming
-(``solve_chain_dp``, O(N K^2)): when that answer fits the budget it is the answer. Otherwise it
-writes an integer program (one-hot x per node, one-hot pair y per edge tied to both ends, one
-knapsack row) and solves it with HiGHS through ``scipy.optimize.milp``: exact, and every degree
-it picks is kept (no collapse to two degrees). ``solve_chain_brute`` is the slow obvious
-solver the tests compare both with.
+(``solve_chain_dp``, O(N K^2)): when that answer fits the budget it is the answer. Otherwise a
+dynamic program keeps, per node and option, every (time, memory) pair no other pair beats in
+both (``solve_chain_pareto``: exact; a few hundred pairs on a model's chain, whose layers cost
+the same). Only if those fronts grow past ``PARETO_LIMIT`` it writes an integer program
+(one-hot x per node, one-hot pair y per edge tied to both ends, one knapsack row) and solves it
+with HiGHS through ``scipy.optimize.milp`` (to its default relative gap, 1e-4). Every degree
+chosen is kept (no collapse to two degrees). ``solve_chain_brute`` is the slow obvious solver
+the tests compare them with.
 
 ``solve_plan`` uses it on a model: node and edge costs from simulating uniform plans of the
 schedule, then the solver's plan is simulated whole and compared with every uniform plan, so the
@@ -95,11 +98,61 @@ def solve_chain_dp(node_s: np.ndarray, edge_s: np.ndarray) -> tuple[int, ...]:
     return tuple(reversed(choice))
 
 
+PARETO_LIMIT = 20_000  # (time, memory) pairs per node and option before the MILP takes over
+
+
+def solve_chain_pareto(node_s: np.ndarray, node_bytes: np.ndarray, edge_s: np.ndarray,
+                       budget_bytes: float) -> tuple[int, ...] | None:
+    """The minimum-time choice within the budget (``inf`` bans an option), exactly: walk the
+    chain keeping, for every option of the current node, the partial choices that no other
+    beats in both time and memory. None when a front outgrows ``PARETO_LIMIT`` (or nothing
+    fits)."""
+    n, k = node_s.shape
+    none = (np.empty(0), np.empty(0), np.empty(0, dtype=int), np.empty(0, dtype=int))
+    # fronts[e] = (time, memory, previous option, index in the previous option's front)
+    fronts = [(node_s[0, e:e + 1], node_bytes[0, e:e + 1], np.zeros(1, dtype=int),
+               np.zeros(1, dtype=int))
+              if np.isfinite(node_s[0, e]) and node_bytes[0, e] <= budget_bytes else none
+              for e in range(k)]
+    history = [fronts]
+    for i in range(1, n):
+        new = []
+        for e in range(k):
+            parts = [(t + edge_s[i - 1, d, e], m, np.full(len(t), d), np.arange(len(t)))
+                     for d, (t, m, _, _) in enumerate(fronts) if len(t)]
+            if not np.isfinite(node_s[i, e]) or not parts:
+                new.append(none)
+                continue
+            t, m, prev, idx = (np.concatenate(a) for a in zip(*parts))
+            t, m = t + node_s[i, e], m + node_bytes[i, e]
+            ok = np.flatnonzero((m <= budget_bytes) & np.isfinite(t))
+            ok = ok[np.lexsort((t[ok], m[ok]))]  # by memory, then time
+            best = np.minimum.accumulate(t[ok])
+            keep = ok[np.concatenate(([True], t[ok][1:] < best[:-1]))] if len(ok) else ok
+            if len(keep) > PARETO_LIMIT:
+                return None
+            new.append((t[keep], m[keep], prev[keep], idx[keep]))
+        fronts = new
+        history.append(fronts)
+    ends = [(float(t.min()), e, int(t.argmin())) for e, (t, _, _, _) in enumerate(fronts)
+            if len(t)]
+    if not ends:
+        return None
+    _, e, j = min(ends)
+    choice = [e]
+    for i in range(n - 1, 0, -1):
+        _, _, prev, idx = history[i][e]
+        e, j = int(prev[j]), int(idx[j])
+        choice.append(e)
+    return tuple(reversed(choice))
+
+
 def solve_chain(node_s: np.ndarray, node_bytes: np.ndarray, edge_s: np.ndarray,
                 budget_bytes: float, time_limit_s: float = 30.0) -> ChainSolution:
     """Exact minimum-time choice under the budget: the dynamic program's answer when it fits,
-    else HiGHS's MILP. Infeasible options are given as ``inf`` in node_s or node_bytes. Raises
-    ValueError naming the smallest feasible budget."""
+    else the Pareto dynamic program's (HiGHS's MILP if the fronts grow too large). Infeasible
+    options are given as ``inf`` in node_s or node_bytes. Raises ValueError naming the
+    smallest feasible budget."""
     node_s, node_bytes, edge_s = (np.asarray(a, dtype=float) for a in (node_s, node_bytes,
                                                                          edge_s))
     n, k = _check(node_s, node_bytes, edge_s)
@@ -113,6 +166,10 @@ def solve_chain(node_s: np.ndarray, node_bytes: np.ndarray, edge_s: np.ndarray,
         raise _infeasible(budget_bytes, node_bytes) from None
     if free.memory_bytes <= budget_bytes:  # the memory row does not bind
         return free
+    choice = solve_chain_pareto(np.where(banned, np.inf, node_s), node_bytes, edge_s,
+                                budget_bytes)
+    if choice is not None:
+        return evaluate(choice, node_s, node_bytes, edge_s)
     return _solve_chain_milp(node_s, node_bytes, edge_s, banned, budget_bytes, time_limit_s)
 
 
@@ -347,8 +404,8 @@ def _search(cfg: ModelConfig, costs: Costs, world_size: int, batch: BatchShape,
             if res is None:
                 break
             cand = Candidate(plan, res, res.peak_mem_bytes <= budget_bytes, "searched")
-            if cand.fits:
-                if best is None or res.step_s < best.result.step_s:
+            if cand.fits:  # (a plan over the budget never outranks one within it)
+                if best is None or not best.fits or res.step_s < best.result.step_s:
                     best = cand
                 break
             limit -= res.peak_mem_bytes - budget_bytes  # the model was optimistic: tighten
