@@ -7,6 +7,8 @@
                [--out plan.json]
     oases bench [CONFIG.toml] [--schedules LIST] [--link none|RATE|auto:PRESET] [--steps N]
                 [--out DIR] [--nproc-per-node N] [--section.key=value ...]
+    oases simulate --model PRESET|CONFIG --cluster PRESET|FILE [--schedules LIST]
+                   [--plan auto|tp=N] [--global-batch B] [--micro-batch M] [--out DIR]
 
 Without CONFIG the main job's ``configs/default.toml`` is used. Overrides are every argument of
 the form ``--section.key=value``. User errors end with one ``error: ...`` line on stderr and a
@@ -121,6 +123,7 @@ def _parser() -> argparse.ArgumentParser:
                       help="with --verify: none, a tbf rate (200mbit) or auto:PRESET")
     plan.add_argument("--steps", type=int, default=4, help="with --verify: timed steps")
     plan.add_argument("--warmup", type=int, default=2, help="with --verify: warm-up steps")
+    _simulate_parser(commands)
     export = commands.add_parser(
         "export",
         allow_abbrev=False,
@@ -132,6 +135,79 @@ def _parser() -> argparse.ArgumentParser:
                         help="a checkpoint (.../step_000123) or a folder of them (the newest)")
     export.add_argument("--out", required=True, metavar="HF_DIR", help="output directory")
     return parser
+
+
+def _simulate_parser(commands: argparse._SubParsersAction) -> None:
+    from oases.planner.whatif import help_text
+
+    sim = commands.add_parser(
+        "simulate",
+        allow_abbrev=False,
+        help="predict schedules and plans of a model on a cluster preset or cluster file",
+        description="Simulate each schedule on a cluster without the hardware: step time, "
+        "tokens/s, peak memory per GPU and the speedup over the first schedule listed; with "
+        "auto, the plan (a TP degree per region) the planner picks for that cluster. Writes "
+        "simulate.json and a timeline PNG to --out.",
+        epilog=help_text(),
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    sim.add_argument("--model", required=True, metavar="PRESET|CONFIG",
+                     help="a model preset (paper-h1024-l24, ...) or a TOML run file")
+    sim.add_argument("--cluster", required=True, metavar="PRESET|FILE",
+                     help="a cluster preset or a cluster TOML/JSON file (see below)")
+    sim.add_argument("--schedules", default="megatron-recompute,merak,oases",
+                     help="comma-separated schedules, each optionally @PLAN; the first is the "
+                     "baseline of the speedups (default: %(default)s)")
+    sim.add_argument("--plan", default="auto",
+                     help="plan of schedules without @PLAN: auto, tp=N or tp=N+ (default: auto)")
+    sim.add_argument("--global-batch", type=int, default=None, metavar="B",
+                     help="sequences per optimizer step (default: one micro-batch)")
+    sim.add_argument("--micro-batch", type=int, default=None, metavar="M",
+                     help="sequences per micro-batch across the cluster: a TP group of degree t "
+                     "gets M * t / GPUs of them (default: one per GPU)")
+    sim.add_argument("--memory-gb", type=float, default=0.0, metavar="G",
+                     help="memory budget per GPU in GiB (default: 95%% of the GPU's memory)")
+    sim.add_argument("--n-sub", type=int, default=2, help="sub-batches of overlapped schedules")
+    sim.add_argument("--max-tp", type=int, default=None, metavar="N",
+                     help="auto: largest TP degree (default: GPUs per server, more only if "
+                     "nothing fits)")
+    sim.add_argument("--inter-gbps", type=float, default=None, metavar="GBPS",
+                     help="replace the nominal rate of the link between servers (Gb/s)")
+    sim.add_argument("--dtype", default="fp32", choices=("fp32", "tf32"),
+                     help="matmul precision (weights and activations stay fp32)")
+    sim.add_argument("--out", default="runs/simulate", help="output folder")
+
+
+def _simulate(ns: argparse.Namespace) -> int:
+    from oases.planner.models import load_model
+    from oases.planner.simulate import BatchShape
+    from oases.planner.whatif import (
+        format_report,
+        load_any_cluster,
+        parse_entries,
+        simulate_cluster,
+        write_report,
+    )
+
+    try:
+        cfg = load_model(ns.model)
+        cluster = load_any_cluster(ns.cluster, ns.inter_gbps)
+        micro = ns.micro_batch or cluster.world_size
+        batch = BatchShape(ns.global_batch or micro, micro)
+        if micro < 1 or batch.global_batch < 1 or batch.global_batch % micro or ns.n_sub < 1:
+            raise ValueError(f"--global-batch={batch.global_batch} must be a positive multiple "
+                             f"of --micro-batch={micro}, and --n-sub={ns.n_sub} >= 1")
+        budget = ns.memory_gb * 2**30 if ns.memory_gb > 0 else 0.95 * cluster.memory_bytes
+        report = simulate_cluster(cfg, cluster, parse_entries(ns.schedules, ns.plan), batch,
+                                  budget, n_sub=ns.n_sub, max_tp=ns.max_tp, dtype=ns.dtype,
+                                  model_name=ns.model)
+        print(format_report(report))
+        paths = write_report(report, Path(ns.out))
+    except (ValueError, OSError) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return EXIT_USER_ERROR
+    print("wrote " + ", ".join(map(str, paths)))
+    return 0
 
 
 def _export(ns: argparse.Namespace) -> int:
@@ -269,4 +345,6 @@ def main(argv: Sequence[str] | None = None) -> int:
         return _profile(ns, overrides)
     if ns.command == "plan":
         return _plan(ns, overrides)
+    if ns.command == "simulate":
+        return _simulate(ns)
     return EXIT_USER_ERROR  # pragma: no cover - argparse requires a command
