@@ -52,22 +52,25 @@ def run(spec: dict) -> None:
     tokens = torch.randint(0, cfg.model.vocab_size, (local_rows, cfg.model.seq_len),
                            generator=gen).to(ctx.device)
     targets = torch.roll(tokens, -1, dims=1)
-    times, loss = [], float("nan")
+    times, opt_times, loss = [], [], float("nan")
     reset_peak_memory(ctx.device)
     for it in range(int(spec.get("warmup", 2)) + int(spec["steps"])):
         optimizer.zero_grad(set_to_none=True)
         comm.barrier(ctx.world_group)
         start = time.perf_counter()
         loss = float(schedule.step(model, tokens, targets))
+        mid = time.perf_counter()
         optimizer.step()
         comm.barrier(ctx.world_group)
         if it >= int(spec.get("warmup", 2)):
             times.append(time.perf_counter() - start)
+            opt_times.append(time.perf_counter() - mid)
     peaks = comm.all_gather_objects(peak_memory_mb(ctx.device) * 2**20, ctx.world_group)
     baselines = comm.all_gather_objects(before_model, ctx.world_group)
     if ctx.rank == 0:
         Path(spec["out"]).write_text(json.dumps({
             "median_step_s": statistics.median(times), "steps_s": times,
+            "median_optimizer_s": statistics.median(opt_times),
             "peak_mem_bytes": max(peaks), "baseline_bytes": max(baselines),
             "loss": loss}, indent=1))
     comm.barrier(ctx.world_group)  # nobody exits while a peer still talks

@@ -85,48 +85,58 @@ def current_rss_bytes() -> float:
     return 0.0
 
 
-def measure_compute(model: torch.nn.Module, ctx: ParallelContext, t: int, rows: int,
+SYNC = ("megatron", "megatron-recompute", "commfree-recompute")
+OVERLAPPED = ("overlap", "overlap-recompute", "oases")
+
+
+def measure_compute(model: torch.nn.Module, ctx: ParallelContext, t: int, rows: int, k: int,
                     repeats: int) -> tuple[list[dict], list[dict]]:
-    """Per-piece compute times and saved activations of ``model`` (uniform degree t) for one
-    sub-batch of ``rows`` sequences."""
+    """Per-piece compute times of ``model`` (uniform degree t) running real steps of ``rows``
+    local sequences: the synchronous schedules when k == 1, else the overlapped ones cut into k
+    sub-batches (pieces then run while collectives are in flight, as they will). Collectives
+    really run, so their effect on the compute beside them is in the times. With k == 1 also
+    the activations each region keeps, per recompute mode (exact, from the executor)."""
     cfg = model.cfg
     gen = torch.Generator().manual_seed(ctx.rank)
     tokens = torch.randint(0, cfg.vocab_size, (rows, cfg.seq_len), generator=gen)
     tokens = tokens.to(ctx.device)
     times: dict[tuple[str, str, str], list[float]] = {}
     memory: list[dict] = []
-    for name, mode in MODES.items():
-        sched = build_schedule(name, n_sub=1)
+    for name in SYNC if k == 1 else OVERLAPPED:
+        sched = build_schedule(name, n_sub=k)
+        mode = sched.spec.recompute
         ex = sched.executor(model)
         program = split_pieces(sched.program(model, rows))
-        ex.skip_comm = True
         for rep in range(repeats + 1):
             model.zero_grad(set_to_none=True)
-            ex.track_memory = rep == 0
+            ex.track_memory = rep == 0 and k == 1
             ex.saved_bytes = {}
             comm.barrier(ctx.world_group)
             with record_timeline() as tl:
-                ex.run(program, [tokens], [tokens], 1.0)
+                ex.run(program, list(tokens.chunk(k)), list(tokens.chunk(k)), 1.0 / k)
             if rep == 0:  # warm-up; its saved-activation count is exact
-                per_kind: dict[str, list[int]] = {}
-                for region in ex.chain:
-                    per_kind.setdefault(region.kind, []).append(
-                        ex.saved_bytes.get(region.index, 0))
-                memory += [{"region": k, "mode": mode, "tp": t, "rows": rows,
-                            "saved_bytes": statistics.median(v)} for k, v in per_kind.items()]
+                if k == 1:
+                    per_kind: dict[str, list[int]] = {}
+                    for region in ex.chain:
+                        per_kind.setdefault(region.kind, []).append(
+                            ex.saved_bytes.get(region.index, 0))
+                    memory += [{"region": kind, "mode": mode, "tp": t, "rows": rows,
+                                "saved_bytes": statistics.median(v)}
+                               for kind, v in per_kind.items()]
                 continue
             for e in tl.events:
-                if e.lane != "compute" or (name != "megatron" and e.phase != "recompute"):
+                if e.lane != "compute" or (mode != "none" and e.phase != "recompute"):
                     continue
                 piece, index = e.name.split(":")
                 kind = ex.chain[int(index)].kind
                 if e.phase == "recompute" and piece == "body" and mode == "commfree":
                     piece = "body-commfree"
                 times.setdefault((kind, e.phase, piece), []).append(e.end_s - e.start_s)
-        ex.skip_comm, ex.track_memory = False, False
+        ex.track_memory = False
     model.zero_grad(set_to_none=True)
-    compute = [{"region": k, "phase": ph, "piece": pc, "tp": t, "rows": rows,
-                "s": statistics.median(v)} for (k, ph, pc), v in sorted(times.items())]
+    compute = [{"region": kind, "phase": ph, "piece": pc, "tp": t, "rows": rows // k,
+                "overlapped": k > 1, "s": statistics.median(v)}
+               for (kind, ph, pc), v in sorted(times.items())]
     return compute, memory
 
 
@@ -176,13 +186,10 @@ def measure_optimizer(models: list[torch.nn.Module], repeats: int) -> list[dict]
     return out
 
 
-def profile_rows(cfg: Config, world_size: int, t: int, n_subs: tuple[int, ...]) -> list[int]:
-    """Sub-batch sizes a region of degree t sees: the world's micro-batch (``train.micro_batch``
-    per rank at ``parallel.tp``) shared by dp = world/t replicas, cut into k sub-batches."""
-    micro_rows = cfg.train.micro_batch * world_size // cfg.parallel.tp
-    rows = {micro_rows * t // world_size // k for k in n_subs
-            if (micro_rows * t) % (world_size * k) == 0}
-    return sorted(r for r in rows if r > 0)
+def profile_rows(cfg: Config, world_size: int, t: int) -> int:
+    """Local rows of one micro-batch in a region of degree t: the world's micro-batch
+    (``train.micro_batch`` per rank at ``parallel.tp``) shared by dp = world / t replicas."""
+    return cfg.train.micro_batch * world_size // cfg.parallel.tp * t // world_size
 
 
 def run(spec: dict) -> None:
@@ -207,14 +214,15 @@ def run(spec: dict) -> None:
         model = parallelize(copy.deepcopy(base), ctx,
                             ParallelPlan.uniform(cfg.model, world_size, t))
         model.train()
-        for rows in profile_rows(cfg, world_size, t, tuple(spec.get("n_subs", (1, 2, 4)))):
-            c, m = measure_compute(model, ctx, t, rows, repeats)
+        rows = profile_rows(cfg, world_size, t)
+        for k in [k for k in spec.get("n_subs", (1, 2, 4)) if rows % k == 0]:
+            c, m = measure_compute(model, ctx, t, rows, k, repeats)
             compute += c
             memory += m
             if ctx.rank == 0:
-                print(f"oases profile: tp={t} rows={rows}: {len(c)} pieces", flush=True)
+                print(f"oases profile: tp={t}, {rows} rows in {k} sub-batches: {len(c)} "
+                      "pieces", flush=True)
         if t > 1:
-            rows = profile_rows(cfg, world_size, t, (1,))[-1]
             sizes = sorted({max(act // 4, 1024), act, rows * act // 2, rows * act,
                             4 * rows * act, 16 * rows * act})
             collectives += measure_collectives(ctx, t, sizes, repeats + 2)

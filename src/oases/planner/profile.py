@@ -4,7 +4,8 @@
 ``planner.costs.Costs`` interface. JSON, versioned, naming the machine and model it was made for::
 
     format, version, created, machine {cpu, cores, torch, backend, world_size, link, ...}, model
-    compute      [{region, phase, piece, tp, rows, s}]      median of one sub-batch's piece
+    compute      [{region, phase, piece, tp, rows, overlapped, s}]   median of one sub-batch's
+                 piece in real steps of the synchronous (or, overlapped, the overlapped) schedules
     collectives  [{op, group_size, nbytes, s}]               fitted to latency + bytes / bandwidth
     memory       [{region, mode, tp, rows, saved_bytes}]     activations kept forward -> backward
     optimizer    [{n_params, s}]                             one AdamW step
@@ -59,7 +60,7 @@ class Profile:
     def __post_init__(self) -> None:
         self._compute: dict[tuple, dict[int, float]] = {}
         for e in self.compute:
-            key = (e["region"], e["phase"], e["piece"], int(e["tp"]))
+            key = (e["region"], e["phase"], e["piece"], int(e["tp"]), bool(e.get("overlapped")))
             self._compute.setdefault(key, {})[int(e["rows"])] = float(e["s"])
         by_group: dict[tuple[str, int], list[tuple[float, float]]] = {}
         for e in self.collectives:
@@ -75,8 +76,14 @@ class Profile:
     def degrees(self) -> list[int]:
         return sorted({k[3] for k in self._compute})
 
-    def compute_s(self, region: str, phase: str, piece: str, tp: int, rows: int) -> float:
-        points = self._compute.get((region, phase, piece, tp))
+    measures_overlap = True  # compute_s takes ``overlapped``: times beside collectives
+
+    def compute_s(self, region: str, phase: str, piece: str, tp: int, rows: int,
+                  overlapped: bool = False) -> float:
+        """Seconds of one sub-batch's piece; ``overlapped``: as measured inside an overlapped
+        schedule (falls back to the synchronous measurement where there is none)."""
+        points = (self._compute.get((region, phase, piece, tp, True)) if overlapped else None
+                  ) or self._compute.get((region, phase, piece, tp, False))
         if points is None:
             raise ValueError(f"the profile has no {phase} {piece} time for {region} at tp={tp} "
                              f"(profiled degrees: {self.degrees()}); profile with a world "

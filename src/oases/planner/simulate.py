@@ -273,10 +273,14 @@ def simulate_plan(cfg: ModelConfig, plan: ParallelPlan, costs: Costs, world_size
         return _group_ranks("tp", degrees[index], 0, world_size)
 
     commfree = spec.recompute == "commfree"
+    overlap_aware = getattr(costs, "measures_overlap", False)
 
     def piece_s(phase: str, piece: str, i: int) -> float:
         if phase == "recompute" and piece == "body" and commfree:
             piece = "body-commfree"
+        if overlap_aware:
+            return costs.compute_s(kinds[i], phase, piece, degrees[i], rows[i],
+                                   overlapped=spec.overlapped)
         return costs.compute_s(kinds[i], phase, piece, degrees[i], rows[i])
 
     step = StepCosts(piece_s=functools.cache(piece_s), collective_s=functools.cache(collective_s),
