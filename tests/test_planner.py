@@ -272,3 +272,27 @@ def test_cli_profile_measures_every_piece_on_two_ranks(tmp_path):
     assert prof.saved_bytes("attn", "none", 1, 1) > prof.saved_bytes("attn", "commfree", 1, 1)
     assert prof.baseline_bytes > 0 and prof.optimizer_s(10**6) > 0
     assert np.isfinite(prof.collective_s("all_reduce", 2, 2**20))
+
+
+def test_train_runs_the_planned_plan(tmp_path):
+    """parallel.plan=auto plans with parallel.profile; the plan's schedule and micro-batch are
+    the run's; a saved plan file runs without --nproc-per-node (its world size)."""
+    cfg = load_config(REPO_ROOT / "configs" / "tiny.toml", [])
+    synthetic_profile(cfg.model).save(tmp_path / "p.json")
+    common = ["--train.steps=2", "--train.eval_every=0", "--train.sample_tokens=0",
+              "--checkpoint.every=0", "--checkpoint.resume=never"]
+    proc = _cli("train", "configs/tiny.toml", "--parallel.plan=auto",
+                f"--parallel.profile={tmp_path / 'p.json'}", f"--train.run_dir={tmp_path / 'a'}",
+                *common)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "plan (auto): " in proc.stdout
+    saved = (tmp_path / "a" / "config.toml").read_text()
+    assert 'plan = "auto"' in saved
+    best, _ = plan_model(cfg, 2, synthetic_profile(cfg.model), float("inf"))
+    assert f'name = "{best.plan.schedule}"' in saved
+    best.plan.save(tmp_path / "plan.json")
+    proc = _cli("train", "configs/tiny.toml", f"--parallel.plan={tmp_path / 'plan.json'}",
+                f"--train.run_dir={tmp_path / 'b'}", *common)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    proc = _cli("train", "configs/tiny.toml", "--parallel.plan=auto", *common)
+    assert proc.returncode == 2 and "needs parallel.profile" in proc.stderr

@@ -48,7 +48,8 @@ def _parser() -> argparse.ArgumentParser:
         type=int,
         default=None,
         metavar="N",
-        help="local ranks to start (default: parallel.tp); ignored under torchrun",
+        help="local ranks to start (default: a plan file's world size, else parallel.tp); "
+        "ignored under torchrun",
     )
     train.add_argument(
         "--max-restarts",
@@ -123,6 +124,11 @@ def _parser() -> argparse.ArgumentParser:
                       help="with --verify: none, a tbf rate (200mbit) or auto:PRESET")
     plan.add_argument("--steps", type=int, default=4, help="with --verify: timed steps")
     plan.add_argument("--warmup", type=int, default=2, help="with --verify: warm-up steps")
+    plan.add_argument("--rounds", type=int, default=2,
+                      help="with --verify: launches per candidate, interleaved")
+    plan.add_argument("--candidates", choices=("all", "chosen"), default="all",
+                      help="with --verify: every uniform candidate and the chosen plan, or "
+                      "only the chosen plan")
     _simulate_parser(commands)
     export = commands.add_parser(
         "export",
@@ -291,19 +297,32 @@ def _verify(ns: argparse.Namespace, overrides: list[str], cfg: Config, best, can
     from oases.bench.suite import resolve_link
     from oases.planner.verify import format_rows, measure_candidates, summarize, write_report
 
-    if ns.steps < 1 or ns.warmup < 0:
-        raise ValueError(f"--steps={ns.steps} must be >= 1 and --warmup={ns.warmup} >= 0")
+    if ns.steps < 1 or ns.warmup < 0 or ns.rounds < 1:
+        raise ValueError(f"--steps={ns.steps} and --rounds={ns.rounds} must be >= 1 and "
+                         f"--warmup={ns.warmup} >= 0")
     out = Path(ns.verify)
     out.mkdir(parents=True, exist_ok=True)
     rate, label, _ = resolve_link(ns.link, ns.config, overrides, ns.world_size, cfg.parallel.tp)
-    chosen = [best] + [c for c in candidates if c.kind == "uniform" and c is not best]
+    chosen = [best]
+    if ns.candidates == "all":
+        chosen += [c for c in candidates if c.kind == "uniform" and c is not best]
     rows = measure_candidates(ns.config, overrides, chosen, ns.world_size, rate, ns.steps,
-                              ns.warmup, out)
+                              ns.warmup, out, ns.rounds)
     summary = summarize(rows, best.label(), budget) | {"link": label}
     write_report(rows, summary, out, text)
     print(format_rows(rows, summary))
     print(f"wrote {out / 'report.md'}")
     return 0
+
+
+def _default_world_size(cfg: Config) -> int:
+    """Local ranks when --nproc-per-node is not given: a plan file's world, else parallel.tp."""
+    if cfg.parallel.plan and cfg.parallel.plan != "auto":
+        from oases.plan import ParallelPlan
+
+        first = ParallelPlan.load(cfg.parallel.plan).regions[0]
+        return first.tp * first.dp
+    return cfg.parallel.tp
 
 
 def _train(
@@ -322,7 +341,7 @@ def _train(
         if max_restarts < 0:
             raise ValueError(f"--max-restarts={max_restarts} must be >= 0")
         if not under_torchrun():  # under torchrun each rank checks against the real world size
-            nproc = nproc or cfg.parallel.tp
+            nproc = nproc or _default_world_size(cfg)
             check_config(cfg, nproc)
         check_source(cfg.data.source)
     except ValueError as exc:

@@ -120,13 +120,17 @@ class ParallelConfig:
 
     ``plan``: "" = every region at ``tp``; a path to a plan JSON (``ParallelPlan.save``, e.g.
     from ``oases plan``) giving every region its own degree, which then replaces ``tp``;
-    "auto" = the planner picks one for this world size (``oases.planner.auto_plan``).
+    "auto" = the planner picks one for this world size (``oases.planner.auto_plan``) with the
+    costs of ``profile`` (a file from ``oases profile``, or ``hw:PRESET`` / ``hw:CLUSTER.toml``)
+    under ``memory_gb`` per device (0 = no budget).
     """
 
     tp: int = 1
     timeout_s: float = 60.0
     backend: str = "auto"
     plan: str = ""
+    profile: str = ""
+    memory_gb: float = 0.0
 
     def __post_init__(self) -> None:
         _check(
@@ -134,6 +138,9 @@ class ParallelConfig:
             f"parallel.backend={self.backend!r} must be one of auto, gloo, nccl",
         )
         _positive("parallel", self, "tp", "timeout_s")
+        _check(self.memory_gb >= 0, f"parallel.memory_gb={self.memory_gb} must be >= 0")
+        _check(self.plan == "auto" or not self.profile,
+               'parallel.profile is used only with parallel.plan = "auto"')
 
 
 @dataclass

@@ -61,18 +61,23 @@ def plan_model(cfg: Config, world_size: int, costs: Costs, budget_bytes: float,
         from oases.planner.search import candidate_degrees
 
         kw["degrees"] = [t for t in candidate_degrees(cfg.model, world_size) if t in degrees()]
-    return solve_plan(cfg.model, costs, world_size, batch_shape(cfg, world_size),
-                      budget_bytes, n_subs=n_subs, max_inflight=cfg.schedule.max_inflight, **kw)
+    batch = batch_shape(cfg, world_size)
+    best, candidates = solve_plan(cfg.model, costs, world_size, batch, budget_bytes,
+                                  n_subs=n_subs, max_inflight=cfg.schedule.max_inflight, **kw)
+    for c in candidates:  # what the prediction assumed, so a run reproduces it
+        c.plan.notes.update(world_size=world_size, global_batch=batch.global_batch,
+                            micro_rows=batch.micro_rows)
+    return best, candidates
 
 
 def auto_plan(cfg: Config, world_size: int):  # noqa: ANN201 - ParallelPlan
     """``parallel.plan = "auto"``: plan with ``parallel.profile`` under ``parallel.memory_gb``
     (0: no budget)."""
-    source = getattr(cfg.parallel, "profile", "")
+    source = cfg.parallel.profile
     if not source:
         raise ValueError('parallel.plan = "auto" needs parallel.profile: a file written by '
-                         "`oases profile` or hw:PRESET")
-    budget = float(getattr(cfg.parallel, "memory_gb", 0.0)) * 2**30 or float("inf")
+                         "`oases profile`, or hw:PRESET")
+    budget = cfg.parallel.memory_gb * 2**30 or float("inf")
     best, _ = plan_model(cfg, world_size, load_costs(source, cfg.model), budget)
     return best.plan
 

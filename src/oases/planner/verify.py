@@ -22,33 +22,42 @@ from oases.planner.search import Candidate
 
 
 def measure_candidates(config: str | None, overrides: list[str], candidates: list[Candidate],
-                       nproc: int, rate: float | None, steps: int, warmup: int,
-                       out: Path) -> list[dict]:
+                       nproc: int, rate: float | None, steps: int, warmup: int, out: Path,
+                       rounds: int = 2) -> list[dict]:
+    """Launch every candidate once per round, rounds interleaved (A B C A B C), so a slow
+    minute of the machine does not land on one plan; medians over all timed steps."""
     from oases.bench.suite import launch_ranks
 
-    rows = []
     (out / "plans").mkdir(parents=True, exist_ok=True)
+    runs: list[list[dict]] = [[] for _ in candidates]
+    for r in range(rounds):
+        for n, cand in enumerate(candidates):
+            plan_path = out / "plans" / f"{n:02d}.json"
+            cand.plan.save(plan_path)
+            result_path = out / "plans" / f"{n:02d}.round{r}.json"
+            print(f"oases plan --verify: round {r + 1}/{rounds}, [{n + 1}/{len(candidates)}] "
+                  f"{cand.label()}", flush=True)
+            with tempfile.TemporaryDirectory() as tmp:
+                launch_ranks("oases.bench.plan_runner",
+                             {"config": config, "overrides": overrides, "plan": str(plan_path),
+                              "steps": steps, "warmup": warmup, "out": str(result_path)},
+                             nproc, rate, Path(tmp))
+            runs[n].append(json.loads(result_path.read_text()))
+    rows = []
     for n, cand in enumerate(candidates):
-        plan_path = out / "plans" / f"{n:02d}.json"
-        cand.plan.save(plan_path)
-        result_path = out / "plans" / f"{n:02d}.result.json"
-        print(f"oases plan --verify: [{n + 1}/{len(candidates)}] {cand.label()}", flush=True)
-        with tempfile.TemporaryDirectory() as tmp:
-            launch_ranks("oases.bench.plan_runner",
-                         {"config": config, "overrides": overrides, "plan": str(plan_path),
-                          "steps": steps, "warmup": warmup, "out": str(result_path)},
-                         nproc, rate, Path(tmp))
-        got = json.loads(result_path.read_text())
+        steps_s = [s for got in runs[n] for s in got["steps_s"]]
+        measured = statistics.median(steps_s)
+        peak = max(got["peak_mem_bytes"] for got in runs[n])
         rows.append({
-            "plan": cand.label(), "kind": cand.kind, "file": str(plan_path.relative_to(out)),
+            "plan": cand.label(), "kind": cand.kind, "file": f"plans/{n:02d}.json",
             "degrees": [r.tp for r in cand.plan.regions],
-            "predicted_step_s": cand.result.step_s, "measured_step_s": got["median_step_s"],
-            "steps_s": got["steps_s"],
-            "step_error": cand.result.step_s / got["median_step_s"] - 1.0,
+            "predicted_step_s": cand.result.step_s, "measured_step_s": measured,
+            "steps_s": steps_s, "step_error": cand.result.step_s / measured - 1.0,
             "predicted_peak_mem_bytes": cand.result.peak_mem_bytes,
-            "measured_peak_mem_bytes": got["peak_mem_bytes"],
-            "mem_error": cand.result.peak_mem_bytes / got["peak_mem_bytes"] - 1.0,
-            "baseline_bytes": cand.result.breakdown.get("baseline_bytes", 0.0),
+            "measured_peak_mem_bytes": peak,
+            "mem_error": cand.result.peak_mem_bytes / peak - 1.0,
+            "predicted_baseline_bytes": cand.result.breakdown.get("baseline_bytes", 0.0),
+            "measured_baseline_bytes": max(got["baseline_bytes"] for got in runs[n]),
         })
     return rows
 

@@ -91,7 +91,23 @@ def resolve_plan(cfg: Config, world_size: int) -> ParallelPlan | None:
     else:
         plan = ParallelPlan.load(source)
     plan.check(cfg.model, world_size)
+    apply_plan_knobs(cfg, plan, world_size)
     return plan
+
+
+def apply_plan_knobs(cfg: Config, plan: ParallelPlan, world_size: int) -> None:
+    """A plan carries the schedule it was chosen with: its ``schedule`` and ``n_sub`` replace
+    the config's, and a planned world micro-batch (``notes["micro_rows"]``, sequences across all
+    ranks) sets ``train.micro_batch`` to the embedding layout's share of it. The effective
+    config is the one logged and saved with the run."""
+    cfg.schedule.name, cfg.schedule.n_sub = plan.schedule, plan.n_sub
+    micro_rows = plan.notes.get("micro_rows")
+    if micro_rows:
+        local, left = divmod(int(micro_rows) * plan.tp_of("embed"), world_size)
+        if left or local < 1:
+            raise ValueError(f"the plan's micro-batch of {micro_rows} sequences does not split "
+                             f"over dp={world_size // plan.tp_of('embed')} ranks")
+        cfg.train.micro_batch = local
 
 
 def check_config(cfg: Config, world_size: int) -> ParallelPlan | None:
@@ -383,8 +399,10 @@ def train(
         f" {len(corpus.train) / 1e6:.2f}M train / {len(corpus.val) / 1e6:.2f}M val tokens"
         f" ({len(corpus.train_files)} + {len(corpus.val_files)} files)"
     )
-    if not plan.is_uniform():
-        say("plan: " + ", ".join(f"{r.name} tp={r.tp}" for r in plan.regions))
+    if cfg.parallel.plan:  # the plan's schedule runs it (apply_plan_knobs)
+        layout = (f"every region tp={plan.degrees()[0]}" if plan.is_uniform() else
+                  ", ".join(f"{r.name} tp={r.tp}" for r in plan.regions))
+        say(f"plan ({cfg.parallel.plan}): {plan.schedule}, n_sub={plan.n_sub}; {layout}")
     if resume_from is not None:
         saved_degrees = sorted(set(manifest.get("degrees", {}).values()) | {manifest["tp"]})
         say(f"resumed from {resume_from} at step {start_step} (saved at tp="
