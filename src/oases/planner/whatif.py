@@ -200,8 +200,8 @@ def format_report(rep: Report) -> str:
              f"{describe_model(rep.model)}",
              f"cluster  {rep.costs.describe().split(' Sources: ')[0]}",
              f"batch    {b.global_batch} sequences per step = {b.n_micro()} micro-batch(es) of "
-             f"{b.micro_rows} across the cluster ({b.micro_rows / rep.cluster.world_size:g} "
-             "per GPU: t sequences per TP group of degree t); fp32 weights, AdamW",
+             f"{b.micro_rows} across the cluster (a TP group of degree t gets "
+             f"{b.micro_rows / rep.cluster.world_size:g}·t); fp32 weights, AdamW",
              f"budget   {rep.budget_bytes / 2**30:.2f} GiB per GPU "
              f"({rep.budget_bytes / gpu_bytes:.0%} of {gpu_bytes / 1e9:.0f} GB)", "",
              f"  {'schedule':<20}{'plan':<30}{'step':>10}{'tokens/s':>12}{'peak/GPU':>12}"
@@ -249,11 +249,13 @@ def last_micro_batch(row: Row, batch: BatchShape) -> Timeline:
 
 
 def write_report(rep: Report, out: Path) -> list[Path]:
-    """``simulate.json`` and the timeline PNG of the oases row (else the last row)."""
+    """``simulate.json`` and the timeline PNG of the oases row (the planned one if there are
+    several; else the last row)."""
     out.mkdir(parents=True, exist_ok=True)
     path = out / "simulate.json"
     path.write_text(json.dumps(to_json(rep), indent=1), encoding="utf-8")
-    row = next((r for r in rep.rows if r.schedule == "oases"), rep.rows[-1])
+    oases = [r for r in rep.rows if r.schedule == "oases"]
+    row = next((r for r in oases if r.spec.auto), oases[-1] if oases else rep.rows[-1])
     png = out / f"timeline-{row.schedule}.png"
     title = (f"{row.schedule} ({plan_label(row)}) on {rep.cluster.name}, predicted: last of "
              f"{rep.batch.n_micro()} micro-batch(es), rank 0")
