@@ -305,7 +305,8 @@ def _verify(ns: argparse.Namespace, overrides: list[str], cfg: Config, best, can
     rate, label, _ = resolve_link(ns.link, ns.config, overrides, ns.world_size, cfg.parallel.tp)
     chosen = [best]
     if ns.candidates == "all":
-        chosen += [c for c in candidates if c.kind == "uniform" and c is not best]
+        chosen += [c for c in candidates if c is not best and (c.kind == "uniform" or (
+            c.fits and not c.plan.is_uniform()))]  # and every mixed plan the search found
     rows = measure_candidates(ns.config, overrides, chosen, ns.world_size, rate, ns.steps,
                               ns.warmup, out, ns.rounds)
     summary = summarize(rows, best.label(), budget) | {"link": label}
