@@ -218,12 +218,12 @@ def test_chain_solvers_agree_with_brute_force(monkeypatch):
             continue
         got = _solve_chain_milp(node_s, node_bytes, edge_s, ~np.isfinite(node_s), budget, 30.0)
         assert got.time_s == pytest.approx(want.time_s, abs=1e-9)
-        monkeypatch.setattr(search, "PARETO_LIMIT", 20_000)
+        monkeypatch.setattr(search, "PARETO_LIMIT", 100_000)
         pareto = search.evaluate(solve_chain_pareto(node_s, node_bytes, edge_s, budget),
                                  node_s, node_bytes, edge_s)
         assert pareto.time_s == pytest.approx(want.time_s, abs=1e-12)
         assert pareto.memory_bytes <= budget
-        monkeypatch.setattr(search, "PARETO_LIMIT", 0 if case % 2 else 20_000)
+        monkeypatch.setattr(search, "PARETO_LIMIT", 0 if case % 2 else 100_000)
         assert solve_chain(node_s, node_bytes, edge_s, budget).time_s == pytest.approx(
             want.time_s, abs=1e-9)
 

@@ -12,7 +12,7 @@ between them (zero when d == e). Minimize total time subject to total memory <= 
 (``solve_chain_dp``, O(N K^2)): when that answer fits the budget it is the answer. Otherwise a
 dynamic program keeps, per node and option, every (time, memory) pair no other pair beats in
 both (``solve_chain_pareto``: exact; a few hundred pairs on a model's chain, whose layers cost
-the same). Only if those fronts grow past ``PARETO_LIMIT`` it writes an integer program
+the same). Only if a node's fronts grow past ``PARETO_LIMIT`` it writes an integer program
 (one-hot x per node, one-hot pair y per edge tied to both ends, one knapsack row) and solves it
 with HiGHS through ``scipy.optimize.milp`` (to its default relative gap, 1e-4). Every degree
 chosen is kept (no collapse to two degrees). ``solve_chain_brute`` is the slow obvious solver
@@ -98,7 +98,7 @@ def solve_chain_dp(node_s: np.ndarray, edge_s: np.ndarray) -> tuple[int, ...]:
     return tuple(reversed(choice))
 
 
-PARETO_LIMIT = 20_000  # (time, memory) pairs per node and option before the MILP takes over
+PARETO_LIMIT = 100_000  # (time, memory) pairs kept at a node before the MILP takes over
 
 
 def solve_chain_pareto(node_s: np.ndarray, node_bytes: np.ndarray, edge_s: np.ndarray,
@@ -108,42 +108,52 @@ def solve_chain_pareto(node_s: np.ndarray, node_bytes: np.ndarray, edge_s: np.nd
     beats in both time and memory. None when a front outgrows ``PARETO_LIMIT`` (or nothing
     fits)."""
     n, k = node_s.shape
-    none = (np.empty(0), np.empty(0), np.empty(0, dtype=int), np.empty(0, dtype=int))
-    # fronts[e] = (time, memory, previous option, index in the previous option's front)
-    fronts = [(node_s[0, e:e + 1], node_bytes[0, e:e + 1], np.zeros(1, dtype=int),
-               np.zeros(1, dtype=int))
-              if np.isfinite(node_s[0, e]) and node_bytes[0, e] <= budget_bytes else none
-              for e in range(k)]
-    history = [fronts]
+    # Bounds that never cut an optimal choice: the fastest way to finish from node i at option
+    # e (memory ignored), the leanest memory the nodes after i need, and the time of a choice
+    # known to fit (each node at its leanest option, or a uniform choice that fits).
+    finish = np.zeros((n, k))
+    for i in range(n - 2, -1, -1):
+        finish[i] = (edge_s[i] + node_s[i + 1] + finish[i + 1]).min(axis=1)
+    lean_after = np.r_[np.cumsum(node_bytes.min(axis=1)[::-1])[::-1][1:], 0.0]
+    known = [tuple(int(v) for v in node_bytes.argmin(axis=1))]
+    known += [(d,) * n for d in range(k) if node_bytes[:, d].sum() <= budget_bytes]
+    upper = min(evaluate(c, node_s, node_bytes, edge_s).time_s for c in known)
+    upper = upper * (1 + 1e-12) + 1e-12 if np.isfinite(upper) else np.inf
+    # the front of node i: every kept partial choice, its option, time, memory, and where it
+    # came from (its index in node i-1's front); fronts are sorted by option
+    ok = np.isfinite(node_s[0]) & (node_bytes[0] <= budget_bytes)
+    opt = np.flatnonzero(ok)
+    t, m, parent = node_s[0, opt], node_bytes[0, opt], np.zeros(len(opt), dtype=int)
+    history = [(opt, parent)]
     for i in range(1, n):
-        new = []
-        for e in range(k):
-            parts = [(t + edge_s[i - 1, d, e], m, np.full(len(t), d), np.arange(len(t)))
-                     for d, (t, m, _, _) in enumerate(fronts) if len(t)]
-            if not np.isfinite(node_s[i, e]) or not parts:
-                new.append(none)
-                continue
-            t, m, prev, idx = (np.concatenate(a) for a in zip(*parts))
-            t, m = t + node_s[i, e], m + node_bytes[i, e]
-            ok = np.flatnonzero((m <= budget_bytes) & np.isfinite(t))
-            ok = ok[np.lexsort((t[ok], m[ok]))]  # by memory, then time
-            best = np.minimum.accumulate(t[ok])
-            keep = ok[np.concatenate(([True], t[ok][1:] < best[:-1]))] if len(ok) else ok
-            if len(keep) > PARETO_LIMIT:
-                return None
-            new.append((t[keep], m[keep], prev[keep], idx[keep]))
-        fronts = new
-        history.append(fronts)
-    ends = [(float(t.min()), e, int(t.argmin())) for e, (t, _, _, _) in enumerate(fronts)
-            if len(t)]
-    if not ends:
+        if not len(t):
+            return None
+        # every extension of every kept choice: [options of node i, kept choices]
+        tt = t[None, :] + edge_s[i - 1][opt].T + node_s[i][:, None]
+        mm = np.broadcast_to(m[None, :] + node_bytes[i][:, None], tt.shape)
+        bound = tt + finish[i][:, None]
+        e_idx, j_idx = np.nonzero((bound <= upper) & np.isfinite(bound)
+                                  & (mm + lean_after[i] <= budget_bytes))
+        tv, mv = tt[e_idx, j_idx], mm[e_idx, j_idx]
+        order = np.lexsort((tv, mv, e_idx))  # by option, then memory, then time
+        e_idx, j_idx, tv, mv = e_idx[order], j_idx[order], tv[order], mv[order]
+        # keep a choice if it is faster than every cheaper-or-equal one of its option
+        keep = np.zeros(len(tv), dtype=bool)
+        bounds = np.flatnonzero(np.r_[True, e_idx[1:] != e_idx[:-1], True]) if len(tv) else []
+        for a, b in zip(bounds[:-1], bounds[1:]):
+            keep[a] = True
+            keep[a + 1:b] = tv[a + 1:b] < np.minimum.accumulate(tv[a:b])[:-1]
+        if keep.sum() > PARETO_LIMIT:
+            return None
+        opt, parent, t, m = e_idx[keep], j_idx[keep], tv[keep], mv[keep]
+        history.append((opt, parent))
+    if not len(t):
         return None
-    _, e, j = min(ends)
-    choice = [e]
-    for i in range(n - 1, 0, -1):
-        _, _, prev, idx = history[i][e]
-        e, j = int(prev[j]), int(idx[j])
-        choice.append(e)
+    j = int(np.argmin(t))  # (ties: the first, i.e. the lowest option and memory)
+    choice = []
+    for opt, parent in reversed(history):
+        choice.append(int(opt[j]))
+        j = int(parent[j])
     return tuple(reversed(choice))
 
 

@@ -159,6 +159,7 @@ def region_rows(plan: ParallelPlan, world_size: int, batch: BatchShape, n_sub: i
     return rows
 
 
+@functools.lru_cache(maxsize=1024)
 def _group_ranks(kind: str, a: int, b: int, world_size: int) -> tuple[int, ...]:
     """Rank 0's group: TP at degree a, DP at degree a, or the merge group of degrees a < b."""
     if kind == "tp":
