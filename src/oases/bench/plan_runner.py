@@ -60,7 +60,8 @@ def run(spec: dict) -> None:
         start = time.perf_counter()
         loss = float(schedule.step(model, tokens, targets))
         mid = time.perf_counter()
-        optimizer.step()
+        if not spec.get("no_optimizer"):
+            optimizer.step()
         comm.barrier(ctx.world_group)
         if it >= int(spec.get("warmup", 2)):
             times.append(time.perf_counter() - start)

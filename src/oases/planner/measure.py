@@ -102,6 +102,7 @@ def measure_compute(model: torch.nn.Module, ctx: ParallelContext, t: int, rows: 
     tokens = tokens.to(ctx.device)
     times: dict[tuple[str, str, str], list[float]] = {}
     memory: list[dict] = []
+    optimizer = torch.optim.AdamW(model.parameters(), lr=0.0)  # steps as in training
     for name in SYNC if k == 1 else OVERLAPPED:
         sched = build_schedule(name, n_sub=k)
         mode = sched.spec.recompute
@@ -114,6 +115,7 @@ def measure_compute(model: torch.nn.Module, ctx: ParallelContext, t: int, rows: 
             comm.barrier(ctx.world_group)
             with record_timeline() as tl:
                 ex.run(program, list(tokens.chunk(k)), list(tokens.chunk(k)), 1.0 / k)
+            optimizer.step()
             if rep == 0:  # warm-up; its saved-activation count is exact
                 if k == 1:
                     per_kind: dict[str, list[int]] = {}
