@@ -296,3 +296,18 @@ def test_train_runs_the_planned_plan(tmp_path):
     assert proc.returncode == 0, proc.stderr[-3000:]
     proc = _cli("train", "configs/tiny.toml", "--parallel.plan=auto", *common)
     assert proc.returncode == 2 and "needs parallel.profile" in proc.stderr
+
+
+def test_cli_plan_verify_measures_the_chosen_plan(tmp_path):
+    cfg = load_config(REPO_ROOT / "configs" / "tiny.toml", [])
+    synthetic_profile(cfg.model).save(tmp_path / "p.json")
+    proc = _cli("plan", "configs/tiny.toml", "--world-size", "2", "--profile",
+                str(tmp_path / "p.json"), "--out", str(tmp_path / "plan.json"), "--verify",
+                str(tmp_path / "v"), "--candidates", "chosen", "--steps", "1", "--warmup", "0",
+                "--rounds", "1")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    report = json.loads((tmp_path / "v" / "verify.json").read_text())
+    (row,) = report["candidates"]
+    assert row["measured_step_s"] > 0 and row["measured_peak_mem_bytes"] > 0
+    assert report["summary"]["chosen"] == row["plan"]
+    assert "Prediction against measurement" in (tmp_path / "v" / "report.md").read_text()

@@ -18,3 +18,5 @@ out=benchmarks/2026-11-30-planner
 # 4. an impossible budget: a one-line error naming the smallest feasible budget (exit 2)
 .venv/bin/oases plan configs/bench.toml --world-size 2 --profile $out/profile.json \
   --memory-gb 0.3 --out /dev/null 2>&1 | tee $out/impossible-budget.txt || true
+# 5. a mixed-degree plan (blocks 0-1 at tp=1 x dp=2, the rest at tp=2), predicted vs measured
+.venv/bin/python benchmarks/2026-11-30-planner/mixed.py

@@ -295,7 +295,13 @@ def _plan(ns: argparse.Namespace, overrides: list[str]) -> int:
 def _verify(ns: argparse.Namespace, overrides: list[str], cfg: Config, best, candidates,  # noqa: ANN001
             budget: float, text: str) -> int:
     from oases.bench.suite import resolve_link
-    from oases.planner.verify import format_rows, measure_candidates, summarize, write_report
+    from oases.planner.verify import (
+        format_rows,
+        format_summary,
+        measure_candidates,
+        summarize,
+        write_report,
+    )
 
     if ns.steps < 1 or ns.warmup < 0 or ns.rounds < 1:
         raise ValueError(f"--steps={ns.steps} and --rounds={ns.rounds} must be >= 1 and "
@@ -311,7 +317,8 @@ def _verify(ns: argparse.Namespace, overrides: list[str], cfg: Config, best, can
                               ns.warmup, out, ns.rounds)
     summary = summarize(rows, best.label(), budget) | {"link": label}
     write_report(rows, summary, out, text)
-    print(format_rows(rows, summary))
+    print(format_rows(rows, summary["chosen"]))
+    print(format_summary(summary))
     print(f"wrote {out / 'report.md'}")
     return 0
 

@@ -78,25 +78,29 @@ def summarize(rows: list[dict], chosen: str, budget_bytes: float) -> dict:
     }
 
 
-def format_rows(rows: list[dict], summary: dict) -> str:
+def format_rows(rows: list[dict], chosen: str | None = None) -> str:
+    """The prediction-against-measurement table (``chosen`` marked with *)."""
     gib = 2**30
     lines = [f"{'plan':<44}{'predicted':>11}{'measured':>10}{'error':>8}"
              f"{'pred GiB':>10}{'meas GiB':>10}{'error':>8}"]
     for r in rows:
-        mark = " *" if r["plan"] == summary["chosen"] else ""
+        mark = " *" if r["plan"] == chosen else ""
         lines.append(f"{r['plan'] + mark:<44}{r['predicted_step_s']:>10.3f}s"
                      f"{r['measured_step_s']:>9.3f}s{r['step_error']:>+8.1%}"
                      f"{r['predicted_peak_mem_bytes'] / gib:>10.3f}"
                      f"{r['measured_peak_mem_bytes'] / gib:>10.3f}{r['mem_error']:>+8.1%}")
-    s = summary
-    lines += ["", f"step time: median |error| {s['median_abs_step_error']:.1%}, worst "
-              f"{s['worst_abs_step_error']:.1%}; peak memory: median |error| "
-              f"{s['median_abs_mem_error']:.1%}, worst {s['worst_abs_mem_error']:.1%}",
-              f"chosen (*) {s['chosen']}: measured {s['chosen_measured_step_s']:.3f} s, "
-              f"{s['chosen_vs_best']:+.1%} against the best measured ({s['best_measured']}, "
-              f"{s['best_measured_step_s']:.3f} s)"]
+    return "\n".join(lines)
+
+
+def format_summary(s: dict) -> str:
+    lines = [f"step time: median |error| {s['median_abs_step_error']:.1%}, worst "
+             f"{s['worst_abs_step_error']:.1%}; peak memory: median |error| "
+             f"{s['median_abs_mem_error']:.1%}, worst {s['worst_abs_mem_error']:.1%}",
+             f"chosen (*) {s['chosen']}: measured {s['chosen_measured_step_s']:.3f} s, "
+             f"{s['chosen_vs_best']:+.1%} against the best measured ({s['best_measured']}, "
+             f"{s['best_measured_step_s']:.3f} s)"]
     if s["budget_bytes"] is not None:
-        lines.append(f"budget {s['budget_bytes'] / gib:.3f} GiB: the chosen plan's measured "
+        lines.append(f"budget {s['budget_bytes'] / 2**30:.3f} GiB: the chosen plan's measured "
                      f"peak is {'under' if s['chosen_peak_under_budget'] else 'OVER'} it")
     return "\n".join(lines)
 
@@ -113,5 +117,6 @@ def write_report(rows: list[dict], summary: dict, out: Path, plan_text: str) -> 
             "Planner output:", "", "```", plan_text, "```", "",
             "Prediction against measurement (median of the timed steps; peak memory is the "
             "largest rank's peak resident set, which includes the process baseline the profile "
-            "measured):", "", "```", format_rows(rows, summary), "```", ""]
+            "measured):", "", "```", format_rows(rows, summary["chosen"]), "",
+            format_summary(summary), "```", ""]
     (out / "report.md").write_text("\n".join(text))
