@@ -311,3 +311,17 @@ def test_cli_plan_verify_measures_the_chosen_plan(tmp_path):
     assert row["measured_step_s"] > 0 and row["measured_peak_mem_bytes"] > 0
     assert report["summary"]["chosen"] == row["plan"]
     assert "Prediction against measurement" in (tmp_path / "v" / "report.md").read_text()
+
+
+def test_the_planner_needs_no_process_groups():
+    """DESIGN: planner/ runs without torch.distributed (what needs ranks is in oases.bench)."""
+    import ast
+
+    for path in sorted((REPO_ROOT / "src" / "oases" / "planner").glob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text())):
+            names = ([a.name for a in node.names] if isinstance(node, ast.Import) else
+                     [node.module or ""] if isinstance(node, ast.ImportFrom) else [])
+            for name in names:
+                assert not name.startswith(("torch.distributed", "oases.parallel",
+                                            "oases.schedule.executor", "oases.train")), \
+                    f"{path.name} imports {name}"

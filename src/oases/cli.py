@@ -258,7 +258,7 @@ def _profile(ns: argparse.Namespace, overrides: list[str]) -> int:
         out.parent.mkdir(parents=True, exist_ok=True)
         rate, label, _ = resolve_link(ns.link, ns.config, overrides, nproc, cfg.parallel.tp)
         with tempfile.TemporaryDirectory() as tmp:
-            launch_ranks("oases.planner.measure",
+            launch_ranks("oases.bench.profile_runner",
                          {"config": ns.config, "overrides": overrides, "out": str(out),
                           "repeats": ns.repeats, "link_label": label}, nproc, rate, Path(tmp))
     except (ValueError, RuntimeError) as exc:

@@ -17,6 +17,7 @@ from pathlib import Path
 
 import torch
 
+from oases.bench.profile_runner import runtime_baseline_bytes
 from oases.config import load_config
 from oases.memory import peak_memory_mb, reset_peak_memory
 from oases.model import build_model
@@ -24,7 +25,6 @@ from oases.parallel import comm
 from oases.parallel.apply import parallelize
 from oases.parallel.context import close_distributed, init_distributed
 from oases.plan import ParallelPlan
-from oases.planner.measure import runtime_baseline_bytes
 from oases.schedule import build_schedule
 
 

@@ -6,8 +6,10 @@ choose every region's TP degree and the schedule knobs under a memory budget.
     print(format_candidates(best, all, budget_bytes))
 
 Modules: ``costs`` (the interface, parameter and activation sizes), ``profile`` (a measured
-profile), ``measure`` (the ranks of ``oases profile``), ``hardware``/``clusters`` (presets),
-``simulate`` (programs on costs), ``search`` (the chain solver and the plan search).
+profile; ``bench.profile_runner`` measures it), ``hardware``/``clusters`` (presets), ``models``
+(the paper's models), ``simulate`` (programs on costs), ``search`` (the chain solver and the
+plan search), ``verify`` (prediction against measurement), ``whatif`` (``oases simulate``).
+Nothing here calls ``torch.distributed``: what needs ranks lives in ``oases.bench``.
 """
 
 from __future__ import annotations

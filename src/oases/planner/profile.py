@@ -1,7 +1,8 @@
 """A profile: what one model's regions and this machine's collectives cost, measured.
 
-``oases profile`` (``planner.measure`` on every rank) writes it; the planner reads it through the
-``planner.costs.Costs`` interface. JSON, versioned, naming the machine and model it was made for::
+``oases profile`` (``bench.profile_runner`` on every rank) writes it; the planner reads it through
+the ``planner.costs.Costs`` interface. JSON, versioned, naming the machine and model it was
+made for::
 
     format, version, created, machine {cpu, cores, torch, backend, world_size, link, ...}, model
     compute      [{region, phase, piece, tp, rows, overlapped, s}]   median of one sub-batch's

@@ -1,9 +1,9 @@
 """The per-rank side of ``oases profile``: measure this model's regions and this machine's
 collectives, write a ``planner.profile.Profile`` (rank 0).
 
-Run under torchrun (``python -m oases.planner.measure SPEC.json``), all ranks together so compute
-is measured under the same contention as a real step. For every candidate TP degree t (powers of
-two dividing the world size and the model's heads and ffn)::
+Run under torchrun (``python -m oases.bench.profile_runner SPEC.json``), all ranks together so
+compute is measured under the same contention as a real step. For every candidate TP degree t
+(powers of two dividing the world size and the model's heads and ffn)::
 
     model at a uniform plan of degree t, executor with collectives skipped (compute only), and
     programs whose compute instructions are cut into single pieces, so each piece is timed:
@@ -36,21 +36,11 @@ from oases.parallel.apply import parallelize
 from oases.parallel.context import ParallelContext, close_distributed, init_distributed
 from oases.plan import ParallelPlan
 from oases.planner.profile import Profile
+from oases.planner.search import candidate_degrees
 from oases.schedule import build_schedule, record_timeline
 from oases.schedule.program import Compute, Instr
 
 MODES = {"megatron": "none", "megatron-recompute": "block", "commfree-recompute": "commfree"}
-
-
-def candidate_degrees(cfg: Config, world_size: int) -> list[int]:
-    """Powers of two up to the world size that divide it and the model's heads and ffn."""
-    m = cfg.model
-    out, t = [], 1
-    while t <= world_size:
-        if not (world_size % t or m.n_heads % t or m.n_kv_heads % t or m.ffn_dim % t):
-            out.append(t)
-        t *= 2
-    return out
 
 
 def split_pieces(program: list[Instr]) -> list[Instr]:
@@ -200,7 +190,7 @@ def run(spec: dict) -> None:
     cfg: Config = load_config(spec.get("config"), spec.get("overrides", ()))
     torch.set_num_threads(max(1, int(spec.get("threads", 1))))
     world_size = int(os.environ.get("WORLD_SIZE", "1"))
-    degrees = candidate_degrees(cfg, world_size)
+    degrees = candidate_degrees(cfg.model, world_size)
     repeats = int(spec.get("repeats", 3))
     ctx = init_distributed(tp=1, timeout_s=cfg.parallel.timeout_s, degrees=tuple(degrees))
     comm.barrier(ctx.world_group)
