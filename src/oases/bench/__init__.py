@@ -1,1 +1,21 @@
-"""Benchmarks: schedules side by side on an emulated commodity interconnect (see link.py)."""
+"""Benchmarks: schedules side by side on an emulated commodity interconnect (see link.py), and
+the rank sides of ``oases profile`` and ``oases plan --verify``."""
+
+from __future__ import annotations
+
+import json
+import sys
+from collections.abc import Callable
+from pathlib import Path
+
+
+def run_rank_spec(run: Callable[[dict], None]) -> None:
+    """Entry of a rank launched as ``python -m MODULE SPEC.json``: ``run(spec)``, then leave
+    the process groups whatever happened."""
+    from oases.parallel.context import close_distributed
+
+    spec = json.loads(Path(sys.argv[1]).read_text())
+    try:
+        run(spec)
+    finally:
+        close_distributed()

@@ -11,19 +11,19 @@ from __future__ import annotations
 
 import json
 import statistics
-import sys
 import time
 from pathlib import Path
 
 import torch
 
+from oases.bench import run_rank_spec
 from oases.bench.profile_runner import runtime_baseline_bytes
 from oases.config import load_config
 from oases.memory import peak_memory_mb, reset_peak_memory
 from oases.model import build_model
 from oases.parallel import comm
 from oases.parallel.apply import parallelize
-from oases.parallel.context import close_distributed, init_distributed
+from oases.parallel.context import init_distributed
 from oases.plan import ParallelPlan
 from oases.schedule import build_schedule
 
@@ -77,13 +77,5 @@ def run(spec: dict) -> None:
     comm.barrier(ctx.world_group)  # nobody exits while a peer still talks
 
 
-def main(spec_path: str) -> None:
-    spec = json.loads(Path(spec_path).read_text())
-    try:
-        run(spec)
-    finally:
-        close_distributed()
-
-
 if __name__ == "__main__":
-    main(sys.argv[1])
+    run_rank_spec(run)

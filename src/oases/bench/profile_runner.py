@@ -21,19 +21,18 @@ from __future__ import annotations
 
 import copy
 import datetime
-import json
 import statistics
-import sys
 import time
 from pathlib import Path
 
 import torch
 
+from oases.bench import run_rank_spec
 from oases.config import Config, config_to_dict, load_config
 from oases.model import build_model
 from oases.parallel import comm
 from oases.parallel.apply import parallelize
-from oases.parallel.context import ParallelContext, close_distributed, init_distributed
+from oases.parallel.context import ParallelContext, init_distributed
 from oases.plan import ParallelPlan
 from oases.planner.profile import Profile
 from oases.planner.search import candidate_degrees
@@ -233,13 +232,5 @@ def run(spec: dict) -> None:
     comm.barrier(ctx.world_group)  # nobody exits while a peer still talks
 
 
-def main(spec_path: str) -> None:
-    spec = json.loads(Path(spec_path).read_text())
-    try:
-        run(spec)
-    finally:
-        close_distributed()
-
-
 if __name__ == "__main__":
-    main(sys.argv[1])
+    run_rank_spec(run)

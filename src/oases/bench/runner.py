@@ -13,18 +13,18 @@ from __future__ import annotations
 import copy
 import json
 import statistics
-import sys
 import time
 from pathlib import Path
 
 import torch
 
+from oases.bench import run_rank_spec
 from oases.config import Config, load_config
 from oases.memory import peak_memory_mb, reset_peak_memory
 from oases.model import build_model
 from oases.parallel import comm
 from oases.parallel.apply import parallelize
-from oases.parallel.context import ParallelContext, close_distributed, init_distributed
+from oases.parallel.context import ParallelContext, init_distributed
 from oases.schedule import Schedule, build_schedule, record_timeline
 from oases.schedule.program import Start, Wait, label
 from oases.schedule.timeline import Timeline
@@ -215,13 +215,5 @@ def run(spec: dict) -> None:
     comm.barrier(ctx.world_group)  # nobody exits while a peer still talks
 
 
-def main(spec_path: str) -> None:
-    spec = json.loads(Path(spec_path).read_text())
-    try:
-        run(spec)
-    finally:
-        close_distributed()
-
-
 if __name__ == "__main__":
-    main(sys.argv[1])
+    run_rank_spec(run)

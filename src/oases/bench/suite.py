@@ -70,13 +70,15 @@ def run_bench(config: str | None, overrides: list[str], schedules: list[str], li
               steps: int, out: Path, nproc: int = 2, warmup: int = 2) -> dict:
     from oases.config import load_config
     from oases.schedule import SCHEDULES
+    from oases.schedule.program import BASELINES
 
     cfg = load_config(config, overrides)  # fail fast, before any rank starts
     cfg.validate(nproc)
-    unknown = [s for s in schedules if s not in (*SCHEDULES, "torch-tp")]
+    valid = (*SCHEDULES, *BASELINES, "torch-tp")
+    unknown = [s for s in schedules if s not in valid]
     if unknown:
         raise ValueError(f"unknown schedule(s) {unknown}; valid: "
-                         f"{', '.join((*SCHEDULES, 'torch-tp'))}")
+                         f"{', '.join(valid)}")
     out.mkdir(parents=True, exist_ok=True)
     base = {"config": config, "overrides": overrides, "out": str(out)}
     rate, label, preset = resolve_link(link, config, overrides, nproc, cfg.parallel.tp)
