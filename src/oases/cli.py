@@ -107,7 +107,9 @@ def _parser() -> argparse.ArgumentParser:
     )
     plan.add_argument("config", nargs="?", default=str(BENCH_CONFIG),
                       help=f"TOML run file (default: {BENCH_CONFIG})")
-    plan.add_argument("--world-size", type=int, required=True, metavar="N")
+    plan.add_argument("--world-size", type=int, required=True, metavar="N",
+                      help="ranks (GPUs) to plan for; the batch is the config's "
+                      "train.global_batch, fed train.micro_batch per rank at parallel.tp")
     plan.add_argument("--memory-gb", type=float, default=0.0, metavar="M",
                       help="memory budget per device in GiB (default: none)")
     source = plan.add_mutually_exclusive_group(required=True)

@@ -50,7 +50,7 @@ def batch_shape(cfg: Config, world_size: int) -> BatchShape:
     if cfg.train.global_batch % micro_rows:
         raise ValueError(f"train.global_batch={cfg.train.global_batch} is not a multiple of the "
                          f"world's micro-batch train.micro_batch * world / parallel.tp = "
-                         f"{micro_rows}")
+                         f"{micro_rows}: pass e.g. --train.global_batch={micro_rows}")
     return BatchShape(cfg.train.global_batch, micro_rows)
 
 
