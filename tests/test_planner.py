@@ -263,6 +263,9 @@ def test_cli_profile_measures_every_piece_on_two_ranks(tmp_path):
     assert proc.returncode == 0, proc.stderr[-3000:]
     prof = Profile.load(out)
     assert prof.degrees() == [1, 2]
+    assert prof.machine["world_size"] == 2 and prof.machine["cores"] >= 1
+    assert prof.config["file"] == "configs/tiny.toml" and prof.config["tp"] == 2
+    assert prof.config["overrides"] == ["--model.n_layers=1"]
     for region in ("attn", "mlp"):
         for phase, piece in PIECES:
             for t in (1, 2):

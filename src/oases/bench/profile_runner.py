@@ -226,8 +226,11 @@ def run(spec: dict) -> None:
                                     "device": str(ctx.device), "threads": torch.get_num_threads(),
                                     "link": spec.get("link_label", "")}
         created = datetime.datetime.now().isoformat(timespec="seconds")
+        made_from = {"file": spec.get("config"), "overrides": list(spec.get("overrides", ())),
+                     "micro_batch": cfg.train.micro_batch,
+                     "global_batch": cfg.train.global_batch, "tp": cfg.parallel.tp}
         profile = Profile(config_to_dict(cfg)["model"], machine, compute, collectives, memory,
-                          optimizer, baseline, created)
+                          optimizer, baseline, created, made_from)
         profile.save(spec["out"])
     comm.barrier(ctx.world_group)  # nobody exits while a peer still talks
 

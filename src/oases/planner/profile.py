@@ -4,7 +4,8 @@
 the ``planner.costs.Costs`` interface. JSON, versioned, naming the machine and model it was
 made for::
 
-    format, version, created, machine {cpu, cores, torch, backend, world_size, link, ...}, model
+    format, version, created, machine {cpu, cores, torch, backend, world_size, link, ...}, model,
+    config {file, overrides, train.micro_batch, train.global_batch, parallel.tp}
     compute      [{region, phase, piece, tp, rows, overlapped, s}]   median of one sub-batch's
                  piece in real steps of the synchronous (or, overlapped, the overlapped) schedules
     collectives  [{op, group_size, nbytes, s}]               fitted to latency + bytes / bandwidth
@@ -57,6 +58,7 @@ class Profile:
     optimizer: list[dict] = field(default_factory=list)
     baseline_bytes: float = 0.0
     created: str = ""
+    config: dict = field(default_factory=dict)  # the run file and overrides it was made from
 
     def __post_init__(self) -> None:
         self._compute: dict[tuple, dict[int, float]] = {}
@@ -132,7 +134,8 @@ class Profile:
         return {"format": FORMAT, "version": VERSION, "created": self.created,
                 "machine": self.machine, "model": self.model, "compute": self.compute,
                 "collectives": self.collectives, "memory": self.memory,
-                "optimizer": self.optimizer, "baseline_bytes": self.baseline_bytes}
+                "optimizer": self.optimizer, "baseline_bytes": self.baseline_bytes,
+                "config": self.config}
 
     def save(self, path: str | os.PathLike[str]) -> None:
         Path(path).write_text(json.dumps(self.to_dict(), indent=1))
@@ -153,7 +156,8 @@ class Profile:
         try:
             return Profile(raw["model"], raw["machine"], raw["compute"], raw["collectives"],
                            raw.get("memory", []), raw.get("optimizer", []),
-                           float(raw.get("baseline_bytes", 0.0)), raw.get("created", ""))
+                           float(raw.get("baseline_bytes", 0.0)), raw.get("created", ""),
+                           raw.get("config", {}))
         except (KeyError, TypeError, ValueError) as exc:
             raise ValueError(f"{path}: malformed profile ({exc!r})") from None
 
