@@ -53,6 +53,17 @@ class ParallelPlan:
     def degrees(self) -> tuple[int, ...]:
         return tuple(sorted({r.tp for r in self.regions}))
 
+    def degree_runs(self) -> str:
+        """The degrees along the chain as runs: ``embed..blocks.5.mlp tp=2; blocks.6.attn..head
+        tp=4``."""
+        runs: list[list] = []
+        for r in self.regions:
+            if runs and runs[-1][2] == r.tp:
+                runs[-1][1] = r.name
+            else:
+                runs.append([r.name, r.name, r.tp])
+        return "; ".join(f"{a}..{b} tp={t}" if a != b else f"{a} tp={t}" for a, b, t in runs)
+
     def is_uniform(self) -> bool:
         return len(self.degrees()) == 1
 

@@ -100,12 +100,11 @@ def format_candidates(best: Candidate, candidates: list[Candidate], budget_bytes
             return f"over budget by {(c.result.peak_mem_bytes - budget_bytes) / 2**30:.3f} GiB"
         return f"{c.result.step_s / best.result.step_s - 1:+.1%} slower"
 
-    degrees = [r.tp for r in best.plan.regions]
     lines = [f"chosen: {best.label()}; predicted {best.result.step_s * 1e3:.1f} ms per step, "
              f"peak {best.result.peak_mem_bytes / 2**30:.3f} GiB per device"
              + ("" if budget_bytes == float("inf") else
                 f" (budget {budget_bytes / 2**30:.3f} GiB)"),
-             f"degrees by region: {' '.join(map(str, degrees))}", "",
+             f"degrees by region: {best.plan.degree_runs()}", "",
              f"  {'plan':<44}{'step':>13}{'peak':>13}"]
     uniform: dict[int, Candidate] = {}
     for c in candidates:

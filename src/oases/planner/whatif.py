@@ -170,18 +170,6 @@ def _auto(cfg: ModelConfig, costs: HardwareCosts, world: int, batch: BatchShape,
             cap *= 2
 
 
-def degree_runs(plan: ParallelPlan) -> str:
-    """The degrees along the chain as runs: ``embed..blocks.5.mlp tp=2; blocks.6.attn..head
-    tp=4``."""
-    runs: list[list] = []
-    for r in plan.regions:
-        if runs and runs[-1][2] == r.tp:
-            runs[-1][1] = r.name
-        else:
-            runs.append([r.name, r.name, r.tp])
-    return "; ".join(f"{a}..{b} tp={t}" if a != b else f"{a} tp={t}" for a, b, t in runs)
-
-
 def plan_label(row: Row) -> str:
     degrees = row.plan.degrees()
     layout = f"tp={degrees[0]}" if len(degrees) == 1 else "mixed tp " + "/".join(map(str, degrees))
@@ -214,7 +202,7 @@ def format_report(rep: Report) -> str:
     lines.append("")
     for row in rep.rows:
         if row.spec.auto:
-            lines.append(f"{row.schedule} (auto) degrees by region: {degree_runs(row.plan)}")
+            lines.append(f"{row.schedule} (auto) degrees by region: {row.plan.degree_runs()}")
     lines.append(f"simulated and planned in {rep.planning_s:.2f} s")
     return "\n".join(lines)
 
@@ -231,7 +219,7 @@ def to_json(rep: Report) -> dict:
         "planning_s": rep.planning_s,
         "baseline": rep.rows[0].schedule,
         "rows": [{"schedule": r.schedule, "plan_spec": str(r.spec), "label": plan_label(r),
-                  "degrees_by_region": degree_runs(r.plan),
+                  "degrees_by_region": r.plan.degree_runs(),
                   "plan": json.loads(r.plan.to_json()), "step_s": r.result.step_s,
                   "tokens_per_s": r.tokens_per_s, "peak_mem_bytes": r.result.peak_mem_bytes,
                   "fits": r.fits, "speedup": r.speedup, "breakdown": r.result.breakdown}
