@@ -328,3 +328,24 @@ def test_the_planner_needs_no_process_groups():
                 assert not name.startswith(("torch.distributed", "oases.parallel",
                                             "oases.schedule.executor", "oases.train")), \
                     f"{path.name} imports {name}"
+
+
+def test_full_plan_search_for_1024_gpus_and_96_layers_is_quick():
+    """Every schedule, sub-batch count and degree, 128 servers x 8 H100 (issue 7: <= 5 s)."""
+    import time
+
+    from oases.planner.clusters import cluster_from_dict
+    from oases.planner.hardware import HardwareCosts
+
+    cluster = cluster_from_dict({"name": "h100-1024", "servers": 128, "nics_per_server": 8,
+                                 "inter_link": "ib-ndr", "server": {
+                                     "gpus_per_server": 8, "gpu": "h100",
+                                     "link": "nvswitch-h100"}})
+    cfg = ModelConfig(arch="gpt2", n_layers=96, dim=12288, n_heads=96, vocab_size=50257,
+                      seq_len=2048)
+    costs = HardwareCosts(cluster, cfg)
+    start = time.perf_counter()
+    best, cands = solve_plan(cfg, costs, 1024, BatchShape(1024, 128), 140 * 2**30)
+    assert time.perf_counter() - start <= 5.0
+    assert best.fits and len(best.plan.regions) == 2 * 96 + 2
+    assert len({c.plan.schedule for c in cands}) >= 6
