@@ -272,6 +272,7 @@ def test_cli_profile_measures_every_piece_on_two_ranks(tmp_path):
                 assert prof.compute_s(region, phase, piece, t, 1) > 0
     assert prof.collective_fit("all_reduce", 2) is not None
     assert prof.collective_fit("all_gather", 2) is not None
+    assert prof.collective_fit("reduce_scatter", 2) is not None
     assert prof.saved_bytes("attn", "none", 1, 1) > prof.saved_bytes("attn", "commfree", 1, 1)
     assert prof.baseline_bytes > 0 and prof.optimizer_s(10**6) > 0
     assert np.isfinite(prof.collective_s("all_reduce", 2, 2**20))

@@ -7,7 +7,7 @@ turn one layout into the other, forward, and the gradient layout back, backward.
 
 import torch
 
-from oases.parallel.comm import reshard_batch
+from oases.parallel.comm import reduce_scatter, reshard_batch
 from oases.parallel.context import init_distributed
 
 W, B = 4, 8
@@ -35,6 +35,10 @@ def _rank_reshard(rank, world_size):
         torch.testing.assert_close(y, _rows(full, rank, b), rtol=0, atol=0)
         y.backward(_rows(grad_full, rank, b))
         torch.testing.assert_close(x.grad, _rows(grad_full, rank, a), rtol=0, atol=0)
+    tp2 = ctx.groups_for(2)[0]
+    mine = torch.arange(12.0).reshape(4, 3) * (rank + 1)  # summed over the pair, then split
+    expect = torch.arange(12.0).reshape(4, 3) * sum(r + 1 for r in tp2.ranks)
+    torch.testing.assert_close(reduce_scatter(mine, tp2), expect.chunk(2)[tp2.rank])
     return out
 
 

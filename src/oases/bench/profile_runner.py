@@ -11,7 +11,8 @@ compute is measured under the same contention as a real step. For every candidat
         megatron-recompute   recompute body (the whole body)
         commfree-recompute   recompute body-commfree (without the last row-parallel matmul)
     at every sub-batch size the planner may use; saved activations per region and mode;
-    collectives: all-reduce and all-gather over groups of size t, sizes around the activations;
+    collectives: all-reduce, all-gather and reduce-scatter over groups of size t, sizes around
+    the activations;
     one AdamW step at a few model sizes; the memory a rank holds before any model exists.
 
 Per piece the profile keeps the median over layers and repeats.
@@ -133,8 +134,10 @@ def measure_compute(model: torch.nn.Module, ctx: ParallelContext, t: int, rows: 
 
 def measure_collectives(ctx: ParallelContext, t: int, sizes: list[int],
                         repeats: int) -> list[dict]:
-    """All-reduce over the TP group of degree t and all-gather (along the batch, as a reshard
-    does) over the merge group of degrees 1 and t, at each byte size."""
+    """All-reduce and reduce-scatter over the TP group of degree t and all-gather (along the
+    batch, as a reshard does) over the merge group of degrees 1 and t, at each byte size (the
+    size of the full tensor: the all-reduce's buffer, the gather's output, the scatter's
+    input)."""
     tp_group = ctx.groups_for(t)[0]
     gather_group = ctx.merge_group(1, t)
     out = []
@@ -144,6 +147,8 @@ def measure_collectives(ctx: ParallelContext, t: int, sizes: list[int],
             "all_reduce": (lambda buf: comm.all_reduce_(buf, tp_group), torch.zeros(n)),
             "all_gather": (lambda buf: comm.reshard_batch(buf, 1, t, gather_group),
                            torch.zeros(max(1, n // t))),
+            "reduce_scatter": (lambda buf: comm.reduce_scatter(buf, tp_group),
+                               torch.zeros(max(t, n - n % t))),
         }
         for op, (fn, buf) in ops.items():
             buf = buf.to(ctx.device)

@@ -89,6 +89,21 @@ def all_reduce_(
     return t
 
 
+def reduce_scatter(t: Tensor, group: Group, *, direction: str = "forward",
+                   tag: str = "") -> Tensor:
+    """Blocking sum reduce-scatter of a plain tensor along dim 0: this rank's 1/size chunk of
+    the sum (sequence parallelism's collective; the profile measures it)."""
+    if group.size == 1:
+        return t
+    if t.shape[0] % group.size:
+        raise ValueError(f"dimension 0 of size {t.shape[0]} does not split over {group.size}")
+    t = t.contiguous()
+    out = torch.empty((t.shape[0] // group.size, *t.shape[1:]), dtype=t.dtype, device=t.device)
+    _issue("reduce_scatter", group, t, direction, tag, False)
+    dist.reduce_scatter_tensor(out, t, group=group.pg)
+    return out
+
+
 class Handle:
     """An in-flight async collective. ``wait()`` blocks until done and returns the result."""
 
