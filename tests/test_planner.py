@@ -24,7 +24,7 @@ PIECES = [("forward", "body"), ("forward", "epi"), ("recompute", "body"),
 
 
 def synthetic_profile(cfg=CFG, degrees=(1, 2), rows=(1, 2, 4), latency_s=1e-3,
-                      bandwidth=50e6, baseline=100e6) -> Profile:
+                      bandwidth=50e6, baseline=100e6, groups=None) -> Profile:
     """Matmul pieces cost 1 ms per row at tp=1 and scale as 1/tp; glue 0.1 ms per row."""
     compute = []
     for region in ("embed", "attn", "mlp", "head"):
@@ -38,7 +38,7 @@ def synthetic_profile(cfg=CFG, degrees=(1, 2), rows=(1, 2, 4), latency_s=1e-3,
                     compute.append({"region": region, "phase": phase, "piece": piece, "tp": t,
                                     "rows": r, "s": s})
     collectives = [{"op": op, "group_size": g, "nbytes": n, "s": latency_s + n / bandwidth}
-                   for op in ("all_reduce", "all_gather") for g in degrees if g > 1
+                   for op in ("all_reduce", "all_gather") for g in (groups or degrees) if g > 1
                    for n in (2**14, 2**18, 2**22)]
     model = {k: getattr(cfg, k) for k in ("arch", "dim", "n_heads", "n_kv_heads", "ffn_dim",
                                           "vocab_size", "seq_len", "tie_embeddings")}
@@ -222,9 +222,19 @@ def test_plan_model_uses_only_profiled_degrees():
     cfg = load_config(REPO_ROOT / "configs" / "bench.toml",
                       ["--model.dim=64", "--model.n_heads=4", "--model.seq_len=32",
                        "--model.vocab_size=128", "--train.global_batch=8"])
-    prof = synthetic_profile(cfg.model, degrees=(1, 2))
+    prof = synthetic_profile(cfg.model, degrees=(1, 2), groups=(2, 4))
     best, cands = plan_model(cfg, 4, prof, float("inf"))  # 4 ranks, but tp=4 is not profiled
     assert all(max(c.plan.degrees()) <= 2 for c in cands)
+    assert {c.plan.degrees()[0] for c in cands if c.kind == "uniform"} == {1, 2}
+    # the DP all-reduce of tp=1 runs over 4 ranks: a profile without it says so
+    with pytest.raises(ValueError, match="no all_reduce over 4 ranks"):
+        plan_model(cfg, 4, synthetic_profile(cfg.model, degrees=(1, 2)), float("inf"))
+    with pytest.raises(ValueError, match="unknown schedule"):
+        plan_model(cfg, 4, prof, float("inf"), schedules=("oases", "nope"))
+    with pytest.raises(ValueError, match="none of which fits"):
+        plan_model(cfg, 4, synthetic_profile(cfg.model, degrees=(8,)), float("inf"))
+    with pytest.raises(ValueError, match="does not divide the world size"):
+        batch_shape(load_config(REPO_ROOT / "configs" / "bench.toml", []), 3)
 
 
 def _cli(*args, cwd=REPO_ROOT):
@@ -350,3 +360,23 @@ def test_full_plan_search_for_1024_gpus_and_96_layers_is_quick():
     assert time.perf_counter() - start <= 5.0
     assert best.fits and len(best.plan.regions) == 2 * 96 + 2
     assert len({c.plan.schedule for c in cands}) >= 6
+
+
+def test_planning_a_run_twice_gives_the_same_plan_and_batch(tmp_path):
+    """The launcher checks the config, then every rank checks the same (updated) config again:
+    an auto plan must come out the same, on the same world micro-batch."""
+    from oases.train.loop import check_config
+
+    base = load_config(REPO_ROOT / "configs" / "tiny.toml", [])
+    synthetic_profile(base.model).save(tmp_path / "p.json")
+    for tp in (1, 2):
+        cfg = load_config(REPO_ROOT / "configs" / "tiny.toml",
+                          ["--parallel.plan=auto", f"--parallel.profile={tmp_path / 'p.json'}",
+                           f"--parallel.tp={tp}", f"--train.micro_batch={2 * tp}"])
+        first = check_config(cfg, 2)
+        seen = (cfg.train.micro_batch, cfg.parallel.tp, cfg.schedule.name, cfg.schedule.n_sub)
+        again = check_config(cfg, 2)
+        assert again.regions == first.regions and again.schedule == first.schedule
+        assert (cfg.train.micro_batch, cfg.parallel.tp, cfg.schedule.name,
+                cfg.schedule.n_sub) == seen
+        assert cfg.train.micro_batch * 2 // cfg.parallel.tp == 4  # the world's micro-batch

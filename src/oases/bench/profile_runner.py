@@ -5,14 +5,17 @@ Run under torchrun (``python -m oases.bench.profile_runner SPEC.json``), all ran
 compute is measured under the same contention as a real step. For every candidate TP degree t
 (powers of two dividing the world size and the model's heads and ffn)::
 
-    model at a uniform plan of degree t, executor with collectives skipped (compute only), and
-    programs whose compute instructions are cut into single pieces, so each piece is timed:
+    model at a uniform plan of degree t; real steps (collectives running, an AdamW step between
+    steps) of programs whose compute instructions are cut into single pieces, so each piece is
+    timed:
         megatron             forward body/epi, backward norm/epi/tp
         megatron-recompute   recompute body (the whole body)
         commfree-recompute   recompute body-commfree (without the last row-parallel matmul)
-    at every sub-batch size the planner may use; saved activations per region and mode;
-    collectives: all-reduce, all-gather and reduce-scatter over groups of size t, sizes around
-    the activations;
+        overlap, overlap-recompute, oases: the same pieces inside overlapped programs, at every
+                             sub-batch count (the planner uses these for overlapped schedules)
+    saved activations per region and recompute mode; collectives: all-reduce, all-gather and
+    reduce-scatter over groups of size t, sizes around the activations, and the all-reduce over
+    every DP group size no TP degree has;
     one AdamW step at a few model sizes; the memory a rank holds before any model exists.
 
 Per piece the profile keeps the median over layers and repeats.
@@ -132,24 +135,28 @@ def measure_compute(model: torch.nn.Module, ctx: ParallelContext, t: int, rows: 
     return compute, memory
 
 
-def measure_collectives(ctx: ParallelContext, t: int, sizes: list[int],
-                        repeats: int) -> list[dict]:
+def measure_collectives(ctx: ParallelContext, t: int, sizes: list[int], repeats: int,
+                        dp_only: bool = False) -> list[dict]:
     """All-reduce and reduce-scatter over the TP group of degree t and all-gather (along the
     batch, as a reshard does) over the merge group of degrees 1 and t, at each byte size (the
     size of the full tensor: the all-reduce's buffer, the gather's output, the scatter's
-    input)."""
-    tp_group = ctx.groups_for(t)[0]
-    gather_group = ctx.merge_group(1, t)
+    input). ``dp_only``: only the all-reduce, over the DP group of degree t (size world / t:
+    the gradient all-reduce of a group size no TP degree has)."""
+    tp_group, dp_group = ctx.groups_for(t)
+    gather_group = None if dp_only else ctx.merge_group(1, t)
     out = []
     for nbytes in sizes:
         n = max(1, nbytes // 4)
-        ops = {
-            "all_reduce": (lambda buf: comm.all_reduce_(buf, tp_group), torch.zeros(n)),
-            "all_gather": (lambda buf: comm.reshard_batch(buf, 1, t, gather_group),
-                           torch.zeros(max(1, n // t))),
-            "reduce_scatter": (lambda buf: comm.reduce_scatter(buf, tp_group),
-                               torch.zeros(max(t, n - n % t))),
-        }
+        if dp_only:
+            ops = {"all_reduce": (lambda buf: comm.all_reduce_(buf, dp_group), torch.zeros(n))}
+        else:
+            ops = {
+                "all_reduce": (lambda buf: comm.all_reduce_(buf, tp_group), torch.zeros(n)),
+                "all_gather": (lambda buf: comm.reshard_batch(buf, 1, t, gather_group),
+                               torch.zeros(max(1, n // t))),
+                "reduce_scatter": (lambda buf: comm.reduce_scatter(buf, tp_group),
+                                   torch.zeros(max(t, n - n % t))),
+            }
         for op, (fn, buf) in ops.items():
             buf = buf.to(ctx.device)
             samples = []
@@ -159,7 +166,8 @@ def measure_collectives(ctx: ParallelContext, t: int, sizes: list[int],
                 with torch.no_grad():
                     fn(buf)
                 samples.append(time.perf_counter() - start)
-            out.append({"op": op, "group_size": t, "nbytes": n * 4,
+            size = ctx.world_size // t if dp_only else t
+            out.append({"op": op, "group_size": size, "nbytes": n * 4,
                         "s": statistics.median(samples[1:])})
     return out
 
@@ -211,18 +219,25 @@ def run(spec: dict) -> None:
                             ParallelPlan.uniform(cfg.model, world_size, t))
         model.train()
         rows = profile_rows(cfg, world_size, t)
-        for k in [k for k in spec.get("n_subs", (1, 2, 4)) if rows % k == 0]:
+        for k in [k for k in spec.get("n_subs", (1, 2, 4)) if rows >= k and rows % k == 0]:
             c, m = measure_compute(model, ctx, t, rows, k, repeats)
             compute += c
             memory += m
             if ctx.rank == 0:
                 print(f"oases profile: tp={t}, {rows} rows in {k} sub-batches: {len(c)} "
                       "pieces", flush=True)
-        if t > 1:
+        if t > 1 and rows > 0:
             sizes = sorted({max(act // 4, 1024), act, rows * act // 2, rows * act,
                             4 * rows * act, 16 * rows * act})
             collectives += measure_collectives(ctx, t, sizes, repeats + 2)
         models.append(model)
+    tp_sizes = {t for t in degrees if t > 1}
+    for t in degrees:  # DP gradient all-reduces over group sizes no TP degree covers
+        if world_size // t > 1 and world_size // t not in tp_sizes:
+            rows = max(1, profile_rows(cfg, world_size, t))
+            sizes = sorted({act, rows * act, 16 * rows * act, 64 * rows * act})
+            collectives += measure_collectives(ctx, t, sizes, repeats + 2, dp_only=True)
+            tp_sizes.add(world_size // t)
     optimizer = measure_optimizer(models, repeats)
     if ctx.rank == 0:
         from oases.bench.suite import machine_info

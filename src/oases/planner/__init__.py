@@ -46,6 +46,10 @@ def batch_shape(cfg: Config, world_size: int) -> BatchShape:
     """The config's batch as the planner sees it: ``train.global_batch`` sequences per step,
     fed ``train.micro_batch`` per rank at ``parallel.tp`` (so ``micro_batch * world / tp``
     across the world) per micro-batch."""
+    if world_size % cfg.parallel.tp:
+        raise ValueError(f"parallel.tp={cfg.parallel.tp} does not divide the world size "
+                         f"{world_size}: the world's micro-batch is train.micro_batch per rank "
+                         "at parallel.tp")
     micro_rows = cfg.train.micro_batch * world_size // cfg.parallel.tp
     if cfg.train.global_batch % micro_rows:
         raise ValueError(f"train.global_batch={cfg.train.global_batch} is not a multiple of the "
@@ -57,12 +61,21 @@ def batch_shape(cfg: Config, world_size: int) -> BatchShape:
 def plan_model(cfg: Config, world_size: int, costs: Costs, budget_bytes: float,
                schedules: tuple[str, ...] | None = None,
                n_subs: tuple[int, ...] = (1, 2, 4)) -> tuple[Candidate, list[Candidate]]:
-    kw = {} if schedules is None else {"schedules": schedules}
+    from oases.planner.search import candidate_degrees
+    from oases.schedule.program import SPECS
+
+    kw: dict = {}
+    if schedules is not None:
+        unknown = [s for s in schedules if s not in SPECS]
+        if unknown or not schedules:
+            raise ValueError(f"unknown schedule(s) {unknown}; valid: {', '.join(SPECS)}")
+        kw["schedules"] = schedules
     degrees = getattr(costs, "degrees", None)
     if degrees is not None:  # a profile prices only the degrees it measured
-        from oases.planner.search import candidate_degrees
-
         kw["degrees"] = [t for t in candidate_degrees(cfg.model, world_size) if t in degrees()]
+        if not kw["degrees"]:
+            raise ValueError(f"the profile measured tp {degrees()}, none of which fits "
+                             f"{world_size} ranks and this model: profile with this world size")
     batch = batch_shape(cfg, world_size)
     best, candidates = solve_plan(cfg.model, costs, world_size, batch, budget_bytes,
                                   n_subs=n_subs, max_inflight=cfg.schedule.max_inflight, **kw)

@@ -41,7 +41,13 @@ from oases.planner.costs import (
     region_kind,
     region_param_count,
 )
-from oases.planner.simulate import BatchShape, PlanResult, region_rows, simulate_plan
+from oases.planner.simulate import (
+    BatchShape,
+    BatchSplitError,
+    PlanResult,
+    region_rows,
+    simulate_plan,
+)
 from oases.schedule.program import SPECS
 
 
@@ -276,7 +282,7 @@ def _simulate(cfg: ModelConfig, plan: ParallelPlan, costs: Costs, world_size: in
     try:
         return simulate_plan(cfg, plan, costs, world_size, batch, max_inflight=max_inflight,
                              timeline=False)
-    except ValueError:  # the batch does not split at these degrees / sub-batches
+    except BatchSplitError:  # not a candidate: the batch does not split at these degrees
         return None
 
 

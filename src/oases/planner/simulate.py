@@ -1,11 +1,13 @@
 """Run a schedule program on costs instead of tensors: the planner's cost model.
 
 The simulator consumes the very instruction lists the executor runs (``schedule.program``), with
-one compute stream and two communication streams per rank (TP collectives, and data-parallel
-gradient all-reduces on their own group), and returns a ``Timeline`` in the executor's format::
+one compute stream per rank and one communication stream per group of ranks (``stream_of``;
+by default one for TP collectives and one for data-parallel gradient all-reduces), and returns
+a ``Timeline`` in the executor's format::
 
     Compute(c)   compute stream:  start = now;  now += cost(c)
     Start(k)     comm stream:     begins at max(stream free, now); ends after cost(k)
+                                  (a zero-cost one, a reshard's slicing direction, is done at once)
     Wait(k)      compute stream:  now = max(now, end of k)
 
 So the same question (how long is a step under this schedule?) is answered by a measurement
@@ -49,7 +51,8 @@ class StepCosts:
     region in a phase ("forward" | "recompute" | "backward"); ``recompute_body_s(region)`` is the
     body's recompute when its last (row-parallel) matmul is skipped (communication-free mode);
     ``collective_s(kind, index)``: one sub-batch's TP all-reduce ("fwd" | "bwd") after region
-    ``index``, or the DP all-reduce of gradient bucket ``index`` ("dp").
+    ``index``, its reshard into region ``index`` ("rsf" forward, "rsb" backward), or the DP
+    all-reduce of gradient bucket ``index`` ("dp").
     ``compute_s(instruction)``, when given, prices a whole Compute instruction directly (a
     profile measured per instruction) and overrides the per-piece costs.
     """
@@ -108,10 +111,13 @@ def simulate_program(program: list[Instr], costs: StepCosts, *, commfree: bool =
         elif isinstance(ins, Start):
             stream = (("dp" if ins.kind == "dp" else "tp") if costs.stream_of is None
                       else costs.stream_of(ins.kind, ins.index))
-            begin = max(free.get(stream, 0.0), now)
             cost = costs.collective_s(ins.kind, ins.index)
+            if cost <= 0:  # nothing moves (a reshard's slicing direction): done at once
+                ends[ins.kind, ins.index, ins.sub] = now
+                continue
+            begin = max(free.get(stream, 0.0), now)
             free[stream] = ends[ins.kind, ins.index, ins.sub] = begin + cost
-            if cost > 0 and record:  # (a reshard's slicing direction moves nothing)
+            if record:
                 timeline.add(Event(rank, "comm", comm_name(ins.kind, ins.index), ins.kind,
                                    ins.sub, begin, begin + cost))
             comm_busy += cost
@@ -144,16 +150,22 @@ class BatchShape:
         return self.global_batch // self.micro_rows
 
 
+class BatchSplitError(ValueError):
+    """The batch does not split over a plan's degrees and sub-batches (the plan is not a
+    candidate, rather than a mistake)."""
+
+
 def region_rows(plan: ParallelPlan, world_size: int, batch: BatchShape, n_sub: int) -> list[int]:
-    """Rows of one sub-batch in every region (ValueError where they do not divide)."""
+    """Rows of one sub-batch in every region (BatchSplitError where they do not divide)."""
     if batch.global_batch % batch.micro_rows:
-        raise ValueError(f"global batch {batch.global_batch} is not a multiple of the "
-                         f"micro-batch {batch.micro_rows}")
+        raise BatchSplitError(f"global batch {batch.global_batch} is not a multiple of the "
+                              f"micro-batch {batch.micro_rows}")
     rows = []
     for r in plan.regions:
         local, left = divmod(batch.micro_rows * r.tp, world_size)
         if left or local % n_sub or local == 0:
-            raise ValueError(f"region {r.name} at tp={r.tp}: a micro-batch of {batch.micro_rows} "
+            raise BatchSplitError(f"region {r.name} at tp={r.tp}: a micro-batch of "
+                                  f"{batch.micro_rows} "
                              f"sequences over dp={r.dp} does not split into {n_sub} sub-batches")
         rows.append(local // n_sub)
     return rows
@@ -180,11 +192,12 @@ def _dp_buckets(cfg: ModelConfig, kinds: list[str], degrees: list[int],
     buckets: dict[int, list[tuple[int, int]]] = {}
     for i, (kind, t) in enumerate(zip(kinds, degrees)):
         own = region_param_count(cfg, kind, t) - (norm if kind != "embed" else 0)
-        parts = [(world_size // t, own)]
+        parts = {world_size // t: own}  # one all-reduce per DP group, as the executor issues
         if i + 1 < len(kinds):
-            parts.append((world_size // degrees[i + 1], norm))
-        if any(numel for _, numel in parts):
-            buckets[i] = [(dp, numel) for dp, numel in parts if numel]
+            dp = world_size // degrees[i + 1]
+            parts[dp] = parts.get(dp, 0) + norm
+        if any(parts.values()):
+            buckets[i] = [(dp, numel) for dp, numel in parts.items() if numel]
     return buckets
 
 

@@ -116,7 +116,8 @@ def write_report(rows: list[dict], summary: dict, out: Path, plan_text: str) -> 
             "Machine: " + ", ".join(f"{k} {v}" for k, v in info.items()), "",
             "Planner output:", "", "```", plan_text, "```", "",
             "Prediction against measurement (median of the timed steps; peak memory is the "
-            "largest rank's peak resident set, which includes the process baseline the profile "
-            "measured):", "", "```", format_rows(rows, summary["chosen"]), "",
+            "largest rank's peak: on a CPU its peak resident set, which includes the process "
+            "baseline the profile measured; on a GPU the allocator's peak):", "", "```",
+            format_rows(rows, summary["chosen"]), "",
             format_summary(summary), "```", ""]
     (out / "report.md").write_text("\n".join(text))

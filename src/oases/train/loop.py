@@ -107,7 +107,9 @@ def apply_plan_knobs(cfg: Config, plan: ParallelPlan, world_size: int) -> None:
         if left or local < 1:
             raise ValueError(f"the plan's micro-batch of {micro_rows} sequences does not split "
                              f"over dp={world_size // plan.tp_of('embed')} ranks")
-        cfg.train.micro_batch = local
+        # micro_batch is per rank at parallel.tp: both in the embedding's layout, so planning
+        # this config again (every rank does) sees the same world micro-batch
+        cfg.train.micro_batch, cfg.parallel.tp = local, plan.tp_of("embed")
 
 
 def check_config(cfg: Config, world_size: int) -> ParallelPlan | None:
