@@ -25,6 +25,7 @@ from oases.parallel import comm
 from oases.parallel.apply import parallelize
 from oases.parallel.context import init_distributed
 from oases.plan import ParallelPlan
+from oases.planner import batch_shape
 from oases.schedule import build_schedule
 
 
@@ -41,10 +42,9 @@ def run(spec: dict) -> None:
     model = parallelize(build_model(cfg.model), ctx, plan)
     model.train()
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4)
-    # the world's micro-batch (train.micro_batch per rank at parallel.tp), in the embedding's
-    # layout: each of its dp groups feeds its share
-    micro_rows = cfg.train.micro_batch * ctx.world_size // cfg.parallel.tp
-    local_micro = micro_rows * embed_tp // ctx.world_size
+    # the world's micro-batch, as the planner assumed it, in the embedding's layout: each of
+    # its dp groups feeds its share
+    local_micro = batch_shape(cfg, ctx.world_size).micro_rows * embed_tp // ctx.world_size
     local_rows = cfg.train.global_batch * embed_tp // ctx.world_size
     schedule = build_schedule(plan.schedule, n_sub=plan.n_sub, micro_batch=local_micro,
                               max_inflight=cfg.schedule.max_inflight)

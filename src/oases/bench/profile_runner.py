@@ -27,17 +27,18 @@ import copy
 import datetime
 import statistics
 import time
-from pathlib import Path
 
 import torch
 
 from oases.bench import run_rank_spec
 from oases.config import Config, config_to_dict, load_config
+from oases.memory import resident_memory_bytes
 from oases.model import build_model
 from oases.parallel import comm
 from oases.parallel.apply import parallelize
 from oases.parallel.context import ParallelContext, init_distributed
 from oases.plan import ParallelPlan
+from oases.planner import batch_shape
 from oases.planner.profile import Profile
 from oases.planner.search import candidate_degrees
 from oases.schedule import build_schedule, record_timeline
@@ -65,17 +66,7 @@ def runtime_baseline_bytes() -> float:
     w = torch.nn.Parameter(torch.ones(4))
     (w * w).sum().backward()
     torch.optim.AdamW([w], lr=1e-4).step()
-    return current_rss_bytes()
-
-
-def current_rss_bytes() -> float:
-    try:
-        for line in Path("/proc/self/status").read_text().splitlines():
-            if line.startswith("VmRSS:"):
-                return int(line.split()[1]) * 1024.0
-    except OSError:
-        pass
-    return 0.0
+    return resident_memory_bytes()
 
 
 SYNC = ("megatron", "megatron-recompute", "commfree-recompute")
@@ -192,8 +183,8 @@ def measure_optimizer(models: list[torch.nn.Module], repeats: int) -> list[dict]
 
 def profile_rows(cfg: Config, world_size: int, t: int) -> int:
     """Local rows of one micro-batch in a region of degree t: the world's micro-batch
-    (``train.micro_batch`` per rank at ``parallel.tp``) shared by dp = world / t replicas."""
-    return cfg.train.micro_batch * world_size // cfg.parallel.tp * t // world_size
+    (``planner.batch_shape``) shared by dp = world / t replicas."""
+    return batch_shape(cfg, world_size).micro_rows * t // world_size
 
 
 def run(spec: dict) -> None:

@@ -26,15 +26,10 @@ def load_costs(source: str, model: ModelConfig) -> Costs:
     """A profile file (checked against the model's shape), or ``hw:PRESET`` / ``hw:FILE`` for
     a named or described cluster (analytic compute and links)."""
     if source.startswith("hw:"):
-        from pathlib import Path
-
-        from oases.planner.clusters import get_cluster, load_cluster
         from oases.planner.hardware import HardwareCosts
+        from oases.planner.whatif import load_any_cluster
 
-        name = source[3:]
-        cluster = load_cluster(name) if Path(name).suffix in (".toml", ".json") else \
-            get_cluster(name)
-        return HardwareCosts(cluster, model)
+        return HardwareCosts(load_any_cluster(source[3:]), model)
     from oases.planner.profile import Profile
 
     profile = Profile.load(source)

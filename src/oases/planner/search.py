@@ -37,7 +37,6 @@ from oases.planner.costs import (
     BYTES,
     OPTIMIZER_STATES,
     Costs,
-    analytic_saved_bytes,
     region_kind,
     region_param_count,
 )
@@ -46,6 +45,7 @@ from oases.planner.simulate import (
     BatchSplitError,
     PlanResult,
     region_rows,
+    saved_bytes,
     simulate_plan,
 )
 from oases.schedule.program import SPECS
@@ -325,10 +325,7 @@ def _node_costs(cfg: ModelConfig, costs: Costs, world_size: int, batch: BatchSha
             node_s[i, d] = {"attn": layer_s * share, "mlp": layer_s * (1 - share)}.get(kind,
                                                                                         ends)
             params = region_param_count(cfg, kind, t) * BYTES * (2 + OPTIMIZER_STATES)
-            kept = analytic_saved_bytes(cfg, kind, mode, t, rows[i])
-            measured = getattr(costs, "saved_bytes", None)
-            if measured is not None and measured(kind, mode, t, rows[i]) is not None:
-                kept = measured(kind, mode, t, rows[i])
+            kept = saved_bytes(costs, cfg, kind, mode, t, rows[i])
             node_bytes[i, d] = params + subs * kept
     act = batch.micro_rows * cfg.seq_len * cfg.dim * BYTES  # [M, S, H] of the whole world
     for a, ta in enumerate(degrees):

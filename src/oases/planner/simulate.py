@@ -349,7 +349,10 @@ class _CachedCosts:
         return getattr(self._costs, name)
 
 
-def _saved(costs: Costs, cfg: ModelConfig, kind: str, mode: str, t: int, rows: int) -> float:
+def saved_bytes(costs: Costs, cfg: ModelConfig, kind: str, mode: str, t: int,
+                rows: int) -> float:
+    """Activations a region keeps forward -> backward: the costs' measurement where they have
+    one (a profile), else ``analytic_saved_bytes``."""
     measured = getattr(costs, "saved_bytes", None)
     value = measured(kind, mode, t, rows) if measured is not None else None
     return analytic_saved_bytes(cfg, kind, mode, t, rows) if value is None else value
@@ -365,8 +368,9 @@ def _peak_memory(cfg: ModelConfig, program: list[Instr], kinds: list[str], degre
     activations; from the second on every gradient is there)."""
     static = local_params * BYTES * (1 + OPTIMIZER_STATES)
     grads = {i: region_param_count(cfg, kinds[i], degrees[i]) * BYTES for i in range(len(kinds))}
-    kept = {i: _saved(costs, cfg, kinds[i], mode, degrees[i], rows[i]) for i in range(len(kinds))}
-    graph = {i: _saved(costs, cfg, kinds[i], "none", degrees[i], rows[i])
+    kept = {i: saved_bytes(costs, cfg, kinds[i], mode, degrees[i], rows[i])
+            for i in range(len(kinds))}
+    graph = {i: saved_bytes(costs, cfg, kinds[i], "none", degrees[i], rows[i])
              for i in range(len(kinds))}
     alive: dict[tuple[int, int], float] = {}
     grads_alive: set[int] = set()
