@@ -14,7 +14,8 @@ from oases.plan import ParallelPlan, RegionPlan, region_names
 B, S = 8, 16
 
 
-def _region_of(name: str) -> str:
+def region_of(name: str) -> str:
+    """The plan region a parameter of the single-device model belongs to."""
     if name.startswith(("embed", "pos_embed")):
         return "embed"
     if name.startswith("blocks."):
@@ -23,8 +24,10 @@ def _region_of(name: str) -> str:
     return "head"
 
 
-def _layout(t: torch.Tensor, rank: int, world: int, tp: int) -> torch.Tensor:
-    per = B * tp // world
+def layout_rows(t: torch.Tensor, rank: int, world: int, tp: int) -> torch.Tensor:
+    """This rank's rows of a global batch in the layout of degree ``tp``: TP group
+    g = rank // tp holds rows [g * B tp / W, (g + 1) * B tp / W), replicated over its ranks."""
+    per = t.shape[0] * tp // world
     g = rank // tp
     return t[g * per : (g + 1) * per]
 
@@ -51,8 +54,8 @@ def _rank_mixed(rank, world_size, degrees_list):
         for step in range(2):
             expected = ref(tokens, targets)
             expected.backward()
-            local = model(_layout(tokens, rank, world_size, t_embed),
-                          _layout(targets, rank, world_size, t_embed))
+            local = model(layout_rows(tokens, rank, world_size, t_embed),
+                          layout_rows(targets, rank, world_size, t_embed))
             local.backward()
             reduce_gradients(model)
             mean = local.detach().clone()
@@ -62,7 +65,7 @@ def _rank_mixed(rank, world_size, degrees_list):
             if step == 0:
                 full = dict(ref.named_parameters())
                 for n, p in model.named_parameters():
-                    t = plan.tp_of(_region_of(n))
+                    t = plan.tp_of(region_of(n))
                     spec = shard_spec(p)
                     want = full[n].grad if spec is None else shard_tensor(
                         full[n].grad, spec, rank % t, t)

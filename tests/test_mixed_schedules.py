@@ -20,6 +20,7 @@ from oases.parallel.apply import shard_spec, shard_tensor
 from oases.plan import ParallelPlan, RegionPlan, region_names
 from oases.schedule import SCHEDULES, build_schedule
 from oases.schedule.program import SPECS, Compute, Start, Wait, build_program, sub_batches
+from test_mixed_plans import layout_rows, region_of
 
 B, S, VOCAB = 8, 16, 101
 TOL = dict(atol=1e-5, rtol=1e-5)
@@ -42,20 +43,6 @@ def _plan(cfg: oases.ModelConfig, degrees: tuple[int, ...], world: int) -> Paral
     return ParallelPlan([RegionPlan(n, t, world // t) for n, t in zip(region_names(cfg), degrees)])
 
 
-def _region_of(name: str) -> str:
-    if name.startswith(("embed", "pos_embed")):
-        return "embed"
-    if name.startswith("blocks."):
-        layer, part = name.split(".")[1:3]
-        return f"blocks.{layer}.{'attn' if part.startswith('attn') else 'mlp'}"
-    return "head"
-
-
-def _rows(t: torch.Tensor, rank: int, world: int, tp: int) -> torch.Tensor:
-    """This rank's rows of a global batch in the layout of degree ``tp``."""
-    per = t.shape[0] * tp // world
-    g = rank // tp
-    return t[g * per : (g + 1) * per]
 
 
 def _batches(seed: int) -> list[tuple[torch.Tensor, torch.Tensor]]:
@@ -128,13 +115,13 @@ def _rank_mixed(rank: int, world: int, cases: list, all_degrees: tuple[int, ...]
             losses = []
             for step, (tokens, targets) in enumerate(batches):
                 with record_collectives() as records:
-                    local = sched.step(model, _rows(tokens, rank, world, t_embed),
-                                       _rows(targets, rank, world, t_embed))
+                    local = sched.step(model, layout_rows(tokens, rank, world, t_embed),
+                                       layout_rows(targets, rank, world, t_embed))
                 loss = _global_mean(local, world)
                 torch.testing.assert_close(loss, want[step][0], **TOL,
                                            msg=lambda m, w=where, s=step: f"{w} step {s}: {m}")
                 for n, p in model.named_parameters():
-                    exp = _expected(want[step][1][n], p, rank, plan.tp_of(_region_of(n)))
+                    exp = _expected(want[step][1][n], p, rank, plan.tp_of(region_of(n)))
                     torch.testing.assert_close(p.grad, exp, **TOL,
                                                msg=lambda m, w=where, n=n: f"{w} grad {n}: {m}")
                 opt.step()
@@ -174,7 +161,8 @@ def _rank_dropout_twins(rank: int, world: int, cases: list, all_degrees: tuple[i
             model = oases.parallelize(copy.deepcopy(base), ctx, plan).train()
             torch.manual_seed(1234)  # the same masks for every schedule
             loss = build_schedule(name, n_sub=2).step(
-                model, _rows(tokens, rank, world, t_embed), _rows(targets, rank, world, t_embed))
+                model, layout_rows(tokens, rank, world, t_embed),
+                layout_rows(targets, rank, world, t_embed))
             runs[name] = (loss, {n: p.grad.clone() for n, p in model.named_parameters()})
         for name, twin in TWINS.items():
             where = f"{arch} {degrees} rank {rank} {name} vs {twin}"

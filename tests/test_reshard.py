@@ -9,14 +9,11 @@ import torch
 
 from oases.parallel.comm import reduce_scatter, reshard_batch
 from oases.parallel.context import init_distributed
+from test_mixed_plans import layout_rows
 
 W, B = 4, 8
 
 
-def _rows(full: torch.Tensor, rank: int, d: int) -> torch.Tensor:
-    per = B * d // W
-    g = rank // d
-    return full[g * per : (g + 1) * per]
 
 
 def _rank_reshard(rank, world_size):
@@ -30,11 +27,11 @@ def _rank_reshard(rank, world_size):
     full = torch.randn(B, 3, generator=g)  # the global activations
     grad_full = torch.randn(B, 3, generator=g)  # the global gradient
     for a, b in [(1, 2), (1, 4), (2, 4), (2, 1), (4, 1), (4, 2)]:
-        x = _rows(full, rank, a).clone().requires_grad_(True)
+        x = layout_rows(full, rank, W, a).clone().requires_grad_(True)
         y = reshard_batch(x, a, b, ctx.merge_group(a, b))
-        torch.testing.assert_close(y, _rows(full, rank, b), rtol=0, atol=0)
-        y.backward(_rows(grad_full, rank, b))
-        torch.testing.assert_close(x.grad, _rows(grad_full, rank, a), rtol=0, atol=0)
+        torch.testing.assert_close(y, layout_rows(full, rank, W, b), rtol=0, atol=0)
+        y.backward(layout_rows(grad_full, rank, W, b))
+        torch.testing.assert_close(x.grad, layout_rows(grad_full, rank, W, a), rtol=0, atol=0)
     tp2 = ctx.groups_for(2)[0]
     mine = torch.arange(12.0).reshape(4, 3) * (rank + 1)  # summed over the pair, then split
     expect = torch.arange(12.0).reshape(4, 3) * sum(r + 1 for r in tp2.ranks)
