@@ -183,6 +183,8 @@ def test_cli_two_rank_tiny_run(tmp_path):
     assert proc.stdout.count("step ") >= 3  # rank 0 only: one line per log_every steps
     assert "sample:" in proc.stdout  # the end-of-run sample
     assert (run_dir / "timeline.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert (run_dir / "loss.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert f"loss curve {run_dir / 'loss.png'}" in proc.stdout
 
 
 @pytest.mark.slow

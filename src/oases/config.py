@@ -158,7 +158,20 @@ class ScheduleConfig:
 
 @dataclass
 class TrainConfig:
-    """Optimiser, batch and logging settings."""
+    """Optimiser, batch and logging settings.
+
+    Batch sizes are in sequences of ``model.seq_len`` tokens. ``global_batch``: sequences per
+    optimizer step, over the whole job. ``micro_batch``: sequences one model replica (one TP
+    group at ``parallel.tp``, i.e. one DP rank) runs through one forward and backward; each DP
+    rank accumulates ``global_batch / (micro_batch * dp)`` of them per step, with
+    ``dp = world_size / parallel.tp``, and the schedule cuts each into ``schedule.n_sub``
+    sub-batches. Under ``parallel.plan`` both are in the embedding region's layout (its degree
+    replaces ``parallel.tp``).
+
+    ``tensorboard``: also write every metric to ``<run_dir>/tensorboard`` (needs the
+    ``tensorboard`` package: ``pip install 'oases[tensorboard]'``); ``metrics.jsonl`` stays the
+    record.
+    """
 
     steps: int = 40
     global_batch: int = 8
@@ -175,6 +188,7 @@ class TrainConfig:
     eval_every: int = 50  # steps between validation losses; 0 = only at the end
     eval_batches: int = 4  # validation global batches per evaluation
     sample_tokens: int = 200  # tokens sampled from the model at the end of a run; 0 = none
+    tensorboard: bool = False  # also write the metrics as TensorBoard events
 
     def __post_init__(self) -> None:
         _positive("train", self, "steps", "global_batch", "micro_batch", "lr", "log_every")
@@ -189,17 +203,26 @@ class TrainConfig:
 
 @dataclass
 class DataConfig:
-    """Where the training text comes from and how it is tokenised."""
+    """Where the training text comes from and how it is tokenised.
+
+    ``vocab_size``: the vocabulary of the ``bpe`` tokenizer to train (0 = ``model.vocab_size``).
+    Loading a run file resolves one size for both (``resolve_vocab``): give either; with
+    neither, a BPE gets ``DEFAULT_BPE_VOCAB`` tokens.
+    """
 
     source: str = "stdlib"
-    tokenizer: str = "byte"  # "byte" | "bpe" (trained on the training split)
+    tokenizer: str = "byte"  # "byte" | "bpe" (trained on the training split) | "hf:PATH"
     vocab_size: int = 0  # BPE vocabulary to train; 0 = model.vocab_size
 
     def __post_init__(self) -> None:
         _check(self.source != "", "data.source must not be empty")
         _check(self.tokenizer != "", "data.tokenizer must not be empty")
-        _check(self.vocab_size == 0 or self.vocab_size >= 256,
-               f"data.vocab_size={self.vocab_size} must be 0 (= model.vocab_size) or >= 256")
+        _check(self.vocab_size == 0 or self.vocab_size > 256,
+               f"data.vocab_size={self.vocab_size} must be 0 (= model.vocab_size) or more than "
+               "the 256 bytes a BPE starts from")
+        _check(self.vocab_size == 0 or self.tokenizer == "bpe",
+               f"data.vocab_size={self.vocab_size} is the size of a trained BPE; "
+               f"data.tokenizer={self.tokenizer!r} has its own")
 
 
 @dataclass
@@ -207,15 +230,22 @@ class CheckpointConfig:
     """When checkpoints are written, how many are kept and where a run resumes from.
 
     ``dir = ""`` means ``<run_dir>/checkpoints``; ``every = 0`` saves only at the end; ``keep``
-    is the number of newest complete checkpoints kept; ``resume`` is ``"never"``, ``"auto"``
-    (the newest complete checkpoint in ``dir``, or a fresh start when there is none) or the path
-    of a checkpoint (``.../step_000123``) or of a folder of checkpoints (its newest one).
+    is the number of newest complete checkpoints kept; ``resume`` is ``"never"`` (a new run from
+    step 0: refused where ``dir`` already holds checkpoints, which it would mix with and prune;
+    start it in another ``train.run_dir``), ``"auto"`` (the newest complete checkpoint in
+    ``dir``, or a fresh start when there is none) or the path of a checkpoint
+    (``.../step_000123``) or of a folder of checkpoints (its newest one).
+
+    ``allow_data_change``: resume on data other than the checkpoint's (another ``data.source``,
+    or files whose names or sizes changed: ``oases.train.resume``) with a warning instead of an
+    error.
     """
 
     dir: str = ""
     every: int = 0
     keep: int = 2
     resume: str = "auto"
+    allow_data_change: bool = False
 
     def __post_init__(self) -> None:
         _check(self.every >= 0, f"checkpoint.every={self.every} must be >= 0")
@@ -351,6 +381,22 @@ def _apply_override(values: dict[str, dict[str, Any]], override: str) -> None:
     values.setdefault(section, {})[key] = _parse_override_value(f"{section}.{key}", tp, text)
 
 
+DEFAULT_BPE_VOCAB = 4096
+
+
+def resolve_vocab(values: dict[str, dict[str, Any]]) -> None:
+    """One vocabulary size for a BPE and the model, from what the user gave (in place): the
+    size given for either one is the other's; with neither, ``DEFAULT_BPE_VOCAB``. A larger
+    ``model.vocab_size`` than ``data.vocab_size`` pads the embedding."""
+    data, model = values.get("data", {}), values.get("model", {})
+    if data.get("tokenizer") != "bpe":
+        return
+    if not data.get("vocab_size"):
+        data["vocab_size"] = model.get("vocab_size", DEFAULT_BPE_VOCAB)
+    model.setdefault("vocab_size", data["vocab_size"])
+    values["data"], values["model"] = data, model
+
+
 def load_config(
     path: str | os.PathLike[str] | None = None, overrides: Sequence[str] = ()
 ) -> Config:
@@ -360,6 +406,7 @@ def load_config(
     values = _read_toml(path) if path is not None else {}
     for override in overrides:
         _apply_override(values, override)
+    resolve_vocab(values)
     try:
         return Config(**{name: cls(**values.get(name, {})) for name, cls in SECTIONS.items()})
     except ConfigError:

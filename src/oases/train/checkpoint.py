@@ -100,23 +100,47 @@ def latest_checkpoint(root: str | os.PathLike[str]) -> Path | None:
     return done[-1][1] if done else None
 
 
+def find_checkpoint(path: Path) -> Path:
+    """The checkpoint ``path`` stands for: itself (``.../step_000123``), the newest complete
+    one of a folder of checkpoints, or that of a run directory (its ``config.toml``'s
+    ``checkpoint.dir``, by default ``RUN/checkpoints``). ValueError naming where it looked."""
+    if (path / COMPLETE).is_file() or _STEP_DIR.match(path.name):
+        return path  # read_manifest says what is wrong with an incomplete one
+    if not path.is_dir():
+        raise ValueError(f"{path}: no such checkpoint, folder of checkpoints or run directory")
+    folders = [path, path / "checkpoints"]
+    if (path / "config.toml").is_file():
+        from oases.config import load_config
+
+        with contextlib.suppress(ValueError):
+            folders.insert(1, checkpoint_root(load_config(path / "config.toml")))
+    for folder in folders:
+        latest = latest_checkpoint(folder)
+        if latest is not None:
+            return latest
+    looked = ", ".join(dict.fromkeys(map(str, folders)))
+    raise ValueError(f"{path}: no complete checkpoint (looked in {looked})")
+
+
 def resolve_resume(cfg: Config) -> Path | None:
     """The checkpoint to resume from (None for a fresh start); ValueError naming the path.
 
     ``auto`` takes the newest checkpoint whose manifest reads (skipping, with a warning, a newer
     one that is damaged; when none reads, the newest one's error). A run never writes into a
     folder that holds newer checkpoints than its own (they would be mixed up and the new ones
-    pruned): ``never`` with checkpoints present, or resuming an older step than the folder's
-    newest, is an error.
+    pruned), and never deletes a user's checkpoints to make room: ``never`` with checkpoints
+    present, or resuming an older step than the folder's newest, is an error that names
+    another ``train.run_dir`` as the way to start afresh.
     """
     resume, root = cfg.checkpoint.resume, checkpoint_root(cfg)
     existing = complete_checkpoints(root)
     if resume == "never":
         if existing:
             raise ValueError(
-                f"checkpoint.resume='never' but {root} already holds checkpoints (up to step "
-                f"{existing[-1][0]}); a fresh run would mix with them: use another "
-                "train.run_dir or checkpoint.dir, delete them, or resume='auto'")
+                f"checkpoint.resume='never' starts a new run, but {root} already holds "
+                f"checkpoints (up to step {existing[-1][0]}) that it would mix with and prune: "
+                "start it in another folder (--train.run_dir=NEW), continue them "
+                "(--checkpoint.resume=auto), or delete that folder yourself")
         return None
     if resume == "auto":  # the newest valid one; if none is valid, the newest one's error
         first_error: ValueError | None = None
@@ -135,7 +159,8 @@ def resolve_resume(cfg: Config) -> Path | None:
         return None
     path = Path(resume).expanduser()
     if not path.exists():
-        raise ValueError(f"checkpoint.resume={resume!r}: no such checkpoint")
+        raise ValueError(f"checkpoint.resume={resume!r} must be never, auto or the path of a "
+                         f"checkpoint or of a folder of checkpoints, and there is no {path}")
     if not (_STEP_DIR.match(path.name) or (path / MANIFEST).exists()
             or (path / ".metadata").exists()):
         latest = latest_checkpoint(path)

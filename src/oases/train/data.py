@@ -13,6 +13,11 @@ Validation is split off by file: file i (in sorted order) is held out when
 ``i % VAL_EVERY == VAL_EVERY - 1``. With fewer than ``VAL_EVERY`` files no file is held out and
 the last 1/VAL_EVERY of the token stream is used instead.
 
+Every corpus carries a ``Fingerprint``: a hash of its files' names (relative to the stdlib root,
+or to the common folder of a user source) and sizes, with their count and total size. Checkpoints
+record it, so a run resumed on other data (another Python version's stdlib, edited files) is
+caught; it costs one ``stat`` per file, never a second read.
+
 Documents are joined with ``DOC_SEP`` (byte 0, absent from text) into one stream of tokens that
 is cut into non-overlapping windows of W tokens; a window gives ``tokens = w[:-1]`` and
 ``targets = w[1:]``. ``PackedBatches`` orders the windows by a seeded permutation per epoch and
@@ -29,6 +34,7 @@ import os
 import sysconfig
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import torch
 from torch import Tensor
@@ -52,6 +58,35 @@ _SKIP_DIRS = frozenset(
 )
 
 
+@dataclass(frozen=True)
+class Fingerprint:
+    """What a corpus was read from: ``digest`` (16 hex digits of the SHA-256 of every file's
+    relative name and size, in sorted order), the number of files and their total size."""
+
+    digest: str
+    files: int
+    bytes: int
+
+    def __str__(self) -> str:
+        return f"{self.digest} ({self.files} files, {self.bytes / 1e6:.2f} MB)"
+
+    def to_dict(self) -> dict[str, str | int]:
+        return {"digest": self.digest, "files": self.files, "bytes": self.bytes}
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> Fingerprint:
+        return cls(str(d["digest"]), int(d["files"]), int(d["bytes"]))
+
+
+def fingerprint_files(files: list[Path], root: Path) -> Fingerprint:
+    """The fingerprint of ``files`` named relative to ``root`` (one ``stat`` per file)."""
+    sizes = sorted((p.relative_to(root).as_posix(), p.stat().st_size) for p in files)
+    h = hashlib.sha256()
+    for name, size in sizes:
+        h.update(f"{name}\0{size}\n".encode())
+    return Fingerprint(h.hexdigest()[:16], len(sizes), sum(s for _, s in sizes))
+
+
 @dataclass
 class Corpus:
     """Token streams of the training and validation splits and the files they came from: bytes
@@ -61,6 +96,12 @@ class Corpus:
     val: Tensor  # [N_val] uint8 bytes, or int32 token ids
     train_files: list[str]
     val_files: list[str]
+    fingerprint: Fingerprint | None = None  # of the files read (``load_corpus``)
+
+
+def stdlib_root() -> Path:
+    """The running interpreter's standard library folder."""
+    return Path(sysconfig.get_paths()["stdlib"])
 
 
 def list_stdlib_files(cap_bytes: int = STDLIB_CAP_BYTES) -> list[Path]:
@@ -69,7 +110,7 @@ def list_stdlib_files(cap_bytes: int = STDLIB_CAP_BYTES) -> list[Path]:
     Files are taken in the order of a hash of their relative path (a spread over the whole
     library rather than its first letters) until the cap, then returned in sorted order.
     """
-    root = Path(sysconfig.get_paths()["stdlib"])
+    root = stdlib_root()
     found: list[Path] = []
     for here, dirs, files in os.walk(root):
         dirs[:] = sorted(d for d in dirs if d not in _SKIP_DIRS and not d.startswith("."))
@@ -140,10 +181,17 @@ def _join(docs: list[bytes]) -> Tensor:
     )
 
 
+def source_root(files: list[Path]) -> Path:
+    """The folder a user source's file names are taken relative to: their common folder."""
+    return Path(os.path.commonpath([p.parent.resolve() for p in files]))
+
+
 def load_corpus(source: str = "stdlib") -> Corpus:
     """Read ``source`` (``"stdlib"`` or user files) and split it into train / validation."""
     docs: list[tuple[str, bytes]] = []
+    read: list[Path] = []
     if source == "stdlib":
+        root = stdlib_root()
         for path in list_stdlib_files():
             data = path.read_bytes()
             try:
@@ -151,10 +199,14 @@ def load_corpus(source: str = "stdlib") -> Corpus:
             except UnicodeDecodeError:
                 continue
             docs.append((str(path), data))
+            read.append(path)
     else:
-        docs = [(str(path), _read_document(path)) for path in resolve_source(source)]
+        read = [p.resolve() for p in resolve_source(source)]
+        root = source_root(read)
+        docs = [(str(path), _read_document(path)) for path in read]
     if sum(len(d) for _, d in docs) == 0:
         raise ValueError(f"data.source={source!r}: the data is empty")
+    fingerprint = fingerprint_files(read, root)
     train = [d for i, d in enumerate(docs) if i % VAL_EVERY != VAL_EVERY - 1]
     val = [d for i, d in enumerate(docs) if i % VAL_EVERY == VAL_EVERY - 1]
     if val and any(d for _, d in val):
@@ -163,10 +215,11 @@ def load_corpus(source: str = "stdlib") -> Corpus:
             _join([d for _, d in val]),
             [n for n, _ in train],
             [n for n, _ in val],
+            fingerprint,
         )
     stream = _join([d for _, d in docs])  # too few files: hold out the tail of the stream
     cut = len(stream) - len(stream) // VAL_EVERY
-    return Corpus(stream[:cut], stream[cut:], [n for n, _ in docs], [])
+    return Corpus(stream[:cut], stream[cut:], [n for n, _ in docs], [], fingerprint)
 
 
 def stream_documents(stream: Tensor) -> list[str]:
@@ -201,6 +254,7 @@ def tokenize_corpus(corpus: Corpus, tok: Tokenizer) -> Corpus:
         tokenize_stream(corpus.val, tok),
         corpus.train_files,
         corpus.val_files,
+        corpus.fingerprint,
     )
 
 

@@ -15,24 +15,25 @@ shards over that degree's TP group, and losses are averaged over the head's DP g
 On CUDA the step runs under bf16 autocast (the parameters, gradients and AdamW state stay fp32:
 fp32 master weights); on CPU everything is fp32.
 
-Rank 0 prints a line every ``train.log_every`` steps (loss and tokens/s averaged over the steps
-since the previous line; the loss is the mean over DP ranks) and appends JSON lines to
-``train.metrics_file`` (default ``<run_dir>/metrics.jsonl``): one per step with ``step, loss, lr,
-grad_norm, step_time_s, tokens_per_s, peak_mem_mb`` and one per evaluation with ``step,
-val_loss`` (every ``train.eval_every`` steps and at the end). The resolved config goes to
-``<run_dir>/config.toml``.
+Rank 0 prints (``console``) a line every ``train.log_every`` steps, or a progress bar on a
+terminal, and records (``metrics``) ``<run_dir>/metrics.jsonl`` (one JSON line per step and per
+evaluation), TensorBoard events with ``train.tensorboard`` and ``<run_dir>/loss.png`` at every
+evaluation (every ``train.eval_every`` steps) and at the end. The resolved config goes to
+``<run_dir>/config.toml``; the second step's timeline of every rank to ``timeline.png``.
 
-Checkpoints (``oases.train.checkpoint``): every ``checkpoint.every`` steps and at the end;
-``checkpoint.resume`` picks one to continue from (model, AdamW state, step and so the LR
-schedule, data position, RNG), at any tp or plan. A resumed run keeps the metrics lines up to
-its step.
+Checkpoints (``oases.train.checkpoint``): every ``checkpoint.every`` steps and at the end, with
+the corpus fingerprint; ``checkpoint.resume`` picks one to continue from (model, AdamW state,
+step and so the LR schedule, data position, RNG), at any tp or plan, once ``oases.train.resume``
+has checked that the checkpoint can serve this config and data - before anything is written.
+A resumed run keeps the metrics lines up to its step.
+
+Setup before the model (``setup``: config, plan, tokenizer) runs on every rank without a
+collective; ``agree`` then makes every rank stop with the same one line if any rank failed.
 """
 
 from __future__ import annotations
 
 import contextlib
-import dataclasses
-import json
 import math
 import sys
 import time
@@ -41,137 +42,28 @@ from pathlib import Path
 from typing import Any, TextIO
 
 import torch
-from torch import nn
 
 from oases.config import Config, config_to_dict, save_config
 from oases.memory import peak_memory_mb
 from oases.model import build_model, count_params
 from oases.parallel import comm
 from oases.parallel.apply import parallelize, parameter_degrees
-from oases.parallel.context import Group, ParallelContext, build_tp_mesh, init_distributed
+from oases.parallel.context import ParallelContext, build_tp_mesh, init_distributed
 from oases.plan import ParallelPlan
 from oases.schedule import Timeline, build_schedule, record_timeline
 from oases.train import checkpoint as ckpt
-from oases.train.data import (
-    Corpus,
-    PackedBatches,
-    build_tokenizer,
-    load_corpus,
-    stream_documents,
-    tokenize_corpus,
-)
+from oases.train.agree import PeerError, agree_on_setup, agree_on_value
+from oases.train.console import Console
+from oases.train.data import Corpus, PackedBatches, load_corpus, tokenize_corpus
+from oases.train.evaluate import evaluate, loss_group
 from oases.train.generate import generate, sampling_generator
+from oases.train.metrics import LOSS_PLOT, TENSORBOARD_DIR, MetricsLog, metrics_path
 from oases.train.optim import build_optimizer, clip_grad_norm_, lr_at
-from oases.train.progress import Progress
-from oases.train.tokenizer import TOKENIZER_FILE, Tokenizer, check_tokenizer_name, save_tokenizer
+from oases.train.resume import check_corpus, check_resume_compatible, schedule_change
+from oases.train.setup import build_run_tokenizer, check_config
+from oases.train.tokenizer import TOKENIZER_FILE, save_tokenizer, tokenizer_info
 
-
-def resolve_init_from(cfg: Config) -> None:
-    """``model.init_from = "hf:PATH"``: the model's shape comes from PATH/config.json (seq_len
-    capped by model.seq_len; dropout and init_std kept). Idempotent."""
-    if cfg.model.init_from:
-        from oases.hf import hf_model_config
-
-        m = hf_model_config(cfg.model.init_from[3:], max_seq_len=cfg.model.seq_len,
-                            dropout=cfg.model.dropout)
-        cfg.model = dataclasses.replace(m, init_from=cfg.model.init_from,
-                                        init_std=cfg.model.init_std)
-
-
-def resolve_plan(cfg: Config, world_size: int) -> ParallelPlan | None:
-    """``parallel.plan``: None for "" (every region at ``parallel.tp``), the planner's choice
-    for "auto", else the plan file; checked against the model and the world size."""
-    source = cfg.parallel.plan
-    if not source:
-        return None
-    if source == "auto":
-        from oases.planner import auto_plan
-
-        plan = auto_plan(cfg, world_size)
-    else:
-        plan = ParallelPlan.load(source)
-    plan.check(cfg.model, world_size)
-    apply_plan_knobs(cfg, plan, world_size)
-    return plan
-
-
-def apply_plan_knobs(cfg: Config, plan: ParallelPlan, world_size: int) -> None:
-    """A plan carries the schedule it was chosen with: its ``schedule`` and ``n_sub`` replace
-    the config's, and a planned world micro-batch (``notes["micro_rows"]``, sequences across all
-    ranks) sets ``train.micro_batch`` to the embedding layout's share of it. The effective
-    config is the one logged and saved with the run."""
-    cfg.schedule.name, cfg.schedule.n_sub = plan.schedule, plan.n_sub
-    micro_rows = plan.notes.get("micro_rows")
-    if micro_rows:
-        local, left = divmod(int(micro_rows) * plan.tp_of("embed"), world_size)
-        if left or local < 1:
-            raise ValueError(f"the plan's micro-batch of {micro_rows} sequences does not split "
-                             f"over dp={world_size // plan.tp_of('embed')} ranks")
-        # micro_batch is per rank at parallel.tp: both in the embedding's layout, so planning
-        # this config again (every rank does) sees the same world micro-batch
-        cfg.train.micro_batch, cfg.parallel.tp = local, plan.tp_of("embed")
-
-
-def check_config(cfg: Config, world_size: int) -> ParallelPlan | None:
-    """Every user-input check that needs no data and no collective; ValueError with numbers.
-    Returns the plan of ``parallel.plan`` (None: uniform at ``parallel.tp``)."""
-    resolve_init_from(cfg)
-    plan = resolve_plan(cfg, world_size)
-    cfg.validate(world_size, None if plan is None else tuple(r.tp for r in plan.regions))
-    hf_dir = cfg.model.init_from[3:]
-    own_tokenizer = hf_dir and (Path(hf_dir) / TOKENIZER_FILE).is_file()
-    if own_tokenizer and cfg.data.tokenizer != f"hf:{hf_dir}":
-        raise ValueError(f"model.init_from={cfg.model.init_from!r} has its own {TOKENIZER_FILE}: "
-                         f"train with it, --data.tokenizer=hf:{hf_dir}")
-    build_schedule(
-        cfg.schedule.name,
-        n_sub=cfg.schedule.n_sub,
-        micro_batch=cfg.train.micro_batch,
-        max_inflight=cfg.schedule.max_inflight,
-    )
-    check_tokenizer_name(cfg.data.tokenizer)
-    want = {"byte": 256, "bpe": cfg.data.vocab_size or cfg.model.vocab_size}.get(
-        cfg.data.tokenizer, 0)  # hf:PATH is checked against its file when it is built
-    if cfg.model.vocab_size < want:
-        raise ValueError(
-            f"model.vocab_size={cfg.model.vocab_size} is smaller than the {cfg.data.tokenizer}"
-            f" tokenizer's vocabulary of {want}"
-        )
-    return plan
-
-
-def build_run_tokenizer(cfg: Config, corpus: Corpus, resume_from: Path | None) -> Tokenizer:
-    """The run's tokenizer: bytes, or a BPE trained on the training split (deterministic, so
-    every rank trains the same one without a collective) or reloaded from the checkpoint."""
-    if cfg.data.tokenizer != "bpe":
-        return build_tokenizer(cfg.data.tokenizer, vocab_size=cfg.model.vocab_size)
-    saved = resume_from if resume_from and (resume_from / TOKENIZER_FILE).is_file() else None
-    tok = build_tokenizer("bpe", None if saved else stream_documents(corpus.train),
-                          cfg.data.vocab_size or cfg.model.vocab_size, path=saved)
-    if cfg.model.vocab_size < tok.vocab_size:
-        raise ValueError(f"model.vocab_size={cfg.model.vocab_size} is smaller than the trained "
-                         f"BPE vocabulary of {tok.vocab_size}")
-    return tok
-
-
-def loss_group(model: nn.Module, ctx: ParallelContext) -> Group:
-    """The head's DP group: one rank of every head TP group, so the mean of the ranks' losses
-    over it is the global loss (the DP group of a uniform plan)."""
-    return ctx.groups_for(model.parallel_plan.tp_of("head"))[1]
-
-
-@torch.no_grad()
-def evaluate(model: nn.Module, batches: PackedBatches, ctx: ParallelContext, n: int) -> float:
-    """Mean loss over the first ``n`` validation batches (fewer if the split is small)."""
-    was_training = model.training
-    model.eval()
-    n = max(1, min(n, batches.n_windows // batches.global_batch))
-    total = torch.zeros((), device=ctx.device)
-    for i in range(n):
-        tokens, targets = batches.batch(i)
-        total += model(tokens.to(ctx.device), targets.to(ctx.device)).float()
-    model.train(was_training)
-    return float(comm.all_reduce_mean(total / n, loss_group(model, ctx)))
+__all__ = ["PeerError", "check_config", "check_resume_compatible", "train"]
 
 
 def _format_config(cfg: Config) -> str:
@@ -181,74 +73,16 @@ def _format_config(cfg: Config) -> str:
     )
 
 
-class PeerError(ValueError):
-    """A user error that another rank reports (one line in all); this rank stops quietly."""
-
-
-# Settings that must not change on resume: the data position would mean another batch.
-RESUME_FIXED = (("data", "source"), ("data", "tokenizer"), ("data", "vocab_size"),
-                ("train", "seed"), ("train", "global_batch"), ("model", "seq_len"),
-                ("model", "arch"))
-
-
-def check_resume_compatible(cfg: Config, manifest: dict[str, Any], path: Path) -> None:
-    """ValueError naming every setting that differs from the checkpoint's run."""
-    saved, now = manifest.get("config", {}), config_to_dict(cfg)
-    diff = [f"{s}.{k}={saved[s][k]!r} (now {now[s][k]!r})" for s, k in RESUME_FIXED
-            if s in saved and k in saved[s] and saved[s][k] != now[s][k]]
-    if diff:
-        raise ValueError(f"checkpoint {path} was saved with {', '.join(diff)}; resume with the "
-                         "same settings or start afresh (checkpoint.resume=never, another "
-                         "checkpoint.dir)")
-
-
-def agree_on_value(ctx: ParallelContext, value: int, what: str) -> None:
-    """Every rank must hold the same ``value`` (e.g. the step it resumes from); else every rank
-    raises the same ValueError. Min and max over the world via the TP then the DP groups."""
-    t = torch.tensor([float(value), -float(value)], device=ctx.device)
-    comm.all_reduce_(t, ctx.tp_group, op="max", tag="agree")
-    comm.all_reduce_(t, ctx.dp_group, op="max", tag="agree")
-    hi, lo = t[0].item(), -t[1].item()
-    if hi != lo:
-        raise ValueError(f"ranks disagree on {what}: from {lo:g} to {hi:g}")
-
-
-def agree_on_setup(ctx: ParallelContext, error: ValueError | None) -> None:
-    """Collective check after each rank's local setup: if any rank failed, all raise.
-
-    The lowest failing rank re-raises its own error (the one line the user sees); the others
-    raise ``PeerError``. Two max all-reduces (over TP, then DP) cover the whole world.
-    """
-    code = torch.tensor([float(ctx.world_size - ctx.rank) if error else 0.0], device=ctx.device)
-    comm.all_reduce_(code, ctx.tp_group, op="max", tag="setup-check")
-    comm.all_reduce_(code, ctx.dp_group, op="max", tag="setup-check")
-    if code.item() == 0:
-        return
-    first = ctx.world_size - int(code.item())
-    if ctx.rank == first:
-        assert error is not None
-        raise error if first == 0 else ValueError(f"rank {first}: {error}")
-    raise PeerError(f"setup failed on rank {first}")
-
-
-def metrics_path(cfg: Config) -> Path:
-    return Path(cfg.train.metrics_file or Path(cfg.train.run_dir) / "metrics.jsonl")
-
-
-def _open_metrics(path: Path, start_step: int) -> TextIO:
-    """Open the metrics file: new for a fresh run, cut back to ``start_step`` when resuming."""
-    kept: list[str] = []
-    if start_step > 0 and path.is_file():
-        for line in path.read_text(encoding="utf-8").splitlines():
-            try:
-                if json.loads(line).get("step", 0) <= start_step:
-                    kept.append(line + "\n")
-            except ValueError:
-                continue
-    fh = path.open("w", encoding="utf-8")
-    fh.writelines(kept)
-    fh.flush()
-    return fh
+def timeline_title(cfg: Config, plan: ParallelPlan, world_size: int, step: int) -> str:
+    """What ``timeline.png`` shows: the schedule, the step, the layout and the ranks drawn
+    (every rank: ``save_timeline`` gathers them all)."""
+    if plan.is_uniform():
+        tp = plan.degrees()[0]
+        layout = f"tp={tp} x dp={world_size // tp}"
+    else:
+        layout = f"mixed plan ({plan.degree_runs()})"
+    ranks = f"ranks 0-{world_size - 1}" if world_size > 1 else "rank 0"
+    return f"{cfg.schedule.name} (n_sub={cfg.schedule.n_sub}), step {step}, {layout}: {ranks}"
 
 
 def save_timeline(timeline: Timeline, ctx: ParallelContext, path: Path, title: str) -> None:
@@ -283,18 +117,13 @@ def train(
     t, S = cfg.train, cfg.model.seq_len
     is_main = ctx.rank == 0
     end = t.steps if stop_after is None else min(t.steps, stop_after)
-
-    bar: Progress | None = None
-
-    def say(msg: str) -> None:
-        if is_main:
-            if bar is not None:
-                bar.message(msg)  # keeps the progress bar intact
-            else:
-                print(msg, file=log, flush=True)
+    console = Console(is_main, log)  # a bar on a terminal, plain lines elsewhere
+    say = console.say
 
     error: ValueError | None = None
     resume_from: Path | None = None
+    manifest: dict[str, Any] = {}
+    warnings: list[str] = []
     plan: ParallelPlan | None = None
     try:  # local setup only: no collective until every rank agrees it succeeded
         plan = check_config(cfg, ctx.world_size)
@@ -307,11 +136,15 @@ def train(
         agree_on_value(ctx, zlib.crc32(plan.to_json().encode()) % (1 << 24),
                        "parallel.plan (every machine must read the same plan)")
         ctx = init_distributed(tp=plan.tp_of("embed"), degrees=plan.degrees(), **groups)
-    try:
+    try:  # nothing is written before every check of a resumed run has passed
         resume_from = ckpt.resolve_resume(cfg)
         if resume_from is not None:
-            check_resume_compatible(cfg, ckpt.read_manifest(resume_from), resume_from)
+            manifest = ckpt.read_manifest(resume_from)
+            warnings += check_resume_compatible(cfg, manifest, resume_from)
         corpus: Corpus = load_corpus(cfg.data.source)
+        if resume_from is not None:
+            warnings += filter(None, [check_corpus(cfg, manifest, corpus.fingerprint,
+                                                   resume_from)])
         tok = build_run_tokenizer(cfg, corpus, resume_from)
         corpus = tokenize_corpus(corpus, tok)
         where = f"data.source={cfg.data.source!r}:"
@@ -345,10 +178,13 @@ def train(
         error = exc
     agree_on_setup(ctx, error)
     # every rank must resume from the same step (a checkpoint dir not shared by all machines,
-    # or a lagging network filesystem, would otherwise split the job)
-    resume_step = -1 if resume_from is None else int(ckpt.read_manifest(resume_from)["step"])
+    # or a lagging network filesystem, would otherwise split the job) and read the same files
+    resume_step = -1 if resume_from is None else int(manifest["step"])
     agree_on_value(ctx, resume_step, "the checkpoint step to resume from "
                    "(checkpoint.dir must be one folder every machine sees)")
+    fingerprint = corpus.fingerprint.digest if corpus.fingerprint else "0"
+    agree_on_value(ctx, int(fingerprint[:6], 16), f"the data (data.source={cfg.data.source!r} "
+                   "must be the same files on every machine)")
 
     torch.manual_seed(t.seed)  # same full model on every rank before sharding
     if cfg.model.init_from and resume_from is None:  # each rank reads only its own slices
@@ -384,11 +220,13 @@ def train(
         train_data.load_state_dict(manifest["extras"]["data"])
 
     run_dir = Path(t.run_dir)
-    metrics: TextIO | None = None
+    metrics: MetricsLog | None = None
     tokenizer_files: dict[str, Path] = {}
     if is_main:
         save_config(cfg, run_dir / "config.toml")
-        metrics = _open_metrics(metrics_path(cfg), start_step)
+        metrics = MetricsLog(metrics_path(cfg), start_step, plot_path=run_dir / LOSS_PLOT,
+                             tensorboard_dir=run_dir / TENSORBOARD_DIR if t.tensorboard else None,
+                             title=f"{run_dir}: {cfg.model.arch} {n_params / 1e6:.2f}M")
         saved_tok = save_tokenizer(tok, run_dir)
         if saved_tok is not None:
             tokenizer_files[TOKENIZER_FILE] = saved_tok
@@ -399,7 +237,8 @@ def train(
     say(
         f"model: {cfg.model.arch} {n_params / 1e6:.2f}M parameters; data: {cfg.data.source}"
         f" {len(corpus.train) / 1e6:.2f}M train / {len(corpus.val) / 1e6:.2f}M val tokens"
-        f" ({len(corpus.train_files)} + {len(corpus.val_files)} files)"
+        f" ({len(corpus.train_files)} + {len(corpus.val_files)} files, fingerprint"
+        f" {fingerprint})"
     )
     if cfg.parallel.plan:  # the plan's schedule runs it (apply_plan_knobs)
         layout = (f"every region tp={plan.degrees()[0]}" if plan.is_uniform() else
@@ -409,21 +248,28 @@ def train(
         saved_degrees = sorted(set(manifest.get("degrees", {}).values()) | {manifest["tp"]})
         say(f"resumed from {resume_from} at step {start_step} (saved at tp="
             f"{'/'.join(map(str, saved_degrees))} on {manifest['world_size']} ranks)")
+        warnings += filter(None, [schedule_change(cfg, manifest, start_step)])
+    for line in warnings:
+        say(f"warning: {line}")
 
     def write(row: dict[str, Any]) -> None:
         if metrics is not None:
-            metrics.write(json.dumps(row) + "\n")
-            metrics.flush()
+            metrics.write(row)
 
     def run_eval(step: int) -> float:
         with _autocast(ctx.device):
             value = evaluate(model, val_data, ctx, t.eval_batches)
         write({"step": step, "val_loss": value})
         say(f"step {step:5d}/{t.steps}  validation loss {value:.4f}")
+        if metrics is not None:
+            metrics.plot()
         return value
 
     def save(step: int) -> Path:
-        extras = {"data": train_data.state_dict(), "lr": lr_at(max(0, step - 1), t)}
+        extras = {"data": train_data.state_dict(), "lr": lr_at(max(0, step - 1), t),
+                  "tokenizer": tokenizer_info(tok)}
+        if corpus.fingerprint is not None:
+            extras["corpus"] = corpus.fingerprint.to_dict()
         path = ckpt.save_checkpoint(ckpt.checkpoint_root(cfg), step, model, optimizer, extras,
                                     cfg, ctx, meshes, cfg.checkpoint.keep, tokenizer_files)
         say(f"step {step:5d}/{t.steps}  checkpoint {path}")
@@ -435,12 +281,9 @@ def train(
     grad_norms: list[float] = []
     evaluated_at = saved_at = -1
     saved: Path | None = resume_from
-    window: list[tuple[float, float]] = []  # (loss, step_time_s) since the last printed line
-    # rank 0 on a terminal draws a progress bar; logs and pipes get plain lines
-    tty = is_main and log is None and sys.stdout.isatty() and end > start_step
-    bar = Progress(end - start_step, stream=sys.stdout) if tty else None
     timeline_step = start_step + 1 if end - start_step > 1 else start_step
     start = time.perf_counter()
+    console.start(start_step, end, t.steps, t.log_every, tokens_per_step)
     try:
         for step in range(start_step, end):
             t0 = time.perf_counter()
@@ -453,7 +296,7 @@ def train(
                 local = schedule.step(model, tokens.to(ctx.device), targets.to(ctx.device))
             if timeline is not None:  # one step's picture, the second of the run (warmed up)
                 save_timeline(timeline, ctx, run_dir / "timeline.png",
-                              f"{cfg.schedule.name}, step {step + 1}, {ctx}")
+                              timeline_title(cfg, plan, ctx.world_size, step + 1))
             grad_norm = clip_grad_norm_(model.parameters(), t.grad_clip, ctx.tp_group,
                                         tp_groups)
             optimizer.step()
@@ -474,25 +317,13 @@ def train(
                 "tokens_per_s": tokens_per_step / dt,
                 "peak_mem_mb": peak_memory_mb(ctx.device),
             })
-            window.append((loss, dt))
-            if bar is not None:
-                bar.update(step + 1 - start_step, loss, tokens_per_step / dt)
-            elif (step + 1) % t.log_every == 0 or step == start_step or step + 1 == end:
-                mean_loss = sum(x for x, _ in window) / len(window)
-                rate = tokens_per_step * len(window) / sum(d for _, d in window)
-                say(
-                    f"step {step + 1:5d}/{t.steps}  loss {mean_loss:.4f}  lr {lr:.2e}"
-                    f"  grad_norm {grad_norm:.3f}  {rate:,.0f} tok/s"
-                    f"  elapsed {time.perf_counter() - start:.1f}s"
-                )
-                window.clear()
+            console.step(step + 1, loss, lr, grad_norm, dt)
             if t.eval_every and (step + 1) % t.eval_every == 0:
                 val_loss, evaluated_at = run_eval(step + 1), step + 1
             if cfg.checkpoint.every and (step + 1) % cfg.checkpoint.every == 0:
                 saved, saved_at = save(step + 1), step + 1
         final = max(start_step, end)
-        if bar is not None:
-            bar.close()
+        console.close()
         if evaluated_at != final:
             val_loss = run_eval(final)
         if saved_at != final and final > start_step:
@@ -503,6 +334,7 @@ def train(
                            replicas=plan.tp_of("embed") // min(plan.degrees()))
             say("sample:\n" + tok.decode(out[0, 1:].tolist()))
     finally:
+        console.close()
         if metrics is not None:
             metrics.close()
     elapsed = time.perf_counter() - start
@@ -510,6 +342,7 @@ def train(
         f"done: step {max(start_step, end)}/{t.steps} in {elapsed:.1f}s; "
         + (f"final train loss {loss:.4f}, " if losses else "no steps left to train; ")
         + f"validation loss {val_loss:.4f}"
+        + (f"; loss curve {metrics.plot_path}" if metrics and metrics.plot_path else "")
     )
     return {
         "loss": loss,

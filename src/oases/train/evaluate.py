@@ -1,0 +1,33 @@
+"""Validation loss: the mean over the first validation batches, averaged over the head's DP
+group (every rank holds the same number afterwards)."""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from oases.parallel import comm
+from oases.parallel.context import Group, ParallelContext
+from oases.train.data import PackedBatches
+
+
+def loss_group(model: nn.Module, ctx: ParallelContext) -> Group:
+    """The head's DP group: one rank of every head TP group, so the mean of the ranks' losses
+    over it is the global loss (the DP group of a uniform plan)."""
+    return ctx.groups_for(model.parallel_plan.tp_of("head"))[1]
+
+
+@torch.no_grad()
+def evaluate(model: nn.Module, batches: PackedBatches, ctx: ParallelContext, n: int) -> float:
+    """Mean loss over the first ``n`` validation batches (fewer if the split is small)."""
+    was_training = model.training
+    model.eval()
+    n = max(1, min(n, batches.n_windows // batches.global_batch))
+    total = torch.zeros((), device=ctx.device)
+    for i in range(n):
+        tokens, targets = batches.batch(i)
+        total += model(tokens.to(ctx.device), targets.to(ctx.device)).float()
+    model.train(was_training)
+    return float(comm.all_reduce_mean(total / n, loss_group(model, ctx)))
+
+
