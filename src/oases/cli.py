@@ -11,18 +11,21 @@
                    [--plan auto|tp=N] [--global-batch B] [--micro-batch M] [--out DIR]
 
 Without CONFIG the main job's ``configs/default.toml`` is used. Overrides are every argument of
-the form ``--section.key=value``. User errors end with one ``error: ...`` line on stderr and a
-non-zero exit code, before any rank starts where the world size is known.
+the form ``--section.key=value`` or ``--section.key value``. User errors end with one
+``error: ...`` line on stderr and exit code 2 (``main`` catches them for every subcommand),
+before any rank starts where the world size is known. ``--help`` shows every default.
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import sys
-from collections.abc import Sequence
+import textwrap
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
-from oases.config import Config, load_config
+from oases.config import SECTIONS, Config, load_config
 
 DEFAULT_CONFIG = Path(__file__).resolve().parents[2] / "configs" / "default.toml"
 BENCH_CONFIG = DEFAULT_CONFIG.with_name("bench.toml")
@@ -33,14 +36,66 @@ def _is_override(arg: str) -> bool:
     return arg.startswith("--") and "." in arg.partition("=")[0]
 
 
+def split_overrides(args: Sequence[str]) -> tuple[list[str], list[str]]:
+    """(overrides as ``--section.key=value``, the other arguments). ``--section.key value``
+    (a space, as argparse options take) is read as ``--section.key=value`` when the next
+    argument is not an option itself."""
+    overrides, rest, i = [], [], 0
+    while i < len(args):
+        arg = args[i]
+        if _is_override(arg) and "=" not in arg and i + 1 < len(args) \
+                and not args[i + 1].startswith("--"):
+            overrides.append(f"{arg}={args[i + 1]}")
+            i += 2
+            continue
+        (overrides if _is_override(arg) else rest).append(arg)
+        i += 1
+    return overrides, rest
+
+
+class _HelpFormatter(argparse.RawDescriptionHelpFormatter):
+    """Descriptions and epilogs as written; every option's default shown (unless its help
+    already says what the default is)."""
+
+    def _get_help_string(self, action: argparse.Action) -> str:
+        text = action.help or ""
+        if ("default" in text or not action.option_strings
+                or action.default in (None, False, argparse.SUPPRESS)):
+            return text
+        return text + " (default: %(default)s)"
+
+
+def _config_keys_help() -> str:
+    """The epilog of ``oases train --help``: every config key with its built-in default."""
+    lines = ["config keys (--section.key=value or --section.key value; a CONFIG file's values",
+             "replace these built-in defaults, overrides replace both):"]
+    for name, cls in SECTIONS.items():
+        keys = " ".join(f"{f.name}={f.default!r}" for f in dataclasses.fields(cls))
+        lines += textwrap.wrap(f"[{name}] {keys}", 96, initial_indent="  ",
+                               subsequent_indent="    ")
+    lines += ["",
+              "train.global_batch: sequences per optimizer step over the whole job.",
+              "train.micro_batch: sequences per model replica (one TP group at parallel.tp =",
+              "  one DP rank) per forward/backward; each DP rank accumulates global_batch /",
+              "  (micro_batch * dp) of them per step, dp = world size / parallel.tp.",
+              "data.vocab_size: a BPE's size; the model's vocabulary follows it (4096 when",
+              "  neither is given); model.vocab_size larger only pads the embedding.",
+              "checkpoint.resume: auto (newest checkpoint in the run, else a fresh start), never",
+              "  (a new run: refused where checkpoints exist; use another train.run_dir) or PATH."]
+    return "\n".join(lines)
+
+
 def _parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="oases", allow_abbrev=False)
+    parser = argparse.ArgumentParser(prog="oases", allow_abbrev=False,
+                                     formatter_class=_HelpFormatter)
     commands = parser.add_subparsers(dest="command", required=True)
     train = commands.add_parser(
         "train",
         allow_abbrev=False,
         help="train a model",
         description="Train a model. Overrides: --section.key=value (e.g. --train.steps=50).",
+        epilog=_config_keys_help(),
+        formatter_class=_HelpFormatter,
     )
     train.add_argument("config", nargs="?", help=f"TOML run file (default: {DEFAULT_CONFIG})")
     train.add_argument(
@@ -66,6 +121,7 @@ def _parser() -> argparse.ArgumentParser:
     bench = commands.add_parser(
         "bench",
         allow_abbrev=False,
+        formatter_class=_HelpFormatter,
         help="compare schedules side by side on an emulated interconnect",
         description="Run every schedule in one launch, interleaved, on a loopback shaped like a "
         "commodity interconnect (root + tc), and report medians, speedups and the limit.",
@@ -85,6 +141,7 @@ def _parser() -> argparse.ArgumentParser:
     profile = commands.add_parser(
         "profile",
         allow_abbrev=False,
+        formatter_class=_HelpFormatter,
         help="measure this model's regions and this machine's collectives for the planner",
         description="Measure forward, backward and recompute time of every region kind at "
         "every candidate TP degree and sub-batch size, collectives per group size (fitted to "
@@ -101,6 +158,7 @@ def _parser() -> argparse.ArgumentParser:
     plan = commands.add_parser(
         "plan",
         allow_abbrev=False,
+        formatter_class=_HelpFormatter,
         help="choose every region's TP degree and the schedule under a memory budget",
         description="Simulate every uniform plan and schedule, solve for a degree per region "
         "under the budget, print the chosen plan beside the best uniform ones and write it.",
@@ -135,12 +193,14 @@ def _parser() -> argparse.ArgumentParser:
     export = commands.add_parser(
         "export",
         allow_abbrev=False,
+        formatter_class=_HelpFormatter,
         help="write a Hugging Face model directory from an Oases checkpoint",
         description="Convert an Oases checkpoint (any tp) into a directory transformers loads "
         "(config.json, model.safetensors).",
     )
     export.add_argument("--checkpoint", required=True, metavar="DIR",
-                        help="a checkpoint (.../step_000123) or a folder of them (the newest)")
+                        help="a checkpoint (.../step_000123), a folder of them or a run "
+                        "directory (its newest checkpoint)")
     export.add_argument("--out", required=True, metavar="HF_DIR", help="output directory")
     return parser
 
@@ -157,7 +217,7 @@ def _simulate_parser(commands: argparse._SubParsersAction) -> None:
         "auto, the plan (a TP degree per region) the planner picks for that cluster. Writes "
         "simulate.json and a timeline PNG to --out.",
         epilog=help_text(),
-        formatter_class=argparse.RawDescriptionHelpFormatter,
+        formatter_class=_HelpFormatter,
     )
     sim.add_argument("--model", required=True, metavar="PRESET|CONFIG",
                      help="a model preset (paper-h1024-l24, ...) or a TOML run file")
@@ -186,7 +246,7 @@ def _simulate_parser(commands: argparse._SubParsersAction) -> None:
     sim.add_argument("--out", default="runs/simulate", help="output folder")
 
 
-def _simulate(ns: argparse.Namespace) -> int:
+def _simulate(ns: argparse.Namespace, overrides: list[str]) -> int:
     from oases.planner.models import load_model
     from oases.planner.simulate import BatchShape
     from oases.planner.whatif import (
@@ -197,35 +257,27 @@ def _simulate(ns: argparse.Namespace) -> int:
         write_report,
     )
 
-    try:
-        cfg = load_model(ns.model)
-        cluster = load_any_cluster(ns.cluster, ns.inter_gbps)
-        micro = ns.micro_batch or cluster.world_size
-        batch = BatchShape(ns.global_batch or micro, micro)
-        if micro < 1 or batch.global_batch < 1 or batch.global_batch % micro or ns.n_sub < 1:
-            raise ValueError(f"--global-batch={batch.global_batch} must be a positive multiple "
-                             f"of --micro-batch={micro}, and --n-sub={ns.n_sub} >= 1")
-        budget = ns.memory_gb * 2**30 if ns.memory_gb > 0 else 0.95 * cluster.memory_bytes
-        report = simulate_cluster(cfg, cluster, parse_entries(ns.schedules, ns.plan), batch,
-                                  budget, n_sub=ns.n_sub, max_tp=ns.max_tp, dtype=ns.dtype,
-                                  model_name=ns.model)
-        print(format_report(report))
-        paths = write_report(report, Path(ns.out))
-    except (ValueError, OSError) as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return EXIT_USER_ERROR
+    cfg = load_model(ns.model)
+    cluster = load_any_cluster(ns.cluster, ns.inter_gbps)
+    micro = ns.micro_batch or cluster.world_size
+    batch = BatchShape(ns.global_batch or micro, micro)
+    if micro < 1 or batch.global_batch < 1 or batch.global_batch % micro or ns.n_sub < 1:
+        raise ValueError(f"--global-batch={batch.global_batch} must be a positive multiple "
+                         f"of --micro-batch={micro}, and --n-sub={ns.n_sub} >= 1")
+    budget = ns.memory_gb * 2**30 if ns.memory_gb > 0 else 0.95 * cluster.memory_bytes
+    report = simulate_cluster(cfg, cluster, parse_entries(ns.schedules, ns.plan), batch,
+                              budget, n_sub=ns.n_sub, max_tp=ns.max_tp, dtype=ns.dtype,
+                              model_name=ns.model)
+    print(format_report(report))
+    paths = write_report(report, Path(ns.out))
     print("wrote " + ", ".join(map(str, paths)))
     return 0
 
 
-def _export(ns: argparse.Namespace) -> int:
+def _export(ns: argparse.Namespace, overrides: list[str]) -> int:
     from oases.hf import export_checkpoint
 
-    try:
-        out = export_checkpoint(ns.checkpoint, ns.out)
-    except (ValueError, OSError) as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return EXIT_USER_ERROR
+    out = export_checkpoint(ns.checkpoint, ns.out)
     print(f"wrote {out}")
     return 0
 
@@ -233,15 +285,11 @@ def _export(ns: argparse.Namespace) -> int:
 def _bench(ns: argparse.Namespace, overrides: list[str]) -> int:
     from oases.bench.suite import run_bench
 
-    try:
-        if ns.steps < 1 or ns.warmup < 0:
-            raise ValueError(f"--steps={ns.steps} must be >= 1 and --warmup={ns.warmup} >= 0")
-        nproc = ns.nproc_per_node or load_config(ns.config, overrides).parallel.tp
-        run_bench(ns.config, overrides, [s for s in ns.schedules.split(",") if s], ns.link,
-                  ns.steps, Path(ns.out), nproc=nproc, warmup=ns.warmup)
-    except (ValueError, RuntimeError) as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return EXIT_USER_ERROR
+    if ns.steps < 1 or ns.warmup < 0:
+        raise ValueError(f"--steps={ns.steps} must be >= 1 and --warmup={ns.warmup} >= 0")
+    nproc = ns.nproc_per_node or load_config(ns.config, overrides).parallel.tp
+    run_bench(ns.config, overrides, [s for s in ns.schedules.split(",") if s], ns.link,
+              ns.steps, Path(ns.out), nproc=nproc, warmup=ns.warmup)
     return 0
 
 
@@ -250,22 +298,18 @@ def _profile(ns: argparse.Namespace, overrides: list[str]) -> int:
 
     from oases.bench.suite import launch_ranks, resolve_link
 
-    try:
-        cfg = load_config(ns.config, overrides)
-        nproc = ns.nproc_per_node or cfg.parallel.tp
-        if nproc < 1 or ns.repeats < 1:
-            raise ValueError(f"--nproc-per-node={nproc} and --repeats={ns.repeats} must be >= 1")
-        cfg.validate(nproc)
-        out = Path(ns.out).resolve()
-        out.parent.mkdir(parents=True, exist_ok=True)
-        rate, label, _ = resolve_link(ns.link, ns.config, overrides, nproc, cfg.parallel.tp)
-        with tempfile.TemporaryDirectory() as tmp:
-            launch_ranks("oases.bench.profile_runner",
-                         {"config": ns.config, "overrides": overrides, "out": str(out),
-                          "repeats": ns.repeats, "link_label": label}, nproc, rate, Path(tmp))
-    except (ValueError, RuntimeError) as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return EXIT_USER_ERROR
+    cfg = load_config(ns.config, overrides)
+    nproc = ns.nproc_per_node or cfg.parallel.tp
+    if nproc < 1 or ns.repeats < 1:
+        raise ValueError(f"--nproc-per-node={nproc} and --repeats={ns.repeats} must be >= 1")
+    cfg.validate(nproc)
+    out = Path(ns.out).resolve()
+    out.parent.mkdir(parents=True, exist_ok=True)
+    rate, label, _ = resolve_link(ns.link, ns.config, overrides, nproc, cfg.parallel.tp)
+    with tempfile.TemporaryDirectory() as tmp:
+        launch_ranks("oases.bench.profile_runner",
+                     {"config": ns.config, "overrides": overrides, "out": str(out),
+                      "repeats": ns.repeats, "link_label": label}, nproc, rate, Path(tmp))
     print(f"wrote {out}")
     return 0
 
@@ -273,24 +317,20 @@ def _profile(ns: argparse.Namespace, overrides: list[str]) -> int:
 def _plan(ns: argparse.Namespace, overrides: list[str]) -> int:
     from oases.planner import format_candidates, load_costs, plan_model
 
-    try:
-        cfg = load_config(ns.config, overrides)
-        if ns.world_size < 1 or ns.memory_gb < 0:
-            raise ValueError(f"--world-size={ns.world_size} must be >= 1 and "
-                             f"--memory-gb={ns.memory_gb} >= 0")
-        costs = load_costs(ns.profile or f"hw:{ns.hardware}", cfg.model)
-        budget = ns.memory_gb * 2**30 if ns.memory_gb > 0 else float("inf")
-        schedules = tuple(s for s in ns.schedules.split(",") if s) if ns.schedules else None
-        best, candidates = plan_model(cfg, ns.world_size, costs, budget, schedules)
-        best.plan.save(ns.out)
-        text = format_candidates(best, candidates, budget)
-        print(text)
-        print(f"wrote {ns.out}")
-        if ns.verify:
-            return _verify(ns, overrides, cfg, best, candidates, budget, text)
-    except (ValueError, OSError, RuntimeError) as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return EXIT_USER_ERROR
+    cfg = load_config(ns.config, overrides)
+    if ns.world_size < 1 or ns.memory_gb < 0:
+        raise ValueError(f"--world-size={ns.world_size} must be >= 1 and "
+                         f"--memory-gb={ns.memory_gb} >= 0")
+    costs = load_costs(ns.profile or f"hw:{ns.hardware}", cfg.model)
+    budget = ns.memory_gb * 2**30 if ns.memory_gb > 0 else float("inf")
+    schedules = tuple(s for s in ns.schedules.split(",") if s) if ns.schedules else None
+    best, candidates = plan_model(cfg, ns.world_size, costs, budget, schedules)
+    best.plan.save(ns.out)
+    text = format_candidates(best, candidates, budget)
+    print(text)
+    print(f"wrote {ns.out}")
+    if ns.verify:
+        return _verify(ns, overrides, cfg, best, candidates, budget, text)
     return 0
 
 
@@ -335,45 +375,52 @@ def _default_world_size(cfg: Config) -> int:
     return cfg.parallel.tp
 
 
-def _train(
-    config: str | None, overrides: list[str], nproc: int | None, max_restarts: int = 0
-) -> int:
+def _train(ns: argparse.Namespace, overrides: list[str]) -> int:
     from oases.train.data import check_source
     from oases.train.launch import launch, under_torchrun
-    from oases.train.loop import check_config
+    from oases.train.setup import check_config
 
-    try:
-        if config is None and not DEFAULT_CONFIG.is_file():
-            raise ValueError(f"no CONFIG given and the default {DEFAULT_CONFIG} is missing")
-        cfg: Config = load_config(config or DEFAULT_CONFIG, overrides)
-        if nproc is not None and nproc < 1:
-            raise ValueError(f"--nproc-per-node={nproc} must be >= 1")
-        if max_restarts < 0:
-            raise ValueError(f"--max-restarts={max_restarts} must be >= 0")
-        if not under_torchrun():  # under torchrun each rank checks against the real world size
-            nproc = nproc or _default_world_size(cfg)
-            check_config(cfg, nproc)
-        check_source(cfg.data.source)
-    except ValueError as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return EXIT_USER_ERROR
+    nproc, max_restarts = ns.nproc_per_node, ns.max_restarts
+    if ns.config is None and not DEFAULT_CONFIG.is_file():
+        raise ValueError(f"no CONFIG given and the default {DEFAULT_CONFIG} is missing")
+    cfg: Config = load_config(ns.config or DEFAULT_CONFIG, overrides)
+    if nproc is not None and nproc < 1:
+        raise ValueError(f"--nproc-per-node={nproc} must be >= 1")
+    if max_restarts < 0:
+        raise ValueError(f"--max-restarts={max_restarts} must be >= 0")
+    if not under_torchrun():  # under torchrun each rank checks against the real world size
+        nproc = nproc or _default_world_size(cfg)
+        check_config(cfg, nproc)
+    check_source(cfg.data.source)
     return launch(cfg, nproc or 1, max_restarts)
 
 
+Command = Callable[[argparse.Namespace, list[str]], int]
+COMMANDS: dict[str, Command] = {"train": _train, "bench": _bench, "profile": _profile,
+                                "plan": _plan, "simulate": _simulate, "export": _export}
+TAKES_OVERRIDES = {"train", "bench", "profile", "plan"}
+# Their ranks run in child processes; RuntimeError("... ranks failed; see output above") is
+# the one line after the ranks' own output. Anywhere else a RuntimeError is a bug: traceback.
+LAUNCHES_RANKS = {"bench", "profile", "plan"}
+
+
 def main(argv: Sequence[str] | None = None) -> int:
-    args = list(sys.argv[1:] if argv is None else argv)
-    overrides = [a for a in args if _is_override(a)]
-    ns = _parser().parse_args([a for a in args if not _is_override(a)])
-    if ns.command == "train":
-        return _train(ns.config, overrides, ns.nproc_per_node, ns.max_restarts)
-    if ns.command == "bench":
-        return _bench(ns, overrides)
-    if ns.command == "export":
-        return _export(ns)
-    if ns.command == "profile":
-        return _profile(ns, overrides)
-    if ns.command == "plan":
-        return _plan(ns, overrides)
-    if ns.command == "simulate":
-        return _simulate(ns)
-    return EXIT_USER_ERROR  # pragma: no cover - argparse requires a command
+    """Run one ``oases`` subcommand; a user error is one ``error: ...`` line and exit code 2."""
+    overrides, rest = split_overrides(list(sys.argv[1:] if argv is None else argv))
+    ns = _parser().parse_args(rest)
+    try:
+        if overrides and ns.command not in TAKES_OVERRIDES:
+            raise ValueError(f"oases {ns.command} takes no --section.key=value overrides "
+                             f"(got {' '.join(overrides)})")
+        return COMMANDS[ns.command](ns, overrides)
+    except (ValueError, OSError) as exc:
+        return _user_error(exc)
+    except RuntimeError as exc:
+        if ns.command not in LAUNCHES_RANKS:
+            raise
+        return _user_error(exc)
+
+
+def _user_error(exc: BaseException) -> int:
+    print(f"error: {exc}", file=sys.stderr)
+    return EXIT_USER_ERROR
