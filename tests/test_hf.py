@@ -456,3 +456,45 @@ def test_damaged_files_give_one_line_errors(hf_dirs, tmp_path):
     (d / "model.safetensors").write_bytes(b"\x00" * 64)
     with pytest.raises(ValueError, match="Safetensor"):
         load_hf(d)
+
+
+@pytest.mark.parametrize("tokenizer", ["byte", "bpe"])
+def test_export_a_run_directory_with_its_tokenizer(tmp_path, tokenizer):
+    """`export` of a run directory takes its newest checkpoint; config.json's bos/eos are the
+    run's document separator, inside the vocabulary; AutoTokenizer loads the run's tokenizer and
+    encodes like it; the weights file has the usual permissions."""
+    import os
+    import stat
+
+    from oases.train.tokenizer import build_tokenizer, load_tokenizer
+    from test_train_loop import run, tiny_cfg, write_text
+
+    write_text(tmp_path / "text.txt")
+    bpe = ["--data.tokenizer=bpe", "--data.vocab_size=300", "--model.vocab_size=300"]
+    extra = bpe if tokenizer == "bpe" else ["--model.vocab_size=256"]
+    run(tiny_cfg(tmp_path, "run", "--parallel.tp=1", "--train.sample_tokens=0", *extra))
+    old_umask = os.umask(0o022)
+    try:
+        out = export_checkpoint(tmp_path / "run", tmp_path / "hf")
+    finally:
+        os.umask(old_umask)
+    assert stat.S_IMODE((out / "model.safetensors").stat().st_mode) == 0o644
+    ours = load_tokenizer(tmp_path / "run") if tokenizer == "bpe" else build_tokenizer("byte")
+    config = json.loads((out / "config.json").read_text())
+    assert config["bos_token_id"] == config["eos_token_id"] == ours.doc_sep_id
+    assert 0 <= ours.doc_sep_id < config["vocab_size"]
+    hf_tok = transformers.AutoTokenizer.from_pretrained(out)
+    text = "def f(x):\n    return 'héllo' + x  # ünïcode ✓\n"
+    assert hf_tok.encode(text) == ours.encode(text)
+    assert hf_tok.decode(ours.encode(text)) == text
+    assert hf_tok.eos_token_id == hf_tok.bos_token_id == ours.doc_sep_id
+    model = transformers.AutoModelForCausalLM.from_pretrained(out)
+    assert model.config.bos_token_id == ours.doc_sep_id
+    # the run's own checkpoint folder and a step folder name the same checkpoint
+    step = tmp_path / "run" / "checkpoints" / "step_000006"
+    for path in (tmp_path / "run" / "checkpoints", step):
+        again = export_checkpoint(path, tmp_path / "again")
+        assert (again / "model.safetensors").read_bytes() == \
+            (out / "model.safetensors").read_bytes()
+    with pytest.raises(ValueError, match=r"no complete checkpoint \(looked in "):
+        export_checkpoint(tmp_path, tmp_path / "nothing")

@@ -120,10 +120,18 @@ def config_from_hf(
     )
 
 
-def config_to_hf(cfg: ModelConfig) -> dict[str, Any]:
-    """The ``config.json`` transformers reads back as the same model (fp32 weights)."""
+def config_to_hf(cfg: ModelConfig, doc_sep_id: int = 0) -> dict[str, Any]:
+    """The ``config.json`` transformers reads back as the same model (fp32 weights).
+
+    ``doc_sep_id``: the token between documents in training (byte 0 for the byte tokenizer,
+    ``Tokenizer.doc_sep_id`` otherwise), the begin and end of every text the model saw: it is
+    written as ``bos_token_id`` and ``eos_token_id``, inside the vocabulary (transformers'
+    defaults, GPT-2's 50256 or LLaMA's 1 and 2, would name other tokens or none)."""
+    if not 0 <= doc_sep_id < cfg.vocab_size:
+        raise ValueError(f"doc_sep_id={doc_sep_id} is outside the vocabulary of {cfg.vocab_size}")
+    special = {"bos_token_id": doc_sep_id, "eos_token_id": doc_sep_id}
     if cfg.arch == "gpt2":
-        return {
+        return special | {
             "architectures": ["GPT2LMHeadModel"],
             "model_type": "gpt2",
             "vocab_size": cfg.vocab_size,
@@ -140,7 +148,7 @@ def config_to_hf(cfg: ModelConfig) -> dict[str, Any]:
             "tie_word_embeddings": cfg.tie_embeddings,
             "dtype": "float32",
         }
-    return {
+    return special | {
         "architectures": ["LlamaForCausalLM"],
         "model_type": "llama",
         "vocab_size": cfg.vocab_size,

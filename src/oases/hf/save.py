@@ -1,6 +1,9 @@
 """``save_hf`` / ``export_checkpoint``: an Oases model or checkpoint -> a directory that
 transformers loads (``config.json`` in the HF format, ``model.safetensors`` with HF names and
-layouts, fp32).
+layouts, fp32). ``export_checkpoint`` adds the run's tokenizer (``tokenizer.json`` and a
+``tokenizer_config.json`` for ``AutoTokenizer``: the byte tokenizer as a byte-level BPE without
+merges, or the run's BPE), and ``config.json``'s ``bos_token_id``/``eos_token_id`` are the
+tokenizer's document separator. Files get the usual permissions (0666 less the umask).
 
 Under TP every rank gathers each sharded parameter over its TP group (``comm.gather_from_tp``,
 one parameter at a time; under a mixed-degree plan, the group of the parameter's region) and
@@ -12,8 +15,8 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
-import shutil
 from pathlib import Path
+from typing import Any
 
 import torch
 from torch import Tensor
@@ -26,6 +29,16 @@ from oases.parallel import comm
 from oases.parallel.apply import parameter_degrees
 from oases.parallel.context import Group, ParallelContext
 from oases.parallel.layers import shard_spec, unshard_tensor
+from oases.train.tokenizer import (
+    HF_PREFIX,
+    TOKENIZER_FILE,
+    BPETokenizer,
+    ByteTokenizer,
+    HFTokenizer,
+    Tokenizer,
+    token_text,
+    tokenizer_json,
+)
 
 
 def gather_full_tensor(param: Tensor, group: Group) -> Tensor:
@@ -63,21 +76,42 @@ def hf_state_dict(cfg: ModelConfig, full: dict[str, Tensor]) -> dict[str, Tensor
     return out
 
 
+def _umask() -> int:
+    mask = os.umask(0o022)
+    os.umask(mask)
+    return mask
+
+
 def write_hf_dir(
-    cfg: ModelConfig, full: dict[str, Tensor], out_dir: str | os.PathLike[str]
+    cfg: ModelConfig, full: dict[str, Tensor], out_dir: str | os.PathLike[str],
+    doc_sep_id: int = 0,
 ) -> Path:
-    """Write ``config.json`` and ``model.safetensors`` for ``cfg`` into ``out_dir``."""
+    """Write ``config.json`` and ``model.safetensors`` for ``cfg`` into ``out_dir``
+    (``doc_sep_id``: see ``config_to_hf``)."""
     save_file = safetensors_module("safetensors.torch").save_file
+    hf_config = config_to_hf(cfg, doc_sep_id)
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     tensors = hf_state_dict(cfg, full)
     tmp = out / (SINGLE_FILE + ".part")
     save_file(tensors, str(tmp), metadata={"format": "pt"})
+    os.chmod(tmp, 0o666 & ~_umask())  # safetensors creates it 0600, as a private temp file
     os.replace(tmp, out / SINGLE_FILE)
-    (out / "config.json").write_text(
-        json.dumps(config_to_hf(cfg), indent=2) + "\n", encoding="utf-8"
-    )
+    (out / "config.json").write_text(json.dumps(hf_config, indent=2) + "\n", encoding="utf-8")
     return out
+
+
+def write_tokenizer_files(tok: Tokenizer, doc_sep_id: int, max_length: int,
+                          out_dir: Path) -> None:
+    """``tokenizer.json`` and the ``tokenizer_config.json`` with which
+    ``AutoTokenizer.from_pretrained(out_dir)`` loads it (the document separator as bos and
+    eos token)."""
+    sep = token_text(tok, doc_sep_id)
+    (out_dir / TOKENIZER_FILE).write_text(tokenizer_json(tok), encoding="utf-8")
+    conf = {"tokenizer_class": "PreTrainedTokenizerFast", "bos_token": sep, "eos_token": sep,
+            "model_max_length": max_length, "clean_up_tokenization_spaces": False}
+    (out_dir / "tokenizer_config.json").write_text(json.dumps(conf, indent=2) + "\n",
+                                                   encoding="utf-8")
 
 
 def save_hf(
@@ -118,21 +152,35 @@ def export_checkpoint(
     checkpoint_dir: str | os.PathLike[str], out_dir: str | os.PathLike[str]
 ) -> Path:
     """Write the HF directory of an Oases checkpoint (saved at any tp), in this process alone
-    (no process group). ``checkpoint_dir`` is a checkpoint (``.../step_000123``) or a folder of
-    them (its newest complete one). Copies the checkpoint's ``tokenizer.json`` if it has one."""
-    from oases.train.checkpoint import COMPLETE, latest_checkpoint, read_full_tensors, read_manifest
+    (no process group). ``checkpoint_dir`` is a checkpoint (``.../step_000123``), a folder of
+    them or a run directory (the newest complete one: ``checkpoint.find_checkpoint``). The
+    run's tokenizer goes with it (``write_tokenizer_files``)."""
+    from oases.train.checkpoint import find_checkpoint, read_full_tensors, read_manifest
 
-    path = Path(checkpoint_dir)
-    if path.is_dir() and not (path / COMPLETE).is_file():
-        path = latest_checkpoint(path) or path
+    path = find_checkpoint(Path(checkpoint_dir))
     manifest = read_manifest(path)
     known = {f.name for f in dataclasses.fields(ModelConfig)}
     cfg = ModelConfig(**{k: v for k, v in manifest["config"]["model"].items() if k in known})
+    tok = _checkpoint_tokenizer(path, manifest)
+    info = manifest.get("extras", {}).get("tokenizer", {})
+    doc_sep_id = int(info.get("doc_sep_id", tok.doc_sep_id))
     saved = read_full_tensors(path, "model.")
     with torch.device("meta"):
         shapes = {n: p.shape for n, p in Transformer(cfg).named_parameters()}
     full = {n: _full_from_checkpoint(saved, n, s).float() for n, s in shapes.items()}
-    out = write_hf_dir(cfg, full, out_dir)
-    if (path / "tokenizer.json").is_file():
-        shutil.copyfile(path / "tokenizer.json", out / "tokenizer.json")
+    out = write_hf_dir(cfg, full, out_dir, doc_sep_id)
+    write_tokenizer_files(tok, doc_sep_id, cfg.seq_len, out)
     return out
+
+
+def _checkpoint_tokenizer(path: Path, manifest: dict[str, Any]) -> Tokenizer:
+    """The tokenizer a checkpoint was trained with: bytes, or its saved ``tokenizer.json``."""
+    name = manifest["config"].get("data", {}).get("tokenizer", "byte")
+    if name == "byte":
+        return ByteTokenizer()
+    if not (path / TOKENIZER_FILE).is_file():
+        raise ValueError(f"checkpoint {path} was trained with data.tokenizer={name!r} but "
+                         f"holds no {TOKENIZER_FILE}")
+    if name.startswith(HF_PREFIX):
+        return HFTokenizer.load(path / TOKENIZER_FILE)
+    return BPETokenizer.load(path)

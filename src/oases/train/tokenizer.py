@@ -281,6 +281,45 @@ def load_tokenizer(path: str | os.PathLike[str]) -> BPETokenizer:
     return BPETokenizer.load(path)
 
 
+def _byte_chars() -> list[str]:
+    """GPT-2's byte -> printable character table (the ``ByteLevel`` pre-tokenizer's): byte b
+    is ``_byte_chars()[b]``; printable bytes stand for themselves, the others are shifted past
+    255."""
+    keep = [*range(ord("!"), ord("~") + 1), *range(ord("¡"), ord("¬") + 1),
+            *range(ord("®"), ord("ÿ") + 1)]
+    chars, extra = {}, 0
+    for b in range(BYTE_VOCAB):
+        if b in keep:
+            chars[b] = chr(b)
+        else:
+            chars[b] = chr(BYTE_VOCAB + extra)
+            extra += 1
+    return [chars[b] for b in range(BYTE_VOCAB)]
+
+
+def tokenizer_json(tok: Tokenizer) -> str:
+    """``tok`` in the ``tokenizers`` JSON format that transformers loads: the byte tokenizer as
+    a byte-level BPE without merges (token b is byte b, so ids and text agree with
+    ``ByteTokenizer``), a BPE or HF tokenizer as it is."""
+    if not isinstance(tok, ByteTokenizer):
+        return tok.to_json()
+    from tokenizers import Tokenizer as HFLibTokenizer
+    from tokenizers import decoders, models, pre_tokenizers
+
+    vocab = {c: b for b, c in enumerate(_byte_chars())}
+    lib = HFLibTokenizer(models.BPE(vocab=vocab, merges=[]))
+    lib.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)
+    lib.decoder = decoders.ByteLevel()
+    return lib.to_str(pretty=False)
+
+
+def token_text(tok: Tokenizer, token_id: int) -> str:
+    """The vocabulary entry of ``token_id`` (as ``tokenizer.json`` spells it)."""
+    if isinstance(tok, ByteTokenizer):
+        return _byte_chars()[token_id]
+    return str(tok.tokenizer.id_to_token(token_id))
+
+
 def tokenizer_info(tok: Tokenizer) -> dict[str, Any]:
     """A small JSON-able summary (for logs and metadata)."""
     return {"name": tok.name, "vocab_size": tok.vocab_size, "doc_sep_id": tok.doc_sep_id}
@@ -299,6 +338,8 @@ __all__ = [
     "check_tokenizer_name",
     "load_tokenizer",
     "save_tokenizer",
+    "token_text",
     "tokenizer_info",
+    "tokenizer_json",
     "train_bpe",
 ]
