@@ -6,11 +6,6 @@ import io
 from oases.train.console import Console
 
 
-class TTYStream(io.StringIO):
-    def isatty(self) -> bool:
-        return True
-
-
 def _run(console, first=0, end=10, steps=10, log_every=4):
     console.start(first, end, steps, log_every, tokens_per_step=1000)
     for step in range(first + 1, end + 1):
@@ -45,9 +40,8 @@ def test_resumed_run_counts_from_its_step():
 
 
 def test_terminal_bar_with_messages_above_it():
-    out = TTYStream()
-    console = Console(True, out)
-    assert console.tty
+    out = io.StringIO()
+    console = Console(True, out, tty=True)  # a terminal with a size: see the last test
     _run(console)
     text = out.getvalue()
     # the message is a line of its own, after the bar was cleared; the bar is drawn again below
@@ -61,6 +55,28 @@ def test_terminal_bar_with_messages_above_it():
 
 
 def test_other_ranks_print_nothing():
-    out = TTYStream()
-    _run(Console(False, out))
+    out = io.StringIO()
+    _run(Console(False, out, tty=True))
     assert out.getvalue() == ""
+
+
+def test_a_bar_only_on_a_terminal_with_a_size():
+    import fcntl
+    import os
+    import struct
+    import termios
+
+    from oases.train.console import terminal_has_room
+
+    assert not terminal_has_room(io.StringIO())
+    leader, follower = os.openpty()
+    try:
+        with os.fdopen(follower, "w", closefd=False) as tty:
+            for rows, cols, expected in ((0, 0, False), (24, 80, True)):
+                fcntl.ioctl(follower, termios.TIOCSWINSZ, struct.pack("HHHH", rows, cols, 0, 0))
+                # 0 x 0 (a recorder, some containers): tqdm would hide its bar, so plain lines
+                assert terminal_has_room(tty) is expected
+                assert Console(True, tty).tty is expected
+    finally:
+        os.close(leader)
+        os.close(follower)

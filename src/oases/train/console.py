@@ -5,7 +5,7 @@ loss, a checkpoint, a warning) is printed above it (``tqdm.write``), so the bar 
 
     step 120/200 |██████████████▍         | 60%, loss 2.512 | 5.10k tok/s [00:32<00:21]
 
-Anywhere else (a log file, a pipe, CI, a ``stream`` that is not a TTY) there is no bar: every
+Anywhere else (a log file, a pipe, CI, a terminal of unknown size) there is no bar: every
 ``log_every`` steps, and at the first and last step, one plain line gives the loss and tokens/s
 averaged over the steps since the previous line::
 
@@ -18,23 +18,33 @@ time left, and redrawing the bar below a message.
 
 from __future__ import annotations
 
+import os
 import sys
 import time
 from typing import Any, TextIO
 
 
+def terminal_has_room(stream: TextIO) -> bool:
+    """True when ``stream`` is a terminal with a known size: a pseudo-terminal of 0 x 0 (some
+    containers and recorders) would make tqdm hide its bar, so it gets plain lines."""
+    try:
+        if not stream.isatty():
+            return False
+        size = os.get_terminal_size(stream.fileno())
+    except (AttributeError, OSError, ValueError):  # no fileno (a StringIO), a closed stream
+        return False
+    return size.columns > 0 and size.lines > 0
+
+
 class Console:
     """Rank 0's output (see the module docstring). ``stream`` defaults to stdout; ``tty``
-    overrides ``stream.isatty()`` (a bar is drawn only on a terminal)."""
+    overrides ``terminal_has_room(stream)`` (a bar is drawn only on a terminal)."""
 
     def __init__(self, enabled: bool, stream: TextIO | None = None, *,
                  tty: bool | None = None) -> None:
         self.enabled = enabled
         self.stream = sys.stdout if stream is None else stream
-        if tty is None:
-            isatty = getattr(self.stream, "isatty", None)
-            tty = bool(isatty()) if isatty is not None else False
-        self.tty = tty
+        self.tty = terminal_has_room(self.stream) if tty is None else tty
         self._bar: Any = None  # tqdm.tqdm while the steps run on a terminal
         self._window: list[tuple[float, float]] = []  # (loss, step_time_s) since the last line
         self._start = time.perf_counter()
