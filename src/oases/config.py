@@ -175,6 +175,7 @@ class TrainConfig:
     eval_every: int = 50  # steps between validation losses; 0 = only at the end
     eval_batches: int = 4  # validation global batches per evaluation
     sample_tokens: int = 200  # tokens sampled from the model at the end of a run; 0 = none
+    precision: str = "auto"  # oases.precision.PRECISIONS: auto (bf16 autocast on CUDA), fp32, fp64
 
     def __post_init__(self) -> None:
         _positive("train", self, "steps", "global_batch", "micro_batch", "lr", "log_every")
@@ -185,6 +186,10 @@ class TrainConfig:
             _check(value >= 0, f"train.{name}={value} must be >= 0")
         _check(self.min_lr <= self.lr, f"train.min_lr={self.min_lr} exceeds train.lr={self.lr}")
         _check(self.run_dir != "", "train.run_dir must not be empty")
+        from oases.precision import PRECISIONS  # (torch, so imported where it is used)
+
+        _check(self.precision in PRECISIONS,
+               f"train.precision={self.precision!r} must be one of {', '.join(PRECISIONS)}")
 
 
 @dataclass
