@@ -62,12 +62,16 @@ def fp32_width(cfg, n_tokens: int) -> int:  # noqa: ANN001 (a ModelConfig)
     return max(cfg.dim, cfg.ffn_dim, cfg.vocab_size, cfg.seq_len, n_tokens)
 
 
-def fp32_tol(ref: torch.Tensor, cfg, n_tokens: int, backward: bool) -> dict:  # noqa: ANN001
-    """``assert_close`` arguments for an fp32 quantity of a model ``cfg`` on ``n_tokens`` tokens
-    whose reference value is ``ref``: atol = depth * width * eps32 * max|ref| (module doc)."""
+def fp32_bound(ref: torch.Tensor, depth: int, width: int) -> dict:
+    """``assert_close`` arguments: atol = depth * width * eps32 * max|ref| (module doc)."""
     scale = float(ref.detach().abs().max()) if ref.numel() else 0.0
-    depth = fp32_depth(cfg.n_layers, backward)
-    return {"atol": depth * fp32_width(cfg, n_tokens) * EPS32 * scale, "rtol": 0.0}
+    return {"atol": depth * width * EPS32 * scale, "rtol": 0.0}
+
+
+def fp32_tol(ref: torch.Tensor, cfg, n_tokens: int, backward: bool) -> dict:  # noqa: ANN001
+    """``fp32_bound`` for a quantity of a model ``cfg`` on ``n_tokens`` tokens whose reference
+    value is ``ref``: the loss or logits (``backward`` False) or a gradient (True)."""
+    return fp32_bound(ref, fp32_depth(cfg.n_layers, backward), fp32_width(cfg, n_tokens))
 
 
 def to64(model: torch.nn.Module) -> torch.nn.Module:
