@@ -36,8 +36,10 @@ def test_ranks_run_the_parents_cpu_kernels(spawn_ranks):
     parent = torch.backends.cpu.get_cpu_capability()
     for capability, env in spawn_ranks(_rank_capability, 2):
         assert (capability, env) == (parent, os.environ.get("ATEN_CPU_CAPABILITY"))
-    print(f"ranks' CPU capability: {parent} (ATEN_CPU_CAPABILITY="
-          f"{os.environ.get('ATEN_CPU_CAPABILITY')})")
+    print(
+        f"ranks' CPU capability: {parent} (ATEN_CPU_CAPABILITY="
+        f"{os.environ.get('ATEN_CPU_CAPABILITY')})"
+    )
 
 
 def test_real_failure_leads_and_peers_are_echoes_and_hangs_are_killed(tmp_path):
@@ -72,8 +74,11 @@ def test_report_order_without_processes():
     assert lines[3].startswith("  rank 3 (echo): RuntimeError: [gloo] Timed out")
     assert lines[4] == "  rank 1: still running after the failure, killed"
     # two real failures: the earlier leads with its traceback, the later is one line
-    real = [Failure(1, 5.0, "AssertionError: b\nmore", "tb 1"),
-            Failure(0, 4.0, "ValueError: a", "tb 0"), Failure(2, 3.0, lost, "tb 2")]
+    real = [
+        Failure(1, 5.0, "AssertionError: b\nmore", "tb 1"),
+        Failure(0, 4.0, "ValueError: a", "tb 0"),
+        Failure(2, 3.0, lost, "tb 2"),
+    ]
     text = failure_report(real, 3, 2.0, hung=[])
     assert text.startswith("rank 0 of 3 failed: ValueError: a\n--- rank 0's traceback:\ntb 0")
     assert "  rank 1: AssertionError: b more" in text and "  rank 2 (echo):" in text

@@ -57,9 +57,13 @@ def test_a_float64_model_computes_in_float64(arch):
     model64 = copy.deepcopy(model32).to(torch.float64)
     tokens = torch.randint(0, 50, (2, 8), generator=torch.Generator().manual_seed(1))
     seen = set()
-    hooks = [m.register_forward_hook(lambda _m, _i, out: seen.add(out.dtype)
-                                     if out.is_floating_point() else None)
-             for m in model64.modules() if m is not model64]  # every module's output
+    hooks = [
+        m.register_forward_hook(
+            lambda _m, _i, out: seen.add(out.dtype) if out.is_floating_point() else None
+        )
+        for m in model64.modules()
+        if m is not model64
+    ]  # every module's output
     loss64 = model64(tokens, tokens)
     for h in hooks:
         h.remove()
