@@ -8,12 +8,21 @@ ports, no races between tests), runs ``fn(rank, world_size, *args)``, writes the
 return value or the traceback text to a file, and destroys the group.
 
 ``fn`` must be a module-level function that the child can import: define rank functions in the
-test module itself. The parent returns the per-rank results as a list indexed by rank. Any rank
-that raised becomes an ``AssertionError`` in the parent naming the rank and carrying its
-traceback; a rank still running at ``timeout_s`` is killed and the test fails naming the ranks
-that did not finish. Once one rank has failed, the others get a short grace period (they are
-probably blocked in a collective with the failed one) and are then killed, so a failure costs
-seconds, not the collective timeout.
+test module itself. The parent returns the per-rank results as a list indexed by rank. A rank
+still running at ``timeout_s`` is killed and the test fails naming the ranks that did not
+finish. Once one rank has failed, the others get a short grace period (they are probably blocked
+in a collective with the failed one) and are then killed, so a failure costs seconds, not the
+collective timeout.
+
+When ranks fail, the ``AssertionError`` leads with the real failure: the earliest failure that is
+not an echo (a peer that lost its connection or timed out in a collective because the failed
+rank left it), its exception first and then its traceback; every other failed rank follows in
+one line each::
+
+    rank 1 of 2 failed: AssertionError: Tensor-likes are not close! ...
+    <rank 1's traceback>
+    other ranks:
+      rank 0 (echo): RuntimeError: [...] Connection closed by peer [...]
 """
 
 from __future__ import annotations
@@ -26,6 +35,7 @@ import tempfile
 import time
 import traceback
 from collections.abc import Callable
+from dataclasses import dataclass
 from datetime import timedelta
 from pathlib import Path
 from typing import Any
@@ -41,6 +51,9 @@ COLLECTIVE_TIMEOUT_S = 30.0
 # After the first rank fails, how long the others may take to finish on their own.
 FAILURE_GRACE_S = 5.0
 _POLL_S = 0.05
+# A failure whose exception says one of these is an echo: the rank lost a peer that failed first.
+ECHO_MARKERS = ("Connection closed by peer", "Connection reset by peer", "Broken pipe",
+                "Socket closed", "timed out", "Timed out", "Timeout")
 
 
 def _prepend_env_path(key: str, paths: list[Path]) -> None:
@@ -79,8 +92,8 @@ def _child_main(
         value = fn(rank, world_size, *args)
         dist.destroy_process_group()
         outcome: tuple[Any, ...] = ("ok", value)
-    except BaseException:  # everything goes back to the parent
-        outcome = ("error", traceback.format_exc(), time.time())
+    except BaseException as exc:  # everything goes back to the parent
+        outcome = ("error", traceback.format_exc(), time.time(), _exception_text(exc))
     ok = _write_outcome(result_file, outcome)
     if outcome[0] != "ok" and dist.is_initialized():
         # already failing and the traceback is written: a teardown error adds nothing
@@ -92,14 +105,21 @@ def _child_main(
     os._exit(0 if ok else 1)
 
 
+def _exception_text(exc: BaseException) -> str:
+    """``Type: message`` of an exception (the message may span several lines)."""
+    text = str(exc).strip()
+    return type(exc).__name__ + (f": {text}" if text else "")
+
+
 def _write_outcome(result_file: str, outcome: tuple[Any, ...]) -> bool:
     """Write the outcome atomically; an unpicklable return value becomes an error. True if ok."""
     tmp = result_file + ".part"
     try:
         with open(tmp, "wb") as fh:
             pickle.dump(outcome, fh)
-    except Exception:  # an unpicklable return value
-        outcome = ("error", traceback.format_exc(), time.time())
+    except Exception as exc:  # an unpicklable return value
+        outcome = ("error", traceback.format_exc(), time.time(),
+                   f"the return value does not pickle: {_exception_text(exc)}")
         with open(tmp, "wb") as fh:
             pickle.dump(outcome, fh)
     os.replace(tmp, result_file)
@@ -184,25 +204,55 @@ def run_ranks(
     elapsed = time.monotonic() - start
 
     outcomes = [_read_outcome(f) for f in result_files]
-    # (time, text): the earliest failure is usually the cause and the others its echo (a peer
-    # that lost its connection), so list failures in the order they happened.
-    failures: list[tuple[float, str]] = []
+    failures: list[Failure] = []
     for r, (p, out) in enumerate(zip(procs, outcomes)):
         if out is not None and out[0] == "error":
-            failures.append((out[2], f"--- rank {r} raised:\n{out[1]}"))
+            failures.append(Failure(r, out[2], out[3], out[1]))
         elif out is None and r not in hung:
-            failures.append(
-                (float("inf"), f"--- rank {r} exited with code {p.exitcode} without a result")
-            )
-    errors = [text for _, text in sorted(failures, key=lambda f: f[0])]
-    if errors:
-        extra = f"\n(ranks killed after the failure: {hung})" if hung else ""
-        raise AssertionError(
-            f"{len(errors)} of {world_size} ranks failed after {elapsed:.1f}s"
-            " (earliest failure first):\n" + "\n".join(errors) + extra
-        )
+            failures.append(Failure(r, float("inf"),
+                                    f"exited with code {p.exitcode} without a result", ""))
+    if failures:
+        raise AssertionError(failure_report(failures, world_size, elapsed, hung))
     if hung:
         raise AssertionError(
             f"ranks {hung} of {world_size} did not finish within {timeout_s:.0f}s and were killed"
         )
     return [out[1] for out in outcomes]  # type: ignore[index]
+
+
+@dataclass(frozen=True)
+class Failure:
+    """One failed rank: when it failed (``time.time()``; inf if unknown), its exception as
+    ``Type: message`` and its traceback."""
+
+    rank: int
+    at: float
+    exception: str
+    traceback: str
+
+    @property
+    def echo(self) -> bool:
+        """Did this rank fail only because a peer failed first (lost connection, timeout)?"""
+        return any(m in self.exception for m in ECHO_MARKERS)
+
+    def line(self) -> str:
+        """The exception in one line of at most ~200 characters."""
+        text = " ".join(self.exception.split())
+        return text if len(text) <= 200 else text[:197] + "..."
+
+
+def failure_report(failures: list[Failure], world_size: int, elapsed: float,
+                   hung: list[int]) -> str:
+    """The message of a failed run: the real failure first (the earliest that is not an echo,
+    else the earliest), with its whole exception and traceback; then one line per other rank."""
+    ordered = sorted(failures, key=lambda f: (f.echo, f.at, f.rank))
+    first, others = ordered[0], sorted(ordered[1:], key=lambda f: (f.at, f.rank))
+    text = [f"rank {first.rank} of {world_size} failed: {first.exception}"]
+    if first.traceback:
+        text.append(f"--- rank {first.rank}'s traceback:\n{first.traceback.rstrip()}")
+    if others or hung:
+        text.append(f"other ranks ({len(failures)} of {world_size} failed after "
+                    f"{elapsed:.1f}s):")
+        text += [f"  rank {f.rank}{' (echo)' if f.echo else ''}: {f.line()}" for f in others]
+        text += [f"  rank {r}: still running after the failure, killed" for r in hung]
+    return "\n".join(text)

@@ -6,6 +6,7 @@ multi-rank and resharding cases live in test_train_loop.py.
 
 import io
 import json
+import math
 import os
 import pickle
 import shutil
@@ -17,7 +18,9 @@ import time
 from pathlib import Path
 
 import pytest
+import torch
 
+from exactness import fp32_tol
 from oases.train import checkpoint as ckpt
 from oases.train.checkpoint import latest_checkpoint, read_full_tensors
 from test_train_loop import run, tiny_cfg, write_text
@@ -196,3 +199,32 @@ def test_resume_refuses_changed_data_settings(tmp_path):
         check_resume_compatible(changed, manifest, tmp_path)
     more_steps = load_config(None, ["--train.seed=1", "--train.steps=99", "--parallel.tp=2"])
     check_resume_compatible(more_steps, manifest, tmp_path)  # allowed to change
+
+
+def test_checkpoints_hold_the_runs_dtype_and_resume_at_another_precision(root):
+    """A checkpoint stores the run's dtype (train.precision); resuming it at another precision
+    casts on load, both ways. fp32 -> float64: the first resumed step's loss is the saved
+    weights' loss, within the fp32 bound (the fp32 run computes it in fp32, exactness.py)."""
+    folder = root / "a" / "checkpoints"
+    quick = "--train.sample_tokens=0"
+    run(cfg1(root, "a", "--train.steps=5", quick), stop_after=3)  # fp32 (auto on CPU)
+    saved = read_full_tensors(folder / "step_000003")
+    assert {v.dtype for k, v in saved.items() if not k.startswith("rng.")
+            and not k.endswith(".step")} == {torch.float32}
+    up = run(cfg1(root, "a", "--train.steps=5", "--train.precision=fp64", quick,
+                  "--checkpoint.resume=auto"))
+    assert up["start_step"] == 3 and up["end_step"] == 5
+    model64 = read_full_tensors(folder / "step_000005", "model.")
+    assert {v.dtype for v in model64.values()} == {torch.float64}
+    ref = run(cfg1(root, "ref", "--train.steps=5", quick))  # uninterrupted, fp32
+    cfg = cfg1(root, "unused").model
+    want = torch.tensor(ref["losses"][3])
+    n_tokens = 4 * cfg.seq_len  # tiny.toml: global_batch 4
+    torch.testing.assert_close(torch.tensor(up["losses"][0], dtype=torch.float32), want,
+                               **fp32_tol(want, cfg, n_tokens, False))
+    assert up["losses"][0] != ref["losses"][3]  # computed in float64, not fp32
+    # and back: the float64 checkpoint resumes at fp32
+    down = run(cfg1(root, "a", "--train.steps=6", quick, "--checkpoint.resume=auto"))
+    assert down["start_step"] == 5 and math.isfinite(down["loss"])
+    model32 = read_full_tensors(folder / "step_000006", "model.")
+    assert {v.dtype for v in model32.values()} == {torch.float32}

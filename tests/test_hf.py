@@ -1,5 +1,11 @@
-"""Hugging Face import/export: tiny random transformers models, loaded at tp=1 and tp=2 (logits
-equal within 1e-4, fp32), sliced reads at tp=2, export after training, clear errors, hf tokenizer.
+"""Hugging Face import/export: tiny random transformers models, loaded at tp=1 and tp=2, sliced
+reads at tp=2, export after training, clear errors, hf tokenizer.
+
+Logits are compared in float64 (tests/exactness.py): ours at tp=2 or under a mixed plan equal
+ours at tp=1 to 1e-10, and ours equal transformers' run with ``.double()`` to 1e-10 for GPT-2;
+transformers' LLaMA computes its RMSNorm in float32 in every dtype, so there the bound is that of
+its norms' fp32 rounding (``_hf64_tol``). The tp=1 loads are also compared in fp32, within the
+bound derived from the model's reductions.
 
 transformers is a test-only dependency: the module skips without it. The tp=2 rank functions
 import only oases and safetensors; transformers runs in the parent.
@@ -15,16 +21,32 @@ import torch
 transformers = pytest.importorskip("transformers")
 pytest.importorskip("safetensors")
 
+from exactness import BITWISE, EXACT64, fp32_bound, fp32_tol, to64  # noqa: E402
 from oases.hf import export_checkpoint, load_hf, save_hf  # noqa: E402
 from oases.parallel.layers import shard_spec  # noqa: E402
 from oases.train.tokenizer import HFTokenizer, build_tokenizer  # noqa: E402
 
 V, S = 100, 32
-TOL = {"atol": 1e-4, "rtol": 1e-4}
 
 
 def _tokens(vocab=V):
     return torch.randint(0, vocab, (2, 16), generator=torch.Generator().manual_seed(1))
+
+
+def _hf64_tol(cfg, ref64: torch.Tensor) -> dict:
+    """Ours against transformers, both in float64. GPT-2 runs in float64 throughout: EXACT64.
+    transformers' LlamaRMSNorm computes ``hidden_states.to(torch.float32)`` in every dtype, so
+    its float64 logits carry the fp32 rounding of 2L + 1 norms (a mean of H squares and a
+    rsqrt each): the fp32 bound with depth 2 (2L + 1) and width H (exactness.py)."""
+    if cfg.arch == "gpt2":
+        return EXACT64
+    return fp32_bound(ref64, 2 * (2 * cfg.n_layers + 1), cfg.dim)
+
+
+def _ours64(model, tokens):
+    """Our model's logits in float64 (the model is cast in place)."""
+    with torch.no_grad():
+        return to64(model).eval()(tokens)
 
 
 def _gpt2(**kw):
@@ -73,34 +95,38 @@ def _hf_logits(model, tokens):
 
 @pytest.fixture(scope="module")
 def hf_dirs(tmp_path_factory):
-    """name -> (directory, transformers' logits on _tokens())."""
+    """name -> (directory, transformers' logits on _tokens() in fp32, the same in float64)."""
     root = tmp_path_factory.mktemp("hf")
     out = {}
     for i, (name, (build, save_kw)) in enumerate(MODELS.items()):
         torch.manual_seed(i)
         model = build()
         model.save_pretrained(root / name, **save_kw)
-        out[name] = (root / name, _hf_logits(model, _tokens()))
+        ref32 = _hf_logits(model, _tokens())
+        out[name] = (root / name, ref32, _hf_logits(model.double(), _tokens()))
     assert len(list((root / "llama-sharded").glob("model-*-of-*.safetensors"))) > 1
     return out
 
 
+@pytest.mark.exact
 @pytest.mark.parametrize("name", list(MODELS))
 def test_load_tp1_matches_transformers(hf_dirs, name):
-    path, ref = hf_dirs[name]
+    path, ref, ref64 = hf_dirs[name]
     cfg, model = load_hf(path)
     assert cfg.arch == ("gpt2" if name == "gpt2" else "llama")
     assert cfg.tie_embeddings == (name in ("gpt2", "llama-tied"))
     assert (model.head.weight is model.embed.weight) == cfg.tie_embeddings
     assert ref.std() > 0.05  # random weights, not a degenerate model
-    with torch.no_grad():
-        torch.testing.assert_close(model.eval()(_tokens()), ref, **TOL)
+    with torch.no_grad():  # fp32: the bound of the model's own reductions
+        torch.testing.assert_close(model.eval()(_tokens()), ref,
+                                   **fp32_tol(ref, cfg, _tokens().numel(), False))
+    torch.testing.assert_close(_ours64(model, _tokens()), ref64, **_hf64_tol(cfg, ref64))
 
 
 def test_llama_qk_rows_are_rotate_half(hf_dirs):
     """HF LLaMA q/k rows are used as they are: permuting them to the interleaved (Meta) rotary
     layout breaks the match, so the equality above does test the rotary convention."""
-    path, ref = hf_dirs["llama"]
+    path, ref, _ = hf_dirs["llama"]
     cfg, model = load_hf(path)
     D = cfg.head_dim
     perm = torch.cat([torch.arange(0, D, 2), torch.arange(1, D, 2)])
@@ -168,8 +194,7 @@ def _load_tp2_rank(rank, world_size, dirs, tokens):
         log = []
         safetensors.safe_open = _recording_safe_open(real, log)
         cfg, model = load_hf(path, ctx)
-        with torch.no_grad():
-            logits = model.eval()(tokens)
+        logits = _ours64(model, tokens)
         # the same ShardSpecs (for checkpoints) as parallelizing a full model
         twin = oases.parallelize(oases.build_model(cfg), ctx)
         assert {n: shard_spec(p) for n, p in model.named_parameters()} == {
@@ -188,24 +213,24 @@ def _load_tp2_rank(rank, world_size, dirs, tokens):
                              for n, t in zip(region_names(cfg), degrees)])
         mixed_ctx = oases.init_distributed(tp=2, degrees=plan.degrees())
         _, model = load_hf(path, mixed_ctx, plan)
-        with torch.no_grad():
-            out[name, "mixed"] = model.eval()(tokens)
-        save_hf(model, f"{path}-mixed-export")
+        save_hf(model, f"{path}-mixed-export")  # the fp32 weights as loaded
+        out[name, "mixed"] = _ours64(model, tokens)
     return out
 
 
+@pytest.mark.exact
 def test_load_tp2_matches_and_reads_only_slices(hf_dirs, spawn_ranks):
-    dirs = {name: str(path) for name, (path, _) in hf_dirs.items()}
+    dirs = {name: str(path) for name, (path, _, _) in hf_dirs.items()}
     results = spawn_ranks(_load_tp2_rank, 2, dirs, _tokens())
+    tp1 = {name: _ours64(load_hf(path)[1], _tokens()) for name, path in dirs.items()}
     for rank, res in enumerate(results):
         for name in dirs:
             mixed = res.pop((name, "mixed"))
-            torch.testing.assert_close(mixed, hf_dirs[name][1], **TOL, msg=f"{name} mixed")
+            torch.testing.assert_close(mixed, tp1[name], **EXACT64, msg=f"{name} mixed")
             _, again = load_hf(f"{dirs[name]}-mixed-export")  # the export is the same model
-            with torch.no_grad():
-                torch.testing.assert_close(again.eval()(_tokens()), hf_dirs[name][1], **TOL)
+            torch.testing.assert_close(_ours64(again, _tokens()), tp1[name], **BITWISE)
         for name, (logits, log, shapes) in res.items():
-            torch.testing.assert_close(logits, hf_dirs[name][1], **TOL, msg=f"{name} r{rank}")
+            torch.testing.assert_close(logits, tp1[name], **EXACT64, msg=f"{name} r{rank}")
             heads = 4 + 2 * (4 if name == "gpt2" else 2)  # A + 2K (GQA for llama)
             assert shapes["blocks.0.attn.qkv.weight"] == (heads * 16 // 2, 64)  # [(A+2K)D/2, H]
             assert not [r for r in log if r[3] == "get_tensor"], "a whole tensor was read"
@@ -252,7 +277,7 @@ def _train_export_rank(rank, world_size, llama_dir, out_root, tokens):
             schedule.step(model, x[:, :-1], x[:, 1:])
             opt.step()
         with torch.no_grad():
-            logits = model.eval()(tokens)
+            logits = model.eval()(tokens)  # fp32
         save_hf(model, f"{out_root}/{name}")
         if name == "llama":  # a tp=2 checkpoint, exported later by export_checkpoint
             cfg = oases.Config(model=model.cfg)
@@ -271,49 +296,56 @@ def _train_export_rank(rank, world_size, llama_dir, out_root, tokens):
         # the exported directory reloads at tp=2 (for gpt2: vocabulary padding on read)
         _, again = load_hf(f"{out_root}/{name}", ctx)
         with torch.no_grad():
-            torch.testing.assert_close(again.eval()(tokens), logits, atol=0, rtol=0)
-        out[name] = logits
+            torch.testing.assert_close(again.eval()(tokens), logits, **BITWISE)
+        out[name] = _ours64(model, tokens)  # the trained weights, in float64
     return out
 
 
+@pytest.mark.exact
 def test_export_after_training_tp2(hf_dirs, spawn_ranks, tmp_path):
-    llama_dir, before = hf_dirs["llama"]
+    llama_dir, before, _ = hf_dirs["llama"]
     tokens = _tokens()
     results = spawn_ranks(_train_export_rank, 2, str(llama_dir), str(tmp_path), tokens)
-    torch.testing.assert_close(results[0], results[1], atol=0, rtol=0)
+    torch.testing.assert_close(results[0], results[1], **BITWISE)
     assert (results[0]["llama"] - before).abs().max() > 1e-2  # training changed the weights
     for name, cls in (
         ("llama", transformers.LlamaForCausalLM),
         ("gpt2", transformers.GPT2LMHeadModel),
     ):
-        ref = cls.from_pretrained(tmp_path / name)
-        torch.testing.assert_close(_hf_logits(ref, tokens), results[0][name], **TOL)
+        cfg = load_hf(tmp_path / name)[0]
+        ref = _hf_logits(cls.from_pretrained(tmp_path / name).double(), tokens)
+        torch.testing.assert_close(ref, results[0][name], **_hf64_tol(cfg, ref), msg=name)
     # the tp=2 checkpoint exports in one process, to the same model
     # (a folder of checkpoints stands for its newest one)
     out = export_checkpoint(tmp_path / "ckpt", tmp_path / "from-ckpt")
-    ref = transformers.LlamaForCausalLM.from_pretrained(out)
-    torch.testing.assert_close(_hf_logits(ref, tokens), results[0]["llama"], **TOL)
+    ref = _hf_logits(transformers.LlamaForCausalLM.from_pretrained(out).double(), tokens)
+    torch.testing.assert_close(ref, results[0]["llama"], **_hf64_tol(load_hf(out)[0], ref))
 
 
 def test_save_tp1_round_trip(hf_dirs, tmp_path):
-    path, ref = hf_dirs["llama-tied"]
+    path, ref, _ = hf_dirs["llama-tied"]
     _, model = load_hf(path)
     save_hf(model, tmp_path / "out")
     config = json.loads((tmp_path / "out" / "config.json").read_text())
     assert config["tie_word_embeddings"] is True
     again = transformers.LlamaForCausalLM.from_pretrained(tmp_path / "out")
-    torch.testing.assert_close(_hf_logits(again, _tokens()), ref, **TOL)
+    # the same weights, bit for bit, in the same transformers model: the same logits
+    torch.testing.assert_close(_hf_logits(again, _tokens()), ref, **BITWISE)
 
 
+@pytest.mark.exact
 def test_bf16_weights_load_as_fp32(tmp_path):
     torch.manual_seed(5)
     model = _llama().to(torch.bfloat16)
     model.save_pretrained(tmp_path)
     cfg, ours = load_hf(tmp_path, dropout=0.1)
     assert cfg.dropout == 0.1 and ours.embed.weight.dtype == torch.float32
-    ref = _hf_logits(model.float(), _tokens())
-    with torch.no_grad():
-        torch.testing.assert_close(ours.eval()(_tokens()), ref, **TOL)
+    # transformers' reference reloaded from the files: ``model`` itself was cast to bf16 in
+    # memory, which rounds its rotary frequencies too (a buffer), unlike a model loaded from
+    # bf16 files; bf16 weights are exact in float64
+    hf = transformers.LlamaForCausalLM.from_pretrained(tmp_path)
+    ref = _hf_logits(hf.double(), _tokens())
+    torch.testing.assert_close(_ours64(ours, _tokens()), ref, **_hf64_tol(cfg, ref))
 
 
 # ---------------------------------------------------------------- errors
@@ -367,12 +399,12 @@ def test_missing_files(hf_dirs, tmp_path):
         load_hf(untied)
 
 
+@pytest.mark.exact
 def test_max_seq_len_caps_positions(hf_dirs):
-    path, ref = hf_dirs["gpt2"]
+    path, _, ref64 = hf_dirs["gpt2"]
     cfg, model = load_hf(path, max_seq_len=16)
     assert cfg.seq_len == 16 and model.pos_embed.weight.shape[0] == 16
-    with torch.no_grad():
-        torch.testing.assert_close(model.eval()(_tokens()), ref, **TOL)
+    torch.testing.assert_close(_ours64(model, _tokens()), ref64, **EXACT64)
 
 
 # ---------------------------------------------------------------- tokenizer
@@ -406,6 +438,7 @@ def test_hf_tokenizer(tmp_path):
 
 
 @pytest.mark.slow
+@pytest.mark.exact
 def test_cli_train_from_hf_then_export(tmp_path):
     """`oases train --model.init_from=hf:DIR` at tp=2, then `oases export`: transformers loads
     the export, and its logits equal the trained Oases model's (read back from the checkpoint)."""
@@ -435,10 +468,11 @@ def test_cli_train_from_hf_then_export(tmp_path):
         "--train.sample_tokens=0", "--checkpoint.every=0")
     assert "wrote" in cli("export", "--checkpoint", str(run / "checkpoints"), "--out", str(out))
     hf = transformers.AutoModelForCausalLM.from_pretrained(out)
-    _, model = load_hf(out)
+    cfg, model = load_hf(out)
     tokens = torch.randint(0, 256, (2, 16), generator=torch.Generator().manual_seed(3))
-    with torch.no_grad():
-        torch.testing.assert_close(model.eval()(tokens), _hf_logits(hf, tokens), **TOL)
+    ref = _hf_logits(hf.double(), tokens)
+    torch.testing.assert_close(_ours64(model, tokens), ref, **_hf64_tol(cfg, ref))
+    hf.float()
     start = transformers.AutoModelForCausalLM.from_pretrained(src)
     assert not torch.allclose(_hf_logits(start, tokens), _hf_logits(hf, tokens))  # it trained
 

@@ -1,6 +1,9 @@
 """Schedules under mixed-degree plans: every region at its own TP degree, reshard instructions
 between them, gradients reduced per region; equal to the single-device model.
 
+Numbers in float64 (1e-10) and once in fp32 within the bound derived from its reductions;
+recompute twins bit for bit (tests/exactness.py).
+
 Chain of R = 6 regions (2 layers): 0 embed, 1/2 block 0's attention/MLP, 3/4 block 1's, 5 head.
 Each spawn runs many cases inside one rank function (starting processes is the expensive part).
 """
@@ -15,6 +18,7 @@ import torch
 import torch.distributed as dist
 
 import oases
+from exactness import BITWISE, EXACT64, fp32_tol, to64
 from oases import record_collectives
 from oases.parallel.apply import shard_spec, shard_tensor
 from oases.plan import ParallelPlan, RegionPlan, region_names
@@ -23,8 +27,6 @@ from oases.schedule.program import SPECS, Compute, Start, Wait, build_program, s
 from test_mixed_plans import layout_rows, region_of
 
 B, S, VOCAB = 8, 16, 101
-TOL = dict(atol=1e-5, rtol=1e-5)
-EXACT = dict(atol=0.0, rtol=0.0)
 TWINS = {"megatron-recompute": "megatron", "commfree-recompute": "megatron",
          "overlap-recompute": "overlap", "oases": "overlap"}
 STEPS = 3
@@ -83,18 +85,17 @@ def _expected_issues(sched, model, rows: int) -> list[str]:
 
 
 def _rank_mixed(rank: int, world: int, cases: list, all_degrees: tuple[int, ...]) -> dict:
-    """Every schedule on every (arch, degrees) case: loss and gradients of 3 AdamW steps equal
-    the single-device model's (steps 2 and 3 see the weights the previous steps made; weights
-    are not compared directly: AdamW's m / sqrt(v) turns the rounding noise of a ~1e-8
-    gradient into a visible step); the collectives issued are the program's, in its order; a
-    communication-free recompute issues exactly its twin's collectives."""
+    """Every schedule on every (arch, degrees) case, in float64: loss and gradients of 3 AdamW
+    steps and the weights after them equal the single-device model's; the collectives issued are
+    the program's, in its order; a communication-free recompute issues exactly its twin's
+    collectives. Then the first case once in fp32 (oases, one backward, the derived bound)."""
     ctx = oases.init_distributed(tp=1, degrees=all_degrees)
     out = {}
     for arch, degrees in cases:
         cfg = _cfg(arch, degrees)
         plan = _plan(cfg, degrees, world)
         torch.manual_seed(0)
-        ref = oases.build_model(cfg)
+        ref = to64(oases.build_model(cfg))
         base = copy.deepcopy(ref)
         opt_ref = torch.optim.AdamW(ref.parameters(), lr=1e-2)
         batches = _batches(1)
@@ -118,15 +119,20 @@ def _rank_mixed(rank: int, world: int, cases: list, all_degrees: tuple[int, ...]
                     local = sched.step(model, layout_rows(tokens, rank, world, t_embed),
                                        layout_rows(targets, rank, world, t_embed))
                 loss = _global_mean(local, world)
-                torch.testing.assert_close(loss, want[step][0], **TOL,
+                torch.testing.assert_close(loss, want[step][0], **EXACT64,
                                            msg=lambda m, w=where, s=step: f"{w} step {s}: {m}")
                 for n, p in model.named_parameters():
                     exp = _expected(want[step][1][n], p, rank, plan.tp_of(region_of(n)))
-                    torch.testing.assert_close(p.grad, exp, **TOL,
+                    torch.testing.assert_close(p.grad, exp, **EXACT64,
                                                msg=lambda m, w=where, n=n: f"{w} grad {n}: {m}")
                 opt.step()
                 opt.zero_grad(set_to_none=True)
                 losses.append(loss.item())
+            for n, p in model.named_parameters():  # float64: the bound holds through AdamW
+                exp = _expected(dict(ref.named_parameters())[n].detach(), p, rank,
+                                plan.tp_of(region_of(n)))
+                torch.testing.assert_close(p.detach(), exp, **EXACT64,
+                                           msg=lambda m, w=where, n=n: f"{w} param {n}: {m}")
             rows = B * t_embed // world
             issued = [r.tag for r in records if r.tag.split(":")[0] in
                       ("fwd", "bwd", "rsf", "rsb", "dp")]
@@ -141,7 +147,34 @@ def _rank_mixed(rank: int, world: int, cases: list, all_degrees: tuple[int, ...]
         if t_embed > min(degrees):  # a sub-batch of one row cannot be sliced further
             with pytest.raises(ValueError, match="no whole share"):
                 build_schedule("oases", n_sub=2).step(model, tokens[:2], targets[:2])
+    _check_fp32(rank, world, ctx, *cases[0])
     return out
+
+
+def _check_fp32(rank: int, world: int, ctx, arch: str, degrees: tuple[int, ...]) -> None:
+    """fp32, the mixed schedules' one case: oases under a mixed plan, loss and gradients of one
+    backward against the single-device model within the bound derived from their reductions."""
+    cfg = _cfg(arch, degrees)
+    plan = _plan(cfg, degrees, world)
+    torch.manual_seed(0)
+    ref = oases.build_model(cfg)
+    model = oases.parallelize(copy.deepcopy(ref), ctx, plan)
+    tokens, targets = _batches(1)[0]
+    want = ref(tokens, targets)
+    want.backward()
+    t_embed = plan.tp_of("embed")
+    local = build_schedule("oases", n_sub=2).step(model, layout_rows(tokens, rank, world, t_embed),
+                                                  layout_rows(targets, rank, world, t_embed))
+    assert local.dtype == torch.float32
+    n = tokens.numel()
+    where = f"fp32 {arch} {degrees} rank {rank} oases"
+    torch.testing.assert_close(_global_mean(local, world), want.detach(),
+                               **fp32_tol(want, cfg, n, False), msg=where)
+    full = dict(ref.named_parameters())
+    for name, p in model.named_parameters():
+        exp = _expected(full[name].grad, p, rank, plan.tp_of(region_of(name)))
+        torch.testing.assert_close(p.grad, exp, **fp32_tol(exp, cfg, n, True),
+                                   msg=lambda m, n=name: f"{where} grad {n}: {m}")
 
 
 def _rank_dropout_twins(rank: int, world: int, cases: list, all_degrees: tuple[int, ...]
@@ -166,9 +199,9 @@ def _rank_dropout_twins(rank: int, world: int, cases: list, all_degrees: tuple[i
             runs[name] = (loss, {n: p.grad.clone() for n, p in model.named_parameters()})
         for name, twin in TWINS.items():
             where = f"{arch} {degrees} rank {rank} {name} vs {twin}"
-            torch.testing.assert_close(runs[name][0], runs[twin][0], **EXACT, msg=where)
+            torch.testing.assert_close(runs[name][0], runs[twin][0], **BITWISE, msg=where)
             for n, g in runs[twin][1].items():
-                torch.testing.assert_close(runs[name][1][n], g, **EXACT,
+                torch.testing.assert_close(runs[name][1][n], g, **BITWISE,
                                            msg=lambda m, w=where, n=n: f"{w} grad {n}: {m}")
         ref = copy.deepcopy(base).eval()  # control: dropout is really in play
         out[arch, degrees] = (runs["megatron"][0].item(), ref(tokens, targets).item())
@@ -184,16 +217,19 @@ CASES_2 = [("gpt2", (1, 2, 1, 2, 2, 1)), ("llama", (2, 2, 1, 1, 2, 1))]
 CASES_4 = [("gpt2", (2, 4, 1, 2, 4, 2)), ("llama", (1, 2, 4, 4, 2, 4))]
 
 
+@pytest.mark.exact
 def test_mixed_plans_every_schedule_two_ranks(spawn_ranks):
     results = spawn_ranks(_rank_mixed, 2, CASES_2, (1, 2))
     assert results[0] == results[1]
 
 
+@pytest.mark.exact
 def test_mixed_plans_every_schedule_four_ranks(spawn_ranks):
     results = spawn_ranks(_rank_mixed, 4, CASES_4, (1, 2, 4), timeout_s=180)
     assert all(r == results[0] for r in results)
 
 
+@pytest.mark.exact
 def test_recompute_equals_its_twin_under_dropout_mixed(spawn_ranks):
     results = spawn_ranks(_rank_dropout_twins, 2, CASES_2, (1, 2))
     for r in results:

@@ -8,6 +8,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+from exactness import EXACT64, to64
 from oases.config import ModelConfig
 from oases.model import build_model, count_params
 
@@ -94,25 +95,28 @@ def test_count_params(arch, tie, kv):
         assert model.head.weight is not model.embed.weight
 
 
+@pytest.mark.exact
 @pytest.mark.parametrize("arch", ARCHS)
 def test_recompute_same_loss_and_grads(arch):
+    """Activation checkpointing equals the plain model, float64 (tests/exactness.py)."""
     cfg = small_cfg(arch, tie_embeddings=arch == "gpt2", n_kv_heads=2 if arch == "llama" else None)
-    plain = make_model(cfg)
+    plain = to64(make_model(cfg))
     ckpt = copy.deepcopy(plain)
     ckpt.recompute = True
     tokens, targets = random_tokens(cfg.vocab_size, 6), random_tokens(cfg.vocab_size, 7)
     loss_plain = plain(tokens, targets)
     loss_ckpt = ckpt(tokens, targets)
-    torch.testing.assert_close(loss_ckpt, loss_plain)
+    assert loss_ckpt.dtype == torch.float64
+    torch.testing.assert_close(loss_ckpt, loss_plain, **EXACT64)
     loss_plain.backward()
     loss_ckpt.backward()
     grads_ckpt = dict(ckpt.named_parameters())
     for name, p in plain.named_parameters():
         assert p.grad is not None, name
-        torch.testing.assert_close(grads_ckpt[name].grad, p.grad, msg=name)
+        torch.testing.assert_close(grads_ckpt[name].grad, p.grad, **EXACT64, msg=name)
     # recompute does not change the no-grad (inference) path either
     with torch.no_grad():
-        torch.testing.assert_close(ckpt(tokens), plain(tokens))
+        torch.testing.assert_close(ckpt(tokens), plain(tokens), **EXACT64)
 
 
 @pytest.mark.parametrize("arch", ARCHS)

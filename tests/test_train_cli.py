@@ -2,7 +2,8 @@
 
 Fast: LR schedule, optimizer groups, global grad-norm clipping (single process and tp=2 / dp=2
 against the single-device model), the setup agreement that makes one rank's error stop all.
-Slow: a 2-rank CLI run of configs/tiny.toml, and bad configs failing fast with one line.
+Slow: a 2-rank CLI run of configs/tiny.toml (in float64: its losses equal an in-process tp=1
+run's to 1e-10), and bad configs failing fast with one line. Parity in float64 (tests/exactness.py).
 """
 
 import json
@@ -16,6 +17,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from exactness import EXACT64, to64
 from oases.config import TrainConfig, load_config
 from oases.model import build_model
 from oases.train.optim import build_optimizer, clip_grad_norm_, lr_at
@@ -53,29 +55,31 @@ def test_no_weight_decay_on_biases_norms_and_embeddings():
     assert "head.weight" in decay
 
 
+@pytest.mark.exact
 def test_clip_matches_torch_on_one_process():
     from oases.parallel.context import init_distributed
 
     ctx = init_distributed(tp=1)
     torch.manual_seed(0)
-    a = build_model(load_config(TINY).model)
-    b = build_model(load_config(TINY).model)
+    a = to64(build_model(load_config(TINY).model))
+    b = to64(build_model(load_config(TINY).model))
     b.load_state_dict(a.state_dict())
     tokens = torch.randint(0, 256, (2, 32))
     for m in (a, b):
         m(tokens[:, :-1], tokens[:, 1:]).backward()
     norm = clip_grad_norm_(a.parameters(), 0.1, ctx.tp_group)
     ref = torch.nn.utils.clip_grad_norm_(b.parameters(), 0.1)
-    assert norm == pytest.approx(float(ref), rel=1e-6)
+    assert ref.dtype == torch.float64 and norm == pytest.approx(float(ref), rel=EXACT64["rtol"])
     for pa, pb in zip(a.parameters(), b.parameters()):
-        torch.testing.assert_close(pa.grad, pb.grad, rtol=1e-5, atol=1e-7)
+        torch.testing.assert_close(pa.grad, pb.grad, **EXACT64)
 
 
 # ---------------------------------------------------------------- loop pieces, 2 ranks
 
 
 def _grad_norm_rank(rank, world_size):
-    """tp=2 and dp=2 grad norms (before and after clipping) equal the single-device model's."""
+    """tp=2 and dp=2 grad norms (before and after clipping) equal the single-device model's
+    (float64)."""
     from oases.config import Config
     from oases.parallel.apply import parallelize, shard_spec, shard_tensor
     from oases.parallel.context import init_distributed
@@ -87,7 +91,7 @@ def _grad_norm_rank(rank, world_size):
     g = torch.Generator().manual_seed(7)
     tokens = torch.randint(0, 256, (4, 33), generator=g)  # the global batch, same on all ranks
     torch.manual_seed(0)
-    ref = build_model(cfg.model)
+    ref = to64(build_model(cfg.model))
     ref(tokens[:, :-1], tokens[:, 1:]).backward()
     ref_norm = float(torch.nn.utils.clip_grad_norm_(ref.parameters(), 0.05))
     ref_grads = {n: p.grad for n, p in ref.named_parameters()}
@@ -95,11 +99,11 @@ def _grad_norm_rank(rank, world_size):
     for tp in (2, 1):
         ctx = init_distributed(tp=tp)
         torch.manual_seed(0)
-        model = parallelize(build_model(cfg.model), ctx)
+        model = parallelize(to64(build_model(cfg.model)), ctx)
         rows = slice(ctx.dp_rank * 4 // ctx.dp, (ctx.dp_rank + 1) * 4 // ctx.dp)
         build_schedule("megatron", micro_batch=2).step(model, tokens[rows, :-1], tokens[rows, 1:])
         norm = clip_grad_norm_(model.parameters(), 0.05, ctx.tp_group)
-        assert norm == pytest.approx(ref_norm, rel=1e-5), (tp, norm, ref_norm)
+        assert norm == pytest.approx(ref_norm, rel=EXACT64["rtol"]), (tp, norm, ref_norm)
         for name, p in model.named_parameters():
             spec = shard_spec(p)
             want = (
@@ -107,7 +111,7 @@ def _grad_norm_rank(rank, world_size):
                 if spec is None
                 else shard_tensor(ref_grads[name], spec, ctx.tp_rank, ctx.tp)
             )
-            torch.testing.assert_close(p.grad, want, rtol=1e-4, atol=1e-6)  # fp32 sum order
+            torch.testing.assert_close(p.grad, want, **EXACT64)
         out[tp] = norm
     # one rank's setup error stops every rank; only the failing rank keeps the message
     ctx = init_distributed(tp=2)
@@ -123,9 +127,10 @@ def _grad_norm_rank(rank, world_size):
     return out
 
 
+@pytest.mark.exact
 def test_grad_norm_over_tp_shards_and_dp_matches_single_device(spawn_ranks):
     r0, r1 = spawn_ranks(_grad_norm_rank, 2, timeout_s=90)
-    assert r0[2] == r1[2] and r0[1] == pytest.approx(r0[2], rel=1e-5)
+    assert r0[2] == r1[2] and r0[1] == pytest.approx(r0[2], rel=EXACT64["rtol"])
     assert r0["agree"] == "peer" and r1["agree"] == "rank 1: data.source='x': missing"
 
 
@@ -160,13 +165,24 @@ def _run_cli(args, timeout_s):
 
 
 @pytest.mark.slow
+@pytest.mark.exact
 def test_cli_two_rank_tiny_run(tmp_path):
+    import io
+
+    from oases.train.loop import train
+
     run_dir = tmp_path / "run"
-    proc, _ = _run_cli([str(TINY), "--nproc-per-node", "2", f"--train.run_dir={run_dir}"], 120)
+    proc, _ = _run_cli([str(TINY), "--nproc-per-node", "2", f"--train.run_dir={run_dir}",
+                        "--train.precision=fp64"], 120)
     assert proc.returncode == 0, proc.stdout + proc.stderr
+    # the same run at tp=1 in this process: the CLI's tp=2 losses, float64 end to end
+    ref = train(load_config(TINY, [f"--train.run_dir={tmp_path / 'tp1'}", "--parallel.tp=1",
+                                   "--train.precision=fp64", "--train.sample_tokens=0",
+                                   "--checkpoint.resume=never"]), log=io.StringIO())
     lines = (run_dir / "metrics.jsonl").read_text().splitlines()
     rows = [r for r in map(json.loads, lines) if "loss" in r]
     assert [r["step"] for r in rows] == list(range(1, 7))
+    torch.testing.assert_close([r["loss"] for r in rows], ref["losses"], **EXACT64)
     assert set(rows[0]) == {
         "step", "loss", "lr", "grad_norm", "step_time_s", "tokens_per_s", "peak_mem_mb"
     }
@@ -179,6 +195,7 @@ def test_cli_two_rank_tiny_run(tmp_path):
     assert rows[-1]["loss"] < rows[0]["loss"]
     saved = load_config(run_dir / "config.toml")
     assert saved.parallel.tp == 2 and saved.train.run_dir == str(run_dir)
+    assert saved.train.precision == "fp64"
     assert "tp=2" in proc.stdout and "validation loss" in proc.stdout
     assert proc.stdout.count("step ") >= 3  # rank 0 only: one line per log_every steps
     assert "sample:" in proc.stdout  # the end-of-run sample

@@ -189,6 +189,7 @@ class TrainConfig:
     eval_batches: int = 4  # validation global batches per evaluation
     sample_tokens: int = 200  # tokens sampled from the model at the end of a run; 0 = none
     tensorboard: bool = False  # also write the metrics as TensorBoard events
+    precision: str = "auto"  # oases.precision.PRECISIONS: auto (bf16 autocast on CUDA), fp32, fp64
 
     def __post_init__(self) -> None:
         _positive("train", self, "steps", "global_batch", "micro_batch", "lr", "log_every")
@@ -199,6 +200,10 @@ class TrainConfig:
             _check(value >= 0, f"train.{name}={value} must be >= 0")
         _check(self.min_lr <= self.lr, f"train.min_lr={self.min_lr} exceeds train.lr={self.lr}")
         _check(self.run_dir != "", "train.run_dir must not be empty")
+        from oases.precision import PRECISIONS  # (torch, so imported where it is used)
+
+        _check(self.precision in PRECISIONS,
+               f"train.precision={self.precision!r} must be one of {', '.join(PRECISIONS)}")
 
 
 @dataclass

@@ -29,10 +29,11 @@ from torch import Tensor, nn
 from torch.utils.checkpoint import checkpoint, set_checkpoint_early_stop
 
 from oases.config import ModelConfig
+from oases.precision import upcast
 
 
 class RMSNorm(nn.Module):
-    """Root-mean-square norm (LLaMA): ``x / rms(x) * weight``, computed in fp32."""
+    """Root-mean-square norm (LLaMA): ``x / rms(x) * weight``, computed in at least fp32."""
 
     def __init__(self, dim: int, eps: float = 1e-5) -> None:
         super().__init__()
@@ -40,13 +41,17 @@ class RMSNorm(nn.Module):
         self.weight = nn.Parameter(torch.ones(dim))
 
     def forward(self, x: Tensor) -> Tensor:
-        xf = x.float()
+        xf = upcast(x)
         xf = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + self.eps)
         return xf.type_as(x) * self.weight
 
 
 def rope_tables(seq_len: int, head_dim: int, theta: float) -> tuple[Tensor, Tensor]:
-    """cos/sin tables [S, D] for rotary embeddings in the rotate-half (Hugging Face) layout."""
+    """cos/sin tables [S, D] for rotary embeddings in the rotate-half (Hugging Face) layout.
+
+    Computed in fp32, as Hugging Face's LLaMA computes them in every dtype (``.double()``
+    included), so an imported model sees the positions it was trained with; ``model.to(dtype)``
+    casts the tables with the model and ``apply_rope`` uses them in at least fp32."""
     inv_freq = 1.0 / (theta ** (torch.arange(0, head_dim, 2, dtype=torch.float32) / head_dim))
     angles = torch.outer(torch.arange(seq_len, dtype=torch.float32), inv_freq)  # [S, D/2]
     angles = torch.cat([angles, angles], dim=-1)  # [S, D]
@@ -57,7 +62,7 @@ def apply_rope(x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
     """Rotate x [B, heads, S, D] by position: x*cos + rotate_half(x)*sin."""
     half = x.shape[-1] // 2
     rotated = torch.cat([-x[..., half:], x[..., :half]], dim=-1)
-    return (x.float() * cos + rotated.float() * sin).type_as(x)
+    return (upcast(x) * cos + upcast(rotated) * sin).type_as(x)
 
 
 class Attention(nn.Module):
@@ -151,11 +156,11 @@ class Block(nn.Module):
 
 
 class CrossEntropy(nn.Module):
-    """Mean token cross-entropy over logits [B, S, V]. ``parallelize`` swaps in the
-    vocab-parallel version, which never gathers the logits."""
+    """Mean token cross-entropy over logits [B, S, V], in at least fp32. ``parallelize`` swaps
+    in the vocab-parallel version, which never gathers the logits."""
 
     def forward(self, logits: Tensor, targets: Tensor) -> Tensor:
-        return F.cross_entropy(logits.flatten(0, 1).float(), targets.flatten())
+        return F.cross_entropy(upcast(logits.flatten(0, 1)), targets.flatten())
 
 
 class Transformer(nn.Module):

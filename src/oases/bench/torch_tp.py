@@ -52,6 +52,7 @@ from oases.model import Transformer
 from oases.parallel import comm
 from oases.parallel.apply import check_model_degrees
 from oases.parallel.context import ParallelContext, build_tp_mesh
+from oases.precision import accum_dtype
 
 __all__ = [
     "TorchTPSchedule",
@@ -330,10 +331,11 @@ def torch_tp_clip_grad_norm_(params: Iterable[Tensor], max_norm: float,
         return 0.0
     for p in params:
         _normalize_grad_(p)
-    sharded = torch.zeros(1, dtype=torch.float32, device=ctx.device)
-    replicated = torch.zeros((), dtype=torch.float32, device=ctx.device)
+    dtype = accum_dtype(torch_tp_local(params[0].grad).dtype)  # at least fp32
+    sharded = torch.zeros(1, dtype=dtype, device=ctx.device)
+    replicated = torch.zeros((), dtype=dtype, device=ctx.device)
     for p in params:
-        sq = torch_tp_local(p.grad).float().pow(2).sum()
+        sq = torch_tp_local(p.grad).to(dtype).pow(2).sum()
         is_sharded = isinstance(p, DTensor) and any(pl.is_shard() for pl in p.placements)
         if is_sharded:
             sharded += sq

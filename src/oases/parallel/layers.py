@@ -24,6 +24,7 @@ from torch import Tensor, nn
 
 from oases.parallel import comm
 from oases.parallel.context import Group
+from oases.precision import upcast
 
 
 @dataclass(frozen=True)
@@ -172,14 +173,14 @@ class VocabParallelEmbedding(nn.Module):
 
 
 class _VocabParallelCE(torch.autograd.Function):
-    """Cross-entropy over vocabulary shards: max, target logit and sum-exp are combined with
-    two all-reduces of N floats; the gradient softmax - onehot stays local."""
+    """Cross-entropy over vocabulary shards, in at least fp32: max, target logit and sum-exp are
+    combined with two all-reduces of N floats; the gradient softmax - onehot stays local."""
 
     @staticmethod
     def forward(ctx, logits: Tensor, targets: Tensor, group: Group, vocab_size: int) -> Tensor:  # noqa: ANN001
         n_local = logits.shape[-1]
         start = group.rank * n_local
-        x = logits.float()  # [N, Vp/t]
+        x = upcast(logits)  # [N, Vp/t], at least fp32
         n_valid = max(0, min(n_local, vocab_size - start))
         if n_valid < n_local:  # padded vocabulary rows are never predicted
             x = x.clone()

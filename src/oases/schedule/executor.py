@@ -288,7 +288,9 @@ class Executor:
             return
         xl, h, hl, out = self.bg[i, j]
         if region.kind == "head":
-            torch.autograd.backward(out, torch.tensor(self.scale, device=out.device))
+            # the loss scale in the loss's dtype (a float64 run's 1/3 is not rounded to fp32)
+            torch.autograd.backward(out, torch.tensor(self.scale, dtype=out.dtype,
+                                                      device=out.device))
         else:
             dy = region.row.backward_partial(out, self.dr.pop((i, j)))  # [b, S, I/t]
             torch.autograd.backward(out, dy)

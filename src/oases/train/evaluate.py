@@ -8,6 +8,7 @@ from torch import nn
 
 from oases.parallel import comm
 from oases.parallel.context import Group, ParallelContext
+from oases.precision import accum_dtype, upcast
 from oases.train.data import PackedBatches
 
 
@@ -23,10 +24,10 @@ def evaluate(model: nn.Module, batches: PackedBatches, ctx: ParallelContext, n: 
     was_training = model.training
     model.eval()
     n = max(1, min(n, batches.n_windows // batches.global_batch))
-    total = torch.zeros((), device=ctx.device)
+    total = torch.zeros((), dtype=accum_dtype(next(model.parameters()).dtype), device=ctx.device)
     for i in range(n):
         tokens, targets = batches.batch(i)
-        total += model(tokens.to(ctx.device), targets.to(ctx.device)).float()
+        total += upcast(model(tokens.to(ctx.device), targets.to(ctx.device)))
     model.train(was_training)
     return float(comm.all_reduce_mean(total / n, loss_group(model, ctx)))
 

@@ -24,6 +24,8 @@ from __future__ import annotations
 import torch
 from torch import Tensor, nn
 
+from oases.precision import upcast
+
 
 def sampling_generator(seed: int) -> torch.Generator:
     """A CPU generator seeded with ``seed``: build it the same way on every rank."""
@@ -46,7 +48,7 @@ def next_token(
     """logits [B, V] -> next tokens [B, 1] int64 (on the logits' device)."""
     if temperature == 0:
         return logits.argmax(dim=-1, keepdim=True)
-    scaled = logits.float() / temperature  # [B, V]
+    scaled = upcast(logits) / temperature  # [B, V], at least fp32
     if top_k is not None and top_k < scaled.shape[-1]:
         kth = torch.topk(scaled, top_k, dim=-1).values[:, -1:]  # [B, 1]
         scaled = scaled.masked_fill(scaled < kth, float("-inf"))

@@ -12,8 +12,9 @@ groups of every degree are built, the batch is dealt out in the embedding's layo
 of the embedding), the schedule reshards between regions, the gradient norm sums each degree's
 shards over that degree's TP group, and losses are averaged over the head's DP group.
 
-On CUDA the step runs under bf16 autocast (the parameters, gradients and AdamW state stay fp32:
-fp32 master weights); on CPU everything is fp32.
+``train.precision`` (``oases.precision``) sets the dtypes: "auto" runs the step under bf16
+autocast on CUDA (fp32 master weights) and in fp32 on CPU; "fp32" and "fp64" run everything
+(parameters, gradients, AdamW state, collectives, checkpoints) in that dtype.
 
 Rank 0 prints (``console``) a line every ``train.log_every`` steps, or a progress bar on a
 terminal, and records (``metrics``) ``<run_dir>/metrics.jsonl`` (one JSON line per step and per
@@ -50,6 +51,7 @@ from oases.parallel import comm
 from oases.parallel.apply import parallelize, parameter_degrees
 from oases.parallel.context import ParallelContext, build_tp_mesh, init_distributed
 from oases.plan import ParallelPlan
+from oases.precision import resolve_precision, upcast
 from oases.schedule import Timeline, build_schedule, record_timeline
 from oases.train import checkpoint as ckpt
 from oases.train.agree import PeerError, agree_on_setup, agree_on_value
@@ -96,12 +98,6 @@ def save_timeline(timeline: Timeline, ctx: ParallelContext, path: Path, title: s
             print(f"warning: timeline picture not written ({exc})", file=sys.stderr, flush=True)
 
 
-def _autocast(device: torch.device) -> contextlib.AbstractContextManager[Any]:
-    if device.type == "cuda":  # bf16 compute, fp32 parameters/grads/optimizer (master weights)
-        return torch.autocast("cuda", dtype=torch.bfloat16)
-    return contextlib.nullcontext()
-
-
 def train(
     cfg: Config, *, log: TextIO | None = None, stop_after: int | None = None
 ) -> dict[str, Any]:
@@ -115,6 +111,7 @@ def train(
     # with a plan, its degrees' groups are built once every rank has read it
     ctx = init_distributed(tp=1 if cfg.parallel.plan else cfg.parallel.tp, **groups)
     t, S = cfg.train, cfg.model.seq_len
+    precision = resolve_precision(t.precision, ctx.device)
     is_main = ctx.rank == 0
     end = t.steps if stop_after is None else min(t.steps, stop_after)
     console = Console(is_main, log)  # a bar on a terminal, plain lines elsewhere
@@ -197,7 +194,7 @@ def train(
         model = build_model(cfg.model)
         n_params = count_params(model)
         parallelize(model, ctx, plan)
-    model.train()
+    model.to(precision.param_dtype).train()  # shards keep their identity: .data is cast
     optimizer = build_optimizer(model, t)
     schedule = build_schedule(
         cfg.schedule.name,
@@ -257,7 +254,7 @@ def train(
             metrics.write(row)
 
     def run_eval(step: int) -> float:
-        with _autocast(ctx.device):
+        with precision.autocast():
             value = evaluate(model, val_data, ctx, t.eval_batches)
         write({"step": step, "val_loss": value})
         say(f"step {step:5d}/{t.steps}  validation loss {value:.4f}")
@@ -292,7 +289,7 @@ def train(
                 group["lr"] = lr
             tokens, targets = train_data.next_batch()
             recording = record_timeline() if step == timeline_step else contextlib.nullcontext()
-            with _autocast(ctx.device), recording as timeline:
+            with precision.autocast(), recording as timeline:
                 local = schedule.step(model, tokens.to(ctx.device), targets.to(ctx.device))
             if timeline is not None:  # one step's picture, the second of the run (warmed up)
                 save_timeline(timeline, ctx, run_dir / "timeline.png",
@@ -301,7 +298,7 @@ def train(
                                         tp_groups)
             optimizer.step()
             optimizer.zero_grad(set_to_none=True)
-            loss = float(comm.all_reduce_mean(local.float(), losses_over))
+            loss = float(comm.all_reduce_mean(upcast(local), losses_over))
             if not math.isfinite(loss):  # the same on every rank: rank 0 reports it
                 msg = f"loss became {loss} at step {step + 1}; try a lower train.lr={t.lr}"
                 raise ValueError(msg) if is_main else PeerError(msg)

@@ -13,6 +13,7 @@ from oases.config import TrainConfig
 from oases.parallel import comm
 from oases.parallel.apply import shard_spec
 from oases.parallel.context import Group
+from oases.precision import accum_dtype
 
 
 def lr_at(step: int, t: TrainConfig) -> float:
@@ -51,15 +52,17 @@ def clip_grad_norm_(params: Iterable[nn.Parameter], max_norm: float, tp_group: G
     params = [p for p in {id(p): p for p in params}.values() if p.grad is not None]
     if not params:
         return 0.0
-    zero = params[0].grad.new_zeros((), dtype=torch.float32)
+    # sums of squares in at least fp32 (float64 gradients: float64)
+    zero = params[0].grad.new_zeros((), dtype=accum_dtype(params[0].grad.dtype))
     groups = tp_groups or {}
     sharded = {tp_group.ranks: (tp_group, zero.clone())}  # ranks -> (group, sum of squares)
     for p in params:
         if shard_spec(p) is not None:
             group = groups.get(id(p), tp_group)
             _, acc = sharded.get(group.ranks, (group, zero))
-            sharded[group.ranks] = (group, acc + p.grad.float().pow(2).sum())
-    replicated = sum((p.grad.float().pow(2).sum() for p in params if shard_spec(p) is None), zero)
+            sharded[group.ranks] = (group, acc + p.grad.to(zero.dtype).pow(2).sum())
+    replicated = sum((p.grad.to(zero.dtype).pow(2).sum() for p in params
+                      if shard_spec(p) is None), zero)
     total = replicated
     for _, (group, acc) in sorted(sharded.items(), key=lambda kv: len(kv[0])):  # same order on
         # every rank: one TP group per degree
