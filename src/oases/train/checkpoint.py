@@ -63,8 +63,9 @@ from torch.distributed.checkpoint.api import CheckpointException
 from oases.config import Config, config_to_dict
 from oases.parallel import comm
 from oases.parallel.apply import parameter_degrees
-from oases.parallel.context import ParallelContext
+from oases.parallel.context import ParallelContext, launch_identity
 from oases.parallel.layers import ShardSpec, shard_spec
+from oases.train import faults
 from oases.train.safe_load import SafeReader, TensorOnlyPlanner, load_metadata
 
 FORMAT_VERSION = 1
@@ -100,6 +101,18 @@ def latest_checkpoint(root: str | os.PathLike[str]) -> Path | None:
     return done[-1][1] if done else None
 
 
+def newest_valid_checkpoint(root: str | os.PathLike[str]) -> tuple[int, Path] | None:
+    """(step, path) of the newest complete checkpoint in ``root`` that ``read_manifest``
+    accepts (what ``resume = "auto"`` picks), or None; quiet about the damaged ones it skips."""
+    for step, path in reversed(complete_checkpoints(root)):
+        try:
+            read_manifest(path)
+        except ValueError:
+            continue
+        return step, path
+    return None
+
+
 def resolve_resume(cfg: Config) -> Path | None:
     """The checkpoint to resume from (None for a fresh start); ValueError naming the path.
 
@@ -119,19 +132,20 @@ def resolve_resume(cfg: Config) -> Path | None:
                 "train.run_dir or checkpoint.dir, delete them, or resume='auto'")
         return None
     if resume == "auto":  # the newest valid one; if none is valid, the newest one's error
-        first_error: ValueError | None = None
+        skipped: list[ValueError] = []
         for _, path in reversed(existing):
             try:
                 read_manifest(path)
             except ValueError as exc:
-                first_error = first_error or exc
+                skipped.append(exc)
                 continue
-            if first_error is not None:
-                print(f"warning: skipping a damaged checkpoint: {first_error}", file=sys.stderr,
-                      flush=True)
+            if launch_identity()[0] == 0:  # every rank checks; one says it
+                for exc in skipped:  # each damaged one, newest first; one write per line
+                    sys.stderr.write(f"warning: skipping a damaged checkpoint: {exc}\n")
+                sys.stderr.flush()
             return path
-        if first_error is not None:
-            raise first_error
+        if skipped:
+            raise skipped[0]
         return None
     path = Path(resume).expanduser()
     if not path.exists():
@@ -287,6 +301,7 @@ def save_checkpoint(
         state[f"rng.rank{ctx.rank}.{kind}"] = t
     with _single_process_quiet():  # returns once every rank's files and .metadata are written
         dcp.save(state, storage_writer=dcp.FileSystemWriter(tmp), no_dist=_single_process())
+    faults.on_save(step)  # testing hook (train/faults.py); returns at once unless armed
     if ctx.rank == 0:
         for name, src in (files or {}).items():
             shutil.copyfile(src, tmp / name)

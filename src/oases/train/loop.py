@@ -52,6 +52,7 @@ from oases.parallel.context import Group, ParallelContext, build_tp_mesh, init_d
 from oases.plan import ParallelPlan
 from oases.schedule import Timeline, build_schedule, record_timeline
 from oases.train import checkpoint as ckpt
+from oases.train import faults
 from oases.train.data import (
     Corpus,
     PackedBatches,
@@ -443,6 +444,7 @@ def train(
     start = time.perf_counter()
     try:
         for step in range(start_step, end):
+            faults.on_step(step + 1)  # testing hook (train/faults.py); returns at once unless armed
             t0 = time.perf_counter()
             lr = lr_at(step, t)
             for group in optimizer.param_groups:
