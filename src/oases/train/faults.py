@@ -16,7 +16,7 @@ One environment variable, read here once (at import), arms one fault on one rank
                          ``schedule.max_inflight=2``) collective K-1 is then in flight:
                          started and not yet waited
              save        mid-save: in the checkpoint save of step S, after ``dcp.save`` has
-                         returned (this rank's tensor files and ``.metadata`` are written)
+                         returned (every rank's tensor files and ``.metadata`` are written)
                          and before rank 0 commits (manifest, ``COMPLETE``, rename)
     attempt  the launch attempt it fires on (default 0: the first; a restarted group runs
              clean). The attempt is ``TORCHELASTIC_RESTART_COUNT``, set by oases' supervisor
@@ -28,7 +28,7 @@ Just before it faults, the rank appends ``{"event": "fault", "time": ...}`` to
 Hooks: ``arm(run_dir)`` (``launch.run_rank``), ``on_step(step)`` (top of every training step in
 ``loop.py``), ``on_save(step)`` (``checkpoint.save_checkpoint``). Mid-step and mid-collective
 ride on ``comm``'s collective recorder (the list ``record_collectives`` fills): a recorder is
-registered only on the armed rank, so no collective anywhere pays for the hook. Cost when off:
+registered only on the armed rank, so no other rank's collective pays for the hook. Cost when off:
 ``on_step`` and ``on_save`` return at their first line, ``comm`` records nothing.
 """
 

@@ -30,7 +30,16 @@ file), ``failure`` (every rank's end, the cause, the decision), ``finished`` or 
 fault injected by ``faults.py`` adds ``fault``. ``benchmarks/*-faults`` reads them.
 
 Torch's launcher logs go to a temporary folder removed at the end (no ``torchelastic_*``
-folder is left in the system's temporary directory). Linux: ``/proc`` tells a stopped rank.
+folder is left in the system's temporary directory). Linux: ``/proc`` tells a stopped rank; a
+rank stopped for twice ``parallel.timeout_s`` ends the attempt even if no peer times out.
+
+Why not torch's agent (``elastic_launch`` with ``max_restarts``, what torchrun runs): with its
+shared rendezvous store the restarted gloo ranks connect to the previous round's addresses and
+fail (measured in ``benchmarks/2026-12-01-faults``; pytorch/pytorch#135712, #167288). Why not
+one ``elastic_launch(max_restarts=0)`` per attempt: its agent reports only the first failure it
+polls, hides the pids, and stops a failed group with SIGTERM, waiting 30 s for a stopped rank
+that cannot act on it. ``start_processes``, the engine under both, gives the pids: the
+supervisor sees every rank's end and every stopped rank, and kills with SIGKILL at once.
 """
 
 from __future__ import annotations
@@ -208,10 +217,6 @@ def restart_config(cfg: Config, given_step: int | None) -> Config:
 # ---------------------------------------------------------------- one attempt
 
 
-class _InterruptError(Exception):
-    """SIGTERM or SIGINT reached the supervisor: stop every rank, restart nothing."""
-
-
 def last_logged_step(path: Path, since: float) -> int | None:
     """The step of the last training row of metrics file ``path`` if the file was written at
     or after ``since`` (the ranks rewrite it when they start), else None."""
@@ -342,26 +347,28 @@ def _with_survivors(ends: list[RankEnd], nproc: int, now: float) -> list[RankEnd
 def supervise(cfg: Config, nproc: int, max_restarts: int, threads: int | None) -> int:
     """Run ``cfg`` on ``nproc`` local ranks, restarting the group up to ``max_restarts``
     times; returns the process exit code (0, ``EXIT_USER_ERROR`` or ``EXIT_RANK_FAILED``;
-    128 + the signal when SIGINT or SIGTERM stopped it)."""
+    128 + the signal when SIGINT, SIGTERM, SIGHUP or SIGQUIT stopped it: torch's
+    ``start_processes`` turns them into ``SignalException``; every rank is killed, nothing
+    restarted)."""
+    from torch.distributed.elastic.multiprocessing.api import SignalException
+
     main = threading.current_thread() is threading.main_thread()
-    previous = signal.getsignal(signal.SIGTERM)
-    if main:
-        signal.signal(signal.SIGTERM, _raise_interrupt)
+    previous = {s: signal.getsignal(s) for s in _STOP_SIGNALS} if main else {}
     try:
         with tempfile.TemporaryDirectory(prefix="oases-launch-") as logs:
             return _attempts(cfg, nproc, max_restarts, threads, Path(logs))
-    except (_InterruptError, KeyboardInterrupt) as exc:
-        name = str(exc) or "SIGINT"
-        write_event(cfg.train.run_dir, {"event": "gave_up", "reason": f"interrupted ({name})"})
-        print(f"error: interrupted ({name}); every rank stopped", file=sys.stderr, flush=True)
-        return 128 + (signal.SIGTERM if name == "SIGTERM" else signal.SIGINT)
+    except (SignalException, KeyboardInterrupt) as exc:
+        sig = getattr(exc, "sigval", signal.SIGINT)
+        write_event(cfg.train.run_dir, {"event": "gave_up", "reason": f"{sig.name} received"})
+        print(f"error: stopped by {sig.name}; every rank was stopped", file=sys.stderr,
+              flush=True)
+        return 128 + int(sig)
     finally:
-        if main:
-            signal.signal(signal.SIGTERM, previous)
+        for s, handler in previous.items():  # start_processes installed its own
+            signal.signal(s, handler)
 
 
-def _raise_interrupt(signum: int, _frame: Any) -> None:
-    raise _InterruptError(signal.Signals(signum).name)
+_STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGQUIT)
 
 
 def _attempts(cfg: Config, nproc: int, max_restarts: int, threads: int | None,
