@@ -2,7 +2,9 @@
 
 Fast: the pieces (OASES_FAULT parsing, which rank caused a failure, where a restart resumes).
 Slow: 2 ranks of a tiny model (configs/tiny.toml, the oases schedule with two sub-batches and
-two collectives in flight, 8 steps, a checkpoint every 2, all kept, a 5 s collective timeout),
+two collectives in flight, 8 steps, a checkpoint every 2, all kept; the collective timeout is
+tiny.toml's 30 s, 10 s in the SIGSTOP case: shorter, a busy machine's startup skew between ranks
+trips it and adds a restart),
 one uninterrupted reference run shared by every fault, then per fault (``train/faults.py``):
 the run finishes all its steps; every step logs the same loss as the reference (1e-6: same tp,
 same machine, a resume is exact); the complete checkpoints at the end are the reference's (none
@@ -39,7 +41,8 @@ STEPS = 8
 ARGS = [str(TINY), "--nproc-per-node", "2", "--max-restarts", "2",
         "--schedule.name=oases", "--schedule.n_sub=2", "--schedule.max_inflight=2",
         f"--train.steps={STEPS}", "--checkpoint.every=2", "--checkpoint.keep=10",
-        "--train.eval_every=4", "--train.sample_tokens=0", "--parallel.timeout_s=5"]
+        "--train.eval_every=4", "--train.sample_tokens=0"]
+STOP_TIMEOUT = "--parallel.timeout_s=10"  # the SIGSTOP case: the peer's wait
 
 
 # ---------------------------------------------------------------- pieces, one process
@@ -99,7 +102,8 @@ def test_restart_resumes_from_the_runs_newest_checkpoint(tmp_path):
     assert restart_config(cfg, None) is cfg  # auto stays auto
     bad = _fake_checkpoint(root, 8)
     (bad / ckpt.MANIFEST).write_text("{")  # damaged: auto would skip it
-    assert ckpt.newest_valid_checkpoint(root) == (6, root / "step_000006")
+    found, skipped = ckpt.newest_valid_checkpoint(root)
+    assert found == (6, root / "step_000006") and "unreadable oases.json" in str(skipped[0])
 
 
 # ---------------------------------------------------------------- faults, 2 ranks (slow)
@@ -164,7 +168,7 @@ def _assert_recovered(reference: Path, run_dir: Path, proc: subprocess.Completed
     assert vals == pytest.approx(ref_vals, abs=1e-6)
     assert _complete(run_dir) == _complete(reference)  # no completed checkpoint lost
     assert not list((run_dir / "checkpoints").glob("*.tmp"))
-    assert _events(run_dir, "attempt")[-1]["resume_step"] == resume_step
+    assert _events(run_dir, "attempt")[-1]["resume_step"] == resume_step, proc.stderr
     resumed = [ln for ln in proc.stdout.splitlines() if ln.startswith("resumed from ")]
     path = run_dir / "checkpoints" / ckpt.step_dir_name(resume_step)
     assert resumed[-1].startswith(f"resumed from {path} at step {resume_step} "), resumed
@@ -173,7 +177,7 @@ def _assert_recovered(reference: Path, run_dir: Path, proc: subprocess.Completed
 FAULTS = {  # fault -> (rank, signal, last step logged, step the restart resumes from)
     "kill:rank=0:step=6:at=save": (0, "SIGKILL", 6, 4),  # step 6's files written, no commit
     "kill:rank=1:step=3:at=collective:n=5": (1, "SIGKILL", 2, 2),
-    "stop:rank=1:step=7:at=step": (1, "SIGSTOP", 6, 6),  # rank 0 times out after 5 s
+    "stop:rank=1:step=7:at=step": (1, "SIGSTOP", 6, 6),  # rank 0 times out after 10 s
 }
 
 
@@ -199,7 +203,7 @@ def _assert_one_restart(run_dir: Path, proc: subprocess.CompletedProcess, rank: 
 def test_fault_restarts_the_group_and_loses_nothing(reference, tmp_path, fault):
     rank, sig, last, resume = FAULTS[fault]
     run_dir = tmp_path / "run"
-    proc = _run(run_dir, tmp_path / "tmp", fault)
+    proc = _run(run_dir, tmp_path / "tmp", fault, (STOP_TIMEOUT,) if sig == "SIGSTOP" else ())
     _assert_recovered(reference, run_dir, proc, resume)
     injected = _assert_one_restart(run_dir, proc, rank, sig, last, resume)
     if "collective" in fault:  # the rank died with the previous collective in flight

@@ -4,11 +4,12 @@ recovery; then what torchrun's own agent does with the same faults on gloo.
 usage: measure.py OUT [--torchrun-tries N]
 
 Every run is `oases train` of the tests' config (configs/tiny.toml, the oases schedule with two
-sub-batches and two collectives in flight, 8 steps, a checkpoint every 2, all kept, a 5 s
-collective timeout) on 2 local ranks with --max-restarts 2. Times come from the run's
-`restarts.jsonl` (wall clock, written by the rank as it faults and by the supervisor, which polls
-every 50 ms): detect = fault -> the supervisor sees the failure; resume = that -> the first step
-of the next attempt logged (spawn, imports, rendezvous, checkpoint load and one step).
+sub-batches and two collectives in flight, 8 steps, a checkpoint every 2, all kept; the
+collective timeout 30 s, 10 s for SIGSTOP) on 2 local ranks with --max-restarts 2. Times come
+from the run's `restarts.jsonl` (wall clock, written by the rank as it faults and by the
+supervisor, which polls every 50 ms): detect = fault -> the supervisor sees the failure;
+resume = that -> the first step of the next attempt logged (spawn, imports, rendezvous,
+checkpoint load and one step).
 Writes OUT/results.json (raw), OUT/results.md (the tables) and OUT/loss.png.
 """
 
@@ -34,8 +35,8 @@ from oases.train.supervise import read_events  # noqa: E402
 STEPS = 8
 CONFIG = [str(REPO / "configs" / "tiny.toml"), "--schedule.name=oases", "--schedule.n_sub=2",
           "--schedule.max_inflight=2", f"--train.steps={STEPS}", "--checkpoint.every=2",
-          "--checkpoint.keep=10", "--train.eval_every=4", "--train.sample_tokens=0",
-          "--parallel.timeout_s=5"]
+          "--checkpoint.keep=10", "--train.eval_every=4", "--train.sample_tokens=0"]
+STOP_TIMEOUT = "--parallel.timeout_s=10"  # the SIGSTOP runs: the peer's collective timeout
 LOCAL = ["--nproc-per-node", "2", "--max-restarts", "2"]
 FAULTS = [  # (name, OASES_FAULT, damage of the newest checkpoint between runs)
     ("kill -9 mid-step", "kill:rank=1:step=6:at=step", None),
@@ -71,7 +72,7 @@ def run(cmd: list[str], fault: str, tmp: Path, timeout_s: float = 600,
 
 def oases_train(run_dir: Path, fault: str, tmp: Path) -> dict:
     cmd = [sys.executable, "-m", "oases", "train", *CONFIG, *LOCAL,
-           f"--train.run_dir={run_dir}"]
+           f"--train.run_dir={run_dir}", *([STOP_TIMEOUT] if fault.startswith("stop") else [])]
     return run(cmd, fault, tmp)
 
 
@@ -137,7 +138,8 @@ def torchrun(run_dir: Path, fault: str, tmp: Path, extra: tuple[str, ...] = (),
     ``own_store``: TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1 (rank 0 hosts each round's store)."""
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2",
            "--max-restarts=1", f"--log-dir={tmp / 'torchrun-logs'}", "-m", "oases", "train",
-           *CONFIG, f"--train.run_dir={run_dir}", *extra]
+           *CONFIG, f"--train.run_dir={run_dir}", *extra,
+           *([STOP_TIMEOUT] if fault.startswith("stop") else [])]
     result = run(cmd, fault, tmp, env={"TORCH_DISABLE_SHARE_RDZV_TCP_STORE": "1"}
                  if own_store else {})
     shutil.rmtree(tmp / "torchrun-logs", ignore_errors=True)

@@ -101,16 +101,20 @@ def latest_checkpoint(root: str | os.PathLike[str]) -> Path | None:
     return done[-1][1] if done else None
 
 
-def newest_valid_checkpoint(root: str | os.PathLike[str]) -> tuple[int, Path] | None:
+def newest_valid_checkpoint(root: str | os.PathLike[str]
+                            ) -> tuple[tuple[int, Path] | None, list[ValueError]]:
     """(step, path) of the newest complete checkpoint in ``root`` that ``read_manifest``
-    accepts (what ``resume = "auto"`` picks), or None; quiet about the damaged ones it skips."""
+    accepts (what ``resume = "auto"`` picks) or None, and the errors of the newer, damaged
+    ones it skipped (newest first)."""
+    skipped: list[ValueError] = []
     for step, path in reversed(complete_checkpoints(root)):
         try:
             read_manifest(path)
-        except ValueError:
+        except ValueError as exc:
+            skipped.append(exc)
             continue
-        return step, path
-    return None
+        return (step, path), skipped
+    return None, skipped
 
 
 def resolve_resume(cfg: Config) -> Path | None:
@@ -132,21 +136,16 @@ def resolve_resume(cfg: Config) -> Path | None:
                 "train.run_dir or checkpoint.dir, delete them, or resume='auto'")
         return None
     if resume == "auto":  # the newest valid one; if none is valid, the newest one's error
-        skipped: list[ValueError] = []
-        for _, path in reversed(existing):
-            try:
-                read_manifest(path)
-            except ValueError as exc:
-                skipped.append(exc)
-                continue
-            if launch_identity()[0] == 0:  # every rank checks; one says it
-                for exc in skipped:  # each damaged one, newest first; one write per line
-                    sys.stderr.write(f"warning: skipping a damaged checkpoint: {exc}\n")
-                sys.stderr.flush()
-            return path
-        if skipped:
-            raise skipped[0]
-        return None
+        found, skipped = newest_valid_checkpoint(root)
+        if found is None:
+            if skipped:
+                raise skipped[0]
+            return None
+        if launch_identity()[0] == 0:  # every rank checks; one says it
+            for exc in skipped:  # each damaged one, newest first; one write per line
+                sys.stderr.write(f"warning: skipping a damaged checkpoint: {exc}\n")
+            sys.stderr.flush()
+        return found[1]
     path = Path(resume).expanduser()
     if not path.exists():
         raise ValueError(f"checkpoint.resume={resume!r}: no such checkpoint")

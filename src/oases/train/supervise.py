@@ -189,7 +189,7 @@ def _resume_point(cfg: Config) -> tuple[int, Path | None]:
     if resume == "never":
         return 0, None
     if resume == "auto":
-        found = ckpt.newest_valid_checkpoint(ckpt.checkpoint_root(cfg))
+        found = ckpt.newest_valid_checkpoint(ckpt.checkpoint_root(cfg))[0]
         return (0, None) if found is None else found
     try:
         path = ckpt.resolve_resume(cfg)
@@ -205,7 +205,7 @@ def restart_config(cfg: Config, given_step: int | None) -> Config:
     from oases.train import checkpoint as ckpt
 
     resume = cfg.checkpoint.resume
-    newest = ckpt.newest_valid_checkpoint(ckpt.checkpoint_root(cfg))
+    newest = ckpt.newest_valid_checkpoint(ckpt.checkpoint_root(cfg))[0]
     if resume == "auto" or newest is None:
         return cfg
     if resume != "never" and (given_step is None or newest[0] <= given_step):
