@@ -220,8 +220,8 @@ def machine_line(res: dict) -> str:
     return (f"Measured {res['date']} on {m['cpu']} ({m['cores']} cores), Python {m['python']}, "
             f"torch {m['torch']}; load average (1, 5, 15 min) {' '.join(m['loadavg'])} before, "
             f"{' '.join(after)} after: " + ("the machine was idle." if idle else
-            "**the machine was busy** (other work running): the times are upper bounds, "
-            "re-run `run.sh` on an idle machine for the real ones."))
+            "**the machine was busy** (other sessions' tests running): the times are longer "
+            "than an idle machine's; re-run `run.sh` on an idle one for those."))
 
 
 def machine() -> dict:
