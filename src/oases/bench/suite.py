@@ -54,7 +54,8 @@ def launch_ranks(module: str, spec: dict, nproc: int, rate: float | None,
     spec_path = workdir / f"spec-{len(list(workdir.glob('spec-*')))}.json"
     spec_path.write_text(json.dumps(spec))
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone",
-           f"--nproc-per-node={nproc}", "-m", module, str(spec_path)]
+           f"--nproc-per-node={nproc}", f"--log-dir={workdir / 'torchrun-logs'}",  # not /tmp
+           "-m", module, str(spec_path)]
     env = dict(os.environ, OMP_NUM_THREADS="1", MALLOC_MMAP_THRESHOLD_="131072",
                PYTHONUNBUFFERED="1")
     proc = run_shaped(cmd, rate, env=env)

@@ -212,6 +212,14 @@ def launched_by_torchrun() -> bool:
     return "TORCHELASTIC_RUN_ID" in os.environ or "LOCAL_RANK" in os.environ
 
 
+def launch_identity() -> tuple[int, int]:
+    """(global rank, attempt) of this process as its launcher set them: ``RANK`` and
+    ``TORCHELASTIC_RESTART_COUNT`` (torchrun's agent and oases' supervisor both count restarts
+    there; 0 for the first attempt and outside any launcher)."""
+    return (int(os.environ.get("RANK", "0")),
+            int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")))
+
+
 def close_distributed() -> None:
     """Destroy the default process group (and its communication threads) before the process
     exits; left to interpreter shutdown, gloo's threads can abort the process."""

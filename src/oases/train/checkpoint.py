@@ -63,8 +63,9 @@ from torch.distributed.checkpoint.api import CheckpointException
 from oases.config import Config, config_to_dict
 from oases.parallel import comm
 from oases.parallel.apply import parameter_degrees
-from oases.parallel.context import ParallelContext
+from oases.parallel.context import ParallelContext, launch_identity
 from oases.parallel.layers import ShardSpec, shard_spec
+from oases.train import faults
 from oases.train.safe_load import SafeReader, TensorOnlyPlanner, load_metadata
 
 FORMAT_VERSION = 1
@@ -122,6 +123,22 @@ def find_checkpoint(path: Path) -> Path:
     raise ValueError(f"{path}: no complete checkpoint (looked in {looked})")
 
 
+def newest_valid_checkpoint(root: str | os.PathLike[str]
+                            ) -> tuple[tuple[int, Path] | None, list[ValueError]]:
+    """(step, path) of the newest complete checkpoint in ``root`` that ``read_manifest``
+    accepts (what ``resume = "auto"`` picks) or None, and the errors of the newer, damaged
+    ones it skipped (newest first)."""
+    skipped: list[ValueError] = []
+    for step, path in reversed(complete_checkpoints(root)):
+        try:
+            read_manifest(path)
+        except ValueError as exc:
+            skipped.append(exc)
+            continue
+        return (step, path), skipped
+    return None, skipped
+
+
 def resolve_resume(cfg: Config) -> Path | None:
     """The checkpoint to resume from (None for a fresh start); ValueError naming the path.
 
@@ -143,20 +160,16 @@ def resolve_resume(cfg: Config) -> Path | None:
                 "(--checkpoint.resume=auto), or delete that folder yourself")
         return None
     if resume == "auto":  # the newest valid one; if none is valid, the newest one's error
-        first_error: ValueError | None = None
-        for _, path in reversed(existing):
-            try:
-                read_manifest(path)
-            except ValueError as exc:
-                first_error = first_error or exc
-                continue
-            if first_error is not None:
-                print(f"warning: skipping a damaged checkpoint: {first_error}", file=sys.stderr,
-                      flush=True)
-            return path
-        if first_error is not None:
-            raise first_error
-        return None
+        found, skipped = newest_valid_checkpoint(root)
+        if found is None:
+            if skipped:
+                raise skipped[0]
+            return None
+        if launch_identity()[0] == 0:  # every rank checks; one says it
+            for exc in skipped:  # each damaged one, newest first; one write per line
+                sys.stderr.write(f"warning: skipping a damaged checkpoint: {exc}\n")
+            sys.stderr.flush()
+        return found[1]
     path = Path(resume).expanduser()
     if not path.exists():
         raise ValueError(f"checkpoint.resume={resume!r} must be never, auto or the path of a "
@@ -312,6 +325,7 @@ def save_checkpoint(
         state[f"rng.rank{ctx.rank}.{kind}"] = t
     with _single_process_quiet():  # returns once every rank's files and .metadata are written
         dcp.save(state, storage_writer=dcp.FileSystemWriter(tmp), no_dist=_single_process())
+    faults.on_save(step)  # testing hook (train/faults.py); returns at once unless armed
     if ctx.rank == 0:
         for name, src in (files or {}).items():
             shutil.copyfile(src, tmp / name)

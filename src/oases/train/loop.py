@@ -54,6 +54,7 @@ from oases.plan import ParallelPlan
 from oases.precision import resolve_precision, upcast
 from oases.schedule import Timeline, build_schedule, record_timeline
 from oases.train import checkpoint as ckpt
+from oases.train import faults
 from oases.train.agree import PeerError, agree_on_setup, agree_on_value
 from oases.train.console import Console
 from oases.train.data import Corpus, PackedBatches, load_corpus, tokenize_corpus
@@ -283,6 +284,7 @@ def train(
     console.start(start_step, end, t.steps, t.log_every, tokens_per_step)
     try:
         for step in range(start_step, end):
+            faults.on_step(step + 1)  # testing hook (train/faults.py); returns at once unless armed
             t0 = time.perf_counter()
             lr = lr_at(step, t)
             for group in optimizer.param_groups:
