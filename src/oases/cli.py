@@ -103,7 +103,8 @@ def _parser() -> argparse.ArgumentParser:
         allow_abbrev=False,
         help="choose every region's TP degree and the schedule under a memory budget",
         description="Simulate every uniform plan and schedule, solve for a degree per region "
-        "under the budget, print the chosen plan beside the best uniform ones and write it.",
+        "under the budget, print the chosen plan beside the others (each with what bounds its "
+        "step), write it and print the command that runs it.",
     )
     plan.add_argument("config", nargs="?", default=str(BENCH_CONFIG),
                       help=f"TOML run file (default: {BENCH_CONFIG})")
@@ -176,7 +177,7 @@ def _simulate_parser(commands: argparse._SubParsersAction) -> None:
                      help="plan of schedules without @PLAN: auto, tp=N or tp=N+ (default: auto)")
     sim.add_argument("--global-batch", type=int, default=None, metavar="B",
                      help="sequences per optimizer step (default: the run file's "
-                     "train.global_batch, else one micro-batch)")
+                     "train.global_batch, else one micro-batch: the largest of the rows)")
     sim.add_argument("--micro-batch", type=int, default=None, metavar="M",
                      help="sequences per model replica (per DP rank) per forward/backward, as "
                      "train.micro_batch and Megatron-LM count them: a plan at tp=t runs "
