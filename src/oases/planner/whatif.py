@@ -346,11 +346,12 @@ def describe_batch(rep: Report) -> str:
                  "replica at tp=t)")
     else:
         seqs = "sequence" if b.micro_batch == 1 else "sequences"
+        auto = (f"; auto plans keep that of tp={b.micro_batch_tp} ({b.micro_rows(world)} "
+                f"sequences; {src.get('micro_batch_tp', '--micro-batch-tp')})"
+                if any(r.spec.auto for r in rep.rows) else "")
         micro = (f"micro-batch {b.micro_batch} {seqs} per model replica (per DP rank, as "
                  f"train.micro_batch; {src.get('micro_batch', '--micro-batch')}): a plan at "
-                 f"tp=t runs {b.micro_batch}*{world}/t across the cluster; auto plans keep "
-                 f"that of tp={b.micro_batch_tp} ({b.micro_rows(world)} sequences; "
-                 f"{src.get('micro_batch_tp', '--micro-batch-tp')})")
+                 f"tp=t runs {b.micro_batch}*{world}/t across the cluster{auto}")
     return (f"{g} sequences per step ({src.get('global_batch', '--global-batch')}); {micro}; "
             "fp32 weights, AdamW")
 
