@@ -287,15 +287,8 @@ def _profile(ns: argparse.Namespace, overrides: list[str]) -> int:
 
 
 def _plan(ns: argparse.Namespace, overrides: list[str]) -> int:
-    from oases.planner import (
-        costs_budget,
-        describe_batch,
-        format_candidates,
-        load_costs,
-        plan_model,
-    )
-    from oases.planner.models import describe_model
-    from oases.planner.report import run_command
+    from oases.planner import costs_budget, format_candidates, load_costs, plan_model
+    from oases.planner.report import plan_header, run_command
 
     try:
         cfg = load_config(ns.config, overrides)
@@ -306,18 +299,13 @@ def _plan(ns: argparse.Namespace, overrides: list[str]) -> int:
         schedules = tuple(s for s in ns.schedules.split(",") if s) if ns.schedules else None
         best, candidates = plan_model(cfg, ns.world_size, costs, budget.bytes, schedules)
         best.plan.save(ns.out)
-        cluster = getattr(costs, "cluster", None)
-        where = (f"hardware {costs.describe().split(' Sources: ')[0]}" if cluster is not None
-                 else f"profile {ns.profile}: {_profile_line(costs)}")
-        table = format_candidates(best, candidates, budget.bytes,
-                                  tokens_per_step=cfg.train.global_batch * cfg.model.seq_len)
-        text = "\n".join([f"model    {ns.config}: {describe_model(cfg.model)}",
-                          f"costs    {where}",
-                          f"world    {ns.world_size} ranks",
-                          f"batch    {describe_batch(cfg, ns.world_size)}",
-                          f"budget   {budget.text}", "", table])
+        text = "\n".join([
+            plan_header(ns.config, cfg, costs, ns.profile, ns.world_size, budget), "",
+            format_candidates(best, candidates, budget.bytes,
+                              tokens_per_step=cfg.train.global_batch * cfg.model.seq_len)])
         print(text)
         print(f"wrote {ns.out}")
+        cluster = getattr(costs, "cluster", None)
         print(run_command(ns.config, overrides, ns.out, ns.world_size,
                           None if cluster is None else cluster.server.gpus_per_server))
         if ns.verify:
@@ -326,13 +314,6 @@ def _plan(ns: argparse.Namespace, overrides: list[str]) -> int:
         print(f"error: {exc}", file=sys.stderr)
         return EXIT_USER_ERROR
     return 0
-
-
-def _profile_line(profile: object) -> str:
-    m = getattr(profile, "machine", {}) or {}
-    return (f"measured on {m.get('world_size', '?')} {m.get('device', 'cpu')} ranks "
-            f"({m.get('cpu', 'unknown CPU')}), {m.get('backend', '?')}, "
-            f"link {m.get('link', 'unknown')}")
 
 
 def _verify(ns: argparse.Namespace, overrides: list[str], cfg: Config, best, candidates,  # noqa: ANN001

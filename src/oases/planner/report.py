@@ -14,6 +14,8 @@ from __future__ import annotations
 
 import shlex
 
+from oases.config import Config
+from oases.planner.budget import Budget
 from oases.planner.search import Candidate
 from oases.planner.simulate import PlanResult
 
@@ -99,6 +101,24 @@ def format_candidates(best: Candidate, candidates: list[Candidate], budget_bytes
     if s.bound() == "DP comm":
         lines.append(DP_NOTE)
     return "\n".join(lines)
+
+
+def plan_header(config: str, cfg: Config, costs: object, profile: str | None, world_size: int,
+                budget: Budget) -> str:
+    """``oases plan``'s first lines: the model, the costs, the world, the batch, the budget."""
+    from oases.planner import describe_batch
+    from oases.planner.models import describe_model
+
+    if getattr(costs, "cluster", None) is not None:
+        where = f"hardware {costs.describe().split(' Sources: ')[0]}"
+    else:
+        m = getattr(costs, "machine", {}) or {}
+        where = (f"profile {profile}: measured on {m.get('world_size', '?')} "
+                 f"{m.get('device', 'cpu')} ranks ({m.get('cpu', 'unknown CPU')}), "
+                 f"{m.get('backend', '?')}, link {m.get('link', 'unknown')}")
+    return "\n".join([f"model    {config}: {describe_model(cfg.model)}", f"costs    {where}",
+                      f"world    {world_size} ranks",
+                      f"batch    {describe_batch(cfg, world_size)}", f"budget   {budget.text}"])
 
 
 def run_command(config: str, overrides: list[str], plan_path: str, world_size: int,

@@ -161,8 +161,8 @@ def solve_plan(cfg: ModelConfig, costs: Costs, world_size: int, batch: BatchShap
 
     Where no plan fits, every chain's leanest plan (``_ChainModel.leanest``: the least peak
     of the additive memory model) is simulated, and the chains near the least peak are searched
-    again under it (``_least_memory``); if still nothing fits, ValueError names that least
-    peak, a budget at which this search finds a plan."""
+    again under it (``_least_memory``); neither depends on the budget, so at a budget of that
+    least peak they find the plan that has it. If still nothing fits, ValueError names it."""
     degrees = degrees or candidate_degrees(cfg, world_size)
     names = region_names(cfg)
     candidates: list[Candidate] = []
@@ -215,8 +215,10 @@ def solve_plan(cfg: ModelConfig, costs: Costs, world_size: int, batch: BatchShap
             if lean is not None and not known(lean.plan):
                 candidates.append(lean)
         fitting = [c for c in candidates if c.fits]
-    if not fitting:
+    if not fitting:  # and the chains searched again under the least peak (budget-blind)
         least = _least_memory(candidates, models, known, budget_bytes)
+        fitting = [c for c in candidates if c.fits]
+    if not fitting:
         raise ValueError(f"no plan fits in {budget_bytes / 2**30:.3f} GiB per device; the "
                          f"smallest feasible budget is {least.result.peak_mem_bytes / 2**30:.3f}"
                          f" GiB ({least.label()}): the least peak of the {len(candidates)} "

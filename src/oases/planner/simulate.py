@@ -19,7 +19,11 @@ times. ``simulate_plan`` builds them for a whole ``ParallelPlan`` from a ``plann
 reshards between degrees, DP gradient all-reduces per region group, the optimizer step, and peak
 memory by walking the same program (parameters, gradients, Adam moments, the activations each
 forward piece keeps until its backward, a recompute's transient graph, the head's logits).
-Collectives of groups over the same ranks share one stream (one link); others run beside them.
+Collectives of groups over the same ranks share one stream (one link); others run beside them,
+except the data-parallel gradient all-reduces, which share one stream whatever their group: a
+plan mixing degrees reduces its regions over DP groups of different sizes, but every one of them
+crosses the same links (each server's ports between servers, which the price of one already
+shares among all the server's GPUs), so two at once would book those links twice.
 Shape legend: b sub-batch rows, S sequence, H hidden, F ffn, V vocabulary, t TP degree.
 """
 
@@ -305,8 +309,8 @@ def simulate_plan(cfg: ModelConfig, plan: ParallelPlan, costs: Costs, world_size
                       act_bytes[index])
 
     def stream_of(kind: str, index: int) -> Hashable:
-        if kind == "dp":
-            return _group_ranks("dp", degrees[index], 0, world_size)
+        if kind == "dp":  # every DP group's all-reduce crosses the same links: one stream
+            return "dp"
         if kind in ("rsf", "rsb"):
             lo, hi = sorted((degrees[index - 1], degrees[index]))
             return _group_ranks("merge", lo, hi, world_size)
