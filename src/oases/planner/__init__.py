@@ -63,8 +63,9 @@ def describe_batch(cfg: Config, world_size: int) -> str:
     """One line: the batch the planner plans, and what ``train.micro_batch`` counts."""
     b = batch_shape(cfg, world_size)
     t, m = cfg.parallel.tp, cfg.train.micro_batch
+    seqs = "sequence" if m == 1 else "sequences"
     return (f"{b.global_batch} sequences per step (train.global_batch) = {b.n_micro()} "
-            f"micro-batch(es) of {m} sequences per model replica (train.micro_batch, per DP "
+            f"micro-batch(es) of {m} {seqs} per model replica (train.micro_batch, per DP "
             f"rank at parallel.tp={t}) = {b.micro_rows} across the {world_size} ranks, which every "
             f"plan keeps (a region at tp=t gives each replica {b.micro_rows}*t/{world_size})")
 
