@@ -10,8 +10,11 @@ memory per GPU and the speedup over the first schedule listed. Entries look like
     oases@auto             the planner: a degree per region, under the memory budget
 
 "auto" searches the powers of two up to the GPUs of one server (``max_tp``), doubling that cap
-while no plan fits. Collectives are priced by their groups' ranks (ring inside a server,
-hierarchical across servers; TP groups are contiguous ranks, DP groups strided).
+while no plan fits, and 1, 2, 4 (and ``--n-sub``) sub-batches; then also the degrees every other
+auto row's search found. Collectives are priced by their groups' ranks (ring inside a server,
+hierarchical across servers; TP groups are contiguous ranks, DP groups strided). The batch is
+given in training's terms (``BatchSpec``: micro-batch per model replica); each row says what
+bounds its step (``PlanResult.step_parts``).
 """
 
 from __future__ import annotations
@@ -25,7 +28,7 @@ from pathlib import Path
 from oases.config import ModelConfig
 from oases.plan import ParallelPlan, RegionPlan
 from oases.planner.budget import Budget
-from oases.planner.clusters import Cluster, check_world_size, get_cluster, load_cluster
+from oases.planner.clusters import Cluster, get_cluster, load_cluster
 from oases.planner.hardware import HardwareCosts
 from oases.planner.report import DP_NOTE, PARTS_NOTE, parts_cells, parts_header, parts_json
 from oases.planner.search import candidate_degrees, solve_plan
@@ -221,7 +224,6 @@ def simulate_cluster(cfg: ModelConfig, cluster: Cluster, entries: list[tuple[str
         budget = Budget(budget, f"{budget / 2**30:.2f} GiB per device")
     costs = HardwareCosts(cluster, cfg, dtype)
     world = cluster.world_size
-    check_world_size(cluster, world)
     degrees = candidate_degrees(cfg, world)
     global_batch = batch.global_batch or max(
         batch.micro_rows(world, None if spec.auto else spec.tp) for _, spec in entries)
