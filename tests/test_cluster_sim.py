@@ -196,8 +196,8 @@ def test_chain_solvers_agree_with_brute_force(monkeypatch):
     binding) against brute force; solve_chain falls back to the MILP when fronts grow."""
     import numpy as np
 
-    from oases.planner import search
-    from oases.planner.search import (
+    from oases.planner import chain as search
+    from oases.planner.chain import (
         _solve_chain_milp,
         solve_chain,
         solve_chain_brute,
@@ -328,7 +328,7 @@ def test_simulate_writes_json_and_png(capsys, tmp_path):
                            "megatron-recompute@tp=2,merak@tp=2,oases", "--global-batch", "8",
                            "--micro-batch", "4", "--out", str(tmp_path / "out"))
     assert code == 0, err
-    assert "vs megatron-recompute" in out and "oases (auto) degrees by region" in out
+    assert "vs megatron-recompute" in out and "oases@auto degrees by region" in out
     data = json.loads((tmp_path / "out" / "simulate.json").read_text())
     assert [r["schedule"] for r in data["rows"]] == ["megatron-recompute", "merak", "oases"]
     assert data["rows"][0]["speedup"] == 1.0 and data["cluster"]["servers"] == 2

@@ -5,7 +5,7 @@ import time
 import numpy as np
 import pytest
 
-from oases.planner.search import min_memory_bytes, solve_chain, solve_chain_brute
+from oases.planner.chain import min_memory_bytes, solve_chain, solve_chain_brute
 
 
 def _problem(rng, n, k):

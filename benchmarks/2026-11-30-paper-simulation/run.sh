@@ -16,10 +16,12 @@ MODELS=(paper-h1024-l24:4 paper-h2048-l24:4 paper-h3072-l24:4 paper-h4096-l16:4
         paper-h6144-l16:8 paper-h8192-l8:8 paper-h12288-l4:8)
 
 simulate() {  # model tp out [extra args]
+  # --micro-batch counts sequences per model replica (per TP group at tp=$2); auto keeps the
+  # cluster micro-batch of that degree (--micro-batch-tp)
   local micro=$((4 * 32 / $2))
   nice .venv/bin/oases simulate --model "$1" --cluster paper-3090-pcie-32 \
     --schedules "megatron-recompute@tp=$2,merak@tp=$2,oases@tp=$2,oases@auto" \
-    --micro-batch "$micro" --global-batch $((20 * micro)) --out "$3" "${@:4}"
+    --micro-batch 4 --micro-batch-tp "$2" --global-batch $((20 * micro)) --out "$3" "${@:4}"
 }
 
 for entry in "${MODELS[@]}"; do  # the preset's link between servers: 100 Gb Ethernet

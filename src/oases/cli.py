@@ -161,15 +161,19 @@ def _parser() -> argparse.ArgumentParser:
         formatter_class=_HelpFormatter,
         help="choose every region's TP degree and the schedule under a memory budget",
         description="Simulate every uniform plan and schedule, solve for a degree per region "
-        "under the budget, print the chosen plan beside the best uniform ones and write it.",
+        "under the budget, print the chosen plan beside the others (each with what bounds its "
+        "step), write it and print the command that runs it.",
     )
     plan.add_argument("config", nargs="?", default=str(BENCH_CONFIG),
                       help=f"TOML run file (default: {BENCH_CONFIG})")
     plan.add_argument("--world-size", type=int, required=True, metavar="N",
                       help="ranks (GPUs) to plan for; the batch is the config's "
-                      "train.global_batch, fed train.micro_batch per rank at parallel.tp")
-    plan.add_argument("--memory-gb", type=float, default=0.0, metavar="M",
-                      help="memory budget per device in GiB (default: none)")
+                      "train.global_batch, fed train.micro_batch sequences per model replica "
+                      "(per DP rank) at parallel.tp, which every plan keeps across the world")
+    plan.add_argument("--memory-gb", type=float, default=0.0, metavar="G",
+                      help="memory budget per device in GB = 10^9 bytes, as printed on the "
+                      "card (default: 95%% of the GPU's memory with --hardware; none with a "
+                      "--profile of CPU ranks; memory is printed in GiB = 2^30 bytes)")
     source = plan.add_mutually_exclusive_group(required=True)
     source.add_argument("--profile", metavar="FILE", help="a profile from `oases profile`")
     source.add_argument("--hardware", metavar="PRESET",
@@ -213,14 +217,17 @@ def _simulate_parser(commands: argparse._SubParsersAction) -> None:
         allow_abbrev=False,
         help="predict schedules and plans of a model on a cluster preset or cluster file",
         description="Simulate each schedule on a cluster without the hardware: step time, "
-        "tokens/s, peak memory per GPU and the speedup over the first schedule listed; with "
-        "auto, the plan (a TP degree per region) the planner picks for that cluster. Writes "
-        "simulate.json and a timeline PNG to --out.",
+        "tokens/s, peak memory per GPU, the speedup over the first schedule listed and what "
+        "bounds each step (compute, TP communication, DP communication, reshards, optimizer); "
+        "with auto, the plan (a TP degree per region) the planner picks for that cluster. "
+        "Writes simulate.json and a timeline PNG to --out.",
         epilog=help_text(),
         formatter_class=_HelpFormatter,
     )
     sim.add_argument("--model", required=True, metavar="PRESET|CONFIG",
-                     help="a model preset (paper-h1024-l24, ...) or a TOML run file")
+                     help="a model preset (paper-h1024-l24, ...) or a TOML run file (its "
+                     "[model]; its train.global_batch, train.micro_batch and parallel.tp "
+                     "where it sets them and no flag does)")
     sim.add_argument("--cluster", required=True, metavar="PRESET|FILE",
                      help="a cluster preset or a cluster TOML/JSON file (see below)")
     sim.add_argument("--schedules", default="megatron-recompute,merak,oases",
@@ -229,13 +236,24 @@ def _simulate_parser(commands: argparse._SubParsersAction) -> None:
     sim.add_argument("--plan", default="auto",
                      help="plan of schedules without @PLAN: auto, tp=N or tp=N+ (default: auto)")
     sim.add_argument("--global-batch", type=int, default=None, metavar="B",
-                     help="sequences per optimizer step (default: one micro-batch)")
+                     help="sequences per optimizer step (default: the run file's "
+                     "train.global_batch, else one micro-batch: the largest of the rows)")
     sim.add_argument("--micro-batch", type=int, default=None, metavar="M",
-                     help="sequences per micro-batch across the cluster: a TP group of degree t "
-                     "gets M * t / GPUs of them (default: one per GPU)")
+                     help="sequences per model replica (per DP rank) per forward/backward, as "
+                     "train.micro_batch and Megatron-LM count them: a plan at tp=t runs "
+                     "M*GPUs/t across the cluster per micro-batch (default: the run file's "
+                     "train.micro_batch, else one sequence per GPU)")
+    sim.add_argument("--micro-batch-tp", type=int, default=None, metavar="T",
+                     help="auto plans mix degrees, so they keep the cluster micro-batch of "
+                     "tp=T, M*GPUs/T (default: the run file's parallel.tp with its "
+                     "micro_batch, else one server's GPUs)")
     sim.add_argument("--memory-gb", type=float, default=0.0, metavar="G",
-                     help="memory budget per GPU in GiB (default: 95%% of the GPU's memory)")
-    sim.add_argument("--n-sub", type=int, default=2, help="sub-batches of overlapped schedules")
+                     help="memory budget per GPU in GB = 10^9 bytes, as printed on the card "
+                     "(default: 95%% of the GPU's memory; memory is printed in GiB = 2^30 "
+                     "bytes)")
+    sim.add_argument("--n-sub", type=int, default=2,
+                     help="sub-batches of overlapped schedules at a fixed plan (tp=N); auto "
+                     "plans search 1, 2, 4 and this (default: %(default)s)")
     sim.add_argument("--max-tp", type=int, default=None, metavar="N",
                      help="auto: largest TP degree (default: GPUs per server, more only if "
                      "nothing fits)")
@@ -247,9 +265,10 @@ def _simulate_parser(commands: argparse._SubParsersAction) -> None:
 
 
 def _simulate(ns: argparse.Namespace, overrides: list[str]) -> int:
+    from oases.planner.budget import memory_budget
     from oases.planner.models import load_model
-    from oases.planner.simulate import BatchShape
     from oases.planner.whatif import (
+        batch_spec,
         format_report,
         load_any_cluster,
         parse_entries,
@@ -259,12 +278,9 @@ def _simulate(ns: argparse.Namespace, overrides: list[str]) -> int:
 
     cfg = load_model(ns.model)
     cluster = load_any_cluster(ns.cluster, ns.inter_gbps)
-    micro = ns.micro_batch or cluster.world_size
-    batch = BatchShape(ns.global_batch or micro, micro)
-    if micro < 1 or batch.global_batch < 1 or batch.global_batch % micro or ns.n_sub < 1:
-        raise ValueError(f"--global-batch={batch.global_batch} must be a positive multiple "
-                         f"of --micro-batch={micro}, and --n-sub={ns.n_sub} >= 1")
-    budget = ns.memory_gb * 2**30 if ns.memory_gb > 0 else 0.95 * cluster.memory_bytes
+    batch = batch_spec(ns.model, cluster, ns.global_batch, ns.micro_batch,
+                       ns.micro_batch_tp)
+    budget = memory_budget(ns.memory_gb, cluster.memory_bytes, cluster.server.gpu.name)
     report = simulate_cluster(cfg, cluster, parse_entries(ns.schedules, ns.plan), batch,
                               budget, n_sub=ns.n_sub, max_tp=ns.max_tp, dtype=ns.dtype,
                               model_name=ns.model)
@@ -315,22 +331,28 @@ def _profile(ns: argparse.Namespace, overrides: list[str]) -> int:
 
 
 def _plan(ns: argparse.Namespace, overrides: list[str]) -> int:
-    from oases.planner import format_candidates, load_costs, plan_model
+    from oases.planner import costs_budget, format_candidates, load_costs, plan_model
+    from oases.planner.report import plan_header, run_command
 
     cfg = load_config(ns.config, overrides)
-    if ns.world_size < 1 or ns.memory_gb < 0:
-        raise ValueError(f"--world-size={ns.world_size} must be >= 1 and "
-                         f"--memory-gb={ns.memory_gb} >= 0")
+    if ns.world_size < 1:
+        raise ValueError(f"--world-size={ns.world_size} must be >= 1")
     costs = load_costs(ns.profile or f"hw:{ns.hardware}", cfg.model)
-    budget = ns.memory_gb * 2**30 if ns.memory_gb > 0 else float("inf")
+    budget = costs_budget(ns.memory_gb, costs)
     schedules = tuple(s for s in ns.schedules.split(",") if s) if ns.schedules else None
-    best, candidates = plan_model(cfg, ns.world_size, costs, budget, schedules)
+    best, candidates = plan_model(cfg, ns.world_size, costs, budget.bytes, schedules)
     best.plan.save(ns.out)
-    text = format_candidates(best, candidates, budget)
+    text = "\n".join([
+        plan_header(ns.config, cfg, costs, ns.profile, ns.world_size, budget), "",
+        format_candidates(best, candidates, budget.bytes,
+                          tokens_per_step=cfg.train.global_batch * cfg.model.seq_len)])
     print(text)
     print(f"wrote {ns.out}")
+    cluster = getattr(costs, "cluster", None)
+    print(run_command(ns.config, overrides, ns.out, ns.world_size,
+                      None if cluster is None else cluster.server.gpus_per_server))
     if ns.verify:
-        return _verify(ns, overrides, cfg, best, candidates, budget, text)
+        return _verify(ns, overrides, cfg, best, candidates, budget.bytes, text)
     return 0
 
 

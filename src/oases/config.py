@@ -122,7 +122,8 @@ class ParallelConfig:
     from ``oases plan``) giving every region its own degree, which then replaces ``tp``;
     "auto" = the planner picks one for this world size (``oases.planner.auto_plan``) with the
     costs of ``profile`` (a file from ``oases profile``, or ``hw:PRESET`` / ``hw:CLUSTER.toml``)
-    under ``memory_gb`` per device (0 = no budget).
+    under ``memory_gb`` GB (10^9 bytes) per device (0: the planner's default, 95% of a hardware
+    preset's GPU, none for a profile of CPU ranks; ``oases.planner.budget``).
     """
 
     tp: int = 1

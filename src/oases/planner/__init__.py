@@ -2,24 +2,30 @@
 choose every region's TP degree and the schedule knobs under a memory budget.
 
     costs     = load_costs("profile.json" | "hw:PRESET" | "hw:cluster.toml", cfg.model)
-    best, all = plan_model(cfg, world_size, costs, budget_bytes)
-    print(format_candidates(best, all, budget_bytes))
+    budget    = costs_budget(memory_gb, costs)      # GB in, GiB out; 0: the default
+    best, all = plan_model(cfg, world_size, costs, budget.bytes)
+    print(format_candidates(best, all, budget.bytes))
 
 Modules: ``costs`` (the interface, parameter and activation sizes), ``profile`` (a measured
 profile; ``bench.profile_runner`` measures it), ``hardware``/``clusters`` (presets), ``models``
-(the paper's models), ``simulate`` (programs on costs), ``search`` (the chain solver and the
-plan search), ``verify`` (prediction against measurement), ``whatif`` (``oases simulate``).
+(the paper's models), ``simulate`` (programs on costs), ``chain`` (the chain solvers),
+``search`` (the plan search), ``budget`` (the memory budget: unit and default), ``report``
+(what plan and simulate print), ``verify`` (prediction against measurement), ``whatif``
+(``oases simulate``).
 Nothing here calls ``torch.distributed``: what needs ranks lives in ``oases.bench``.
 """
 
 from __future__ import annotations
 
 from oases.config import Config, ModelConfig
+from oases.planner.budget import costs_budget
 from oases.planner.costs import Costs
+from oases.planner.report import format_candidates
 from oases.planner.search import Candidate, solve_plan
 from oases.planner.simulate import BatchShape
 
-__all__ = ["auto_plan", "batch_shape", "format_candidates", "load_costs", "plan_model"]
+__all__ = ["auto_plan", "batch_shape", "costs_budget", "describe_batch", "format_candidates",
+           "load_costs", "plan_model"]
 
 
 def load_costs(source: str, model: ModelConfig) -> Costs:
@@ -53,12 +59,28 @@ def batch_shape(cfg: Config, world_size: int) -> BatchShape:
     return BatchShape(cfg.train.global_batch, micro_rows)
 
 
+def describe_batch(cfg: Config, world_size: int) -> str:
+    """One line: the batch the planner plans, and what ``train.micro_batch`` counts."""
+    b = batch_shape(cfg, world_size)
+    t, m = cfg.parallel.tp, cfg.train.micro_batch
+    seqs = "sequence" if m == 1 else "sequences"
+    return (f"{b.global_batch} sequences per step (train.global_batch) = {b.n_micro()} "
+            f"micro-batch(es) of {m} {seqs} per model replica (train.micro_batch, per DP "
+            f"rank at parallel.tp={t}) = {b.micro_rows} across the {world_size} ranks, which every "
+            f"plan keeps (a region at tp=t gives each replica {b.micro_rows}*t/{world_size})")
+
+
 def plan_model(cfg: Config, world_size: int, costs: Costs, budget_bytes: float,
                schedules: tuple[str, ...] | None = None,
                n_subs: tuple[int, ...] = (1, 2, 4)) -> tuple[Candidate, list[Candidate]]:
     from oases.planner.search import candidate_degrees
     from oases.schedule.program import SPECS
 
+    cluster = getattr(costs, "cluster", None)
+    if cluster is not None:
+        from oases.planner.clusters import check_world_size
+
+        check_world_size(cluster, world_size)
     kw: dict = {}
     if schedules is not None:
         unknown = [s for s in schedules if s not in SPECS]
@@ -82,47 +104,12 @@ def plan_model(cfg: Config, world_size: int, costs: Costs, budget_bytes: float,
 
 def auto_plan(cfg: Config, world_size: int):  # noqa: ANN201 - ParallelPlan
     """``parallel.plan = "auto"``: plan with ``parallel.profile`` under ``parallel.memory_gb``
-    (0: no budget)."""
+    GB per device (0: the default of ``planner.budget``, as ``oases plan``)."""
     source = cfg.parallel.profile
     if not source:
         raise ValueError('parallel.plan = "auto" needs parallel.profile: a file written by '
                          "`oases profile`, or hw:PRESET")
-    budget = cfg.parallel.memory_gb * 2**30 or float("inf")
-    best, _ = plan_model(cfg, world_size, load_costs(source, cfg.model), budget)
+    costs = load_costs(source, cfg.model)
+    best, _ = plan_model(cfg, world_size, costs, costs_budget(cfg.parallel.memory_gb,
+                                                              costs).bytes)
     return best.plan
-
-
-def format_candidates(best: Candidate, candidates: list[Candidate], budget_bytes: float,
-                      top: int = 12) -> str:
-    """The chosen plan, then the best uniform plan per degree and the fastest others, with
-    why each loses (slower by how much, or over the budget by how much)."""
-
-    def row(c: Candidate, why: str) -> str:
-        return (f"  {c.label():<44}{c.result.step_s * 1e3:>10.1f} ms"
-                f"{c.result.peak_mem_bytes / 2**30:>9.3f} GiB  {why}")
-
-    def why(c: Candidate) -> str:
-        if c is best:
-            return "chosen"
-        if not c.fits:
-            return f"over budget by {(c.result.peak_mem_bytes - budget_bytes) / 2**30:.3f} GiB"
-        return f"{c.result.step_s / best.result.step_s - 1:+.1%} slower"
-
-    lines = [f"chosen: {best.label()}; predicted {best.result.step_s * 1e3:.1f} ms per step, "
-             f"peak {best.result.peak_mem_bytes / 2**30:.3f} GiB per device"
-             + ("" if budget_bytes == float("inf") else
-                f" (budget {budget_bytes / 2**30:.3f} GiB)"),
-             f"degrees by region: {best.plan.degree_runs()}", "",
-             f"  {'plan':<44}{'step':>13}{'peak':>13}"]
-    uniform: dict[int, Candidate] = {}
-    for c in candidates:
-        if c.kind == "uniform" and c.fits:
-            t = c.plan.degrees()[0]
-            if t not in uniform or c.result.step_s < uniform[t].result.step_s:
-                uniform[t] = c
-    shown = [best, *sorted((u for u in uniform.values() if u is not best),
-                           key=lambda c: c.result.step_s)]
-    rest = sorted((c for c in candidates if c not in shown), key=lambda c: c.result.step_s)
-    for c in (shown + rest)[:top]:
-        lines.append(row(c, why(c)))
-    return "\n".join(lines)

@@ -1,8 +1,9 @@
 """What the hardware is: GPUs, links, servers and clusters, named presets, cluster files.
 
 Every number comes from a public specification named in its ``source``; efficiencies (the part
-of a peak that real kernels and collectives reach) are calibrated where PAPER.md gives measured
-figures (the RTX 3090 server) and stated as assumptions elsewhere. ``planner.hardware`` turns a
+of a peak that real kernels and collectives reach) are calibrated where the Oases paper (Li et
+al., IEEE TPDS 2025) publishes measured figures (its RTX 3090 servers) and stated as assumptions
+elsewhere. ``planner.hardware`` turns a
 cluster and a model into seconds. A user describes their own cluster in a TOML or JSON file
 with the same fields (``load_cluster``); a GPU or link may be given by preset name.
 
@@ -139,8 +140,9 @@ GPUS: dict[str, GPU] = {
                                     "fp16": 71e12},
         24e9, 936e9, 0.90, 0.82,
         f"{_AMPERE}: 35.6 TFLOP/s fp32 and tf32 dense, 71 bf16/fp16 with fp32 accumulate, "
-        "24 GB GDDR6X at 936 GB/s. Efficiencies calibrated on PAPER.md's profile (H=2048, "
-        "t=4: attention forward 3.24 ms, MLP forward 2.69 ms), see planner.hardware"),
+        "24 GB GDDR6X at 936 GB/s. Efficiencies calibrated on the profile the Oases paper (Li et "
+        "al., IEEE TPDS 2025) publishes (H=2048, t=4: attention forward 3.24 ms, MLP forward "
+        "2.69 ms), see planner.hardware"),
     "a100": GPU(
         "NVIDIA A100 SXM4 80GB", {"fp32": 19.5e12, "tf32": 156e12, "bf16": 312e12,
                                   "fp16": 312e12},
@@ -168,8 +170,9 @@ LINKS: dict[str, Link] = {
     # in-server
     "pcie3-x16-geforce": Link(
         "PCIe 3.0 x16, GeForce (no peer-to-peer)", 5e-6, 15.75e9,
-        _PCIE.format(gt=8, gbs=15.75) + "; efficiency 0.44 calibrated on PAPER.md's 4-GPU "
-        "all-reduce of the H=2048 block output (32 MiB fp32, 7.29 ms): GeForce cards have no "
+        _PCIE.format(gt=8, gbs=15.75) + "; efficiency 0.44 calibrated on the Oases paper's "
+        "(Li et al., IEEE TPDS 2025) measured 4-GPU all-reduce of the H=2048 block output (32 "
+        "MiB fp32, 7.29 ms): GeForce cards have no "
         "PCIe peer-to-peer, so NCCL stages every transfer through host memory", 0.44),
     "pcie4-x16": Link("PCIe 4.0 x16", 5e-6, 31.5e9,
                       _PCIE.format(gt=16, gbs=31.5) + "; efficiency 0.8 assumed", 0.8),
@@ -205,14 +208,15 @@ LINKS: dict[str, Link] = {
 
 _3090_PCIE = Server(4, GPUS["rtx3090"], LINKS["pcie3-x16-geforce"])
 _3090_NVLINK = Server(4, GPUS["rtx3090"], LINKS["pcie3-x16-geforce"], LINKS["nvlink-bridge-3090"])
-_PAPER = ("PAPER.md: 4 RTX 3090 per server, 8 servers; the paper does not name the network "
-          "between servers, 100 Gb Ethernet (one port per server) is assumed")
+_OASES = "the Oases paper (Li et al., IEEE TPDS 2025), its evaluation"
+_PAPER = (f"{_OASES}: 8 servers of 4 RTX 3090; the paper does not name the network between "
+          "servers, 100 Gb Ethernet (one port per server) is assumed")
 _DGX = "DGX {gpu} server: 8 GPUs on NVSwitch"
 CLUSTERS: dict[str, Cluster] = {
     "rtx3090-pcie": Cluster("rtx3090-pcie", 1, _3090_PCIE,
-                            source="PAPER.md: a server of 4 RTX 3090 over PCIe 3.0"),
+                            source=f"{_OASES}: a server of 4 RTX 3090 over PCIe 3.0"),
     "rtx3090-nvlink": Cluster("rtx3090-nvlink", 1, _3090_NVLINK,
-                              source="PAPER.md: 4 RTX 3090, NVLink bridges between pairs"),
+                              source=f"{_OASES}: 4 RTX 3090, NVLink bridges between pairs"),
     "a100-nvlink": Cluster("a100-nvlink", 1, Server(8, GPUS["a100"], LINKS["nvswitch-a100"]),
                            source=_DGX.format(gpu="A100")),
     "h100-nvlink": Cluster("h100-nvlink", 1, Server(8, GPUS["h100"], LINKS["nvswitch-h100"]),
@@ -240,6 +244,31 @@ def get_cluster(name: str) -> Cluster:
     if name not in CLUSTERS:
         raise ValueError(f"unknown cluster preset {name!r}; valid: {', '.join(CLUSTERS)}")
     return CLUSTERS[name]
+
+
+def describe_shape(cluster: Cluster) -> str:
+    """"one server of 4 GPUs" or "8 servers x 4 GPUs (32)"."""
+    gps = cluster.server.gpus_per_server
+    if cluster.servers == 1:
+        return f"one server of {gps} GPUs"
+    return f"{cluster.servers} servers x {gps} GPUs ({cluster.world_size})"
+
+
+def check_world_size(cluster: Cluster, world_size: int) -> None:
+    """ValueError when ``world_size`` ranks do not fit on ``cluster``, naming the cluster
+    presets that have that many GPUs (a plan for fewer ranks uses the first servers)."""
+    if 1 <= world_size <= cluster.world_size:
+        return
+    if world_size < 1:
+        raise ValueError(f"--world-size={world_size} must be >= 1")
+    same = [n for n, c in CLUSTERS.items() if c.world_size == world_size]
+    presets = (f"the cluster presets with {world_size} GPUs are {', '.join(same)}" if same else
+               f"no cluster preset has {world_size} GPUs (" + ", ".join(
+                   f"{n}: {c.world_size}" for n, c in CLUSTERS.items() if c.servers > 1) + ")")
+    raise ValueError(f"{cluster.name} is {describe_shape(cluster)}, fewer than --world-size "
+                     f"{world_size}: {presets}; or describe yours in a cluster file with "
+                     f"servers x gpus_per_server = {world_size} (`oases simulate --help` shows "
+                     "one)")
 
 
 def group_spans_servers(cluster: Cluster, ranks: typing.Iterable[int]) -> bool:

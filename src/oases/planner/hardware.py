@@ -19,8 +19,9 @@ S x S, and the [b, A/t, S, S] scores written by QK^T, masked and softmaxed in pl
 passes), dropped out, and read by AV; ``attention="fused"`` prices a flash-style kernel instead
 (causal: half the flops, no score traffic).
 
-Calibration, RTX 3090 (PAPER.md section 4: GPT layer H=2048, 32 heads, S=1024, 4 sequences per
-TP group, t=4, fp32, dropout 0.1; milliseconds, measured -> this model, see tests)::
+Calibration, RTX 3090 (the profile table of the Oases paper, Li et al., IEEE TPDS 2025: GPT
+layer H=2048, 32 heads, S=1024, 4 sequences per TP group, t=4, fp32, dropout 0.1; milliseconds,
+measured -> this model, see tests)::
 
     attention forward   3.24 -> 3.23      attention backward  5.18 -> 4.98
     MLP forward         2.69 -> 2.68      MLP backward        5.08 -> 4.93
@@ -31,7 +32,8 @@ from the two forward times, and a PCIe efficiency of 0.44 (6.9 GB/s bus bandwidt
 nominal) from the all-reduce; the backward times are predictions. The other compute rows of
 that table (H=1024, H=4096 at t=4 and 16) come out within 17%, the H=1024 and H=4096 t=4
 all-reduces within 19%. (The t=16 all-reduce, 18.09 ms, is not reproduced: like the t=4 ones
-it looks timed over all 32 GPUs, the prototype's defect noted in PAPER.md section 5.)
+it looks timed over all 32 GPUs: the authors' prototype times all-reduces over the whole
+world instead of the TP group.)
 
 Shape legend: b rows (sequences of the sub-batch), S sequence, T = b*S tokens, H hidden, F ffn,
 A heads, K kv heads, D head dim, V vocabulary (padded to a multiple of t), t TP degree, e bytes
@@ -79,7 +81,8 @@ SCORE_BWD_PASSES = 8  # dP written, softmax backward (3), mask backward (2), two
 RESIDUAL_PASSES = 3  # x + r: two reads, one write
 OPTIMIZER_PASSES = 7  # AdamW over fp32 states: read param, grad, m, v; write param, m, v
 
-# The paper's reference GPT layer (PAPER.md section 4): what the bench's link presets speak for.
+# The Oases paper's reference GPT layer (its profile table): what the bench's link presets
+# speak for.
 PAPER_REFERENCE_MODEL = ModelConfig(arch="gpt2", n_layers=24, dim=2048, n_heads=32,
                                     vocab_size=50257, seq_len=1024, dropout=0.1)
 

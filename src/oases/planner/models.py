@@ -1,7 +1,7 @@
 """Named model shapes for planning and simulation: the paper's seven GPT models.
 
-PAPER.md section 4 evaluates seven GPT models on 32 RTX 3090s, given by hidden size H and
-layers L. Everything else is stated once here, the same for all seven:
+The Oases paper (Li et al., IEEE TPDS 2025) evaluates seven GPT models on 32 RTX 3090s, given
+by hidden size H and layers L. Everything else is stated once here, the same for all seven:
 
     heads H / 64 (head dim 64), sequence 1024, GPT-2 blocks (pre-LN, GELU MLP of 4H, learned
     positions, biases), GPT-2's vocabulary of 50257 tokens with the embedding tied to the head,

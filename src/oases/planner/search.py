@@ -1,38 +1,24 @@
-"""Choose the TP degree of every region of the chain: exact, under a memory budget.
+"""The plan search: every region's TP degree, the schedule and its sub-batch count, under a
+memory budget, judged by simulating whole plans (``planner.simulate``).
 
-The problem (PAPER.md section 3): a chain of N nodes (the attention and MLP regions of every
-layer); node n at degree option d costs ``node_s[n, d]`` seconds and ``node_bytes[n, d]`` bytes
-of device memory; consecutive nodes at options (d, e) pay ``edge_s[n, d, e]`` for the reshard
-between them (zero when d == e). Minimize total time subject to total memory <= budget::
-
-    min  sum_n node_s[n, x_n] + sum_n edge_s[n, x_n, x_{n+1}]
-    s.t. sum_n node_bytes[n, x_n] <= budget_bytes
-
-``solve_chain`` first solves the chain without the memory row by dynamic programming
-(``solve_chain_dp``, O(N K^2)): when that answer fits the budget it is the answer. Otherwise a
-dynamic program keeps, per node and option, every (time, memory) pair no other pair beats in
-both (``solve_chain_pareto``: exact; a few hundred pairs on a model's chain, whose layers cost
-the same). Only if a node's fronts grow past ``PARETO_LIMIT`` it writes an integer program
-(one-hot x per node, one-hot pair y per edge tied to both ends, one knapsack row) and solves it
-with HiGHS through ``scipy.optimize.milp`` (to its default relative gap, 1e-4). Every degree
-chosen is kept (no collapse to two degrees). ``solve_chain_brute`` is the slow obvious solver
-the tests compare them with.
-
-``solve_plan`` uses it on a model: node and edge costs from simulating uniform plans of the
-schedule, then the solver's plan is simulated whole and compared with every uniform plan, so the
-answer is the best plan by the same simulation that predicts every other.
+``solve_plan`` prices a model's chain for the chain solver (``planner.chain``): node and edge
+costs from simulating uniform plans of each schedule, memory per region from the same
+accounting; the solver's plan is then simulated whole and compared with every uniform plan (and
+any seeded one), so the answer is the best plan by the same simulation that predicts every
+other. Where nothing fits, the least memory of every plan considered is named.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import itertools
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
 
 from oases.config import ModelConfig
 from oases.plan import ParallelPlan, RegionPlan, region_names
+from oases.planner.chain import solve_chain, solve_chain_minmax
 from oases.planner.costs import (
     BYTES,
     OPTIMIZER_STATES,
@@ -51,205 +37,6 @@ from oases.planner.simulate import (
 from oases.schedule.program import SPECS
 
 
-@dataclass(frozen=True)
-class ChainSolution:
-    choice: tuple[int, ...]  # option index per node
-    time_s: float
-    memory_bytes: float
-
-
-def _check(node_s: np.ndarray, node_bytes: np.ndarray, edge_s: np.ndarray) -> tuple[int, int]:
-    n, k = node_s.shape
-    if node_bytes.shape != (n, k) or edge_s.shape != (max(n - 1, 0), k, k):
-        raise ValueError(f"shapes: node_s {node_s.shape}, node_bytes {node_bytes.shape}, "
-                         f"edge_s {edge_s.shape}; expected (N,K), (N,K), (N-1,K,K)")
-    return n, k
-
-
-def evaluate(choice: tuple[int, ...], node_s: np.ndarray, node_bytes: np.ndarray,
-             edge_s: np.ndarray) -> ChainSolution:
-    idx = np.arange(len(choice))
-    c = np.asarray(choice)
-    time = node_s[idx, c].sum() + sum(edge_s[i, c[i], c[i + 1]] for i in range(len(c) - 1))
-    return ChainSolution(tuple(int(v) for v in c), float(time), float(node_bytes[idx, c].sum()))
-
-
-def min_memory_bytes(node_bytes: np.ndarray) -> float:
-    """The smallest budget any choice fits in (each node at its leanest option)."""
-    masked = np.where(np.isfinite(node_bytes), node_bytes, np.inf)
-    return float(masked.min(axis=1).sum())
-
-
-def _infeasible(budget: float, node_bytes: np.ndarray) -> ValueError:
-    need = min_memory_bytes(node_bytes)
-    return ValueError(f"no plan fits in {budget / 2**30:.2f} GiB per device; the smallest "
-                      f"feasible budget is {need / 2**30:.2f} GiB")
-
-
-def solve_chain_dp(node_s: np.ndarray, edge_s: np.ndarray) -> tuple[int, ...]:
-    """The minimum-time choice ignoring memory (Viterbi over the chain; ties go to the lower
-    option). ``inf`` marks a banned option; ValueError when every choice is banned."""
-    n, k = node_s.shape
-    cost = node_s[0].copy()  # best time of nodes 0..i with node i at each option
-    back = np.zeros((max(n - 1, 0), k), dtype=int)
-    for i in range(1, n):
-        total = cost[:, None] + edge_s[i - 1]  # [from option d, to option e]
-        back[i - 1] = total.argmin(axis=0)
-        cost = total[back[i - 1], np.arange(k)] + node_s[i]
-    if not np.isfinite(cost.min()):
-        raise ValueError("every choice of the chain has a banned option")
-    choice = [int(cost.argmin())]
-    for i in range(n - 2, -1, -1):
-        choice.append(int(back[i, choice[-1]]))
-    return tuple(reversed(choice))
-
-
-PARETO_LIMIT = 100_000  # (time, memory) pairs kept at a node before the MILP takes over
-
-
-def solve_chain_pareto(node_s: np.ndarray, node_bytes: np.ndarray, edge_s: np.ndarray,
-                       budget_bytes: float) -> tuple[int, ...] | None:
-    """The minimum-time choice within the budget (``inf`` bans an option), exactly: walk the
-    chain keeping, for every option of the current node, the partial choices that no other
-    beats in both time and memory. None when a front outgrows ``PARETO_LIMIT`` (or nothing
-    fits)."""
-    n, k = node_s.shape
-    # Bounds that never cut an optimal choice: the fastest way to finish from node i at option
-    # e (memory ignored), the leanest memory the nodes after i need, and the time of a choice
-    # known to fit (each node at its leanest option, or a uniform choice that fits).
-    finish = np.zeros((n, k))
-    for i in range(n - 2, -1, -1):
-        finish[i] = (edge_s[i] + node_s[i + 1] + finish[i + 1]).min(axis=1)
-    lean_after = np.r_[np.cumsum(node_bytes.min(axis=1)[::-1])[::-1][1:], 0.0]
-    known = [tuple(int(v) for v in node_bytes.argmin(axis=1))]
-    known += [(d,) * n for d in range(k) if node_bytes[:, d].sum() <= budget_bytes]
-    upper = min(evaluate(c, node_s, node_bytes, edge_s).time_s for c in known)
-    upper = upper * (1 + 1e-12) + 1e-12 if np.isfinite(upper) else np.inf
-    # the front of node i: every kept partial choice, its option, time, memory, and where it
-    # came from (its index in node i-1's front); fronts are sorted by option
-    ok = np.isfinite(node_s[0]) & (node_bytes[0] <= budget_bytes)
-    opt = np.flatnonzero(ok)
-    t, m, parent = node_s[0, opt], node_bytes[0, opt], np.zeros(len(opt), dtype=int)
-    history = [(opt, parent)]
-    for i in range(1, n):
-        if not len(t):
-            return None
-        # every extension of every kept choice: [options of node i, kept choices]
-        tt = t[None, :] + edge_s[i - 1][opt].T + node_s[i][:, None]
-        mm = np.broadcast_to(m[None, :] + node_bytes[i][:, None], tt.shape)
-        bound = tt + finish[i][:, None]
-        e_idx, j_idx = np.nonzero((bound <= upper) & np.isfinite(bound)
-                                  & (mm + lean_after[i] <= budget_bytes))
-        tv, mv = tt[e_idx, j_idx], mm[e_idx, j_idx]
-        order = np.lexsort((tv, mv, e_idx))  # by option, then memory, then time
-        e_idx, j_idx, tv, mv = e_idx[order], j_idx[order], tv[order], mv[order]
-        # keep a choice if it is faster than every cheaper-or-equal one of its option
-        keep = np.zeros(len(tv), dtype=bool)
-        bounds = np.flatnonzero(np.r_[True, e_idx[1:] != e_idx[:-1], True]) if len(tv) else []
-        for a, b in zip(bounds[:-1], bounds[1:]):
-            keep[a] = True
-            keep[a + 1:b] = tv[a + 1:b] < np.minimum.accumulate(tv[a:b])[:-1]
-        if keep.sum() > PARETO_LIMIT:
-            return None
-        opt, parent, t, m = e_idx[keep], j_idx[keep], tv[keep], mv[keep]
-        history.append((opt, parent))
-    if not len(t):
-        return None
-    j = int(np.argmin(t))  # (ties: the first, i.e. the lowest option and memory)
-    choice = []
-    for opt, parent in reversed(history):
-        choice.append(int(opt[j]))
-        j = int(parent[j])
-    return tuple(reversed(choice))
-
-
-def solve_chain(node_s: np.ndarray, node_bytes: np.ndarray, edge_s: np.ndarray,
-                budget_bytes: float, time_limit_s: float = 30.0) -> ChainSolution:
-    """Exact minimum-time choice under the budget: the dynamic program's answer when it fits,
-    else the Pareto dynamic program's (HiGHS's MILP if the fronts grow too large). Infeasible
-    options are given as ``inf`` in node_s or node_bytes. Raises ValueError naming the
-    smallest feasible budget."""
-    node_s, node_bytes, edge_s = (np.asarray(a, dtype=float) for a in (node_s, node_bytes,
-                                                                         edge_s))
-    n, k = _check(node_s, node_bytes, edge_s)
-    if min_memory_bytes(node_bytes) > budget_bytes:
-        raise _infeasible(budget_bytes, node_bytes)
-    banned = ~(np.isfinite(node_s) & np.isfinite(node_bytes))
-    try:
-        free = evaluate(solve_chain_dp(np.where(banned, np.inf, node_s), edge_s), node_s,
-                        node_bytes, edge_s)
-    except ValueError:
-        raise _infeasible(budget_bytes, node_bytes) from None
-    if free.memory_bytes <= budget_bytes:  # the memory row does not bind
-        return free
-    choice = solve_chain_pareto(np.where(banned, np.inf, node_s), node_bytes, edge_s,
-                                budget_bytes)
-    if choice is not None:
-        return evaluate(choice, node_s, node_bytes, edge_s)
-    return _solve_chain_milp(node_s, node_bytes, edge_s, banned, budget_bytes, time_limit_s)
-
-
-def _solve_chain_milp(node_s: np.ndarray, node_bytes: np.ndarray, edge_s: np.ndarray,
-                      banned: np.ndarray, budget_bytes: float,
-                      time_limit_s: float) -> ChainSolution:
-    from scipy.optimize import Bounds, LinearConstraint, milp
-    from scipy.sparse import coo_matrix
-
-    n, k = node_s.shape
-    nx, ne = n * k, max(n - 1, 0) * k * k
-    cost = np.zeros(nx + ne)
-    cost[:nx] = np.where(banned, 0.0, node_s).ravel()
-    if ne:
-        cost[nx:] = np.where(np.isfinite(edge_s), edge_s, 0.0).ravel()
-    upper = np.ones(nx + ne)
-    upper[:nx][banned.ravel()] = 0.0
-    if ne:
-        upper[nx:][~np.isfinite(edge_s).ravel()] = 0.0
-    rows = n + 2 * (n - 1) * k + 1
-    # one option per node: row i holds x[i, :]
-    r_node, c_node = np.repeat(np.arange(n), k), np.arange(nx)
-    # edge i: row n + 2ki + d holds y[i, d, :] - x[i, d];
-    #         row n + 2ki + k + e holds y[i, :, e] - x[i+1, e]
-    i, d, e = (a.ravel() for a in np.meshgrid(np.arange(n - 1), np.arange(k), np.arange(k),
-                                               indexing="ij"))
-    y = nx + (i * k + d) * k + e
-    r_out, r_in = n + 2 * k * i + d, n + 2 * k * i + k + e
-    j, o = (a.ravel() for a in np.meshgrid(np.arange(n - 1), np.arange(k), indexing="ij"))
-    r_x_out, r_x_in = n + 2 * k * j + o, n + 2 * k * j + k + o
-    row = np.concatenate([r_node, r_out, r_in, r_x_out, r_x_in, np.full(nx, rows - 1)])
-    col = np.concatenate([c_node, y, y, j * k + o, (j + 1) * k + o, np.arange(nx)])
-    val = np.concatenate([np.ones(nx + 2 * len(y)), -np.ones(2 * len(j)),
-                          np.where(banned, 0.0, node_bytes).ravel()])  # memory knapsack
-    a = coo_matrix((val, (row, col)), shape=(rows, nx + ne)).tocsr()
-    lo, hi = np.zeros(rows), np.zeros(rows)
-    lo[:n] = hi[:n] = 1.0
-    lo[-1], hi[-1] = -np.inf, budget_bytes
-    res = milp(cost, constraints=LinearConstraint(a, lo, hi),
-               integrality=np.ones(nx + ne), bounds=Bounds(0.0, upper),
-               options={"time_limit": time_limit_s})
-    if res.x is None:
-        raise _infeasible(budget_bytes, node_bytes)
-    x = res.x[:nx].reshape(n, k)
-    return evaluate(tuple(int(v) for v in x.argmax(axis=1)), node_s, node_bytes, edge_s)
-
-
-def solve_chain_brute(node_s: np.ndarray, node_bytes: np.ndarray, edge_s: np.ndarray,
-                      budget_bytes: float) -> ChainSolution:
-    """Every combination: the obvious solver the tests check ``solve_chain`` against."""
-    node_s, node_bytes, edge_s = (np.asarray(a, dtype=float) for a in (node_s, node_bytes,
-                                                                         edge_s))
-    n, k = _check(node_s, node_bytes, edge_s)
-    best = None
-    for choice in itertools.product(range(k), repeat=n):
-        sol = evaluate(choice, node_s, node_bytes, edge_s)
-        if sol.memory_bytes <= budget_bytes and np.isfinite(sol.time_s) and (
-                best is None or sol.time_s < best.time_s - 1e-12):
-            best = sol
-    if best is None:
-        raise _infeasible(budget_bytes, node_bytes)
-    return best
-
-
 # -------------------------------------------------------------------------- plans of a model
 @dataclass
 class Candidate:
@@ -258,7 +45,7 @@ class Candidate:
     plan: ParallelPlan
     result: PlanResult
     fits: bool
-    kind: str  # "uniform" | "searched"
+    kind: str  # "uniform" | "searched" | "leanest" | "seeded" (see solve_plan)
 
     def label(self) -> str:
         degrees = self.plan.degrees()
@@ -278,25 +65,31 @@ def candidate_degrees(cfg: ModelConfig, world_size: int, limit: int | None = Non
 
 
 def _simulate(cfg: ModelConfig, plan: ParallelPlan, costs: Costs, world_size: int,
-              batch: BatchShape, max_inflight: int) -> PlanResult | None:
+              batch: BatchShape, max_inflight: int,
+              why: list[str] | None = None) -> PlanResult | None:
     try:
         return simulate_plan(cfg, plan, costs, world_size, batch, max_inflight=max_inflight,
                              timeline=False)
-    except BatchSplitError:  # not a candidate: the batch does not split at these degrees
+    except BatchSplitError as exc:  # not a candidate: the batch does not split at these degrees
+        if why is not None:
+            why.append(str(exc))
         return None
 
 
 def _node_costs(cfg: ModelConfig, costs: Costs, world_size: int, batch: BatchShape,
                 schedule: str, n_sub: int, degrees: list[int], uniform: dict[int, PlanResult],
-                max_inflight: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """Per-region seconds and bytes at each degree, and reshard edge seconds, for the chain
+                max_inflight: int) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """Per-region seconds and bytes at each degree, reshard edge seconds, and per-region
+    parameter bytes (fp32, ``inf`` where a degree does not split the batch), for the chain
     solver. A layer's seconds are its marginal in the simulated uniform plan (L layers minus
     L-1), so overlap, exposed collectives and DP synchronization are priced as the schedule
-    runs them; the layer is split between attention and MLP by their compute."""
+    runs them; the layer is split between attention and MLP by their compute. A region's bytes
+    are its parameters, gradients and Adam moments and the activations it keeps."""
     names = region_names(cfg)
     n, k = len(names), len(degrees)
     node_s = np.full((n, k), np.inf)
     node_bytes = np.full((n, k), np.inf)
+    param_bytes = np.full((n, k), np.inf)
     edge_s = np.zeros((max(n - 1, 0), k, k))
     shorter = dataclasses.replace(cfg, n_layers=cfg.n_layers - 1) if cfg.n_layers > 1 else None
     mode = SPECS[schedule].recompute
@@ -324,9 +117,9 @@ def _node_costs(cfg: ModelConfig, costs: Costs, world_size: int, batch: BatchSha
             kind = region_kind(name)
             node_s[i, d] = {"attn": layer_s * share, "mlp": layer_s * (1 - share)}.get(kind,
                                                                                         ends)
-            params = region_param_count(cfg, kind, t) * BYTES * (2 + OPTIMIZER_STATES)
+            param_bytes[i, d] = region_param_count(cfg, kind, t) * BYTES
             kept = saved_bytes(costs, cfg, kind, mode, t, rows[i])
-            node_bytes[i, d] = params + subs * kept
+            node_bytes[i, d] = param_bytes[i, d] * (2 + OPTIMIZER_STATES) + subs * kept
     act = batch.micro_rows * cfg.seq_len * cfg.dim * BYTES  # [M, S, H] of the whole world
     for a, ta in enumerate(degrees):
         for b, tb in enumerate(degrees):
@@ -335,92 +128,226 @@ def _node_costs(cfg: ModelConfig, costs: Costs, world_size: int, batch: BatchSha
                 gathered = act * hi // world_size  # rows a rank holds at the larger degree
                 edge_s[:, a, b] = batch.n_micro() * costs.collective_s("all_gather", hi // lo,
                                                                        gathered)
-    return node_s, node_bytes, edge_s
+    return node_s, node_bytes, edge_s, param_bytes
+
+
+def sub_batch_counts(schedule: str, n_subs: tuple[int, ...],
+                     schedules: tuple[str, ...] = ()) -> tuple[int, ...]:
+    """The sub-batch counts searched for ``schedule``: 1 for a non-overlapped one; for an
+    overlapped one every count of ``n_subs``, 1 included unless ``schedules`` also has the
+    non-overlapped schedule of the same recompute (with one sub-batch overlap runs megatron's
+    program and merak megatron-recompute's; oases at one sub-batch differs from
+    commfree-recompute only in starting the next recompute before a backward all-reduce ends)."""
+    if not SPECS[schedule].overlapped:
+        return (1,)
+    twin = any(not SPECS[s].overlapped and SPECS[s].recompute == SPECS[schedule].recompute
+               for s in schedules)
+    return tuple(k for k in n_subs if k > 1 or not twin)
 
 
 def solve_plan(cfg: ModelConfig, costs: Costs, world_size: int, batch: BatchShape,
                budget_bytes: float, *, schedules: tuple[str, ...] = tuple(SPECS),
                n_subs: tuple[int, ...] = (1, 2, 4), degrees: list[int] | None = None,
-               max_inflight: int = 1) -> tuple[Candidate, list[Candidate]]:
+               max_inflight: int = 1,
+               seeds: tuple[tuple[int, ...], ...] = ()) -> tuple[Candidate, list[Candidate]]:
     """The fastest predicted plan under ``budget_bytes`` per device, and every candidate.
 
-    For each schedule and sub-batch count: every uniform degree is simulated; then the chain
-    solver picks a degree per region (exact for the additive model of ``_node_costs``, with
-    memory as a knapsack row), and the plan it returns is simulated as a whole. The answer is
-    the best *simulated* plan, so it is never worse than the best uniform one as predicted.
-    Raises ValueError naming the smallest feasible budget when nothing fits."""
+    For each schedule and sub-batch count (``sub_batch_counts``): every uniform degree is
+    simulated; then the chain solver picks a degree per region (exact for the additive model of
+    ``_node_costs``, with memory as a knapsack row), and the plan it returns is simulated as a
+    whole. ``seeds`` (a degree per region, e.g. the plans other schedules' searches found) are
+    simulated under every schedule and count as well. The answer is the best *simulated* plan,
+    so it is never worse than the best uniform or seeded one as predicted.
+
+    Where no plan fits, every chain's leanest plan (``_ChainModel.leanest``: the least peak
+    of the additive memory model) is simulated, and the chains near the least peak are searched
+    again under it (``_least_memory``); neither depends on the budget, so at a budget of that
+    least peak they find the plan that has it. If still nothing fits, ValueError names it."""
     degrees = degrees or candidate_degrees(cfg, world_size)
+    names = region_names(cfg)
     candidates: list[Candidate] = []
+    split_errors: list[str] = []
+
+    def known(plan: ParallelPlan) -> bool:
+        return any(c.plan.regions == plan.regions and c.plan.schedule == plan.schedule
+                   and c.plan.n_sub == plan.n_sub for c in candidates)
+
+    models: list[_ChainModel] = []
     for schedule in schedules:
-        # an overlapped schedule with one sub-batch is its non-overlapped twin
-        subs = [k for k in n_subs if k > 1] if SPECS[schedule].overlapped else (1,)
-        for n_sub in subs:
+        for n_sub in sub_batch_counts(schedule, n_subs, schedules):
             uniform = {}
             for t in degrees:
                 plan = ParallelPlan.uniform(cfg, world_size, t, schedule=schedule, n_sub=n_sub)
-                res = _simulate(cfg, plan, costs, world_size, batch, max_inflight)
+                res = _simulate(cfg, plan, costs, world_size, batch, max_inflight, split_errors)
                 if res is not None:
                     uniform[t] = res
                     candidates.append(Candidate(plan, res, res.peak_mem_bytes <= budget_bytes,
                                                 "uniform"))
-            if len(uniform) < 2:
-                continue
-            searched = _search(cfg, costs, world_size, batch, budget_bytes, schedule, n_sub,
-                               degrees, uniform, max_inflight)
-            if searched is not None and not any(
-                    c.plan.regions == searched.plan.regions and c.plan.schedule == schedule
-                    and c.plan.n_sub == n_sub for c in candidates):
-                candidates.append(searched)
+            if len(uniform) >= 2:
+                model = _ChainModel(cfg, costs, world_size, batch, schedule, n_sub, degrees,
+                                    uniform, max_inflight)
+                models.append(model)
+                found = model.fastest(budget_bytes)
+                if found is not None and not known(found.plan):
+                    candidates.append(found)
+            for seed in seeds:
+                if len(seed) != len(names) or len(set(seed)) == 1 or not set(seed) <= set(
+                        uniform):
+                    continue  # uniform seeds are simulated above; a degree that does not split
+                plan = ParallelPlan([RegionPlan(name, t, world_size // t)
+                                     for name, t in zip(names, seed)],
+                                    n_sub=n_sub, schedule=schedule)
+                res = None if known(plan) else _simulate(cfg, plan, costs, world_size, batch,
+                                                         max_inflight)
+                if res is not None:
+                    candidates.append(Candidate(plan, res, res.peak_mem_bytes <= budget_bytes,
+                                                "seeded"))
     if not candidates:
-        raise ValueError(f"no plan splits the batch ({batch.global_batch} sequences, "
-                         f"micro-batch {batch.micro_rows}) over {world_size} ranks at degrees "
-                         f"{degrees}")
+        raise ValueError(f"no plan splits the batch: {split_errors[0] if split_errors else ''}"
+                         f" (degrees {degrees}, sub-batches {sorted(set(n_subs))}; a micro-batch "
+                         f"of {batch.micro_rows} sequences gives a TP group of degree t "
+                         f"{batch.micro_rows}*t/{world_size} of them, which must be a whole "
+                         "multiple of the sub-batch count)")
     fitting = [c for c in candidates if c.fits]
+    if not fitting:  # what each chain can do with the least memory, then maybe a plan fits
+        for model in models:
+            lean = model.leanest(budget_bytes)
+            if lean is not None and not known(lean.plan):
+                candidates.append(lean)
+        fitting = [c for c in candidates if c.fits]
+    if not fitting:  # and the chains searched again under the least peak (budget-blind)
+        least = _least_memory(candidates, models, known, budget_bytes)
+        fitting = [c for c in candidates if c.fits]
     if not fitting:
-        lean = min(candidates, key=lambda c: c.result.peak_mem_bytes)
         raise ValueError(f"no plan fits in {budget_bytes / 2**30:.3f} GiB per device; the "
-                         f"smallest feasible budget is {lean.result.peak_mem_bytes / 2**30:.3f}"
-                         f" GiB ({lean.label()})")
+                         f"smallest feasible budget is {least.result.peak_mem_bytes / 2**30:.3f}"
+                         f" GiB ({least.label()}): the least peak of the {len(candidates)} "
+                         "plans simulated (every schedule and sub-batch count: each uniform "
+                         "degree, and per region the chain's least-memory degrees and its "
+                         "fastest under that budget), with "
+                         f"{batch.micro_rows} sequences per micro-batch across the "
+                         f"{world_size} ranks; fewer per micro-batch need less")
     best = min(fitting, key=lambda c: c.result.step_s)
     best.plan.predicted_step_s = best.result.step_s
     best.plan.predicted_peak_mem_bytes = int(best.result.peak_mem_bytes)
     return best, candidates
 
 
-def _search(cfg: ModelConfig, costs: Costs, world_size: int, batch: BatchShape,
-            budget_bytes: float, schedule: str, n_sub: int, degrees: list[int],
-            uniform: dict[int, PlanResult], max_inflight: int) -> Candidate | None:
-    """Chain-solve, simulate, and tighten the solver's budget by any overshoot (a few times)."""
-    node_s, node_bytes, edge_s = _node_costs(cfg, costs, world_size, batch, schedule, n_sub,
-                                             degrees, uniform, max_inflight)
-    # what the additive memory model leaves out (baseline, transients), from the uniform plans
-    extra = min(res.peak_mem_bytes - node_bytes[:, degrees.index(t)].sum()
-                for t, res in uniform.items())
-    names = region_names(cfg)
-    options = [None] if not cfg.tie_embeddings else degrees
-    best: Candidate | None = None
-    for tied in options:
-        s = node_s.copy()
-        if tied is not None:  # a tied embedding and head share one degree
-            for i in (0, len(names) - 1):
-                s[i, [d for d, t in enumerate(degrees) if t != tied]] = np.inf
-        limit = budget_bytes - extra
-        for _ in range(4):
+def _plan_of(cfg: ModelConfig, choice: tuple[int, ...], degrees: list[int], world_size: int,
+             schedule: str, n_sub: int) -> ParallelPlan:
+    return ParallelPlan([RegionPlan(name, degrees[d], world_size // degrees[d])
+                         for name, d in zip(region_names(cfg), choice)],
+                        n_sub=n_sub, schedule=schedule)
+
+
+def _least_memory(candidates: list[Candidate], models: list[_ChainModel],
+                  known: Callable[[ParallelPlan], bool], budget_bytes: float,
+                  rounds: int = 3, near: float = 1.1) -> Candidate:
+    """The candidate of least peak memory, after asking the chain models whose own leanest
+    plan comes within ``near`` of it for their fastest plan under that peak (a few rounds,
+    while one comes out leaner): so that the budget named is one the search itself meets
+    (the chain's memory row is a model of the peak, not the simulated peak)."""
+    least = min(candidates, key=lambda c: c.result.peak_mem_bytes)
+    close = [m for m in models if m.lean_peak <= near * least.result.peak_mem_bytes]
+    for _ in range(rounds):
+        leaner = None
+        for model in close:
+            cand = model.fastest(least.result.peak_mem_bytes, budget_bytes)
+            if cand is not None and cand.result.peak_mem_bytes < least.result.peak_mem_bytes \
+                    and not known(cand.plan):
+                candidates.append(cand)
+                if leaner is None or cand.result.peak_mem_bytes < leaner.result.peak_mem_bytes:
+                    leaner = cand
+        if leaner is None:
+            break
+        least = leaner
+    return least
+
+
+class _ChainModel:
+    """One schedule and sub-batch count priced as a chain (``_node_costs``), with the gap
+    between the chain's additive memory and the simulated peaks of the uniform plans."""
+
+    def __init__(self, cfg: ModelConfig, costs: Costs, world_size: int, batch: BatchShape,
+                 schedule: str, n_sub: int, degrees: list[int], uniform: dict[int, PlanResult],
+                 max_inflight: int) -> None:
+        self.cfg, self.costs, self.world_size, self.batch = cfg, costs, world_size, batch
+        self.schedule, self.n_sub, self.degrees = schedule, n_sub, degrees
+        self.max_inflight = max_inflight
+        self.node_s, self.node_bytes, self.edge_s, params = _node_costs(
+            cfg, costs, world_size, batch, schedule, n_sub, degrees, uniform, max_inflight)
+        # what the additive memory model leaves out (baseline, transients), from the uniform
+        # plans
+        self.extra = min(res.peak_mem_bytes - self.node_bytes[:, degrees.index(t)].sum()
+                         for t, res in uniform.items())
+        # the peak is the larger of two moments: the turn from forward to backward (weights,
+        # Adam moments and every kept activation; every gradient too after a first
+        # micro-batch) and the optimizer step (weights, gradients, moments, one more copy)
+        grads = np.where(np.isfinite(params), params, 0.0)  # (inf stays in node_bytes)
+        turn = self.node_bytes - grads if batch.n_micro() == 1 else self.node_bytes
+        self.peak_rows = (turn, params * (2 + OPTIMIZER_STATES + 1))
+        n = len(region_names(cfg))
+        self.ties: list[list[int] | None] = [None]
+        if cfg.tie_embeddings:  # a tied embedding and head share one degree
+            self.ties = [[d for d in range(len(degrees)) if d != tied]
+                         for tied in range(len(degrees))]
+        self.n = n
+        self.lean_peak = float("inf")  # the simulated peak of ``leanest``, once asked
+
+    def _tied(self, rows: np.ndarray, other: list[int] | None) -> np.ndarray:
+        rows = rows.copy()
+        if other is not None:
+            rows[0, other] = rows[self.n - 1, other] = np.inf
+        return rows
+
+    def _candidate(self, choice: tuple[int, ...], budget_bytes: float,
+                   kind: str) -> Candidate | None:
+        plan = _plan_of(self.cfg, choice, self.degrees, self.world_size, self.schedule,
+                        self.n_sub)
+        res = _simulate(self.cfg, plan, self.costs, self.world_size, self.batch,
+                        self.max_inflight)
+        return None if res is None else Candidate(plan, res, res.peak_mem_bytes <= budget_bytes,
+                                                  kind)
+
+    def fastest(self, limit_bytes: float, budget_bytes: float | None = None) -> Candidate | None:
+        """The chain solver's fastest plan under ``limit_bytes`` (tightened by any overshoot, a
+        few times), simulated; ``fits`` against ``budget_bytes`` (default: the limit)."""
+        budget_bytes = limit_bytes if budget_bytes is None else budget_bytes
+        best: Candidate | None = None
+        for other in self.ties:
+            s = self._tied(self.node_s, other)
+            limit = limit_bytes - self.extra
+            for _ in range(4):
+                try:
+                    sol = solve_chain(s, self.node_bytes, self.edge_s, limit)
+                except ValueError:
+                    break
+                cand = self._candidate(sol.choice, budget_bytes, "searched")
+                if cand is None:
+                    break
+                if cand.result.peak_mem_bytes <= limit_bytes:
+                    if best is None or best.result.peak_mem_bytes > limit_bytes or \
+                            cand.result.step_s < best.result.step_s:
+                        best = cand
+                    break
+                limit -= cand.result.peak_mem_bytes - limit_bytes  # optimistic: tighten
+                best = best or cand
+        return best
+
+    def leanest(self, budget_bytes: float) -> Candidate | None:
+        """The chain's least-memory plan (``solve_chain_minmax`` over the two moments of the
+        peak), simulated."""
+        best: tuple[float, tuple[int, ...]] | None = None
+        for other in self.ties:
+            turn, step = (self._tied(r, other) for r in self.peak_rows)
             try:
-                sol = solve_chain(s, node_bytes, edge_s, limit)
+                sol = solve_chain_minmax(turn, step)
             except ValueError:
-                break
-            plan = ParallelPlan([RegionPlan(name, degrees[d], world_size // degrees[d])
-                                 for name, d in zip(names, sol.choice)],
-                                n_sub=n_sub, schedule=schedule)
-            res = _simulate(cfg, plan, costs, world_size, batch, max_inflight)
-            if res is None:
-                break
-            cand = Candidate(plan, res, res.peak_mem_bytes <= budget_bytes, "searched")
-            if cand.fits:  # (a plan over the budget never outranks one within it)
-                if best is None or not best.fits or res.step_s < best.result.step_s:
-                    best = cand
-                break
-            limit -= res.peak_mem_bytes - budget_bytes  # the model was optimistic: tighten
-            best = best or cand
-    return best
+                continue
+            score = max(sol.time_s, sol.memory_bytes)
+            if best is None or score < best[0]:
+                best = (score, sol.choice)
+        cand = None if best is None else self._candidate(best[1], budget_bytes, "leanest")
+        if cand is not None:
+            self.lean_peak = cand.result.peak_mem_bytes
+        return cand

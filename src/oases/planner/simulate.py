@@ -19,7 +19,11 @@ times. ``simulate_plan`` builds them for a whole ``ParallelPlan`` from a ``plann
 reshards between degrees, DP gradient all-reduces per region group, the optimizer step, and peak
 memory by walking the same program (parameters, gradients, Adam moments, the activations each
 forward piece keeps until its backward, a recompute's transient graph, the head's logits).
-Collectives of groups over the same ranks share one stream (one link); others run beside them.
+Collectives of groups over the same ranks share one stream (one link); others run beside them,
+except the data-parallel gradient all-reduces, which share one stream whatever their group: a
+plan mixing degrees reduces its regions over DP groups of different sizes, but every one of them
+crosses the same links (each server's ports between servers, which the price of one already
+shares among all the server's GPUs), so two at once would book those links twice.
 Shape legend: b sub-batch rows, S sequence, H hidden, F ffn, V vocabulary, t TP degree.
 """
 
@@ -27,7 +31,7 @@ from __future__ import annotations
 
 import functools
 from collections.abc import Callable, Hashable
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 
 from oases.config import ModelConfig
 from oases.plan import ParallelPlan
@@ -64,21 +68,31 @@ class StepCosts:
     stream_of: Callable[[str, int], Hashable] | None = None  # default: "tp" or "dp"
 
 
+# what a collective kind is, in a step's breakdown: TP all-reduces, reshards, DP all-reduces
+COMM_CLASS = {"fwd": "tp", "bwd": "tp", "rsf": "reshard", "rsb": "reshard", "dp": "dp"}
+
+
 @dataclass(frozen=True)
 class SimResult:
+    """``step_s = compute_busy_s + sum(exposed_s.values())``: the compute stream is either
+    computing or waiting at a ``Wait`` for a collective of one class (``COMM_CLASS``)."""
+
     step_s: float
     compute_busy_s: float
     comm_busy_s: float
     timeline: Timeline
+    exposed_s: dict[str, float] = field(default_factory=dict)
 
 
 def simulate_program(program: list[Instr], costs: StepCosts, *, commfree: bool = False,
                      rank: int = 0, record: bool = True) -> SimResult:
     """Predict one step of ``program``. ``commfree``: recomputed bodies skip their last matmul
     (as the executor does for communication-free recomputation). ``record=False`` leaves the
-    timeline empty (the planner's search needs only the times)."""
+    timeline empty (the planner's search needs only the times). The result says how long the
+    compute stream waited on each class of collective (``exposed_s``: "tp", "reshard", "dp")."""
     timeline = Timeline()
     now = 0.0
+    exposed = dict.fromkeys(("tp", "reshard", "dp"), 0.0)
     free: dict[Hashable, float] = {}
     ends: dict[tuple[str, int, int], float] = {}
     compute_busy = comm_busy = 0.0
@@ -122,10 +136,13 @@ def simulate_program(program: list[Instr], costs: StepCosts, *, commfree: bool =
                                    ins.sub, begin, begin + cost))
             comm_busy += cost
         elif isinstance(ins, Wait):
-            now = max(now, ends.pop((ins.kind, ins.index, ins.sub)))
+            end = ends.pop((ins.kind, ins.index, ins.sub))
+            if end > now:
+                exposed[COMM_CLASS[ins.kind]] += end - now
+                now = end
     if ends:
         raise ValueError(f"program leaves collectives unwaited: {sorted(ends)}")
-    return SimResult(max([now, *free.values()]), compute_busy, comm_busy, timeline)
+    return SimResult(max([now, *free.values()]), compute_busy, comm_busy, timeline, exposed)
 
 
 # ------------------------------------------------------------------------------ whole plans
@@ -135,6 +152,19 @@ class PlanResult:
     peak_mem_bytes: float
     timeline: Timeline
     breakdown: dict[str, float]  # seconds and bytes by cause, for reports
+
+    def step_parts(self) -> dict[str, float]:
+        """The step cut into what the compute stream did: compute, waiting on each class of
+        collective (exposed communication), the optimizer. The parts add up to ``step_s``."""
+        b = self.breakdown
+        return {"compute": b.get("compute_s", 0.0), "TP comm": b.get("exposed_tp_s", 0.0),
+                "DP comm": b.get("exposed_dp_s", 0.0), "reshard": b.get("exposed_reshard_s", 0.0),
+                "optimizer": b.get("optimizer_s", 0.0)}
+
+    def bound(self) -> str:
+        """What bounds the step: its largest part."""
+        parts = self.step_parts()
+        return max(parts, key=parts.__getitem__)
 
 
 @dataclass(frozen=True)
@@ -279,8 +309,8 @@ def simulate_plan(cfg: ModelConfig, plan: ParallelPlan, costs: Costs, world_size
                       act_bytes[index])
 
     def stream_of(kind: str, index: int) -> Hashable:
-        if kind == "dp":
-            return _group_ranks("dp", degrees[index], 0, world_size)
+        if kind == "dp":  # every DP group's all-reduce crosses the same links: one stream
+            return "dp"
         if kind in ("rsf", "rsb"):
             lo, hi = sorted((degrees[index - 1], degrees[index]))
             return _group_ranks("merge", lo, hi, world_size)
@@ -316,7 +346,9 @@ def simulate_plan(cfg: ModelConfig, plan: ParallelPlan, costs: Costs, world_size
         events.add(Event(rank, "compute", "optimizer", "optimizer", 0, end, end + opt_s))
     return PlanResult(sim.step_s + opt_s, mem["peak"], events,
                       {"compute_s": sim.compute_busy_s, "comm_s": sim.comm_busy_s,
-                       "optimizer_s": opt_s, **{f"{k}_bytes": v for k, v in mem.items()}})
+                       "optimizer_s": opt_s,
+                       **{f"exposed_{c}_s": v for c, v in sorted(sim.exposed_s.items())},
+                       **{f"{k}_bytes": v for k, v in mem.items()}})
 
 
 def _repeat(one: SimResult, last: SimResult, n_micro: int, k: int) -> SimResult:
@@ -329,9 +361,11 @@ def _repeat(one: SimResult, last: SimResult, n_micro: int, k: int) -> SimResult:
         for e in sim.timeline.events:
             timeline.add(replace(e, sub=e.sub if e.phase == "dp" else e.sub + m * k,
                                  start_s=e.start_s + m * t, end_s=e.end_s + m * t))
+    exposed = {c: (n_micro - 1) * one.exposed_s.get(c, 0.0) + last.exposed_s.get(c, 0.0)
+               for c in {*one.exposed_s, *last.exposed_s}}
     return SimResult((n_micro - 1) * t + last.step_s,
                      (n_micro - 1) * one.compute_busy_s + last.compute_busy_s,
-                     (n_micro - 1) * one.comm_busy_s + last.comm_busy_s, timeline)
+                     (n_micro - 1) * one.comm_busy_s + last.comm_busy_s, timeline, exposed)
 
 
 class _CachedCosts:

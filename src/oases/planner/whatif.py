@@ -10,8 +10,11 @@ memory per GPU and the speedup over the first schedule listed. Entries look like
     oases@auto             the planner: a degree per region, under the memory budget
 
 "auto" searches the powers of two up to the GPUs of one server (``max_tp``), doubling that cap
-while no plan fits. Collectives are priced by their groups' ranks (ring inside a server,
-hierarchical across servers; TP groups are contiguous ranks, DP groups strided).
+while no plan fits, and 1, 2, 4 (and ``--n-sub``) sub-batches; then also the degrees every other
+auto row's search found. Collectives are priced by their groups' ranks (ring inside a server,
+hierarchical across servers; TP groups are contiguous ranks, DP groups strided). The batch is
+given in training's terms (``BatchSpec``: micro-batch per model replica); each row says what
+bounds its step (``PlanResult.step_parts``).
 """
 
 from __future__ import annotations
@@ -23,11 +26,13 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from oases.config import ModelConfig
-from oases.plan import ParallelPlan
+from oases.plan import ParallelPlan, RegionPlan
+from oases.planner.budget import Budget
 from oases.planner.clusters import Cluster, get_cluster, load_cluster
 from oases.planner.hardware import HardwareCosts
+from oases.planner.report import DP_NOTE, PARTS_NOTE, parts_cells, parts_header, parts_json
 from oases.planner.search import candidate_degrees, solve_plan
-from oases.planner.simulate import BatchShape, PlanResult, simulate_plan
+from oases.planner.simulate import BatchShape, BatchSplitError, PlanResult, simulate_plan
 from oases.schedule.program import SPECS
 from oases.schedule.timeline import Timeline
 
@@ -85,6 +90,91 @@ def load_any_cluster(source: str, inter_gbps: float | None = None) -> Cluster:
     return cluster
 
 
+@dataclass(frozen=True)
+class BatchSpec:
+    """A step's batch as ``oases simulate`` takes it, in ``train``'s terms.
+
+    ``micro_batch``: sequences per model replica (per DP rank) per forward/backward, as
+    ``train.micro_batch`` and Megatron-LM's ``--micro-batch-size`` count them: a plan at tp=t
+    runs ``micro_batch * GPUs / t`` sequences across the cluster per micro-batch (None: one per
+    GPU, t per replica). A plan that mixes degrees has no single replica size; the activations
+    of every region are the same sequences, so an auto plan keeps the cluster micro-batch of
+    ``micro_batch_tp`` (as ``oases plan`` keeps ``train.micro_batch`` at ``parallel.tp``).
+    ``global_batch``: sequences per optimizer step (None: the largest cluster micro-batch of
+    the rows, one micro-batch). ``source``: where each number came from, for the header."""
+
+    global_batch: int | None
+    micro_batch: int | None
+    micro_batch_tp: int
+    source: dict[str, str] = dataclasses.field(default_factory=dict)
+
+    def micro_rows(self, world: int, tp: int | None = None) -> int:
+        """Sequences per micro-batch across the cluster for a plan at ``tp`` (None: auto)."""
+        t = tp or self.micro_batch_tp
+        if self.micro_batch is None:
+            return world
+        rows, left = divmod(self.micro_batch * world, t)
+        if left or rows < 1:
+            raise ValueError(f"--micro-batch={self.micro_batch} per replica at tp={t}: "
+                             f"{self.micro_batch} * {world} GPUs / {t} is not a whole number "
+                             "of sequences")
+        return rows
+
+    def shape(self, world: int, global_batch: int, tp: int | None = None) -> BatchShape:
+        rows = self.micro_rows(world, tp)
+        if global_batch % rows:
+            at = f"at tp={tp}" if tp else f"of auto plans (at tp={self.micro_batch_tp})"
+            raise ValueError(f"--global-batch={global_batch} is not a multiple of the cluster "
+                             f"micro-batch {at}: {rows} sequences (--micro-batch "
+                             f"{self.micro_batch or 'default'} per replica x {world} GPUs / "
+                             f"{tp or self.micro_batch_tp}); pass e.g. --global-batch "
+                             f"{rows * max(1, global_batch // rows)}")
+        return BatchShape(global_batch, rows)
+
+
+def batch_spec(model: str, cluster: Cluster, global_batch: int | None,
+               micro_batch: int | None, micro_batch_tp: int | None) -> BatchSpec:
+    """The batch of ``oases simulate``: the flags where given; else, for ``--model`` a TOML run
+    file, the ``train.global_batch``, ``train.micro_batch`` and ``parallel.tp`` the file sets
+    (``micro_batch`` counts at ``parallel.tp``, as in training); else one sequence per GPU
+    counted at one server's GPUs, one micro-batch per step."""
+    source: dict[str, str] = {}
+    train: dict = {}
+    parallel: dict = {}
+    if Path(model).suffix == ".toml":
+        import tomllib
+
+        try:
+            raw = tomllib.loads(Path(model).read_text(encoding="utf-8"))
+        except (OSError, tomllib.TOMLDecodeError) as exc:
+            raise ValueError(f"cannot read {model}: {exc}") from None
+        train, parallel = raw.get("train", {}), raw.get("parallel", {})
+    for key, flag, value in (("global_batch", "--global-batch", global_batch),
+                             ("micro_batch", "--micro-batch", micro_batch)):
+        if value is not None:
+            source[key] = flag
+        elif key in train:
+            source[key] = f"train.{key} of {model}"
+    gb = global_batch if global_batch is not None else train.get("global_batch")
+    mb = micro_batch if micro_batch is not None else train.get("micro_batch")
+    if micro_batch_tp is not None:
+        tp, source["micro_batch_tp"] = micro_batch_tp, "--micro-batch-tp"
+    elif micro_batch is None and "micro_batch" in train:  # the file's micro-batch, its unit
+        tp = int(parallel.get("tp", 1))
+        source["micro_batch_tp"] = f"parallel.tp of {model}"
+    else:
+        tp = cluster.server.gpus_per_server
+        source["micro_batch_tp"] = "default: one server's GPUs"
+    for name, value in (("--global-batch", gb), ("--micro-batch", mb),
+                        ("--micro-batch-tp", tp)):
+        if value is not None and (not isinstance(value, int) or value < 1):
+            raise ValueError(f"{name}={value!r} must be a whole number >= 1")
+    if tp > cluster.world_size:
+        raise ValueError(f"--micro-batch-tp={tp} is more than the {cluster.world_size} GPUs "
+                         f"of {cluster.name}")
+    return BatchSpec(gb, mb, tp, source)
+
+
 @dataclass
 class Row:
     schedule: str
@@ -93,7 +183,9 @@ class Row:
     result: PlanResult
     tokens_per_s: float
     fits: bool
+    batch: BatchShape
     speedup: float = 1.0
+    found_by: str = ""  # auto: the schedule whose search found these degrees, if another's
 
 
 @dataclass
@@ -102,37 +194,73 @@ class Report:
     model_name: str
     cluster: Cluster
     costs: HardwareCosts
-    batch: BatchShape
-    budget_bytes: float
+    batch: BatchSpec
+    global_batch: int
+    budget: Budget
     rows: list[Row]
     planning_s: float
 
+    @property
+    def budget_bytes(self) -> float:
+        return self.budget.bytes
+
 
 def simulate_cluster(cfg: ModelConfig, cluster: Cluster, entries: list[tuple[str, PlanSpec]],
-                     batch: BatchShape, budget_bytes: float, *, n_sub: int = 2,
+                     batch: BatchSpec | BatchShape, budget: Budget | float, *, n_sub: int = 2,
                      max_tp: int | None = None, dtype: str = "fp32",
                      model_name: str = "") -> Report:
-    """Simulate every (schedule, plan) entry; the first is the speedups' baseline."""
+    """Simulate every (schedule, plan) entry; the first is the speedups' baseline. An auto
+    entry searches every sub-batch count (1, 2, 4 and ``n_sub``), then also the degrees every
+    other auto entry's search found, so no schedule's plan is missed by another's search.
+    ``batch``: a ``BatchSpec`` (or a ``BatchShape``: that cluster micro-batch for every row);
+    ``budget``: a ``Budget`` (or bytes)."""
     if dtype not in ("fp32", "tf32"):  # the planner's sizes are 4-byte elements
         raise ValueError(f"dtype={dtype!r}: the planner sizes fp32 elements; use fp32 or tf32")
+    if n_sub < 1:
+        raise ValueError(f"--n-sub={n_sub} must be >= 1")
+    if isinstance(batch, BatchShape):  # a fixed cluster micro-batch: micro_batch_tp = GPUs
+        batch = BatchSpec(batch.global_batch, batch.micro_rows, cluster.world_size)
+    if not isinstance(budget, Budget):
+        budget = Budget(budget, f"{budget / 2**30:.2f} GiB per device")
     costs = HardwareCosts(cluster, cfg, dtype)
     world = cluster.world_size
+    degrees = candidate_degrees(cfg, world)
+    global_batch = batch.global_batch or max(
+        batch.micro_rows(world, None if spec.auto else spec.tp) for _, spec in entries)
     start = time.perf_counter()
-    rows = [_row(cfg, costs, world, batch, budget_bytes, name, spec, n_sub, max_tp)
-            for name, spec in entries]
+    rows, searched = [], {}
+    for name, spec in entries:
+        row, found = _row(cfg, costs, world, batch, global_batch, budget.bytes, name, spec,
+                          n_sub, max_tp, degrees)
+        rows.append(row)
+        if found is not None:
+            searched[name] = found
+    for row in rows:  # every auto row also tries the degrees the other auto rows found
+        if row.spec.auto:
+            _reseed(cfg, costs, world, budget.bytes, row, searched)
     planning_s = time.perf_counter() - start
     for row in rows:
         row.speedup = rows[0].result.step_s / row.result.step_s
-    return Report(cfg, model_name, cluster, costs, batch, budget_bytes, rows, planning_s)
+    return Report(cfg, model_name, cluster, costs, batch, global_batch, budget, rows,
+                  planning_s)
 
 
-def _row(cfg: ModelConfig, costs: HardwareCosts, world: int, batch: BatchShape,
-         budget_bytes: float, name: str, spec: PlanSpec, n_sub: int,
-         max_tp: int | None) -> Row:
+def _n_subs(name: str, n_sub: int) -> tuple[int, ...]:
+    """Sub-batch counts an auto row searches: 1, 2, 4 and ``n_sub`` if overlapped."""
+    return tuple(sorted({1, 2, 4, n_sub})) if SPECS[name].overlapped else (1,)
+
+
+def _row(cfg: ModelConfig, costs: HardwareCosts, world: int, spec_batch: BatchSpec,
+         global_batch: int, budget_bytes: float, name: str, spec: PlanSpec, n_sub: int,
+         max_tp: int | None, degrees: list[int]) -> tuple[Row, dict | None]:
     k = n_sub if SPECS[name].overlapped else 1
-    degrees = candidate_degrees(cfg, world)
+    found = None
     if spec.auto:
-        plan = _auto(cfg, costs, world, batch, budget_bytes, name, k, degrees, max_tp)
+        batch = spec_batch.shape(world, global_batch)
+        plan, allowed = _auto(cfg, costs, world, batch, budget_bytes, name,
+                              _n_subs(name, n_sub), degrees, max_tp)
+        found = {"degrees": tuple(r.tp for r in plan.regions), "allowed": allowed,
+                 "batch": batch}
     else:
         tried = [t for t in degrees if t >= spec.tp] if spec.at_least else [spec.tp]
         if not tried or (not spec.at_least and spec.tp not in degrees):
@@ -140,6 +268,7 @@ def _row(cfg: ModelConfig, costs: HardwareCosts, world: int, batch: BatchShape,
                              f"model on {world} GPUs ({degrees})")
         plan = None
         for t in tried:
+            batch = spec_batch.shape(world, global_batch, t)
             plan = ParallelPlan.uniform(cfg, world, t, schedule=name, n_sub=k)
             peak = simulate_plan(cfg, plan, costs, world, batch, timeline=False).peak_mem_bytes
             if not spec.at_least or peak <= budget_bytes:
@@ -147,27 +276,60 @@ def _row(cfg: ModelConfig, costs: HardwareCosts, world: int, batch: BatchShape,
         else:
             raise ValueError(f"{name}@{spec}: no uniform degree in {tried} fits in "
                              f"{budget_bytes / 2**30:.2f} GiB per GPU")
+    return _make_row(cfg, costs, world, batch, budget_bytes, name, spec, plan), found
+
+
+def _make_row(cfg: ModelConfig, costs: HardwareCosts, world: int, batch: BatchShape,
+              budget_bytes: float, name: str, spec: PlanSpec, plan: ParallelPlan,
+              found_by: str = "") -> Row:
     result = simulate_plan(cfg, plan, costs, world, batch)
     tokens = batch.global_batch * cfg.seq_len / result.step_s
-    return Row(name, spec, plan, result, tokens, result.peak_mem_bytes <= budget_bytes)
+    return Row(name, spec, plan, result, tokens, result.peak_mem_bytes <= budget_bytes, batch,
+               found_by=found_by)
 
 
 def _auto(cfg: ModelConfig, costs: HardwareCosts, world: int, batch: BatchShape,
-          budget_bytes: float, name: str, k: int, degrees: list[int],
-          max_tp: int | None) -> ParallelPlan:
+          budget_bytes: float, name: str, n_subs: tuple[int, ...], degrees: list[int],
+          max_tp: int | None) -> tuple[ParallelPlan, list[int]]:
     """The planner's plan for this schedule, its degrees capped at ``max_tp`` (default: one
-    server's GPUs, doubled while nothing fits)."""
+    server's GPUs, doubled while nothing fits), and the degrees it allowed."""
     cap = max_tp or costs.cluster.server.gpus_per_server
     while True:
         allowed = [t for t in degrees if t <= cap]
         try:
             best, _ = solve_plan(cfg, costs, world, batch, budget_bytes, schedules=(name,),
-                                 n_subs=(k,), degrees=allowed)
-            return best.plan
+                                 n_subs=n_subs, degrees=allowed)
+            return best.plan, allowed
         except ValueError:
             if max_tp is not None or cap >= max(degrees):
                 raise
             cap *= 2
+
+
+def _reseed(cfg: ModelConfig, costs: HardwareCosts, world: int, budget_bytes: float, row: Row,
+            searched: dict[str, dict]) -> None:
+    """Replace an auto row's plan by the fastest fitting one made of degrees another auto
+    row's search found (under this row's schedule, at each of its sub-batch counts)."""
+    own = searched[row.schedule]
+    best = row.result.step_s if row.fits else float("inf")
+    for other, found in searched.items():
+        degrees = found["degrees"]
+        if other == row.schedule or degrees == own["degrees"] or not set(degrees) <= set(
+                own["allowed"]):
+            continue
+        for k in _n_subs(row.schedule, row.plan.n_sub):
+            plan = ParallelPlan([RegionPlan(r.name, t, world // t) for r, t in
+                                 zip(row.plan.regions, degrees)], n_sub=k, schedule=row.schedule)
+            try:
+                res = simulate_plan(cfg, plan, costs, world, own["batch"], timeline=False)
+            except BatchSplitError:
+                continue
+            if res.peak_mem_bytes <= budget_bytes and res.step_s < best - 1e-12:
+                best = res.step_s
+                new = _make_row(cfg, costs, world, own["batch"], budget_bytes, row.schedule,
+                                row.spec, plan, found_by=other)
+                row.plan, row.result, row.tokens_per_s, row.fits, row.found_by = (
+                    new.plan, new.result, new.tokens_per_s, new.fits, other)
 
 
 def plan_label(row: Row) -> str:
@@ -177,61 +339,86 @@ def plan_label(row: Row) -> str:
     return f"{row.spec}: {layout}{k}"
 
 
+def describe_batch(rep: Report) -> str:
+    """The header's batch line: the step, the micro-batch and its unit, where they came from."""
+    b, g, world = rep.batch, rep.global_batch, rep.cluster.world_size
+    src = b.source
+    if b.micro_batch is None:
+        micro = (f"micro-batch one sequence per GPU ({world} across the cluster, t per model "
+                 "replica at tp=t)")
+    else:
+        seqs = "sequence" if b.micro_batch == 1 else "sequences"
+        auto = (f"; auto plans keep that of tp={b.micro_batch_tp} ({b.micro_rows(world)} "
+                f"sequences; {src.get('micro_batch_tp', '--micro-batch-tp')})"
+                if any(r.spec.auto for r in rep.rows) else "")
+        micro = (f"micro-batch {b.micro_batch} {seqs} per model replica (per DP rank, as "
+                 f"train.micro_batch; {src.get('micro_batch', '--micro-batch')}): a plan at "
+                 f"tp=t runs {b.micro_batch}*{world}/t across the cluster{auto}")
+    return (f"{g} sequences per step ({src.get('global_batch', '--global-batch')}); {micro}; "
+            "fp32 weights, AdamW")
+
+
 def format_report(rep: Report) -> str:
     """The table ``oases simulate`` prints."""
     from oases.planner.models import describe_model
 
-    b = rep.batch
     base = rep.rows[0].schedule
-    gpu_bytes = rep.cluster.memory_bytes
     lines = [f"model    {rep.model_name + ': ' if rep.model_name else ''}"
              f"{describe_model(rep.model)}",
              f"cluster  {rep.costs.describe().split(' Sources: ')[0]}",
-             f"batch    {b.global_batch} sequences per step = {b.n_micro()} micro-batch(es) of "
-             f"{b.micro_rows} across the cluster (a TP group of degree t gets "
-             f"{b.micro_rows / rep.cluster.world_size:g}·t); fp32 weights, AdamW",
-             f"budget   {rep.budget_bytes / 2**30:.2f} GiB per GPU "
-             f"({rep.budget_bytes / gpu_bytes:.0%} of {gpu_bytes / 1e9:.0f} GB)", "",
-             f"  {'schedule':<20}{'plan':<30}{'step':>10}{'tokens/s':>12}{'peak/GPU':>12}"
-             f"{'vs ' + base:>24}"]
+             f"batch    {describe_batch(rep)}",
+             f"budget   {rep.budget.text}", "",
+             f"  {'schedule':<20}{'plan':<30}{'micro x n':>11}{'step':>10}{'tokens/s':>11}"
+             f"{'peak GiB':>10}{'vs ' + base:>24}{parts_header()}"]
     for row in rep.rows:
         over = "" if row.fits else "  over budget"
-        lines.append(f"  {row.schedule:<20}{plan_label(row):<30}{row.result.step_s:>9.3f}s"
-                     f"{row.tokens_per_s:>12,.0f}{row.result.peak_mem_bytes / 2**30:>8.2f} GiB"
-                     f"{row.speedup:>23.2f}x{over}")
-    lines.append("")
+        micro = f"{row.batch.micro_rows} x {row.batch.n_micro()}"
+        lines.append(f"  {row.schedule:<20}{plan_label(row):<30}{micro:>11}"
+                     f"{row.result.step_s:>9.3f}s{row.tokens_per_s:>11,.0f}"
+                     f"{row.result.peak_mem_bytes / 2**30:>10.2f}{row.speedup:>23.2f}x"
+                     f"{parts_cells(row.result)}{over}")
+    lines += ["", f"micro x n: sequences per micro-batch across the cluster x micro-batches per "
+              f"step. {PARTS_NOTE}."]
+    if any(row.result.bound() == "DP comm" for row in rep.rows):
+        lines.append(f"{DP_NOTE}.")
     for row in rep.rows:
         if row.spec.auto:
-            lines.append(f"{row.schedule} (auto) degrees by region: {row.plan.degree_runs()}")
+            by = f", found by {row.found_by}@auto's search" if row.found_by else ""
+            lines.append(f"{row.schedule}@auto degrees by region{by}: "
+                         f"{row.plan.degree_runs()}")
     lines.append(f"simulated and planned in {rep.planning_s:.2f} s")
     return "\n".join(lines)
 
 
 def to_json(rep: Report) -> dict:
+    b = rep.batch
     return {
         "model": {"name": rep.model_name, **dataclasses.asdict(rep.model)},
         "cluster": dataclasses.asdict(rep.cluster),
         "costs": rep.costs.describe(),
         "dtype": rep.costs.dtype,
-        "batch": {"global_batch": rep.batch.global_batch, "micro_rows": rep.batch.micro_rows,
-                  "n_micro": rep.batch.n_micro()},
-        "budget_bytes": rep.budget_bytes,
+        "batch": {"global_batch": rep.global_batch, "micro_batch": b.micro_batch,
+                  "micro_batch_unit": "sequences per model replica (per DP rank)",
+                  "micro_batch_tp": b.micro_batch_tp, "source": b.source},
+        "budget_bytes": rep.budget.bytes, "budget": rep.budget.text,
         "planning_s": rep.planning_s,
         "baseline": rep.rows[0].schedule,
         "rows": [{"schedule": r.schedule, "plan_spec": str(r.spec), "label": plan_label(r),
                   "degrees_by_region": r.plan.degree_runs(),
                   "plan": json.loads(r.plan.to_json()), "step_s": r.result.step_s,
+                  "micro_rows": r.batch.micro_rows, "n_micro": r.batch.n_micro(),
                   "tokens_per_s": r.tokens_per_s, "peak_mem_bytes": r.result.peak_mem_bytes,
-                  "fits": r.fits, "speedup": r.speedup, "breakdown": r.result.breakdown}
+                  "fits": r.fits, "speedup": r.speedup, "found_by": r.found_by,
+                  **parts_json(r.result), "breakdown": r.result.breakdown}
                  for r in rep.rows],
     }
 
 
-def last_micro_batch(row: Row, batch: BatchShape) -> Timeline:
+def last_micro_batch(row: Row) -> Timeline:
     """The last micro-batch of a row's step (with the DP all-reduces and the optimizer): a
     whole step of many micro-batches is too long to read."""
     k = row.plan.n_sub if SPECS[row.schedule].overlapped else 1
-    first = (batch.n_micro() - 1) * k
+    first = (row.batch.n_micro() - 1) * k
     return Timeline([e for e in row.result.timeline.events
                      if e.sub >= first or e.phase in ("dp", "optimizer")])
 
@@ -245,9 +432,13 @@ def write_report(rep: Report, out: Path) -> list[Path]:
     oases = [r for r in rep.rows if r.schedule == "oases"]
     row = next((r for r in oases if r.spec.auto), oases[-1] if oases else rep.rows[-1])
     png = out / f"timeline-{row.schedule}.png"
-    title = (f"{row.schedule} ({plan_label(row)}) on {rep.cluster.name}, predicted: last of "
-             f"{rep.batch.n_micro()} micro-batch(es), rank 0")
-    last_micro_batch(row, rep.batch).plot(png, title=title)
+    n = row.batch.n_micro()
+    drawn = f"the last of {n} micro-batches" if n > 1 else "the step's one micro-batch"
+    title = (f"{row.schedule} ({plan_label(row)}) on {rep.cluster.name}, predicted: rank 0, "
+             f"{drawn} with the DP all-reduces and the optimizer "
+             f"({row.result.step_s:.3f} s step, bound by {row.result.bound()})")
+    k = row.plan.n_sub if SPECS[row.schedule].overlapped else 1
+    last_micro_batch(row).plot(png, title=title, n_sub=k)
     return [path, png]
 
 

@@ -1,8 +1,12 @@
-"""Timelines: what ran when, on a compute lane and a communication lane per rank.
+"""Timelines: what ran when, per rank, on a compute lane and the lanes of its collectives.
 
 The executor (measured) and the simulator (predicted) produce the same ``Timeline``, so the two
-can be drawn side by side and compared number by number. Export: Chrome trace JSON (open in
-Perfetto or chrome://tracing) and a PNG drawn with matplotlib (imported only when plotting).
+can be drawn side by side and compared number by number. An event is compute or communication
+(``Event.lane``); its phase says which kind (``lane_of``): TP all-reduces ("fwd", "bwd"),
+reshards between TP degrees ("rsf", "rsb") and data-parallel gradient all-reduces ("dp") run on
+their own streams, so each gets a lane of its own (``LANES``). Export: Chrome trace JSON (open in
+Perfetto or chrome://tracing, a thread per lane) and a PNG (``schedule.timeline_plot``, with
+matplotlib, imported only when plotting).
 """
 
 from __future__ import annotations
@@ -18,6 +22,9 @@ if TYPE_CHECKING:
     from oases.parallel.context import Group
 
 
+LANES = ("compute", "TP comm", "reshard", "DP comm")
+
+
 @dataclass(frozen=True)
 class Event:
     """One interval. ``lane`` is "compute" or "comm"; times are seconds from the step start."""
@@ -25,10 +32,17 @@ class Event:
     rank: int
     lane: str
     name: str
-    phase: str  # forward | recompute | backward | fwd | bwd | dp
+    phase: str  # forward | recompute | backward | optimizer | fwd | bwd | rsf | rsb | dp
     sub: int
     start_s: float
     end_s: float
+
+
+def lane_of(event: Event) -> str:
+    """The lane an event is drawn on: compute, or its collective's kind (``LANES``)."""
+    if event.lane == "compute":
+        return "compute"
+    return {"dp": "DP comm", "rsf": "reshard", "rsb": "reshard"}.get(event.phase, "TP comm")
 
 
 @dataclass
@@ -75,53 +89,61 @@ class Timeline:
         rows = comm.all_gather_objects(self.to_json(), group)
         return Timeline.from_json([row for rank_rows in rows for row in rank_rows])
 
+    def lanes(self) -> list[str]:
+        """The lanes present, in drawing order (``LANES``)."""
+        present = {lane_of(e) for e in self.events}
+        return [lane for lane in LANES if lane in present]
+
+    def sub_batches_per_micro_batch(self) -> int:
+        """k, read off the events: the sub-batches the first rank runs forward before its first
+        backward (every schedule runs a micro-batch's forwards before its backwards, and a
+        micro-batch's collectives end before the next micro-batch starts)."""
+        rank = min((e.rank for e in self.events), default=0)
+        compute = sorted((e for e in self.events if e.rank == rank and e.lane == "compute"),
+                         key=lambda e: e.start_s)
+        first_bwd = next((e.start_s for e in compute if e.phase == "backward"), float("inf"))
+        return max(1, len({e.sub for e in compute
+                           if e.phase == "forward" and e.start_s < first_bwd}))
+
     def save_chrome_trace(self, path: str | Path) -> None:
-        """Write the Chrome trace-event JSON (pid = rank, tid = lane, microseconds)."""
+        """Write the Chrome trace-event JSON (pid = rank, tid = lane of ``LANES``,
+        microseconds)."""
         t0 = min((e.start_s for e in self.events), default=0.0)
         trace = [
             {"name": e.name, "cat": e.phase, "ph": "X", "pid": e.rank,
-             "tid": 0 if e.lane == "compute" else 1,
+             "tid": LANES.index(lane_of(e)),
              "ts": (e.start_s - t0) * 1e6, "dur": max(e.end_s - e.start_s, 0.0) * 1e6,
              "args": {"sub_batch": e.sub, "phase": e.phase}}
             for e in self.events
         ]
         for rank in sorted({e.rank for e in self.events}):
-            for tid, lane in ((0, "compute"), (1, "comm")):
+            for tid, lane in enumerate(LANES):
                 trace.append({"name": "thread_name", "ph": "M", "pid": rank, "tid": tid,
                               "args": {"name": lane}})
         Path(path).write_text(json.dumps({"traceEvents": trace}))
 
-    def plot(self, path: str | Path, title: str = "") -> None:
-        """Draw compute and comm lanes per rank, coloured by sub-batch, to a PNG."""
-        import matplotlib
+    @staticmethod
+    def load_chrome_trace(path: str | Path) -> Timeline:
+        """Read back what ``save_chrome_trace`` wrote (also an older trace: tid 0 compute,
+        else communication), to draw it again."""
+        events = []
+        for r in json.loads(Path(path).read_text())["traceEvents"]:
+            if r.get("ph") != "X":
+                continue
+            start = r["ts"] * 1e-6
+            events.append(Event(r["pid"], "compute" if r["tid"] == 0 else "comm", r["name"],
+                                r["args"]["phase"], r["args"]["sub_batch"], start,
+                                start + r["dur"] * 1e-6))
+        return Timeline(events)
 
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
+    def plot(self, path: str | Path, title: str = "", n_sub: int | None = None,
+             zoom: tuple[float, float] | None | str = "auto") -> None:
+        """Draw the timeline to a PNG (``schedule.timeline_plot``): a lane per rank and kind
+        of work, hue = sub-batch, shade = micro-batch, hatch = phase, a legend; ``zoom``
+        ("auto": where bars would be too thin to see) adds a panel of a short window."""
+        from oases.schedule.timeline_plot import plot_timeline
 
-        ranks = sorted({e.rank for e in self.events})
-        t0 = min((e.start_s for e in self.events), default=0.0)
-        colors = plt.get_cmap("tab10")
-        fig, ax = plt.subplots(figsize=(14, 1.0 + 1.1 * len(ranks)))
-        labels, ticks = [], []
-        for k, rank in enumerate(ranks):
-            for lane_i, lane in enumerate(("compute", "comm")):
-                y = (len(ranks) - 1 - k) * 2.5 + (1 - lane_i) * 1.1
-                ticks.append(y + 0.45)
-                labels.append(f"rank {rank} {lane}")
-                for e in self.events:
-                    if e.rank != rank or e.lane != lane:
-                        continue
-                    hatch = "//" if e.phase == "recompute" else None
-                    alpha = 0.55 if e.phase in ("backward", "bwd") else 0.95
-                    ax.broken_barh([((e.start_s - t0) * 1e3, (e.end_s - e.start_s) * 1e3)],
-                                   (y, 0.9), facecolors=colors(e.sub % 10), alpha=alpha,
-                                   hatch=hatch, edgecolor="black", linewidth=0.2)
-        ax.set_yticks(ticks, labels)
-        ax.set_xlabel("time (ms); colour = sub-batch; light = backward; hatched = recompute")
-        ax.set_title(title or "Oases timeline")
-        fig.tight_layout()
-        fig.savefig(path, dpi=110)
-        plt.close(fig)
+        plot_timeline(self, path, title, n_sub or self.sub_batches_per_micro_batch(), zoom)
 
 
 # Instrumentation only: timelines currently recording (empty unless inside record_timeline()).
