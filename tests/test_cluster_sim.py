@@ -270,10 +270,11 @@ def test_tp_and_dp_groups_are_priced_for_the_8x4_topology():
 
 # ------------------------------------------------------------------------ planning at scale
 
-def test_planning_1024_gpus_96_layers_within_5_s():
+def test_planning_1024_gpus_96_layers():
     """128 H100 servers x 8, a 96-layer GPT (H=2048, S=2048): the planner's auto plan for
     oases under a 45 GiB budget (memory binds, so the Pareto solver runs), then the chosen
-    plan simulated with its timeline. Measured about 0.7 s on a 2-core machine."""
+    plan simulated with its timeline. Its time is printed, never asserted (speed lives in
+    benchmarks/*-paper-simulation)."""
     from oases.planner.whatif import parse_entries, simulate_cluster
 
     cfg = ModelConfig(arch="gpt2", n_layers=96, dim=2048, n_heads=16, vocab_size=50257,
@@ -287,7 +288,6 @@ def test_planning_1024_gpus_96_layers_within_5_s():
     (row,) = rep.rows
     assert row.fits and len(row.plan.regions) == 2 * 96 + 2
     assert max(row.plan.degrees()) <= 8  # TP stays inside a server
-    assert elapsed <= 5.0
 
 
 # ---------------------------------------------------------------------------- the command

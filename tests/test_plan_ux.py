@@ -419,3 +419,15 @@ def test_preset_sources_cite_nothing_missing_from_the_repository():
         for name in re.findall(r"[\w./-]+\.(?:md|py|json|toml|txt)\b", source):
             assert (REPO_ROOT / name).exists(), (name, source)
         assert "PAPER.md" not in source
+
+
+def test_degree_runs_merge_blocks_of_the_same_degrees():
+    from oases.plan import RegionPlan, region_names
+
+    cfg = ModelConfig(arch="gpt2", n_layers=6, dim=32, n_heads=4)
+    assert ParallelPlan.uniform(cfg, 4, 2).degree_runs() == "every region tp=2"
+    degrees = [4] + [2, 2, 2, 2, 2, 8, 2, 8, 4, 4, 4, 8] + [4]
+    names = region_names(cfg)
+    plan = ParallelPlan([RegionPlan(n, t, 8 // t) for n, t in zip(names, degrees)])
+    assert plan.degree_runs() == ("embed tp=4; blocks 0-1 tp=2; blocks 2-3 attn tp=2, mlp tp=8; "
+                                  "block 4 tp=4; block 5 attn tp=4, mlp tp=8; head tp=4")

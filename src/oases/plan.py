@@ -54,15 +54,28 @@ class ParallelPlan:
         return tuple(sorted({r.tp for r in self.regions}))
 
     def degree_runs(self) -> str:
-        """The degrees along the chain as runs: ``embed..blocks.5.mlp tp=2; blocks.6.attn..head
-        tp=4``."""
-        runs: list[list] = []
-        for r in self.regions:
-            if runs and runs[-1][2] == r.tp:
-                runs[-1][1] = r.name
+        """The degrees along the chain, consecutive blocks of the same degrees merged::
+
+            embed tp=4; blocks 0-5 tp=2; blocks 6-9 attn tp=2, mlp tp=8; head tp=4
+
+        (a uniform plan reads ``every region tp=2``)."""
+        if self.is_uniform():
+            return f"every region tp={self.regions[0].tp}"
+        tp = {r.name: r.tp for r in self.regions}
+        n_blocks = sum(1 for r in self.regions if r.name.endswith(".attn"))
+        runs: list[list] = []  # [first block, last block, (attn tp, mlp tp)]
+        for b in range(n_blocks):
+            pair = (tp[f"blocks.{b}.attn"], tp[f"blocks.{b}.mlp"])
+            if runs and runs[-1][2] == pair:
+                runs[-1][1] = b
             else:
-                runs.append([r.name, r.name, r.tp])
-        return "; ".join(f"{a}..{b} tp={t}" if a != b else f"{a} tp={t}" for a, b, t in runs)
+                runs.append([b, b, pair])
+        parts = [f"embed tp={tp['embed']}"]
+        for first, last, (attn, mlp) in runs:
+            where = f"block {first}" if first == last else f"blocks {first}-{last}"
+            parts.append(f"{where} tp={attn}" if attn == mlp
+                         else f"{where} attn tp={attn}, mlp tp={mlp}")
+        return "; ".join([*parts, f"head tp={tp['head']}"])
 
     def is_uniform(self) -> bool:
         return len(self.degrees()) == 1
