@@ -216,12 +216,25 @@ BEGIN, END = "<!-- results: written by measure.py -->", "<!-- end of results -->
 
 def machine_line(res: dict) -> str:
     m, after = res["machine_before"], res["machine_after"]["loadavg"]
-    idle = float(m["loadavg"][0]) <= 0.3
+    busy = m.get("cpu_busy_before")  # share of the CPUs used by anything in the 2 s before
+    idle = busy < 0.1 if busy is not None else float(m["loadavg"][0]) <= 0.3
+    seen = "" if busy is None else f"CPUs {100 * busy:.0f}% busy in the 2 s before the start; "
     return (f"Measured {res['date']} on {m['cpu']} ({m['cores']} cores), Python {m['python']}, "
-            f"torch {m['torch']}; load average (1, 5, 15 min) {' '.join(m['loadavg'])} before, "
-            f"{' '.join(after)} after: " + ("the machine was idle." if idle else
-            "**the machine was busy** (other sessions' tests running): the times are longer "
+            f"torch {m['torch']}; {seen}load average (1, 5, 15 min) {' '.join(m['loadavg'])} "
+            f"before, {' '.join(after)} after: " + ("the machine was idle (nothing else ran)."
+            if idle else "**the machine was busy** (other work running): the times are longer "
             "than an idle machine's; re-run `run.sh` on an idle one for those."))
+
+
+def cpu_busy(seconds: float = 2.0) -> float:
+    """Share of all CPUs' time spent on anything but idle over ``seconds`` (/proc/stat)."""
+    def sample() -> tuple[int, int]:
+        fields = [int(x) for x in Path("/proc/stat").read_text().split("\n")[0].split()[1:]]
+        return sum(fields), fields[3] + fields[4]  # total, idle + iowait
+
+    (t0, i0), _ = sample(), time.sleep(seconds)
+    t1, i1 = sample()
+    return 1.0 - (i1 - i0) / max(1, t1 - t0)
 
 
 def machine() -> dict:
@@ -232,6 +245,10 @@ def machine() -> dict:
     return {"cpu": cpu, "cores": os.cpu_count(), "python": platform.python_version(),
             "torch": torch.__version__, "platform": platform.platform(),
             "loadavg": Path("/proc/loadavg").read_text().split()[:3]}
+
+
+def machine_before() -> dict:
+    return machine() | {"cpu_busy_before": cpu_busy()}
 
 
 def main() -> None:
@@ -245,7 +262,7 @@ def main() -> None:
     if ns.from_json:
         write(json.loads((ns.out / "results.json").read_text(), object_hook=_int_keys), ns.out)
         return
-    res: dict = {"machine_before": machine(), "config": CONFIG + LOCAL, "faults": [],
+    res: dict = {"machine_before": machine_before(), "config": CONFIG + LOCAL, "faults": [],
                  "date": time.strftime("%Y-%m-%d %H:%M")}
     with tempfile.TemporaryDirectory(prefix="faults-report-") as work_dir:
         work = Path(work_dir)
