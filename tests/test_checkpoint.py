@@ -23,6 +23,7 @@ import torch
 from exactness import fp32_tol
 from oases.train import checkpoint as ckpt
 from oases.train.checkpoint import latest_checkpoint, read_full_tensors
+from oases.train.resume import resolve_resume
 from test_train_loop import run, tiny_cfg, write_text
 
 
@@ -173,23 +174,23 @@ def test_a_run_never_mixes_with_another_runs_checkpoints(tmp_path):
     newest = _fake_checkpoint(root, 200)
     never = r"resume='never' starts a new run, but .* \(up to step 200\)"
     with pytest.raises(ValueError, match=never):
-        ckpt.resolve_resume(cfg)
+        resolve_resume(cfg)
     older = load_config(None, [f"--train.run_dir={tmp_path}",
                                f"--checkpoint.resume={root / 'step_000100'}"])
     with pytest.raises(ValueError, match="is step 100 but .* holds step 200"):
-        ckpt.resolve_resume(older)
+        resolve_resume(older)
     auto = load_config(None, [f"--train.run_dir={tmp_path}", "--checkpoint.resume=auto"])
-    assert ckpt.resolve_resume(auto) == newest
+    assert resolve_resume(auto) == newest
     (newest / ckpt.MANIFEST).write_text("{broken")  # newest damaged: the newest valid one
-    assert ckpt.resolve_resume(auto) == root / "step_000100"
+    assert resolve_resume(auto) == root / "step_000100"
     (root / "step_000100" / ckpt.MANIFEST).write_text("{broken")  # none valid: the error
     with pytest.raises(ValueError, match="step_000200: unreadable"):
-        ckpt.resolve_resume(auto)
+        resolve_resume(auto)
 
 
 def test_resume_refuses_changed_data_settings(tmp_path):
     from oases.config import config_to_dict, load_config
-    from oases.train.loop import check_resume_compatible
+    from oases.train.resume import check_resume_compatible
 
     saved = load_config(None, ["--train.seed=1"])
     manifest = {"config": config_to_dict(saved)}

@@ -372,7 +372,7 @@ def test_a_plan_replaces_parallel_tp(tmp_path):
     """parallel.plan: the plan's degrees are checked instead of parallel.tp, before any
     collective; the batch splits over the embedding's DP degree."""
     from oases.plan import ParallelPlan, RegionPlan, region_names
-    from oases.train.loop import check_config
+    from oases.train.setup import check_config
 
     def plan_cfg(degrees, world, *overrides):
         cfg = load_config(overrides=[f"--parallel.plan={tmp_path / 'plan.json'}", *overrides])

@@ -43,7 +43,6 @@ def test_ranks_run_the_parents_cpu_kernels(spawn_ranks):
 
 
 def test_real_failure_leads_and_peers_are_echoes_and_hangs_are_killed(tmp_path):
-    start = time.monotonic()
     with pytest.raises(AssertionError) as err:
         run_ranks(_rank_fail_one, 2, tmp_path)
     message = str(err.value)
@@ -51,9 +50,10 @@ def test_real_failure_leads_and_peers_are_echoes_and_hangs_are_killed(tmp_path):
     assert "--- rank 1's traceback:" in message and "_rank_fail_one" in message
     echo = [ln for ln in message.splitlines() if ln.startswith("  rank 0")]
     assert len(echo) == 1 and echo[0].startswith("  rank 0 (echo): RuntimeError:"), message
+    # rank 0 learned of the failure from the closed connection, not the collective timeout
+    assert "Timed out" not in echo[0], message
     with pytest.raises(AssertionError, match=r"ranks \[0, 1\] of 2 did not finish"):
         run_ranks(_rank_hang, 2, tmp_path, timeout_s=3)
-    assert time.monotonic() - start < 25  # not the 30 s collective timeout
 
 
 def test_report_order_without_processes():

@@ -81,7 +81,8 @@ def test_tensorboard_without_the_package_is_one_line(tmp_path, monkeypatch):
     with pytest.raises(ValueError) as info:
         check_config(cfg, 1)
     assert str(info.value) == ("train.tensorboard=true needs the tensorboard package: "
-                               "pip install 'oases[tensorboard]' (or --train.tensorboard=false)")
+                               "pip install -e '.[tensorboard]' in the oases clone "
+                               "(or --train.tensorboard=false)")
 
 
 def test_metrics_path_default_and_override(tmp_path):

@@ -362,7 +362,7 @@ def test_full_plan_search_for_1024_gpus_and_96_layers():
 def test_planning_a_run_twice_gives_the_same_plan_and_batch(tmp_path):
     """The launcher checks the config, then every rank checks the same (updated) config again:
     an auto plan must come out the same, on the same world micro-batch."""
-    from oases.train.loop import check_config
+    from oases.train.setup import check_config
 
     base = load_config(REPO_ROOT / "configs" / "tiny.toml", [])
     synthetic_profile(base.model).save(tmp_path / "p.json")

@@ -27,6 +27,7 @@ from oases.config import load_config
 from oases.schedule.program import Start, Wait, build_program
 from oases.train import checkpoint as ckpt
 from oases.train.faults import parse
+from oases.train.resume import newest_valid_checkpoint
 from oases.train.supervise import (
     RankEnd,
     cause_of,
@@ -102,7 +103,7 @@ def test_restart_resumes_from_the_runs_newest_checkpoint(tmp_path):
     assert restart_config(cfg, None) is cfg  # auto stays auto
     bad = _fake_checkpoint(root, 8)
     (bad / ckpt.MANIFEST).write_text("{")  # damaged: auto would skip it
-    found, skipped = ckpt.newest_valid_checkpoint(root)
+    found, skipped = newest_valid_checkpoint(root)
     assert found == (6, root / "step_000006") and "unreadable oases.json" in str(skipped[0])
 
 

@@ -16,7 +16,12 @@ import pytest
 from oases.config import config_to_dict, load_config
 from oases.train import checkpoint as ckpt
 from oases.train.data import Fingerprint, fingerprint_files, list_stdlib_files, load_corpus
-from oases.train.resume import MODEL_FREE, check_corpus, check_resume_compatible
+from oases.train.resume import (
+    MODEL_FREE,
+    check_corpus,
+    check_resume_compatible,
+    resolve_resume,
+)
 from test_train_loop import run, tiny_cfg, write_text
 
 
@@ -164,12 +169,12 @@ def test_stdlib_fingerprint_and_its_message(tmp_path):
 
 def test_resume_never_and_a_wrong_resume_value(tmp_path):
     cfg = load_config(None, [f"--train.run_dir={tmp_path}", "--checkpoint.resume=never"])
-    assert ckpt.resolve_resume(cfg) is None  # nothing there: a new run
+    assert resolve_resume(cfg) is None  # nothing there: a new run
     root = ckpt.checkpoint_root(cfg)
     (root / "step_000010").mkdir(parents=True)
     (root / "step_000010" / ckpt.COMPLETE).write_text("10\n")
     with pytest.raises(ValueError) as info:
-        ckpt.resolve_resume(cfg)
+        resolve_resume(cfg)
     assert str(info.value) == (
         f"checkpoint.resume='never' starts a new run, but {root} already holds checkpoints "
         "(up to step 10) that it would mix with and prune: start it in another folder "
@@ -178,6 +183,6 @@ def test_resume_never_and_a_wrong_resume_value(tmp_path):
     assert (root / "step_000010").is_dir()  # never deleted
     wrong = load_config(None, [f"--train.run_dir={tmp_path}", "--checkpoint.resume=yes"])
     with pytest.raises(ValueError) as info:
-        ckpt.resolve_resume(wrong)
+        resolve_resume(wrong)
     assert str(info.value) == ("checkpoint.resume='yes' must be never, auto or the path of a "
                                "checkpoint or of a folder of checkpoints, and there is no yes")

@@ -84,7 +84,7 @@ def _grad_norm_rank(rank, world_size):
     from oases.parallel.apply import parallelize, shard_spec, shard_tensor
     from oases.parallel.context import init_distributed
     from oases.schedule import build_schedule
-    from oases.train.loop import PeerError, agree_on_setup
+    from oases.train.agree import PeerError, agree_on_setup
 
     cfg = Config()
     cfg.model = load_config(TINY).model

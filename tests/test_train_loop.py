@@ -69,7 +69,7 @@ def run(cfg, **kw):
 
 def one_line_error(cfg):
     """The error train(cfg) raises on this rank: ("peer"|"own", its one line)."""
-    from oases.train.loop import PeerError
+    from oases.train.agree import PeerError
 
     try:
         run(cfg)

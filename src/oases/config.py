@@ -170,8 +170,8 @@ class TrainConfig:
     replaces ``parallel.tp``).
 
     ``tensorboard``: also write every metric to ``<run_dir>/tensorboard`` (needs the
-    ``tensorboard`` package: ``pip install 'oases[tensorboard]'``); ``metrics.jsonl`` stays the
-    record.
+    ``tensorboard`` package: ``pip install -e '.[tensorboard]'`` in a clone); ``metrics.jsonl``
+    stays the record.
     """
 
     steps: int = 40

@@ -153,9 +153,10 @@ def export_checkpoint(
 ) -> Path:
     """Write the HF directory of an Oases checkpoint (saved at any tp), in this process alone
     (no process group). ``checkpoint_dir`` is a checkpoint (``.../step_000123``), a folder of
-    them or a run directory (the newest complete one: ``checkpoint.find_checkpoint``). The
+    them or a run directory (the newest complete one: ``resume.find_checkpoint``). The
     run's tokenizer goes with it (``write_tokenizer_files``)."""
-    from oases.train.checkpoint import find_checkpoint, read_full_tensors, read_manifest
+    from oases.train.checkpoint import read_full_tensors, read_manifest
+    from oases.train.resume import find_checkpoint
 
     path = find_checkpoint(Path(checkpoint_dir))
     manifest = read_manifest(path)

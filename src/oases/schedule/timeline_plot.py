@@ -133,11 +133,10 @@ def _legend(k: int, micro: list[int], phases: set[str], cmap: Any) -> list:
 
 def plot_timeline(timeline: Timeline, path: str | Path, title: str, n_sub: int,
                   zoom: tuple[float, float] | None | str = "auto") -> None:
-    """Draw ``timeline`` (``n_sub`` sub-batches per micro-batch) to the PNG ``path``."""
+    """Draw ``timeline`` (``n_sub`` sub-batches per micro-batch) to the PNG ``path``. A
+    ``Figure`` without pyplot: the caller's matplotlib backend and settings stay as they are."""
     import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    from matplotlib.figure import Figure
 
     events = timeline.events
     if not events:
@@ -148,14 +147,22 @@ def plot_timeline(timeline: Timeline, path: str | Path, title: str, n_sub: int,
     rows = [(r, lane) for r in ranks for lane in timeline.lanes()]
     t0 = min(e.start_s for e in events)
     window = _zoom_window(timeline, zoom)
-    cmap = plt.get_cmap("tab10")
+    cmap = matplotlib.colormaps["tab10"]
     panels = [None] if window is None else [None, window]
     height = 0.42 * len(rows) + 1.3
-    plt.rcParams["hatch.linewidth"] = 0.5
-    fig, axes = plt.subplots(len(panels), 1, figsize=(14, 1.3 + height * len(panels)),
-                             squeeze=False)
-    for ax, win in zip(axes[:, 0], panels):
-        _draw(ax, events, rows, t0, k, micro, cmap, win)
+    with matplotlib.rc_context({"hatch.linewidth": 0.5}):  # hatches are drawn at save time
+        fig = Figure(figsize=(14, 1.3 + height * len(panels)))
+        axes = fig.subplots(len(panels), 1, squeeze=False)
+        for ax, win in zip(axes[:, 0], panels):
+            _draw(ax, events, rows, t0, k, micro, cmap, win)
+        _finish(fig, axes, timeline, events, rows, ranks, t0, k, micro, cmap, window, title,
+                path)
+
+
+def _finish(fig: object, axes: object, timeline: Timeline, events: list, rows: list,
+            ranks: list, t0: float, k: int, micro: list, cmap: object, window: object,
+            title: str, path: str | Path) -> None:
+    """Micro-batch marks, the zoom window's shading and titles, the legend; save."""
     top = axes[0, 0]
     _mark_micro_batches(top, events, ranks[0], (len(rows) - 1) * 1.2, t0, k, micro)
     n_compute = sum(1 for e in events if e.rank == ranks[0] and e.lane == "compute")
@@ -172,4 +179,3 @@ def plot_timeline(timeline: Timeline, path: str | Path, title: str, n_sub: int,
     fig.suptitle(title or "Oases timeline", fontsize=11)
     fig.tight_layout(rect=(0, 0.06 if len(handles) <= 8 else 0.1, 1, 1))
     fig.savefig(path, dpi=110)
-    plt.close(fig)

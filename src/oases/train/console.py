@@ -37,13 +37,15 @@ def terminal_has_room(stream: TextIO) -> bool:
 
 
 class Console:
-    """Rank 0's output (see the module docstring). ``stream`` defaults to stdout; ``tty``
-    overrides ``terminal_has_room(stream)`` (a bar is drawn only on a terminal)."""
+    """Rank 0's output (see the module docstring). ``stream`` defaults to stdout, and warnings
+    then go to stderr (a given ``stream``, a log, gets both); ``tty`` overrides
+    ``terminal_has_room(stream)`` (a bar is drawn only on a terminal)."""
 
     def __init__(self, enabled: bool, stream: TextIO | None = None, *,
                  tty: bool | None = None) -> None:
         self.enabled = enabled
         self.stream = sys.stdout if stream is None else stream
+        self.err_stream = sys.stderr if stream is None else stream
         self.tty = terminal_has_room(self.stream) if tty is None else tty
         self._bar: Any = None  # tqdm.tqdm while the steps run on a terminal
         self._window: list[tuple[float, float]] = []  # (loss, step_time_s) since the last line
@@ -59,6 +61,15 @@ class Console:
             self._bar.write(msg, file=self.stream)
         else:
             print(msg, file=self.stream, flush=True)
+
+    def warn(self, msg: str) -> None:
+        """Print ``warning: msg`` on the warnings' stream (above the bar while there is one)."""
+        if not self.enabled:
+            return
+        if self._bar is not None:
+            self._bar.write(f"warning: {msg}", file=self.err_stream)
+        else:
+            print(f"warning: {msg}", file=self.err_stream, flush=True)
 
     def start(self, first: int, end: int, steps: int, log_every: int,
               tokens_per_step: int) -> None:

@@ -45,7 +45,8 @@ def free_port() -> int:
 def run_rank(cfg: Config, num_threads: int | None = None) -> dict[str, Any] | None:
     """Entry point of one rank: train ``cfg``; returns the summary on rank 0."""
     from oases.train import faults
-    from oases.train.loop import PeerError, train  # workers import only what they run
+    from oases.train.agree import PeerError  # workers import only what they run
+    from oases.train.loop import train
 
     if num_threads is not None and not torch.cuda.is_available():
         torch.set_num_threads(num_threads)

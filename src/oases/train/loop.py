@@ -62,11 +62,14 @@ from oases.train.evaluate import evaluate, loss_group
 from oases.train.generate import generate, sampling_generator
 from oases.train.metrics import LOSS_PLOT, TENSORBOARD_DIR, MetricsLog, metrics_path
 from oases.train.optim import build_optimizer, clip_grad_norm_, lr_at
-from oases.train.resume import check_corpus, check_resume_compatible, schedule_change
+from oases.train.resume import (
+    check_corpus,
+    check_resume_compatible,
+    resolve_resume,
+    schedule_change,
+)
 from oases.train.setup import build_run_tokenizer, check_config
 from oases.train.tokenizer import TOKENIZER_FILE, save_tokenizer, tokenizer_info
-
-__all__ = ["PeerError", "check_config", "check_resume_compatible", "train"]
 
 
 def _format_config(cfg: Config) -> str:
@@ -95,8 +98,9 @@ def save_timeline(timeline: Timeline, ctx: ParallelContext, path: Path, title: s
         try:
             merged.save_chrome_trace(path.with_suffix(".json"))
             merged.plot(path, title=title)
-        except (ImportError, OSError, ValueError) as exc:
-            print(f"warning: timeline picture not written ({exc})", file=sys.stderr, flush=True)
+        except Exception as exc:  # a picture never ends a run (and never strands the peers)
+            print(f"warning: timeline picture not written ({type(exc).__name__}: {exc})",
+                  file=sys.stderr, flush=True)
 
 
 def train(
@@ -135,7 +139,7 @@ def train(
                        "parallel.plan (every machine must read the same plan)")
         ctx = init_distributed(tp=plan.tp_of("embed"), degrees=plan.degrees(), **groups)
     try:  # nothing is written before every check of a resumed run has passed
-        resume_from = ckpt.resolve_resume(cfg)
+        resume_from = resolve_resume(cfg, warnings)
         if resume_from is not None:
             manifest = ckpt.read_manifest(resume_from)
             warnings += check_resume_compatible(cfg, manifest, resume_from)
@@ -248,7 +252,7 @@ def train(
             f"{'/'.join(map(str, saved_degrees))} on {manifest['world_size']} ranks)")
         warnings += filter(None, [schedule_change(cfg, manifest, start_step)])
     for line in warnings:
-        say(f"warning: {line}")
+        console.warn(line)
 
     def write(row: dict[str, Any]) -> None:
         if metrics is not None:

@@ -21,11 +21,22 @@ Everything else (tp, plan, schedule, micro-batch, logging, checkpoint cadence) m
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
+import os
 from pathlib import Path
 from typing import Any
 
 from oases.config import Config, ModelConfig, TrainConfig, config_to_dict
+from oases.train.checkpoint import (
+    _STEP_DIR,
+    COMPLETE,
+    MANIFEST,
+    checkpoint_root,
+    complete_checkpoints,
+    latest_checkpoint,
+    read_manifest,
+)
 from oases.train.data import Fingerprint
 from oases.train.optim import lr_at
 
@@ -110,3 +121,91 @@ def schedule_change(cfg: Config, manifest: dict[str, Any], step: int) -> str | N
     return (f"resuming at step {step} with {what}: the learning-rate schedule changes from "
             f"here on (lr {lr_at(step, old):.3e} under the saved schedule, "
             f"{lr_at(step, cfg.train):.3e} now)")
+
+
+# ------------------------------------------------------------ which checkpoint a run resumes
+
+
+def find_checkpoint(path: Path) -> Path:
+    """The checkpoint ``path`` stands for: itself (``.../step_000123``), the newest complete
+    one of a folder of checkpoints, or that of a run directory (its ``config.toml``'s
+    ``checkpoint.dir``, by default ``RUN/checkpoints``). ValueError naming where it looked."""
+    if (path / COMPLETE).is_file() or _STEP_DIR.match(path.name):
+        return path  # read_manifest says what is wrong with an incomplete one
+    if not path.is_dir():
+        raise ValueError(f"{path}: no such checkpoint, folder of checkpoints or run directory")
+    folders = [path, path / "checkpoints"]
+    if (path / "config.toml").is_file():
+        from oases.config import load_config
+
+        with contextlib.suppress(ValueError):
+            folders.insert(1, checkpoint_root(load_config(path / "config.toml")))
+    for folder in folders:
+        latest = latest_checkpoint(folder)
+        if latest is not None:
+            return latest
+    looked = ", ".join(dict.fromkeys(map(str, folders)))
+    raise ValueError(f"{path}: no complete checkpoint (looked in {looked})")
+
+
+def newest_valid_checkpoint(root: str | os.PathLike[str]
+                            ) -> tuple[tuple[int, Path] | None, list[ValueError]]:
+    """(step, path) of the newest complete checkpoint in ``root`` that ``read_manifest``
+    accepts (what ``resume = "auto"`` picks) or None, and the errors of the newer, damaged
+    ones it skipped (newest first)."""
+    skipped: list[ValueError] = []
+    for step, path in reversed(complete_checkpoints(root)):
+        try:
+            read_manifest(path)
+        except ValueError as exc:
+            skipped.append(exc)
+            continue
+        return (step, path), skipped
+    return None, skipped
+
+
+def resolve_resume(cfg: Config, warnings: list[str] | None = None) -> Path | None:
+    """The checkpoint to resume from (None for a fresh start); ValueError naming the path.
+
+    ``auto`` takes the newest checkpoint whose manifest reads (skipping a newer one that is
+    damaged, with a line appended to ``warnings``; when none reads, the newest one's error). A
+    run never writes into a folder that holds newer checkpoints than its own (they would be
+    mixed up and the new ones pruned), and never deletes a user's checkpoints to make room:
+    ``never`` with checkpoints present, or resuming an older step than the folder's newest, is
+    an error that names another ``train.run_dir`` as the way to start afresh.
+    """
+    resume, root = cfg.checkpoint.resume, checkpoint_root(cfg)
+    existing = complete_checkpoints(root)
+    if resume == "never":
+        if existing:
+            raise ValueError(
+                f"checkpoint.resume='never' starts a new run, but {root} already holds "
+                f"checkpoints (up to step {existing[-1][0]}) that it would mix with and prune: "
+                "start it in another folder (--train.run_dir=NEW), continue them "
+                "(--checkpoint.resume=auto), or delete that folder yourself")
+        return None
+    if resume == "auto":  # the newest valid one; if none is valid, the newest one's error
+        found, skipped = newest_valid_checkpoint(root)
+        if found is None:
+            if skipped:
+                raise skipped[0]
+            return None
+        if warnings is not None:  # each damaged one, newest first
+            warnings += [f"skipping a damaged checkpoint: {exc}" for exc in skipped]
+        return found[1]
+    path = Path(resume).expanduser()
+    if not path.exists():
+        raise ValueError(f"checkpoint.resume={resume!r} must be never, auto or the path of a "
+                         f"checkpoint or of a folder of checkpoints, and there is no {path}")
+    if not (_STEP_DIR.match(path.name) or (path / MANIFEST).exists()
+            or (path / ".metadata").exists()):
+        latest = latest_checkpoint(path)
+        if latest is None:
+            raise ValueError(f"checkpoint.resume={resume!r}: no complete checkpoint in this folder")
+        path = latest
+    m = _STEP_DIR.match(path.name)
+    if m and existing and existing[-1][0] > int(m.group(1)) and existing[-1][1] != path:
+        raise ValueError(
+            f"checkpoint.resume={resume!r} is step {int(m.group(1))} but {root} holds step "
+            f"{existing[-1][0]}: new checkpoints would be pruned; use another checkpoint.dir")
+    return path

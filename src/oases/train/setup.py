@@ -97,7 +97,8 @@ def check_config(cfg: Config, world_size: int) -> ParallelPlan | None:
         )
     if cfg.train.tensorboard and importlib.util.find_spec("tensorboard") is None:
         raise ValueError("train.tensorboard=true needs the tensorboard package: "
-                         "pip install 'oases[tensorboard]' (or --train.tensorboard=false)")
+                         "pip install -e '.[tensorboard]' in the oases clone "
+                         "(or --train.tensorboard=false)")
     return plan
 
 

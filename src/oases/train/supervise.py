@@ -182,17 +182,18 @@ def _is_stopped(pid: int) -> bool:
 
 def _resume_point(cfg: Config) -> tuple[int, Path | None]:
     """(step, checkpoint) the ranks of ``cfg`` will start from (0, None: a fresh start); the
-    ranks decide with ``checkpoint.resolve_resume``, this predicts it for the log line."""
+    ranks decide with ``resume.resolve_resume``, this predicts it for the log line."""
     from oases.train import checkpoint as ckpt
+    from oases.train import resume as resumes
 
     resume = cfg.checkpoint.resume
     if resume == "never":
         return 0, None
     if resume == "auto":
-        found = ckpt.newest_valid_checkpoint(ckpt.checkpoint_root(cfg))[0]
+        found = resumes.newest_valid_checkpoint(ckpt.checkpoint_root(cfg))[0]
         return (0, None) if found is None else found
     try:
-        path = ckpt.resolve_resume(cfg)
+        path = resumes.resolve_resume(cfg)
         return (0, None) if path is None else (int(ckpt.read_manifest(path)["step"]), path)
     except (ValueError, KeyError):
         return 0, None  # the ranks report it
@@ -203,9 +204,10 @@ def restart_config(cfg: Config, given_step: int | None) -> Config:
     a valid checkpoint newer than the one the user named (``given_step``; None when the user
     named none), so that the restart continues from the newest checkpoint of the run."""
     from oases.train import checkpoint as ckpt
+    from oases.train import resume as resumes
 
     resume = cfg.checkpoint.resume
-    newest = ckpt.newest_valid_checkpoint(ckpt.checkpoint_root(cfg))[0]
+    newest = resumes.newest_valid_checkpoint(ckpt.checkpoint_root(cfg))[0]
     if resume == "auto" or newest is None:
         return cfg
     if resume != "never" and (given_step is None or newest[0] <= given_step):
@@ -258,7 +260,7 @@ def run_attempt(a: Attempt) -> list[RankEnd] | None:
     failed ones as seen, the rest as killed by the supervisor: ``exitcode`` None)."""
     from torch.distributed.elastic.multiprocessing import DefaultLogsSpecs, Std, start_processes
 
-    from oases.train.loop import metrics_path
+    from oases.train.metrics import metrics_path
 
     port = free_port()
     started = time.time()
@@ -373,7 +375,7 @@ _STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGQUIT)
 
 def _attempts(cfg: Config, nproc: int, max_restarts: int, threads: int | None,
               logs: Path) -> int:
-    from oases.train.loop import metrics_path
+    from oases.train.metrics import metrics_path
 
     run_dir = cfg.train.run_dir
     resume_step, resume_path = _resume_point(cfg)
