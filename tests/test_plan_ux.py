@@ -419,6 +419,8 @@ def test_preset_sources_cite_nothing_missing_from_the_repository():
         for name in re.findall(r"[\w./-]+\.(?:md|py|json|toml|txt)\b", source):
             assert (REPO_ROOT / name).exists(), (name, source)
         assert "PAPER.md" not in source
+    for module in (REPO_ROOT / "src").rglob("*.py"):  # docstrings cite the paper, not a file
+        assert "PAPER.md" not in module.read_text(encoding="utf-8"), module
 
 
 def test_degree_runs_merge_blocks_of_the_same_degrees():
