@@ -265,11 +265,11 @@ def _simulate_parser(commands: argparse._SubParsersAction) -> None:
 
 
 def _simulate(ns: argparse.Namespace, overrides: list[str]) -> int:
+    from oases.planner.batch import simulate_batch
     from oases.planner.budget import memory_budget
     from oases.planner.models import load_model
+    from oases.planner.report import format_report
     from oases.planner.whatif import (
-        batch_spec,
-        format_report,
         load_any_cluster,
         parse_entries,
         simulate_cluster,
@@ -278,8 +278,8 @@ def _simulate(ns: argparse.Namespace, overrides: list[str]) -> int:
 
     cfg = load_model(ns.model)
     cluster = load_any_cluster(ns.cluster, ns.inter_gbps)
-    batch = batch_spec(ns.model, cluster, ns.global_batch, ns.micro_batch,
-                       ns.micro_batch_tp)
+    batch = simulate_batch(ns.model, cluster, ns.global_batch, ns.micro_batch,
+                           ns.micro_batch_tp)
     budget = memory_budget(ns.memory_gb, cluster.memory_bytes, cluster.server.gpu.name)
     report = simulate_cluster(cfg, cluster, parse_entries(ns.schedules, ns.plan), batch,
                               budget, n_sub=ns.n_sub, max_tp=ns.max_tp, dtype=ns.dtype,
