@@ -14,11 +14,18 @@ import pytest
 from distributed import REPO_ROOT
 from oases.config import ModelConfig, load_config
 from oases.plan import ParallelPlan
-from oases.planner.budget import DEFAULT_MEMORY_FRACTION, GB, GIB, memory_budget
+from oases.planner.budget import (
+    DEFAULT_MEMORY_FRACTION,
+    GB,
+    GIB,
+    costs_budget,
+    memory_budget,
+)
 from oases.planner.chain import evaluate, solve_chain_minmax
 from oases.planner.clusters import CLUSTERS, GPUS, LINKS, get_cluster, load_cluster
 from oases.planner.hardware import HardwareCosts
 from oases.planner.models import MODELS
+from oases.planner.profile import Profile
 from oases.planner.report import format_candidates, run_command
 from oases.planner.search import solve_plan
 from oases.planner.simulate import BatchShape, simulate_plan
@@ -109,17 +116,73 @@ def test_plan_and_simulate_share_the_default_budget_and_say_it(capsys, tmp_path)
     assert plan["predicted_peak_mem_bytes"] <= DEFAULT_MEMORY_FRACTION * 24e9
 
 
-def test_a_profile_plans_without_a_budget_and_says_so(capsys, tmp_path):
+@pytest.mark.parametrize("machine,budget", [
+    ({"device": "cuda:0", "device_name": "NVIDIA H100 80GB HBM3",
+      "device_memory_bytes": 85_045_870_592},
+     "budget   75.24 GiB per device, the default: 95% of one NVIDIA H100 80GB HBM3's 85.0459 GB "
+     "(79.21 GiB; --memory-gb G sets G GB = 10^9 bytes)"),
+    ({"device": "cpu", "device_name": "cpu", "device_memory_bytes": None},
+     "budget   none: the profile's cpu ranks have no device memory of their own (they share "
+     "the host's RAM) (--memory-gb G plans under G GB = 10^9 bytes per rank)"),
+    ({"device": "cuda:0"},  # a profile made before the field
+     "budget   none: the profile does not record its cuda device's memory (made before oases "
+     "profile recorded it; profile again for the default of 95% of a GPU's memory) "
+     "(--memory-gb G plans under G GB = 10^9 bytes per rank)"),
+])
+def test_a_profile_plans_under_95_percent_of_its_gpu_and_says_so(capsys, tmp_path, machine,
+                                                                 budget):
+    """The default budget of a measured profile: 95% of the memory of the GPU it was measured
+    on (``machine.device_memory_bytes``, as ``oases profile`` records it); none for CPU ranks
+    or an older profile, and the budget line says which."""
     from test_planner import synthetic_profile
 
-    synthetic_profile(load_config(REPO_ROOT / "configs" / "tiny.toml", []).model).save(
-        tmp_path / "p.json")
+    prof = synthetic_profile(load_config(REPO_ROOT / "configs" / "tiny.toml", []).model)
+    prof.machine = {"cpu": "synthetic", **machine}
+    prof.save(tmp_path / "p.json")
     code, out, err = _main(capsys, "plan", str(REPO_ROOT / "configs" / "tiny.toml"),
                            "--world-size", "2", "--profile", str(tmp_path / "p.json"),
                            "--out", str(tmp_path / "plan.json"))
     assert code == 0, err
-    assert _line(out, "budget").startswith("budget   none: the profile's cpu ranks have no "
-                                           "device memory")
+    assert _line(out, "budget") == budget
+    limited = machine.get("device_memory_bytes") is not None
+    assert ("(budget " in _line(out, "chosen:")) == limited
+    if limited:
+        assert costs_budget(0, Profile.load(tmp_path / "p.json")).bytes == (
+            DEFAULT_MEMORY_FRACTION * machine["device_memory_bytes"])
+        code, out, err = _main(capsys, "plan", str(REPO_ROOT / "configs" / "tiny.toml"),
+                               "--world-size", "2", "--profile", str(tmp_path / "p.json"),
+                               "--memory-gb", "90", "--out", str(tmp_path / "plan.json"))
+        assert code == 0, err
+        assert "more than the 85.0459 GB = 79.21 GiB of one NVIDIA H100 80GB HBM3" in _line(
+            out, "budget")
+
+
+def test_profile_records_the_device_memory():
+    """What ``oases profile`` writes into ``machine``: CUDA: the device's name and
+    ``total_memory``; CPU ranks: none (they share the host's RAM)."""
+    import torch
+
+    from oases.bench.profile_runner import device_memory
+
+    assert device_memory(torch.device("cpu")) == {"device_name": "cpu",
+                                                  "device_memory_bytes": None}
+    if torch.cuda.is_available():
+        props = torch.cuda.get_device_properties(0)
+        assert device_memory(torch.device("cuda:0")) == {
+            "device_name": props.name, "device_memory_bytes": props.total_memory}
+
+
+def test_memory_gb_help_is_one_text_for_plan_and_simulate():
+    from oases.cli import _parser
+    from oases.planner.budget import DEFAULT_BUDGET_HELP
+
+    commands = _parser()._subparsers._group_actions[0].choices
+    helps = {name: next(a.help for a in commands[name]._actions if "--memory-gb" in
+                        a.option_strings) for name in ("plan", "simulate")}
+    assert helps["plan"] == helps["simulate"] == DEFAULT_BUDGET_HELP
+    assert "95%% of one device's memory" in DEFAULT_BUDGET_HELP
+    assert "the GPU a profile was measured on; none for a profile of CPU ranks" in \
+        DEFAULT_BUDGET_HELP
 
 
 # ------------------------------------------------------------------ errors that name a way
