@@ -1,5 +1,6 @@
-"""Hardware presets: calibration against PAPER.md's measured profile, the collective and compute
-models' shape, cluster files, and the bench's link presets derived from them."""
+"""Hardware presets: calibration against the measured profile the Oases paper (Li et al., IEEE
+TPDS 2025, arXiv 2305.16121) publishes, the collective and compute models' shape, cluster
+files, and the bench's link presets derived from them."""
 
 import ast
 import dataclasses
@@ -29,7 +30,7 @@ REF = PAPER_REFERENCE_MODEL
 
 
 def paper_layer(hidden: int) -> ModelConfig:
-    """PAPER.md section 4's layers: heads = H/64, S=1024, fp32, GPT-style, dropout."""
+    """The paper's evaluated layers: heads = H/64, S=1024, fp32, GPT-style, dropout."""
     heads = hidden // 64
     return dataclasses.replace(REF, dim=hidden, n_heads=heads, n_kv_heads=heads,
                                ffn_dim=4 * hidden)

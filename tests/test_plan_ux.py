@@ -14,11 +14,18 @@ import pytest
 from distributed import REPO_ROOT
 from oases.config import ModelConfig, load_config
 from oases.plan import ParallelPlan
-from oases.planner.budget import DEFAULT_MEMORY_FRACTION, GB, GIB, memory_budget
+from oases.planner.budget import (
+    DEFAULT_MEMORY_FRACTION,
+    GB,
+    GIB,
+    costs_budget,
+    memory_budget,
+)
 from oases.planner.chain import evaluate, solve_chain_minmax
 from oases.planner.clusters import CLUSTERS, GPUS, LINKS, get_cluster, load_cluster
 from oases.planner.hardware import HardwareCosts
 from oases.planner.models import MODELS
+from oases.planner.profile import Profile
 from oases.planner.report import format_candidates, run_command
 from oases.planner.search import solve_plan
 from oases.planner.simulate import BatchShape, simulate_plan
@@ -58,6 +65,11 @@ def _main(capsys, *args: str) -> tuple[int, str, str]:
         code = exc.code
     out = capsys.readouterr()
     return code, out.out, out.err
+
+
+def _lab(tmp_path):
+    (tmp_path / "lab.toml").write_text(LAB)
+    return load_cluster(tmp_path / "lab.toml")
 
 
 def _line(text: str, head: str) -> str:
@@ -104,17 +116,73 @@ def test_plan_and_simulate_share_the_default_budget_and_say_it(capsys, tmp_path)
     assert plan["predicted_peak_mem_bytes"] <= DEFAULT_MEMORY_FRACTION * 24e9
 
 
-def test_a_profile_plans_without_a_budget_and_says_so(capsys, tmp_path):
+@pytest.mark.parametrize("machine,budget", [
+    ({"device": "cuda:0", "device_name": "NVIDIA H100 80GB HBM3",
+      "device_memory_bytes": 85_045_870_592},
+     "budget   75.24 GiB per device, the default: 95% of one NVIDIA H100 80GB HBM3's 85.0459 GB "
+     "(79.21 GiB; --memory-gb G sets G GB = 10^9 bytes)"),
+    ({"device": "cpu", "device_name": "cpu", "device_memory_bytes": None},
+     "budget   none: the profile's cpu ranks have no device memory of their own (they share "
+     "the host's RAM) (--memory-gb G plans under G GB = 10^9 bytes per rank)"),
+    ({"device": "cuda:0"},  # a profile made before the field
+     "budget   none: the profile does not record its cuda device's memory (made before oases "
+     "profile recorded it; profile again for the default of 95% of a GPU's memory) "
+     "(--memory-gb G plans under G GB = 10^9 bytes per rank)"),
+])
+def test_a_profile_plans_under_95_percent_of_its_gpu_and_says_so(capsys, tmp_path, machine,
+                                                                 budget):
+    """The default budget of a measured profile: 95% of the memory of the GPU it was measured
+    on (``machine.device_memory_bytes``, as ``oases profile`` records it); none for CPU ranks
+    or an older profile, and the budget line says which."""
     from test_planner import synthetic_profile
 
-    synthetic_profile(load_config(REPO_ROOT / "configs" / "tiny.toml", []).model).save(
-        tmp_path / "p.json")
+    prof = synthetic_profile(load_config(REPO_ROOT / "configs" / "tiny.toml", []).model)
+    prof.machine = {"cpu": "synthetic", **machine}
+    prof.save(tmp_path / "p.json")
     code, out, err = _main(capsys, "plan", str(REPO_ROOT / "configs" / "tiny.toml"),
                            "--world-size", "2", "--profile", str(tmp_path / "p.json"),
                            "--out", str(tmp_path / "plan.json"))
     assert code == 0, err
-    assert _line(out, "budget").startswith("budget   none: the profile's cpu ranks have no "
-                                           "device memory")
+    assert _line(out, "budget") == budget
+    limited = machine.get("device_memory_bytes") is not None
+    assert ("(budget " in _line(out, "chosen:")) == limited
+    if limited:
+        assert costs_budget(0, Profile.load(tmp_path / "p.json")).bytes == (
+            DEFAULT_MEMORY_FRACTION * machine["device_memory_bytes"])
+        code, out, err = _main(capsys, "plan", str(REPO_ROOT / "configs" / "tiny.toml"),
+                               "--world-size", "2", "--profile", str(tmp_path / "p.json"),
+                               "--memory-gb", "90", "--out", str(tmp_path / "plan.json"))
+        assert code == 0, err
+        assert "more than the 85.0459 GB = 79.21 GiB of one NVIDIA H100 80GB HBM3" in _line(
+            out, "budget")
+
+
+def test_profile_records_the_device_memory():
+    """What ``oases profile`` writes into ``machine``: CUDA: the device's name and
+    ``total_memory``; CPU ranks: none (they share the host's RAM)."""
+    import torch
+
+    from oases.bench.profile_runner import device_memory
+
+    assert device_memory(torch.device("cpu")) == {"device_name": "cpu",
+                                                  "device_memory_bytes": None}
+    if torch.cuda.is_available():
+        props = torch.cuda.get_device_properties(0)
+        assert device_memory(torch.device("cuda:0")) == {
+            "device_name": props.name, "device_memory_bytes": props.total_memory}
+
+
+def test_memory_gb_help_is_one_text_for_plan_and_simulate():
+    from oases.cli import _parser
+    from oases.planner.budget import DEFAULT_BUDGET_HELP
+
+    commands = _parser()._subparsers._group_actions[0].choices
+    helps = {name: next(a.help for a in commands[name]._actions if "--memory-gb" in
+                        a.option_strings) for name in ("plan", "simulate")}
+    assert helps["plan"] == helps["simulate"] == DEFAULT_BUDGET_HELP
+    assert "95%% of one device's memory" in DEFAULT_BUDGET_HELP
+    assert "the GPU a profile was measured on; none for a profile of CPU ranks" in \
+        DEFAULT_BUDGET_HELP
 
 
 # ------------------------------------------------------------------ errors that name a way
@@ -291,6 +359,73 @@ def test_simulate_reads_the_run_files_batch_and_flags_win(capsys, tmp_path):
     assert data["batch"]["source"]["global_batch"] == "--global-batch"
 
 
+@pytest.mark.parametrize("args,message", [
+    (("--micro-batch-tp", "3"), "error: --micro-batch-tp=3 sets the TP degree at which "
+     "--micro-batch counts sequences per model replica: give --micro-batch M too"),
+    (("--micro-batch", "2", "--micro-batch-tp", "3"), "error: --micro-batch-tp=3 does not "
+     "divide the world size 4: the micro-batch counts sequences per model replica of that "
+     "many ranks"),
+    (("--micro-batch", "2", "--micro-batch-tp", "0"), "error: --micro-batch-tp=0 must be a "
+     "whole number >= 1"),
+    (("--micro-batch", "2", "--micro-batch-tp", "2", "--global-batch", "12"),
+     "error: --global-batch=12 is not a multiple of the cluster micro-batch of a plan at "
+     "tp=1: 8 sequences (2 per model replica x 4 ranks / 1); pass e.g. --global-batch 8"),
+])
+def test_simulate_micro_batch_tp_is_the_unit_of_a_micro_batch_or_an_error(capsys, tmp_path,
+                                                                          args, message):
+    code, out, err = _main(capsys, "simulate", "--model", "paper-h1024-l24", "--cluster",
+                           "rtx3090-pcie", "--schedules", "megatron@tp=1,oases@auto", *args,
+                           "--out", str(tmp_path / "out"))
+    assert code == 2 and err.splitlines() == [err.strip()] and err.startswith(message), err
+
+
+def test_a_run_files_tp_must_divide_the_cluster(capsys, tmp_path):
+    run = tmp_path / "run.toml"
+    run.write_text("[model]\narch = 'gpt2'\nn_layers = 2\ndim = 192\nn_heads = 3\n"
+                   "seq_len = 128\nvocab_size = 256\n[parallel]\ntp = 3\n[train]\n"
+                   "global_batch = 24\nmicro_batch = 1\n")
+    code, _, err = _main(capsys, "simulate", "--model", str(run), "--cluster", "rtx3090-pcie",
+                         "--out", str(tmp_path / "out"))
+    assert code == 2 and err.strip() == (
+        f"error: parallel.tp=3 in {run} does not divide the world size 4: the micro-batch "
+        "counts sequences per model replica of that many ranks, so a TP degree must divide "
+        "the ranks")
+
+
+def test_plan_simulate_and_auto_plan_share_one_batch(capsys, tmp_path):
+    """One micro-batch, counted in one place: ``oases plan``, ``parallel.plan = "auto"`` and an
+    auto row of ``oases simulate`` plan the same cluster micro-batch for the same run file."""
+    from oases.planner import batch_shape
+    from oases.planner.batch import config_batch
+
+    run = tmp_path / "run.toml"
+    run.write_text("[model]\narch = 'gpt2'\nn_layers = 2\ndim = 256\nn_heads = 4\n"
+                   "seq_len = 128\nvocab_size = 256\n[parallel]\ntp = 2\n[train]\n"
+                   "global_batch = 48\nmicro_batch = 3\n")
+    cfg = load_config(run, [])
+    assert batch_shape(cfg, 4) == config_batch(cfg).shape(4) == BatchShape(48, 6)
+    code, out, err = _main(capsys, "simulate", "--model", str(run), "--cluster", "rtx3090-pcie",
+                           "--schedules", "oases@auto", "--out", str(tmp_path / "sim"))
+    assert code == 0, err
+    row = json.loads((tmp_path / "sim" / "simulate.json").read_text())["rows"][0]
+    assert (row["micro_rows"], row["n_micro"]) == (6, 8)
+    code, out, err = _main(capsys, "plan", str(run), "--world-size", "4", "--hardware",
+                           "rtx3090-pcie", "--out", str(tmp_path / "plan.json"))
+    assert code == 0, err
+    assert json.loads((tmp_path / "plan.json").read_text())["notes"]["micro_rows"] == 6
+    assert _line(out, "batch").startswith(
+        "batch    48 sequences per step (train.global_batch); micro-batch 3 sequences per "
+        "model replica (per DP rank; train.micro_batch) at tp=2 (parallel.tp) = 6 across the "
+        "4 ranks, 8 micro-batches per step, which every plan keeps")
+    code, _, err = _main(capsys, "plan", str(run), "--world-size", "4", "--hardware",
+                         "rtx3090-pcie", "--train.global_batch=50", "--out",
+                         str(tmp_path / "plan.json"))
+    assert code == 2 and err.strip() == (
+        "error: train.global_batch=50 is not a multiple of the cluster micro-batch at "
+        "parallel.tp=2: 6 sequences (3 per model replica x 4 ranks / 2); pass e.g. "
+        "--train.global_batch=48")
+
+
 # ----------------------------------------------------------------- the plan table, the command
 
 def test_plan_table_is_sorted_labelled_and_ends_with_the_command(capsys, tmp_path):
@@ -307,8 +442,8 @@ def test_plan_table_is_sorted_labelled_and_ends_with_the_command(capsys, tmp_pat
     assert lines[1].startswith(f"costs    profile {tmp_path / 'p.json'}: measured on")
     assert lines[2] == "world    2 ranks"
     assert lines[3].startswith("batch    8 sequences per step (train.global_batch)")
-    assert "chosen plan:" in lines and "fastest uniform plan of each TP degree that fits:" \
-        in lines
+    assert "chosen plan:" in lines
+    assert any(line.startswith("fastest uniform plan of each ") for line in lines)
     assert lines[-1] == (f"run it:  oases train {REPO_ROOT / 'configs' / 'tiny.toml'} "
                          f"--train.global_batch=8 --parallel.plan={tmp_path / 'plan.json'} "
                          "--nproc-per-node 2")
@@ -331,6 +466,83 @@ def test_candidate_groups_are_fastest_first_and_over_budget_last():
     shown = [by_label[line[2:].split("  ")[0].strip()] for line in rows]
     keys = [(not c.fits, c.result.step_s) for c in shown]
     assert keys == sorted(keys) and any(not c.fits for c in shown) and shown[0].fits
+
+
+def _group(text: str, title: str) -> list[str]:
+    """The rows of the plan table's group whose title starts with ``title``."""
+    lines = text.splitlines()
+    start = next(i for i, line in enumerate(lines) if line.startswith(title))
+    rows = []
+    for line in lines[start + 1:]:
+        if not line.startswith("  "):
+            break
+        rows.append(line)
+    return rows
+
+
+def test_a_uniform_choice_is_not_listed_again_under_its_degree(capsys, tmp_path):
+    """The README's example: the chosen plan is uniform tp=1; the group of the fastest uniform
+    plan of each degree listed another tp=1 plan (commfree-recompute) beside it."""
+    code, out, err = _main(capsys, "plan", str(REPO_ROOT / "configs" / "bench.toml"),
+                           "--world-size", "64", "--hardware", "h100-ib-64",
+                           "--train.global_batch=512", "--out", str(tmp_path / "plan.json"))
+    assert code == 0, err
+    chosen = _group(out, "chosen plan:")
+    assert len(chosen) == 1 and chosen[0].strip().startswith("uniform tp=")
+    t = int(chosen[0].split("uniform tp=")[1].split(",")[0])
+    title = _line(out, "fastest uniform plan of each")
+    assert title == (f"fastest uniform plan of each other TP degree that fits (tp={t}: the "
+                     "chosen plan):")
+    degrees = [int(row.split("uniform tp=")[1].split(",")[0])
+               for row in _group(out, "fastest uniform plan of each")]
+    assert degrees and t not in degrees and len(set(degrees)) == len(degrees)
+
+
+def test_a_mixed_choice_keeps_every_uniform_degree_in_its_group(tmp_path):
+    """Megatron on issue 13's cluster: the planner mixes tp 1 and 2, so the group lists the
+    fastest uniform plan of every degree that fits."""
+    cfg = MODELS["paper-h2048-l24"]
+    best, cands = solve_plan(cfg, HardwareCosts(_lab(tmp_path), cfg), 32,
+                             BatchShape(128, 32), DEFAULT_MEMORY_FRACTION * 24e9,
+                             schedules=("megatron",), n_subs=(1,))
+    assert not best.plan.is_uniform()
+    text = format_candidates(best, cands, DEFAULT_MEMORY_FRACTION * 24e9)
+    assert "fastest uniform plan of each TP degree that fits:" in text.splitlines()
+    degrees = {int(row.split("uniform tp=")[1].split(",")[0])
+               for row in _group(text, "fastest uniform plan of each")}
+    assert degrees == {c.plan.degrees()[0] for c in cands if c.kind == "uniform" and c.fits}
+
+
+def test_a_table_states_its_time_unit_and_its_parts_add_up_in_it(capsys, tmp_path):
+    """An 8.5 ms step printed its parts in seconds to 3 decimals (0.008 0.000 ...): one unit
+    per table, ms where the fastest step is under a second, named in the header."""
+    code, out, err = _main(capsys, "plan", str(REPO_ROOT / "configs" / "bench.toml"),
+                           "--world-size", "64", "--hardware", "h100-ib-64",
+                           "--train.global_batch=512", "--out", str(tmp_path / "plan.json"))
+    assert code == 0, err
+    plan = json.loads((tmp_path / "plan.json").read_text())
+    assert plan["predicted_step_s"] < 1
+    assert _line(out, "  plan").split()[1:3] == ["step", "ms"]
+    assert "(in ms, as the step column)" in out
+    cells = _group(out, "chosen plan:")[0].split("chosen")[0].split()
+    label_end = next(i for i, c in enumerate(cells) if c.startswith("n_sub="))
+    step, parts = float(cells[label_end + 1]), [float(x) for x in cells[-5:]]
+    assert step == pytest.approx(plan["predicted_step_s"] * 1e3, abs=0.005)
+    assert sum(parts) == pytest.approx(step, abs=0.005 * 6)  # six cells rounded to 0.01 ms
+    assert max(parts) > 1  # milliseconds, not seconds
+    (tmp_path / "lab.toml").write_text(LAB)  # a 4 s step: seconds
+    code, out, err = _main(capsys, "simulate", "--model", "paper-h2048-l24", "--cluster",
+                           str(tmp_path / "lab.toml"), "--schedules", "megatron@tp=2",
+                           "--out", str(tmp_path / "out"))
+    assert code == 0, err
+    assert _line(out, "  schedule").split()[5:7] == ["step", "s"]
+    assert "(in s, as the step column)" in out
+    row = json.loads((tmp_path / "out" / "simulate.json").read_text())["rows"][0]
+    cells = _line(out, "  megatron").split()
+    assert float(cells[cells.index("x") + 2]) == pytest.approx(row["step_s"], abs=0.0005)
+    assert [float(x) for x in cells[-5:]] == pytest.approx(
+        [row["step_parts_s"][p] for p in ("compute", "TP comm", "DP comm", "reshard",
+                                          "optimizer")], abs=0.0005)
 
 
 def test_the_command_for_a_cluster_is_torchrun_on_every_server():
@@ -419,6 +631,8 @@ def test_preset_sources_cite_nothing_missing_from_the_repository():
         for name in re.findall(r"[\w./-]+\.(?:md|py|json|toml|txt)\b", source):
             assert (REPO_ROOT / name).exists(), (name, source)
         assert "PAPER.md" not in source
+    for module in (REPO_ROOT / "src").rglob("*.py"):  # docstrings cite the paper, not a file
+        assert "PAPER.md" not in module.read_text(encoding="utf-8"), module
 
 
 def test_degree_runs_merge_blocks_of_the_same_degrees():

@@ -270,6 +270,8 @@ def test_cli_profile_measures_every_piece_on_two_ranks(tmp_path):
     prof = Profile.load(out)
     assert prof.degrees() == [1, 2]
     assert prof.machine["world_size"] == 2 and prof.machine["cores"] >= 1
+    # CPU ranks record no device memory of their own: the default budget is none, and says so
+    assert prof.machine["device_memory_bytes"] is None
     assert prof.config["file"] == "configs/tiny.toml" and prof.config["tp"] == 2
     assert prof.config["overrides"] == ["--model.n_layers=1"]
     for region in ("attn", "mlp"):

@@ -2,8 +2,9 @@
 
     python summarize.py runs/paper-simulation
 
-Errors are |simulated / paper - 1| of the throughput normalized to Megatron-LM (PAPER.md
-section 4, the cluster without NVLink, read off the authors' figure).
+Errors are |simulated / paper - 1| of the throughput normalized to Megatron-LM (the Oases
+paper, Li et al., IEEE TPDS 2025, arXiv 2305.16121: its evaluation on the 32-GPU RTX 3090
+cluster without NVLink, read off the authors' figure).
 """
 
 from __future__ import annotations

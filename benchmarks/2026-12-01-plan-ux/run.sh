@@ -2,7 +2,7 @@
 # `oases plan` and `oases simulate` as issues 12 and 13 tried them, with this branch: the
 # 4 x 8 RTX 3090 / 25 GbE cluster file, and issue 12's 96-layer model on paper-3090-pcie-32 at
 # 12 and 24 GiB (12.885 and 25.770 GB: --memory-gb counts GB) and at the default budget.
-# About 5 minutes on 2 CPU cores; outputs beside this script.
+# About 1.5 minutes on 2 CPU cores; outputs beside this script.
 set -uo pipefail
 cd "$(dirname "$0")"
 oases=../../.venv/bin/oases

@@ -117,6 +117,7 @@ def _parser() -> argparse.ArgumentParser:
     )
     from oases.bench.link import LINK_PRESETS
     from oases.bench.suite import DEFAULT_SCHEDULES
+    from oases.planner.budget import DEFAULT_BUDGET_HELP
 
     bench = commands.add_parser(
         "bench",
@@ -171,9 +172,7 @@ def _parser() -> argparse.ArgumentParser:
                       "train.global_batch, fed train.micro_batch sequences per model replica "
                       "(per DP rank) at parallel.tp, which every plan keeps across the world")
     plan.add_argument("--memory-gb", type=float, default=0.0, metavar="G",
-                      help="memory budget per device in GB = 10^9 bytes, as printed on the "
-                      "card (default: 95%% of the GPU's memory with --hardware; none with a "
-                      "--profile of CPU ranks; memory is printed in GiB = 2^30 bytes)")
+                      help=DEFAULT_BUDGET_HELP)
     source = plan.add_mutually_exclusive_group(required=True)
     source.add_argument("--profile", metavar="FILE", help="a profile from `oases profile`")
     source.add_argument("--hardware", metavar="PRESET",
@@ -210,6 +209,7 @@ def _parser() -> argparse.ArgumentParser:
 
 
 def _simulate_parser(commands: argparse._SubParsersAction) -> None:
+    from oases.planner.budget import DEFAULT_BUDGET_HELP
     from oases.planner.whatif import help_text
 
     sim = commands.add_parser(
@@ -244,13 +244,12 @@ def _simulate_parser(commands: argparse._SubParsersAction) -> None:
                      "M*GPUs/t across the cluster per micro-batch (default: the run file's "
                      "train.micro_batch, else one sequence per GPU)")
     sim.add_argument("--micro-batch-tp", type=int, default=None, metavar="T",
-                     help="auto plans mix degrees, so they keep the cluster micro-batch of "
-                     "tp=T, M*GPUs/T (default: the run file's parallel.tp with its "
-                     "micro_batch, else one server's GPUs)")
+                     help="the TP degree at which --micro-batch counts (a divisor of the GPUs; "
+                     "needs a micro-batch): auto plans mix degrees, so they keep the cluster "
+                     "micro-batch of tp=T, M*GPUs/T (default: the run file's parallel.tp with "
+                     "its micro_batch, else one server's GPUs)")
     sim.add_argument("--memory-gb", type=float, default=0.0, metavar="G",
-                     help="memory budget per GPU in GB = 10^9 bytes, as printed on the card "
-                     "(default: 95%% of the GPU's memory; memory is printed in GiB = 2^30 "
-                     "bytes)")
+                     help=DEFAULT_BUDGET_HELP)
     sim.add_argument("--n-sub", type=int, default=2,
                      help="sub-batches of overlapped schedules at a fixed plan (tp=N); auto "
                      "plans search 1, 2, 4 and this (default: %(default)s)")
@@ -265,11 +264,11 @@ def _simulate_parser(commands: argparse._SubParsersAction) -> None:
 
 
 def _simulate(ns: argparse.Namespace, overrides: list[str]) -> int:
+    from oases.planner.batch import simulate_batch
     from oases.planner.budget import memory_budget
     from oases.planner.models import load_model
+    from oases.planner.report import format_report
     from oases.planner.whatif import (
-        batch_spec,
-        format_report,
         load_any_cluster,
         parse_entries,
         simulate_cluster,
@@ -278,8 +277,8 @@ def _simulate(ns: argparse.Namespace, overrides: list[str]) -> int:
 
     cfg = load_model(ns.model)
     cluster = load_any_cluster(ns.cluster, ns.inter_gbps)
-    batch = batch_spec(ns.model, cluster, ns.global_batch, ns.micro_batch,
-                       ns.micro_batch_tp)
+    batch = simulate_batch(ns.model, cluster, ns.global_batch, ns.micro_batch,
+                           ns.micro_batch_tp)
     budget = memory_budget(ns.memory_gb, cluster.memory_bytes, cluster.server.gpu.name)
     report = simulate_cluster(cfg, cluster, parse_entries(ns.schedules, ns.plan), batch,
                               budget, n_sub=ns.n_sub, max_tp=ns.max_tp, dtype=ns.dtype,

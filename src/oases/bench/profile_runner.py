@@ -69,6 +69,19 @@ def runtime_baseline_bytes() -> float:
     return resident_memory_bytes()
 
 
+def device_memory(device: torch.device) -> dict:
+    """What the planner's default budget needs to know of the device the ranks ran on: its
+    name and memory in bytes (``machine.device_name``, ``machine.device_memory_bytes``).
+    CUDA: ``total_memory`` of the device. CPU ranks record none: they share the host's RAM
+    with each other, the OS and whatever else runs, so a per-rank share of it is no limit a
+    rank meets (one rank may take more than its share while another takes less); the planner
+    plans them under no budget unless ``--memory-gb`` gives one."""
+    if device.type == "cuda":
+        props = torch.cuda.get_device_properties(device)
+        return {"device_name": props.name, "device_memory_bytes": int(props.total_memory)}
+    return {"device_name": device.type, "device_memory_bytes": None}
+
+
 SYNC = ("megatron", "megatron-recompute", "commfree-recompute")
 OVERLAPPED = ("overlap", "overlap-recompute", "oases")
 
@@ -235,7 +248,7 @@ def run(spec: dict) -> None:
 
         machine = machine_info() | {"world_size": world_size, "backend": ctx.backend,
                                     "device": str(ctx.device), "threads": torch.get_num_threads(),
-                                    "link": spec.get("link_label", "")}
+                                    "link": spec.get("link_label", "")} | device_memory(ctx.device)
         created = datetime.datetime.now().isoformat(timespec="seconds")
         made_from = {"file": spec.get("config"), "overrides": list(spec.get("overrides", ())),
                      "micro_batch": cfg.train.micro_batch,

@@ -9,23 +9,24 @@ choose every region's TP degree and the schedule knobs under a memory budget.
 Modules: ``costs`` (the interface, parameter and activation sizes), ``profile`` (a measured
 profile; ``bench.profile_runner`` measures it), ``hardware``/``clusters`` (presets), ``models``
 (the paper's models), ``simulate`` (programs on costs), ``chain`` (the chain solvers),
-``search`` (the plan search), ``budget`` (the memory budget: unit and default), ``report``
-(what plan and simulate print), ``verify`` (prediction against measurement), ``whatif``
-(``oases simulate``).
+``search`` (the plan search), ``batch`` (a step's batch and what a micro-batch counts),
+``budget`` (the memory budget: unit and default), ``report`` (what plan and simulate print),
+``verify`` (prediction against measurement), ``whatif`` (``oases simulate``).
 Nothing here calls ``torch.distributed``: what needs ranks lives in ``oases.bench``.
 """
 
 from __future__ import annotations
 
 from oases.config import Config, ModelConfig
+from oases.planner.batch import config_batch
 from oases.planner.budget import costs_budget
 from oases.planner.costs import Costs
 from oases.planner.report import format_candidates
 from oases.planner.search import Candidate, solve_plan
 from oases.planner.simulate import BatchShape
 
-__all__ = ["auto_plan", "batch_shape", "costs_budget", "describe_batch", "format_candidates",
-           "load_costs", "plan_model"]
+__all__ = ["auto_plan", "batch_shape", "costs_budget", "format_candidates", "load_costs",
+           "plan_model"]
 
 
 def load_costs(source: str, model: ModelConfig) -> Costs:
@@ -44,30 +45,10 @@ def load_costs(source: str, model: ModelConfig) -> Costs:
 
 
 def batch_shape(cfg: Config, world_size: int) -> BatchShape:
-    """The config's batch as the planner sees it: ``train.global_batch`` sequences per step,
-    fed ``train.micro_batch`` per rank at ``parallel.tp`` (so ``micro_batch * world / tp``
-    across the world) per micro-batch."""
-    if world_size % cfg.parallel.tp:
-        raise ValueError(f"parallel.tp={cfg.parallel.tp} does not divide the world size "
-                         f"{world_size}: the world's micro-batch is train.micro_batch per rank "
-                         "at parallel.tp")
-    micro_rows = cfg.train.micro_batch * world_size // cfg.parallel.tp
-    if cfg.train.global_batch % micro_rows:
-        raise ValueError(f"train.global_batch={cfg.train.global_batch} is not a multiple of the "
-                         f"world's micro-batch train.micro_batch * world / parallel.tp = "
-                         f"{micro_rows}: pass e.g. --train.global_batch={micro_rows}")
-    return BatchShape(cfg.train.global_batch, micro_rows)
-
-
-def describe_batch(cfg: Config, world_size: int) -> str:
-    """One line: the batch the planner plans, and what ``train.micro_batch`` counts."""
-    b = batch_shape(cfg, world_size)
-    t, m = cfg.parallel.tp, cfg.train.micro_batch
-    seqs = "sequence" if m == 1 else "sequences"
-    return (f"{b.global_batch} sequences per step (train.global_batch) = {b.n_micro()} "
-            f"micro-batch(es) of {m} {seqs} per model replica (train.micro_batch, per DP "
-            f"rank at parallel.tp={t}) = {b.micro_rows} across the {world_size} ranks, which every "
-            f"plan keeps (a region at tp=t gives each replica {b.micro_rows}*t/{world_size})")
+    """The config's batch as the planner sees it (``planner.batch``): ``train.global_batch``
+    sequences per step, fed ``train.micro_batch`` per model replica at ``parallel.tp``, so
+    ``micro_batch * world / tp`` across the world per micro-batch, which every plan keeps."""
+    return config_batch(cfg).shape(world_size)
 
 
 def plan_model(cfg: Config, world_size: int, costs: Costs, budget_bytes: float,

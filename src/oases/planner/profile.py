@@ -4,7 +4,8 @@
 the ``planner.costs.Costs`` interface. JSON, versioned, naming the machine and model it was
 made for::
 
-    format, version, created, machine {cpu, cores, torch, backend, world_size, link, ...}, model,
+    format, version, created, machine {cpu, cores, torch, backend, world_size, link, device,
+    device_name, device_memory_bytes (None for CPU ranks; absent in older profiles), ...}, model,
     config {file, overrides, train.micro_batch, train.global_batch, parallel.tp}
     compute      [{region, phase, piece, tp, rows, overlapped, s}]   median of one sub-batch's
                  piece in real steps of the synchronous (or, overlapped, the overlapped) schedules

@@ -1,5 +1,6 @@
 """What ``oases plan`` and ``oases simulate`` print: the setting echoed at the top, each plan's
-step cut into what bounds it, and (for ``oases plan``) the command that runs the chosen plan.
+step cut into what bounds it, ``oases simulate``'s table and ``simulate.json``, and (for
+``oases plan``) the command that runs the chosen plan.
 
 A step's parts (``PlanResult.step_parts``) add up to the step::
 
@@ -12,22 +13,50 @@ step. The largest part bounds the step.
 
 from __future__ import annotations
 
+import dataclasses
+import json
 import shlex
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from oases.config import Config
 from oases.planner.budget import Budget
 from oases.planner.search import Candidate
 from oases.planner.simulate import PlanResult
+from oases.schedule.program import SPECS
+
+if TYPE_CHECKING:
+    from oases.planner.whatif import Report, Row
 
 PARTS = ("compute", "TP comm", "DP comm", "reshard", "optimizer")
-PARTS_NOTE = ("step = compute + TP comm + DP comm + reshard + optimizer (seconds): compute is the "
-              "compute stream busy (recompute included); TP comm, DP comm and reshard are the "
-              "time it waits on those collectives (exposed, not hidden by overlap); the largest "
-              "part bounds the step")
 DP_NOTE = ("bound by DP comm: the gradient all-reduce outlasts the backward it overlaps, so "
            "compute added to the backward (recompute) hides under it and such plans can take "
            "the same time; more micro-batches per step or a faster link between servers "
            "shorten its share")
+
+
+@dataclass(frozen=True)
+class TimeUnit:
+    """One unit for every time of a table (its step and parts columns), named in its header:
+    ms where the fastest step is under a second, else s."""
+
+    name: str
+    scale: float
+    digits: int
+
+    @staticmethod
+    def for_step(fastest_s: float) -> TimeUnit:
+        return TimeUnit("ms", 1e3, 2) if fastest_s < 1 else TimeUnit("s", 1.0, 3)
+
+    def cell(self, seconds: float, width: int = 10) -> str:
+        return f"{seconds * self.scale:>{width}.{self.digits}f}"
+
+
+def parts_note(unit: TimeUnit) -> str:
+    return (f"step = compute + TP comm + DP comm + reshard + optimizer (in {unit.name}, as the "
+            "step column): compute is the compute stream busy (recompute included); TP comm, "
+            "DP comm and reshard are the time it waits on those collectives (exposed, not "
+            "hidden by overlap); the largest part bounds the step")
 
 
 def fmt_time(seconds: float) -> str:
@@ -38,10 +67,10 @@ def parts_header() -> str:
     return f"{'bound':>10}" + "".join(f"{p:>10}" for p in PARTS)
 
 
-def parts_cells(result: PlanResult) -> str:
-    """The bound and the step's parts in seconds, aligned with ``parts_header``."""
+def parts_cells(result: PlanResult, unit: TimeUnit) -> str:
+    """The bound and the step's parts in ``unit``, aligned with ``parts_header``."""
     parts = result.step_parts()
-    return f"{result.bound():>10}" + "".join(f"{parts[p]:>10.3f}" for p in PARTS)
+    return f"{result.bound():>10}" + "".join(unit.cell(parts[p]) for p in PARTS)
 
 
 def parts_json(result: PlanResult) -> dict:
@@ -64,13 +93,14 @@ def format_candidates(best: Candidate, candidates: list[Candidate], budget_bytes
 
     def row(c: Candidate) -> str:
         tokens = (f"{tokens_per_step / c.result.step_s:>12,.0f}" if tokens_per_step else "")
-        return (f"  {c.label():<{width}}{fmt_time(c.result.step_s):>12}{tokens}"
-                f"{c.result.peak_mem_bytes / 2**30:>10.3f}{parts_cells(c.result)}  {why(c)}")
+        return (f"  {c.label():<{width}}{unit.cell(c.result.step_s, 12)}{tokens}"
+                f"{c.result.peak_mem_bytes / 2**30:>10.3f}{parts_cells(c.result, unit)}  {why(c)}")
 
     def order(c: Candidate) -> tuple[bool, float]:  # fastest first, over the budget last
         return (not c.fits, c.result.step_s)
 
     s = best.result
+    unit = TimeUnit.for_step(min(c.result.step_s for c in candidates))
     width = max(44, *(len(c.label()) + 2 for c in candidates))
     tokens = (f" = {tokens_per_step / s.step_s:,.0f} tokens/s" if tokens_per_step else "")
     lines = [f"chosen: {best.label()}; predicted {fmt_time(s.step_s)} per step{tokens}, peak "
@@ -78,26 +108,31 @@ def format_candidates(best: Candidate, candidates: list[Candidate], budget_bytes
              + ("" if budget_bytes == float("inf") else
                 f" (budget {budget_bytes / 2**30:.3f} GiB)") + f"; bound by {s.bound()}",
              f"degrees by region: {best.plan.degree_runs()}", "",
-             f"  {'plan':<{width}}{'step':>12}{'tokens/s' if tokens_per_step else '':>12}"
+             f"  {'plan':<{width}}{'step ' + unit.name:>12}"
+             f"{'tokens/s' if tokens_per_step else '':>12}"
              f"{'peak GiB':>10}{parts_header()}"]
+    chosen_tp = best.plan.degrees()[0] if best.plan.is_uniform() else None
     uniform: dict[int, Candidate] = {}
-    for c in candidates:
-        if c.kind == "uniform" and c.fits and c is not best:
-            t = c.plan.degrees()[0]
-            if t not in uniform or c.result.step_s < uniform[t].result.step_s:
-                uniform[t] = c
+    for c in candidates:  # the chosen plan is already the fastest of its degree
+        if c.kind != "uniform" or not c.fits or c is best:
+            continue
+        t = c.plan.degrees()[0]
+        if t != chosen_tp and (t not in uniform or c.result.step_s < uniform[t].result.step_s):
+            uniform[t] = c
     shown = sorted(uniform.values(), key=order)
     rest = sorted((c for c in candidates if c is not best and c not in shown), key=order)
     room = max(top - 1 - len(shown), 0)
-    groups = [("chosen plan", [best]),
-              ("fastest uniform plan of each TP degree that fits", shown),
+    each = ("fastest uniform plan of each TP degree that fits" if chosen_tp is None else
+            f"fastest uniform plan of each other TP degree that fits (tp={chosen_tp}: the "
+            "chosen plan)")
+    groups = [("chosen plan", [best]), (each, shown),
               (f"other plans, fastest first, over the budget last ({min(room, len(rest))} of "
                f"{len(rest)})", rest[:room])]
     for title, members in groups:
         if members:
             lines.append(f"{title}:")
             lines += [row(c) for c in members]
-    lines.append(f"({len(candidates)} plans simulated; {PARTS_NOTE})")
+    lines.append(f"({len(candidates)} plans simulated; {parts_note(unit)})")
     if s.bound() == "DP comm":
         lines.append(DP_NOTE)
     return "\n".join(lines)
@@ -106,7 +141,7 @@ def format_candidates(best: Candidate, candidates: list[Candidate], budget_bytes
 def plan_header(config: str, cfg: Config, costs: object, profile: str | None, world_size: int,
                 budget: Budget) -> str:
     """``oases plan``'s first lines: the model, the costs, the world, the batch, the budget."""
-    from oases.planner import describe_batch
+    from oases.planner.batch import config_batch
     from oases.planner.models import describe_model
 
     if getattr(costs, "cluster", None) is not None:
@@ -116,9 +151,10 @@ def plan_header(config: str, cfg: Config, costs: object, profile: str | None, wo
         where = (f"profile {profile}: measured on {m.get('world_size', '?')} "
                  f"{m.get('device', 'cpu')} ranks ({m.get('cpu', 'unknown CPU')}), "
                  f"{m.get('backend', '?')}, link {m.get('link', 'unknown')}")
+    batch = config_batch(cfg).describe(world_size, cfg.train.global_batch, every_plan=True)
     return "\n".join([f"model    {config}: {describe_model(cfg.model)}", f"costs    {where}",
-                      f"world    {world_size} ranks",
-                      f"batch    {describe_batch(cfg, world_size)}", f"budget   {budget.text}"])
+                      f"world    {world_size} ranks", f"batch    {batch}",
+                      f"budget   {budget.text}"])
 
 
 def run_command(config: str, overrides: list[str], plan_path: str, world_size: int,
@@ -134,3 +170,72 @@ def run_command(config: str, overrides: list[str], plan_path: str, world_size: i
             f"server reads them; HOST0 = the first server):\n"
             f"  torchrun --nnodes {nodes} --nproc-per-node {gpus_per_server} --rdzv-backend "
             f"c10d --rdzv-endpoint HOST0:29500 --rdzv-id myjob -m oases train {args}")
+
+
+def plan_label(row: Row) -> str:
+    """A simulate row's plan: ``auto: mixed tp 2/4, n_sub=2``."""
+    degrees = row.plan.degrees()
+    layout = f"tp={degrees[0]}" if len(degrees) == 1 else "mixed tp " + "/".join(map(str, degrees))
+    k = f", n_sub={row.plan.n_sub}" if SPECS[row.schedule].overlapped else ""
+    return f"{row.spec}: {layout}{k}"
+
+
+def format_report(rep: Report) -> str:
+    """The table ``oases simulate`` prints."""
+    from oases.planner.models import describe_model
+
+    base = rep.rows[0].schedule
+    unit = TimeUnit.for_step(min(r.result.step_s for r in rep.rows))
+    batch = rep.batch.describe(rep.cluster.world_size, rep.global_batch, every_plan=False,
+                               auto_rows=any(r.spec.auto for r in rep.rows))
+    lines = [f"model    {rep.model_name + ': ' if rep.model_name else ''}"
+             f"{describe_model(rep.model)}",
+             f"cluster  {rep.costs.describe().split(' Sources: ')[0]}",
+             f"batch    {batch}; fp32 weights, AdamW",
+             f"budget   {rep.budget.text}", "",
+             f"  {'schedule':<20}{'plan':<30}{'micro x n':>11}{'step ' + unit.name:>10}"
+             f"{'tokens/s':>11}"
+             f"{'peak GiB':>10}{'vs ' + base:>24}{parts_header()}"]
+    for row in rep.rows:
+        over = "" if row.fits else "  over budget"
+        micro = f"{row.batch.micro_rows} x {row.batch.n_micro()}"
+        lines.append(f"  {row.schedule:<20}{plan_label(row):<30}{micro:>11}"
+                     f"{unit.cell(row.result.step_s)}{row.tokens_per_s:>11,.0f}"
+                     f"{row.result.peak_mem_bytes / 2**30:>10.2f}{row.speedup:>23.2f}x"
+                     f"{parts_cells(row.result, unit)}{over}")
+    lines += ["", f"micro x n: sequences per micro-batch across the cluster x micro-batches per "
+              f"step. {parts_note(unit)}."]
+    if any(row.result.bound() == "DP comm" for row in rep.rows):
+        lines.append(f"{DP_NOTE}.")
+    for row in rep.rows:
+        if row.spec.auto:
+            by = f", found by {row.found_by}@auto's search" if row.found_by else ""
+            lines.append(f"{row.schedule}@auto degrees by region{by}: "
+                         f"{row.plan.degree_runs()}")
+    lines.append(f"simulated and planned in {rep.planning_s:.2f} s")
+    return "\n".join(lines)
+
+
+def simulate_json(rep: Report) -> dict:
+    """``simulate.json``: the setting, and every row with its plan, step, parts and peak."""
+    b = rep.batch
+    return {
+        "model": {"name": rep.model_name, **dataclasses.asdict(rep.model)},
+        "cluster": dataclasses.asdict(rep.cluster),
+        "costs": rep.costs.describe(),
+        "dtype": rep.costs.dtype,
+        "batch": {"global_batch": rep.global_batch, "micro_batch": b.micro_batch,
+                  "micro_batch_unit": "sequences per model replica (per DP rank)",
+                  "micro_batch_tp": b.micro_batch_tp, "source": b.source},
+        "budget_bytes": rep.budget.bytes, "budget": rep.budget.text,
+        "planning_s": rep.planning_s,
+        "baseline": rep.rows[0].schedule,
+        "rows": [{"schedule": r.schedule, "plan_spec": str(r.spec), "label": plan_label(r),
+                  "degrees_by_region": r.plan.degree_runs(),
+                  "plan": json.loads(r.plan.to_json()), "step_s": r.result.step_s,
+                  "micro_rows": r.batch.micro_rows, "n_micro": r.batch.n_micro(),
+                  "tokens_per_s": r.tokens_per_s, "peak_mem_bytes": r.result.peak_mem_bytes,
+                  "fits": r.fits, "speedup": r.speedup, "found_by": r.found_by,
+                  **parts_json(r.result), "breakdown": r.result.breakdown}
+                 for r in rep.rows],
+    }

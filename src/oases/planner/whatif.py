@@ -13,8 +13,8 @@ memory per GPU and the speedup over the first schedule listed. Entries look like
 while no plan fits, and 1, 2, 4 (and ``--n-sub``) sub-batches; then also the degrees every other
 auto row's search found. Collectives are priced by their groups' ranks (ring inside a server,
 hierarchical across servers; TP groups are contiguous ranks, DP groups strided). The batch is
-given in training's terms (``BatchSpec``: micro-batch per model replica); each row says what
-bounds its step (``PlanResult.step_parts``).
+given in training's terms (``planner.batch``: micro-batch per model replica); each row says
+what bounds its step (``PlanResult.step_parts``); ``planner.report`` prints the rows.
 """
 
 from __future__ import annotations
@@ -27,10 +27,10 @@ from pathlib import Path
 
 from oases.config import ModelConfig
 from oases.plan import ParallelPlan, RegionPlan
+from oases.planner.batch import BatchSpec
 from oases.planner.budget import Budget
 from oases.planner.clusters import Cluster, get_cluster, load_cluster
 from oases.planner.hardware import HardwareCosts
-from oases.planner.report import DP_NOTE, PARTS_NOTE, parts_cells, parts_header, parts_json
 from oases.planner.search import candidate_degrees, solve_plan
 from oases.planner.simulate import BatchShape, BatchSplitError, PlanResult, simulate_plan
 from oases.schedule.program import SPECS
@@ -88,91 +88,6 @@ def load_any_cluster(source: str, inter_gbps: float | None = None) -> Cluster:
         cluster = dataclasses.replace(cluster, inter_link=link,
                                       name=f"{cluster.name}@{inter_gbps:g}gbps")
     return cluster
-
-
-@dataclass(frozen=True)
-class BatchSpec:
-    """A step's batch as ``oases simulate`` takes it, in ``train``'s terms.
-
-    ``micro_batch``: sequences per model replica (per DP rank) per forward/backward, as
-    ``train.micro_batch`` and Megatron-LM's ``--micro-batch-size`` count them: a plan at tp=t
-    runs ``micro_batch * GPUs / t`` sequences across the cluster per micro-batch (None: one per
-    GPU, t per replica). A plan that mixes degrees has no single replica size; the activations
-    of every region are the same sequences, so an auto plan keeps the cluster micro-batch of
-    ``micro_batch_tp`` (as ``oases plan`` keeps ``train.micro_batch`` at ``parallel.tp``).
-    ``global_batch``: sequences per optimizer step (None: the largest cluster micro-batch of
-    the rows, one micro-batch). ``source``: where each number came from, for the header."""
-
-    global_batch: int | None
-    micro_batch: int | None
-    micro_batch_tp: int
-    source: dict[str, str] = dataclasses.field(default_factory=dict)
-
-    def micro_rows(self, world: int, tp: int | None = None) -> int:
-        """Sequences per micro-batch across the cluster for a plan at ``tp`` (None: auto)."""
-        t = tp or self.micro_batch_tp
-        if self.micro_batch is None:
-            return world
-        rows, left = divmod(self.micro_batch * world, t)
-        if left or rows < 1:
-            raise ValueError(f"--micro-batch={self.micro_batch} per replica at tp={t}: "
-                             f"{self.micro_batch} * {world} GPUs / {t} is not a whole number "
-                             "of sequences")
-        return rows
-
-    def shape(self, world: int, global_batch: int, tp: int | None = None) -> BatchShape:
-        rows = self.micro_rows(world, tp)
-        if global_batch % rows:
-            at = f"at tp={tp}" if tp else f"of auto plans (at tp={self.micro_batch_tp})"
-            raise ValueError(f"--global-batch={global_batch} is not a multiple of the cluster "
-                             f"micro-batch {at}: {rows} sequences (--micro-batch "
-                             f"{self.micro_batch or 'default'} per replica x {world} GPUs / "
-                             f"{tp or self.micro_batch_tp}); pass e.g. --global-batch "
-                             f"{rows * max(1, global_batch // rows)}")
-        return BatchShape(global_batch, rows)
-
-
-def batch_spec(model: str, cluster: Cluster, global_batch: int | None,
-               micro_batch: int | None, micro_batch_tp: int | None) -> BatchSpec:
-    """The batch of ``oases simulate``: the flags where given; else, for ``--model`` a TOML run
-    file, the ``train.global_batch``, ``train.micro_batch`` and ``parallel.tp`` the file sets
-    (``micro_batch`` counts at ``parallel.tp``, as in training); else one sequence per GPU
-    counted at one server's GPUs, one micro-batch per step."""
-    source: dict[str, str] = {}
-    train: dict = {}
-    parallel: dict = {}
-    if Path(model).suffix == ".toml":
-        import tomllib
-
-        try:
-            raw = tomllib.loads(Path(model).read_text(encoding="utf-8"))
-        except (OSError, tomllib.TOMLDecodeError) as exc:
-            raise ValueError(f"cannot read {model}: {exc}") from None
-        train, parallel = raw.get("train", {}), raw.get("parallel", {})
-    for key, flag, value in (("global_batch", "--global-batch", global_batch),
-                             ("micro_batch", "--micro-batch", micro_batch)):
-        if value is not None:
-            source[key] = flag
-        elif key in train:
-            source[key] = f"train.{key} of {model}"
-    gb = global_batch if global_batch is not None else train.get("global_batch")
-    mb = micro_batch if micro_batch is not None else train.get("micro_batch")
-    if micro_batch_tp is not None:
-        tp, source["micro_batch_tp"] = micro_batch_tp, "--micro-batch-tp"
-    elif micro_batch is None and "micro_batch" in train:  # the file's micro-batch, its unit
-        tp = int(parallel.get("tp", 1))
-        source["micro_batch_tp"] = f"parallel.tp of {model}"
-    else:
-        tp = cluster.server.gpus_per_server
-        source["micro_batch_tp"] = "default: one server's GPUs"
-    for name, value in (("--global-batch", gb), ("--micro-batch", mb),
-                        ("--micro-batch-tp", tp)):
-        if value is not None and (not isinstance(value, int) or value < 1):
-            raise ValueError(f"{name}={value!r} must be a whole number >= 1")
-    if tp > cluster.world_size:
-        raise ValueError(f"--micro-batch-tp={tp} is more than the {cluster.world_size} GPUs "
-                         f"of {cluster.name}")
-    return BatchSpec(gb, mb, tp, source)
 
 
 @dataclass
@@ -332,88 +247,6 @@ def _reseed(cfg: ModelConfig, costs: HardwareCosts, world: int, budget_bytes: fl
                     new.plan, new.result, new.tokens_per_s, new.fits, other)
 
 
-def plan_label(row: Row) -> str:
-    degrees = row.plan.degrees()
-    layout = f"tp={degrees[0]}" if len(degrees) == 1 else "mixed tp " + "/".join(map(str, degrees))
-    k = f", n_sub={row.plan.n_sub}" if SPECS[row.schedule].overlapped else ""
-    return f"{row.spec}: {layout}{k}"
-
-
-def describe_batch(rep: Report) -> str:
-    """The header's batch line: the step, the micro-batch and its unit, where they came from."""
-    b, g, world = rep.batch, rep.global_batch, rep.cluster.world_size
-    src = b.source
-    if b.micro_batch is None:
-        micro = (f"micro-batch one sequence per GPU ({world} across the cluster, t per model "
-                 "replica at tp=t)")
-    else:
-        seqs = "sequence" if b.micro_batch == 1 else "sequences"
-        auto = (f"; auto plans keep that of tp={b.micro_batch_tp} ({b.micro_rows(world)} "
-                f"sequences; {src.get('micro_batch_tp', '--micro-batch-tp')})"
-                if any(r.spec.auto for r in rep.rows) else "")
-        micro = (f"micro-batch {b.micro_batch} {seqs} per model replica (per DP rank, as "
-                 f"train.micro_batch; {src.get('micro_batch', '--micro-batch')}): a plan at "
-                 f"tp=t runs {b.micro_batch}*{world}/t across the cluster{auto}")
-    return (f"{g} sequences per step ({src.get('global_batch', '--global-batch')}); {micro}; "
-            "fp32 weights, AdamW")
-
-
-def format_report(rep: Report) -> str:
-    """The table ``oases simulate`` prints."""
-    from oases.planner.models import describe_model
-
-    base = rep.rows[0].schedule
-    lines = [f"model    {rep.model_name + ': ' if rep.model_name else ''}"
-             f"{describe_model(rep.model)}",
-             f"cluster  {rep.costs.describe().split(' Sources: ')[0]}",
-             f"batch    {describe_batch(rep)}",
-             f"budget   {rep.budget.text}", "",
-             f"  {'schedule':<20}{'plan':<30}{'micro x n':>11}{'step':>10}{'tokens/s':>11}"
-             f"{'peak GiB':>10}{'vs ' + base:>24}{parts_header()}"]
-    for row in rep.rows:
-        over = "" if row.fits else "  over budget"
-        micro = f"{row.batch.micro_rows} x {row.batch.n_micro()}"
-        lines.append(f"  {row.schedule:<20}{plan_label(row):<30}{micro:>11}"
-                     f"{row.result.step_s:>9.3f}s{row.tokens_per_s:>11,.0f}"
-                     f"{row.result.peak_mem_bytes / 2**30:>10.2f}{row.speedup:>23.2f}x"
-                     f"{parts_cells(row.result)}{over}")
-    lines += ["", f"micro x n: sequences per micro-batch across the cluster x micro-batches per "
-              f"step. {PARTS_NOTE}."]
-    if any(row.result.bound() == "DP comm" for row in rep.rows):
-        lines.append(f"{DP_NOTE}.")
-    for row in rep.rows:
-        if row.spec.auto:
-            by = f", found by {row.found_by}@auto's search" if row.found_by else ""
-            lines.append(f"{row.schedule}@auto degrees by region{by}: "
-                         f"{row.plan.degree_runs()}")
-    lines.append(f"simulated and planned in {rep.planning_s:.2f} s")
-    return "\n".join(lines)
-
-
-def to_json(rep: Report) -> dict:
-    b = rep.batch
-    return {
-        "model": {"name": rep.model_name, **dataclasses.asdict(rep.model)},
-        "cluster": dataclasses.asdict(rep.cluster),
-        "costs": rep.costs.describe(),
-        "dtype": rep.costs.dtype,
-        "batch": {"global_batch": rep.global_batch, "micro_batch": b.micro_batch,
-                  "micro_batch_unit": "sequences per model replica (per DP rank)",
-                  "micro_batch_tp": b.micro_batch_tp, "source": b.source},
-        "budget_bytes": rep.budget.bytes, "budget": rep.budget.text,
-        "planning_s": rep.planning_s,
-        "baseline": rep.rows[0].schedule,
-        "rows": [{"schedule": r.schedule, "plan_spec": str(r.spec), "label": plan_label(r),
-                  "degrees_by_region": r.plan.degree_runs(),
-                  "plan": json.loads(r.plan.to_json()), "step_s": r.result.step_s,
-                  "micro_rows": r.batch.micro_rows, "n_micro": r.batch.n_micro(),
-                  "tokens_per_s": r.tokens_per_s, "peak_mem_bytes": r.result.peak_mem_bytes,
-                  "fits": r.fits, "speedup": r.speedup, "found_by": r.found_by,
-                  **parts_json(r.result), "breakdown": r.result.breakdown}
-                 for r in rep.rows],
-    }
-
-
 def last_micro_batch(row: Row) -> Timeline:
     """The last micro-batch of a row's step (with the DP all-reduces and the optimizer): a
     whole step of many micro-batches is too long to read."""
@@ -426,9 +259,11 @@ def last_micro_batch(row: Row) -> Timeline:
 def write_report(rep: Report, out: Path) -> list[Path]:
     """``simulate.json`` and the timeline PNG of the oases row (the planned one if there are
     several; else the last row)."""
+    from oases.planner.report import plan_label, simulate_json
+
     out.mkdir(parents=True, exist_ok=True)
     path = out / "simulate.json"
-    path.write_text(json.dumps(to_json(rep), indent=1), encoding="utf-8")
+    path.write_text(json.dumps(simulate_json(rep), indent=1), encoding="utf-8")
     oases = [r for r in rep.rows if r.schedule == "oases"]
     row = next((r for r in oases if r.spec.auto), oases[-1] if oases else rep.rows[-1])
     png = out / f"timeline-{row.schedule}.png"
