@@ -24,8 +24,10 @@ from pathlib import Path
 import pytest
 
 from oases.config import load_config
+from oases.parallel import comm
 from oases.schedule.program import Start, Wait, build_program
 from oases.train import checkpoint as ckpt
+from oases.train import faults
 from oases.train.faults import parse
 from oases.train.supervise import (
     RankEnd,
@@ -60,6 +62,27 @@ def test_fault_spec_parses_and_rejects_with_one_line():
                        ("kill:rank=1:step=2:when=now", "'when=now' is not one of")]:
         with pytest.raises(ValueError, match=words):
             parse(bad)
+
+
+def test_fault_is_read_when_armed_and_its_collective_hook_removed(monkeypatch, tmp_path):
+    """``OASES_FAULT`` set after import is seen by ``arm`` (read then, not at import); it arms
+    only the rank and attempt it names; ``disarm`` removes the collective hook it added."""
+    monkeypatch.delenv("TORCHELASTIC_RESTART_COUNT", raising=False)
+    monkeypatch.setenv("RANK", "1")
+    monkeypatch.delenv("OASES_FAULT", raising=False)
+    assert faults.arm(tmp_path) is None  # unset: nothing armed
+    monkeypatch.setenv("OASES_FAULT", "kill:rank=0:step=3:at=collective:n=2")
+    assert faults.arm(tmp_path) is None  # another rank's fault
+    monkeypatch.setenv("RANK", "0")
+    hooks = len(comm._HOOKS)
+    try:
+        assert faults.arm(tmp_path) == parse("kill:rank=0:step=3:at=collective:n=2")
+        assert len(comm._HOOKS) == hooks + 1
+    finally:
+        faults.disarm()
+    assert len(comm._HOOKS) == hooks
+    monkeypatch.setenv("TORCHELASTIC_RESTART_COUNT", "1")
+    assert faults.arm(tmp_path) is None  # the restarted attempt runs clean
 
 
 def test_cause_is_a_stopped_rank_else_the_first_failure_signal_first():
