@@ -258,7 +258,7 @@ def run_attempt(a: Attempt) -> list[RankEnd] | None:
     failed ones as seen, the rest as killed by the supervisor: ``exitcode`` None)."""
     from torch.distributed.elastic.multiprocessing import DefaultLogsSpecs, Std, start_processes
 
-    from oases.train.loop import metrics_path
+    from oases.train.metrics import metrics_path
 
     port = free_port()
     started = time.time()
@@ -373,7 +373,7 @@ _STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGQUIT)
 
 def _attempts(cfg: Config, nproc: int, max_restarts: int, threads: int | None,
               logs: Path) -> int:
-    from oases.train.loop import metrics_path
+    from oases.train.metrics import metrics_path
 
     run_dir = cfg.train.run_dir
     resume_step, resume_path = _resume_point(cfg)
