@@ -30,7 +30,7 @@ REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO / "src"))
 
 from oases.train import checkpoint as ckpt  # noqa: E402
-from oases.train.supervise import read_events  # noqa: E402
+from oases.train.restart_events import read_events  # noqa: E402
 
 STEPS = 8
 CONFIG = [str(REPO / "configs" / "tiny.toml"), "--schedule.name=oases", "--schedule.n_sub=2",

@@ -176,7 +176,7 @@ def on_save(step: int) -> None:
 def _fire(armed: _Armed, steps_done: int, where: str,
           detail: dict[str, Any] | None = None) -> None:
     global _ARMED
-    from oases.train.supervise import write_event
+    from oases.train.restart_events import write_event
 
     _ARMED = None  # once: a stopped rank that is continued (SIGCONT) trains on
     f = armed.fault
