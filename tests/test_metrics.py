@@ -47,9 +47,14 @@ def test_jsonl_tensorboard_and_loss_plot(tmp_path):
     assert [s for s, _ in scalars["loss/train"]] == [1, 2, 3, 4]
     assert scalars["loss/val"] == [(2, pytest.approx(4.9)), (4, pytest.approx(4.7))]
 
-    # a resumed run at step 2: the lines after it go, TensorBoard purges its events after it
-    log = MetricsLog(tmp_path / "metrics.jsonl", 2, plot_path=tmp_path / "loss.png",
-                     tensorboard_dir=tmp_path / "tb")
+    # a resumed run at step 2: the lines after it go, TensorBoard purges its events after it;
+    # the old file is replaced, never truncated in place (a reader of it still sees every line)
+    before = (tmp_path / "metrics.jsonl").read_text()
+    with open(tmp_path / "metrics.jsonl", encoding="utf-8") as old_file:
+        log = MetricsLog(tmp_path / "metrics.jsonl", 2, plot_path=tmp_path / "loss.png",
+                         tensorboard_dir=tmp_path / "tb")
+        assert old_file.read() == before
+    assert not list(tmp_path.glob("*.part"))
     assert [r["step"] for r in log.rows] == [1, 2, 2]
     for row in _rows(5, first=3):
         log.write({**row, "loss": row.get("loss", 0) - 1} if "loss" in row else row)

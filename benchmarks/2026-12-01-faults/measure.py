@@ -5,11 +5,12 @@ usage: measure.py OUT [--torchrun-tries N]
 
 Every run is `oases train` of the tests' config (configs/tiny.toml, the oases schedule with two
 sub-batches and two collectives in flight, 8 steps, a checkpoint every 2, all kept; the
-collective timeout 30 s, 10 s for SIGSTOP) on 2 local ranks with --max-restarts 2. Times come
-from the run's `restarts.jsonl` (wall clock, written by the rank as it faults and by the
-supervisor, which polls every 50 ms): detect = fault -> the supervisor sees the failure;
-resume = that -> the first step of the next attempt logged (spawn, imports, rendezvous,
-checkpoint load and one step).
+collective timeout 30 s) on 2 local ranks with --max-restarts 2. Times come from the run's
+`restarts.jsonl` (wall clock, written by the rank as it faults and by the supervisor, which
+polls every 50 ms): detect = fault -> the supervisor ends the attempt on it (for a stopped rank:
+seen stopped for 2 s); resume = that -> the first step of the next attempt logged (spawn,
+imports, rendezvous, checkpoint load and one step). torchrun's runs keep a 10 s collective
+timeout for SIGSTOP (its agent waits for the peer's timeout).
 Writes OUT/results.json (raw), OUT/results.md (the tables) and OUT/loss.png.
 """
 
@@ -20,6 +21,7 @@ import json
 import os
 import platform
 import shutil
+import signal
 import subprocess
 import sys
 import tempfile
@@ -30,13 +32,13 @@ REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO / "src"))
 
 from oases.train import checkpoint as ckpt  # noqa: E402
-from oases.train.supervise import read_events  # noqa: E402
+from oases.train.restart_events import read_events  # noqa: E402
 
 STEPS = 8
 CONFIG = [str(REPO / "configs" / "tiny.toml"), "--schedule.name=oases", "--schedule.n_sub=2",
           "--schedule.max_inflight=2", f"--train.steps={STEPS}", "--checkpoint.every=2",
           "--checkpoint.keep=10", "--train.eval_every=4", "--train.sample_tokens=0"]
-STOP_TIMEOUT = "--parallel.timeout_s=10"  # the SIGSTOP runs: the peer's collective timeout
+STOP_TIMEOUT = "--parallel.timeout_s=10"  # torchrun's SIGSTOP run: the peer's timeout
 LOCAL = ["--nproc-per-node", "2", "--max-restarts", "2"]
 FAULTS = [  # (name, OASES_FAULT, damage of the newest checkpoint between runs)
     ("kill -9 mid-step", "kill:rank=1:step=6:at=step", None),
@@ -62,17 +64,25 @@ def run(cmd: list[str], fault: str, tmp: Path, timeout_s: float = 600,
         env: dict[str, str] | None = None) -> dict:
     tmp.mkdir(parents=True, exist_ok=True)
     t0 = time.time()
-    proc = subprocess.run(cmd, cwd=REPO, env=_env(fault, tmp) | (env or {}),
-                          capture_output=True, text=True, timeout=timeout_s)
+    # a new session, killed as a whole past the timeout (a stopped rank included)
+    proc = subprocess.Popen(cmd, cwd=REPO, env=_env(fault, tmp) | (env or {}),
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            start_new_session=True)
+    try:
+        out, err = proc.communicate(timeout=timeout_s)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        out, err = proc.communicate()
+        err += f"\n[measure.py: killed after {timeout_s} s]"
     left = sorted(p.name for p in tmp.iterdir() if p.name.startswith(("torchelastic_",
                                                                       "oases-")))
     return {"cmd": cmd, "fault": fault, "rc": proc.returncode, "wall_s": time.time() - t0,
-            "stdout": proc.stdout, "stderr": proc.stderr, "tmp_left": left}
+            "stdout": out, "stderr": err, "tmp_left": left}
 
 
 def oases_train(run_dir: Path, fault: str, tmp: Path) -> dict:
     cmd = [sys.executable, "-m", "oases", "train", *CONFIG, *LOCAL,
-           f"--train.run_dir={run_dir}", *([STOP_TIMEOUT] if fault.startswith("stop") else [])]
+           f"--train.run_dir={run_dir}"]
     return run(cmd, fault, tmp)
 
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 import inspect
 import json
 import sys
+from pathlib import Path
 
 from oases.schedule.timeline import Event, Timeline
 
@@ -16,7 +17,7 @@ from oases.schedule.timeline import Event, Timeline
 def load(path: str) -> Timeline:
     """Events from a trace of either version (tid 0: compute; else a collective)."""
     events = []
-    for r in json.loads(open(path).read())["traceEvents"]:
+    for r in json.loads(Path(path).read_text())["traceEvents"]:
         if r.get("ph") == "X":
             start = r["ts"] * 1e-6
             events.append(Event(r["pid"], "compute" if r["tid"] == 0 else "comm", r["name"],

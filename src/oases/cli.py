@@ -26,10 +26,10 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 
 from oases.config import SECTIONS, Config, load_config
+from oases.train.launch import EXIT_USER_ERROR  # one definition, where the ranks exit with it
 
 DEFAULT_CONFIG = Path(__file__).resolve().parents[2] / "configs" / "default.toml"
 BENCH_CONFIG = DEFAULT_CONFIG.with_name("bench.toml")
-EXIT_USER_ERROR = 2
 
 
 def _is_override(arg: str) -> bool:

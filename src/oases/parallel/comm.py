@@ -1,7 +1,8 @@
 """All communication of Oases: Megatron's conjugate autograd pairs, async variants, recording.
 
 Every collective goes through ``_issue`` here, so a test (or the timeline) can see each one with
-``record_collectives()``. Functions are named by what they do in the *forward* pass:
+``record_collectives()``, and a tool can act on each one with ``add_issue_hook(fn)`` (the fault
+injection of ``train/faults.py`` does). Functions are named by what they do in the *forward* pass:
 
 =================  ============================  ==============================
 function           forward                       backward (its conjugate)
@@ -49,31 +50,46 @@ class CollectiveRecord:
     issued_ns: int
 
 
-# Instrumentation only (like a profiler): the lists currently recording. Not process state that
-# changes results; empty unless a caller is inside ``record_collectives()``.
-_RECORDERS: list[list[CollectiveRecord]] = []
+# Instrumentation only (like a profiler): the callbacks called with every collective as it is
+# issued. Not process state that changes results; empty unless a caller is inside
+# ``record_collectives()`` or added a hook.
+_HOOKS: list[Callable[[CollectiveRecord], None]] = []
 _SEQ = itertools.count()
+
+
+def add_issue_hook(fn: Callable[[CollectiveRecord], None]) -> Callable[[], None]:
+    """Call ``fn(record)`` just before each collective is issued, until the returned function
+    is called (it removes this very ``fn``: hooks are told apart by identity, not equality)."""
+    _HOOKS.append(fn)
+
+    def remove() -> None:
+        for i, hook in enumerate(_HOOKS):
+            if hook is fn:
+                del _HOOKS[i]
+                return
+
+    return remove
 
 
 @contextlib.contextmanager
 def record_collectives() -> Iterator[list[CollectiveRecord]]:
     """Collect a ``CollectiveRecord`` for every collective issued inside the block."""
     log: list[CollectiveRecord] = []
-    _RECORDERS.append(log)
+    remove = add_issue_hook(log.append)
     try:
         yield log
     finally:
-        _RECORDERS.remove(log)
+        remove()
 
 
 def _issue(op: str, group: Group, t: Tensor, direction: str, tag: str, is_async: bool) -> None:
-    if _RECORDERS:
+    if _HOOKS:
         rec = CollectiveRecord(
             next(_SEQ), op, group.name, group.size, t.numel() * t.element_size(),
             direction, tag, is_async, time.perf_counter_ns(),
         )
-        for log in _RECORDERS:
-            log.append(rec)
+        for hook in tuple(_HOOKS):  # a hook may remove itself
+            hook(rec)
 
 
 _OPS = {"sum": dist.ReduceOp.SUM, "max": dist.ReduceOp.MAX}

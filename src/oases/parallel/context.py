@@ -1,7 +1,9 @@
 """Process state: the one place that reads the launcher's environment and builds process groups.
 
 ``init_distributed(tp)`` returns a ``ParallelContext`` that is passed down explicitly; nothing else
-in Oases reads environment variables or keeps process-wide state.
+in Oases reads environment variables or keeps process-wide state. One more variable is read
+here, only for testing: ``OASES_FAULT`` (``fault_spec()``), the fault that ``train/faults.py``
+injects into a rank; unset in any real run.
 
 Rank layout for world size W = tp * dp (TP groups are contiguous, so on a multi-GPU server a TP
 group stays on one machine's fast links)::
@@ -218,6 +220,12 @@ def launch_identity() -> tuple[int, int]:
     there; 0 for the first attempt and outside any launcher)."""
     return (int(os.environ.get("RANK", "0")),
             int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")))
+
+
+def fault_spec() -> str:
+    """``OASES_FAULT``: a testing hook, the fault to inject into this rank (``train/faults.py``
+    parses it; empty, the default, injects nothing). Read at each call, not at import."""
+    return os.environ.get("OASES_FAULT", "")
 
 
 def close_distributed() -> None:

@@ -1,6 +1,7 @@
 """Fault injection: a testing hook for the recovery tests and the fault report. Off by default.
 
-One environment variable, read here once (at import), arms one fault on one rank::
+One environment variable, read by ``arm()`` (through ``parallel.context.fault_spec()``, the
+module that reads the environment), arms one fault on one rank::
 
     OASES_FAULT="KIND:rank=R:step=S:at=WHERE[:n=K][:attempt=A]"
 
@@ -26,10 +27,11 @@ Just before it faults, the rank appends ``{"event": "fault", "time": ...}`` to
 ``<run_dir>/restarts.jsonl`` (the fault report's "time to detect" starts there).
 
 Hooks: ``arm(run_dir)`` (``launch.run_rank``), ``on_step(step)`` (top of every training step in
-``loop.py``), ``on_save(step)`` (``checkpoint.save_checkpoint``). Mid-step and mid-collective
-ride on ``comm``'s collective recorder (the list ``record_collectives`` fills): a recorder is
-registered only on the armed rank, so no other rank's collective pays for the hook. Cost when off:
-``on_step`` and ``on_save`` return at their first line, ``comm`` records nothing.
+``loop.py``), ``on_save(step)`` (``checkpoint.save_checkpoint``); ``disarm()`` undoes ``arm``.
+Mid-step and mid-collective ride on ``comm.add_issue_hook``, called with every collective just
+before it is issued: the hook is added only on the armed rank, so no other rank's collective
+pays for it. Cost when off: ``on_step`` and ``on_save`` return at their first line, ``comm``
+calls nothing.
 """
 
 from __future__ import annotations
@@ -37,6 +39,7 @@ from __future__ import annotations
 import os
 import signal
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -91,9 +94,6 @@ def parse(text: str) -> Fault:
     return fault
 
 
-_SPEC = os.environ.get(ENV, "")  # the one read of the variable
-
-
 @dataclass
 class _Armed:
     fault: Fault
@@ -104,23 +104,22 @@ class _Armed:
 
 
 _ARMED: _Armed | None = None
+_REMOVE_HOOK: Callable[[], None] | None = None
 
 
-class _Tripwire(list):
-    """A collective recorder (``comm._RECORDERS`` holds the lists that ``record_collectives``
-    fills; ``comm`` appends every collective to each, just before issuing it)."""
-
-    def append(self, record: Any) -> None:
-        armed = _ARMED
-        if armed is None or armed.step != armed.fault.step:
-            return
-        armed.issued += 1
-        fire = ((armed.fault.at == "collective" and armed.issued == armed.fault.n)
-                or (armed.fault.at == "step" and record.direction == "backward"))
-        if fire:
-            _fire(armed, armed.step - 1, f"before collective {armed.issued} of the step",
-                  {"next": _describe(record), "previous": armed.previous})
-        armed.previous = _describe(record)
+def _on_issue(record: Any) -> None:
+    """``comm``'s issue hook on the armed rank: count the step's collectives, fire at the one
+    the fault names."""
+    armed = _ARMED
+    if armed is None or armed.step != armed.fault.step:
+        return
+    armed.issued += 1
+    fire = ((armed.fault.at == "collective" and armed.issued == armed.fault.n)
+            or (armed.fault.at == "step" and record.direction == "backward"))
+    if fire:
+        _fire(armed, armed.step - 1, f"before collective {armed.issued} of the step",
+              {"next": _describe(record), "previous": armed.previous})
+    armed.previous = _describe(record)
 
 
 def _describe(record: Any) -> dict[str, Any]:
@@ -131,21 +130,32 @@ def _describe(record: Any) -> dict[str, Any]:
 def arm(run_dir: str | os.PathLike[str]) -> Fault | None:
     """Arm ``OASES_FAULT`` in this rank when it names this rank and this attempt; returns it.
     ValueError for a malformed value."""
-    global _ARMED
-    if not _SPEC:
-        return None
-    from oases.parallel.context import launch_identity
+    global _ARMED, _REMOVE_HOOK
+    from oases.parallel.context import fault_spec, launch_identity
 
-    fault = parse(_SPEC)
+    spec = fault_spec()
+    if not spec:
+        return None
+    fault = parse(spec)
     rank, attempt = launch_identity()
     if fault.rank != rank or fault.attempt != attempt:
         return None
+    disarm()
     _ARMED = _Armed(fault, Path(run_dir))
     if fault.at in ("step", "collective"):
         from oases.parallel import comm
 
-        comm._RECORDERS.append(_Tripwire())
+        _REMOVE_HOOK = comm.add_issue_hook(_on_issue)
     return fault
+
+
+def disarm() -> None:
+    """Forget the armed fault and remove its collective hook (a no-op when none is armed)."""
+    global _ARMED, _REMOVE_HOOK
+    _ARMED = None
+    if _REMOVE_HOOK is not None:
+        remove, _REMOVE_HOOK = _REMOVE_HOOK, None
+        remove()
 
 
 def on_step(step: int) -> None:
@@ -166,7 +176,7 @@ def on_save(step: int) -> None:
 def _fire(armed: _Armed, steps_done: int, where: str,
           detail: dict[str, Any] | None = None) -> None:
     global _ARMED
-    from oases.train.supervise import write_event
+    from oases.train.restart_events import write_event
 
     _ARMED = None  # once: a stopped rank that is continued (SIGCONT) trains on
     f = armed.fault

@@ -2,11 +2,12 @@
 
 Outside ``torchrun``, ``launch(cfg, nproc, max_restarts)`` with ``nproc > 1`` (or any
 ``max_restarts``) hands the group to ``train.supervise``: each attempt starts ``nproc`` local
-ranks with torch's elastic multiprocessing on a fresh rendezvous (127.0.0.1, a new port) and
-each rank runs ``run_rank(cfg, num_threads)``; after a rank dies, hangs or fails, the whole
-group restarts from the newest valid checkpoint, up to ``max_restarts`` times (see
-``supervise.py``). Under ``torchrun`` (or with ``nproc == 1`` and no restarts) this process is
-the rank and calls ``run_rank`` directly; torchrun's own ``--max-restarts`` then decides.
+ranks with torch's elastic multiprocessing on a fresh rendezvous (a new store on 127.0.0.1,
+held by the supervisor) and each rank runs ``run_rank(cfg, num_threads)``; after a rank dies,
+hangs or fails, the whole group restarts from the newest valid checkpoint, up to
+``max_restarts`` times (see ``supervise.py``). Under ``torchrun`` (or with ``nproc == 1`` and
+no restarts) this process is the rank and calls ``run_rank`` directly; torchrun's own
+``--max-restarts`` then decides.
 
 A user error found inside a rank (a ``ValueError``) prints one ``error: ...`` line on stderr and
 ends the rank with exit code 2; the supervisor then stops the other ranks, restarts nothing and
@@ -17,7 +18,6 @@ from __future__ import annotations
 
 import logging
 import os
-import socket
 import sys
 from typing import Any
 
@@ -33,13 +33,6 @@ EXIT_RANK_FAILED = 1
 def under_torchrun() -> bool:
     """True when this process was started by torchrun / torch elastic as one rank of a job."""
     return launched_by_torchrun()
-
-
-def free_port() -> int:
-    """A TCP port on 127.0.0.1 that was free a moment ago (bind to port 0)."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def run_rank(cfg: Config, num_threads: int | None = None) -> dict[str, Any] | None:

@@ -4,7 +4,8 @@ Rank 0 alone holds a ``MetricsLog``; nothing here is collective, so nothing here
 other ranks wait. Rows are JSON objects: one per step ``{step, loss, lr, grad_norm,
 step_time_s, tokens_per_s, peak_mem_mb}`` and one per evaluation ``{step, val_loss}``, appended
 and flushed one line at a time. A resumed run cuts the file back to its step (the lines after it
-came from a run that went further before it stopped) and keeps the lines before.
+came from a run that went further before it stopped) and keeps the lines before: it writes them
+to ``metrics.jsonl.part`` and renames that over the old file, so a kill meanwhile loses nothing.
 
 - TensorBoard (``train.tensorboard``): ``torch.utils.tensorboard.SummaryWriter`` into
   ``<run_dir>/tensorboard``, one scalar per field (``loss/train``, ``loss/val``, ``train/lr``,
@@ -73,9 +74,13 @@ class MetricsLog:
                 if isinstance(row, dict) and row.get("step", 0) <= start_step:
                     kept.append(line + "\n")
                     self.rows.append(row)
-        self._fh: TextIO | None = path.open("w", encoding="utf-8")
-        self._fh.writelines(kept)
-        self._fh.flush()
+        # the kept lines go to a new file renamed over the old one: a kill mid-rewrite leaves
+        # the old record whole, never a truncated one
+        part = path.with_name(path.name + ".part")
+        with part.open("w", encoding="utf-8") as fh:
+            fh.writelines(kept)
+        os.replace(part, path)
+        self._fh: TextIO | None = path.open("a", encoding="utf-8")
         self._tb: Any = None
         if tensorboard_dir is not None:
             from torch.utils.tensorboard import SummaryWriter  # needs the tensorboard package

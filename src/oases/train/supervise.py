@@ -3,16 +3,24 @@ valid checkpoint, with a fresh rendezvous, up to ``--max-restarts`` times.
 
 ``supervise(cfg, nproc, max_restarts, threads)`` runs attempts 0, 1, ... Each attempt is one
 group of ``nproc`` ranks started by torch's elastic multiprocessing (``start_processes``: spawn,
-per-rank environment, ``error.json`` per failed rank) on a new TCP port, so every attempt gets
-a new rendezvous store (rank 0 hosts it; ``MASTER_PORT``). The attempt number reaches the
+per-rank environment, ``error.json`` per failed rank) around a new rendezvous store: the
+supervisor opens a ``TCPStore`` on port 0 (the system picks a free port, no race with other
+programs), holds it for the attempt and closes it after, and the ranks join it as torchrun's
+agent has them join its own (``MASTER_PORT``, ``TORCHELASTIC_USE_AGENT_STORE=True``: every
+rank's ``init_process_group`` is then a client of that store). The attempt number reaches the
 ranks as ``TORCHELASTIC_RESTART_COUNT``, as under torchrun.
 
 While an attempt runs, the supervisor polls every ``POLL_S``: each rank's exit status (peeked
 with ``waitid(WNOWAIT)``, reaped later by torch) and whether it is stopped (``/proc``). A rank
-that exits non-zero or dies of a signal ends the attempt; every other rank is then killed with
-SIGKILL (a stopped process cannot act on SIGTERM), so nothing of a failed attempt is left when
-the next one starts. The cause is a stopped rank if there is one (its peers' collectives timed
-out waiting for it), else the earliest failure seen, a signal before an error exit on a tie.
+that exits non-zero or dies of a signal ends the attempt, and so does a rank seen stopped
+(SIGSTOP, SIGTSTP, or held by a debugger: state T in ``/proc``) for ``STOP_GRACE_S``: it would
+hang its peers until their collective timeout (``parallel.timeout_s``), so the supervisor does
+not wait for that; the grace lets a brief stop (a profiler attaching for a moment) pass. A rank
+held stopped on purpose (a debugger at a breakpoint) is ended the same way: debug one process
+(``--nproc-per-node 1``, no restarts: no supervisor) or under torchrun. Every other rank is
+then killed with SIGKILL (a stopped process cannot act on SIGTERM), so nothing of a failed
+attempt is left when the next one starts. The cause is a stopped rank if there is one, else
+the earliest failure seen, a signal before an error exit on a tie.
 
 Decision: a cause that exited with ``EXIT_USER_ERROR`` (bad config, missing data, a damaged
 checkpoint: the rank printed one ``error:`` line) is never retried. Anything else (a signal, a
@@ -23,15 +31,14 @@ so a restart never goes back to the old path (nor refuses the run's own checkpoi
 Between attempts one line goes to stderr: the failed rank, its signal or exit code and last
 error line, the restart number and the step the next attempt resumes from.
 
-Events, with wall-clock times, go to ``<run_dir>/restarts.jsonl`` (``EVENTS``): ``launch``
-(one per ``oases train``: a resumed run appends to the file), ``attempt``
-(started: port, resume step), ``first_step`` (the attempt's first step logged in the metrics
-file), ``failure`` (every rank's end, the cause, the decision), ``finished`` or ``gave_up``; a
-fault injected by ``faults.py`` adds ``fault``. ``benchmarks/*-faults`` reads them.
+Events, with wall-clock times, go to ``<run_dir>/restarts.jsonl`` (``train/restart_events.py``
+says which). The supervisor holds its events in memory (``EventLog``) until an attempt's ranks
+have passed their setup checks (rank 0 has rewritten the metrics file, which it does after every
+check of config, data and checkpoint) or finished: a run refused by those checks writes nothing
+into the run directory.
 
 Torch's launcher logs go to a temporary folder removed at the end (no ``torchelastic_*``
-folder is left in the system's temporary directory). Linux: ``/proc`` tells a stopped rank; a
-rank stopped for twice ``parallel.timeout_s`` ends the attempt even if no peer times out.
+folder is left in the system's temporary directory). Linux: ``/proc`` tells a stopped rank.
 
 Why not torch's agent (``elastic_launch`` with ``max_restarts``, what torchrun runs): with its
 shared rendezvous store the restarted gloo ranks connect to the previous round's addresses and
@@ -46,6 +53,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import datetime
 import json
 import os
 import re
@@ -60,33 +68,12 @@ from pathlib import Path
 from typing import Any
 
 from oases.config import Config
-from oases.train.launch import EXIT_RANK_FAILED, EXIT_USER_ERROR, free_port, run_rank
+from oases.train.launch import EXIT_RANK_FAILED, EXIT_USER_ERROR, run_rank
+from oases.train.restart_events import EventLog
 
-EVENTS = "restarts.jsonl"
 _SOURCE_PREFIX = re.compile(r"\[[^\]\s]+\.(?:cc|cpp|h|hpp):\d+\]\s*")
 POLL_S = 0.05
-
-
-def write_event(run_dir: str | os.PathLike[str], event: dict[str, Any]) -> None:
-    """Append ``event`` with the wall-clock ``time`` to ``<run_dir>/restarts.jsonl``. A run
-    directory that cannot be written is left to the ranks to report (one error line)."""
-    row = {"time": time.time(), **event}
-    try:
-        Path(run_dir).mkdir(parents=True, exist_ok=True)
-        with open(Path(run_dir) / EVENTS, "a", encoding="utf-8") as fh:
-            fh.write(json.dumps(row) + "\n")
-    except OSError:
-        pass
-
-
-def read_events(run_dir: str | os.PathLike[str]) -> list[dict[str, Any]]:
-    """The events of the last ``oases train`` launch in ``run_dir`` (a resumed run appends)."""
-    path = Path(run_dir) / EVENTS
-    if not path.is_file():
-        return []
-    rows = [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines() if line]
-    starts = [i for i, row in enumerate(rows) if row.get("event") == "launch"]
-    return rows[starts[-1]:] if starts else rows
+STOP_GRACE_S = 2.0  # a rank stopped this long ends the attempt (see the module docstring)
 
 
 # ---------------------------------------------------------------- how a rank ended
@@ -241,6 +228,51 @@ def last_logged_step(path: Path, since: float) -> int | None:
     return None
 
 
+class MetricsWatch:
+    """What the ranks of one attempt wrote to metrics file ``path``: rank 0 rewrites the file
+    (a new file renamed over the old) once its setup checks passed, at or after ``since``, then
+    appends a row per step. Reads only what was appended since the last look."""
+
+    def __init__(self, path: Path, since: float, resume_step: int) -> None:
+        self.path, self.since, self.resume_step = path, since, resume_step
+        self.inode, self.offset, self.tail = -1, 0, b""
+        self.first_step: int | None = None
+
+    def written(self) -> bool:
+        """True once this attempt's rank 0 has rewritten the file (its setup checks passed)."""
+        try:
+            return self.path.stat().st_mtime >= self.since
+        except OSError:
+            return False
+
+    def poll(self) -> int | None:
+        """The step of the attempt's first training row after ``resume_step``, once logged."""
+        if self.first_step is not None:
+            return self.first_step
+        try:
+            st = self.path.stat()
+            if st.st_mtime < self.since:
+                return None
+            if st.st_ino != self.inode or st.st_size < self.offset:  # a new or rewritten file
+                self.inode, self.offset, self.tail = st.st_ino, 0, b""
+            with open(self.path, "rb") as fh:
+                fh.seek(self.offset)
+                data = fh.read()
+        except OSError:
+            return None
+        self.offset += len(data)
+        *lines, self.tail = (self.tail + data).split(b"\n")
+        for line in lines:
+            try:
+                row = json.loads(line)
+            except ValueError:
+                continue
+            if isinstance(row, dict) and "loss" in row and row.get("step", 0) > self.resume_step:
+                self.first_step = int(row["step"])
+                return self.first_step
+        return None
+
+
 @dataclass
 class Attempt:
     """One attempt's settings."""
@@ -253,23 +285,29 @@ class Attempt:
     run_id: str
     log_root: Path
     resume_step: int
+    events: EventLog
 
 
 def run_attempt(a: Attempt) -> list[RankEnd] | None:
     """Run one group of ranks to the end. None on success, else how every rank ended (the
     failed ones as seen, the rest as killed by the supervisor: ``exitcode`` None)."""
+    from torch.distributed import TCPStore
     from torch.distributed.elastic.multiprocessing import DefaultLogsSpecs, Std, start_processes
 
     from oases.train.metrics import metrics_path
 
-    port = free_port()
     started = time.time()
-    write_event(a.cfg.train.run_dir, {"event": "attempt", "attempt": a.number, "port": port,
-                                      "nproc": a.nproc, "resume_step": a.resume_step})
+    # this attempt's rendezvous store, held until its ranks are gone (torchrun's agent store)
+    store = TCPStore("127.0.0.1", 0, world_size=a.nproc, is_master=True,
+                     wait_for_workers=False,
+                     timeout=datetime.timedelta(seconds=a.cfg.parallel.timeout_s))
+    a.events.add({"event": "attempt", "attempt": a.number, "port": store.port,
+                  "nproc": a.nproc, "resume_step": a.resume_step})
     envs = {r: {"RANK": str(r), "LOCAL_RANK": str(r), "GROUP_RANK": "0", "ROLE_RANK": str(r),
                 "WORLD_SIZE": str(a.nproc), "LOCAL_WORLD_SIZE": str(a.nproc),
                 "ROLE_WORLD_SIZE": str(a.nproc), "MASTER_ADDR": "127.0.0.1",
-                "MASTER_PORT": str(port), "TORCHELASTIC_RUN_ID": a.run_id,
+                "MASTER_PORT": str(store.port), "TORCHELASTIC_USE_AGENT_STORE": str(True),
+                "TORCHELASTIC_RUN_ID": a.run_id,
                 "TORCHELASTIC_RESTART_COUNT": str(a.number),
                 "TORCHELASTIC_MAX_RESTARTS": str(a.max_restarts)}
             for r in range(a.nproc)}
@@ -278,7 +316,7 @@ def run_attempt(a: Attempt) -> list[RankEnd] | None:
                           args={r: (a.cfg, a.threads) for r in range(a.nproc)}, envs=envs,
                           logs_specs=logs, start_method="spawn")
     pids = ctx.pids()
-    metrics, first_step = metrics_path(a.cfg), None
+    watch = MetricsWatch(metrics_path(a.cfg), started, a.resume_step)
     ended: dict[int, RankEnd] = {}
     stopped_since: dict[int, float] = {}
     try:
@@ -291,24 +329,20 @@ def run_attempt(a: Attempt) -> list[RankEnd] | None:
                                        error=_error_line(ctx.error_files[r]))
             stopped = {r for r, pid in pids.items() if r not in ended and _is_stopped(pid)}
             stopped_since = {r: stopped_since.get(r, now) for r in stopped}
-            # a rank stopped for twice the collective timeout hangs the group even where no
-            # peer times out on it (e.g. the others wait for the supervisor's handshake)
-            hung = any(now - t > 2 * a.cfg.parallel.timeout_s
-                       for t in stopped_since.values())
+            hung = any(now - t >= STOP_GRACE_S for t in stopped_since.values())
             if ended or hung:
                 ends = list(ended.values()) + [RankEnd(r, now, signal="SIGSTOP")
                                                for r in sorted(stopped)]
                 return _with_survivors(ends, a.nproc, now)
-            if first_step is None:  # the attempt's first step, as logged by rank 0
-                first_step = last_logged_step(metrics, started)
-                if first_step is not None and first_step <= a.resume_step:
-                    first_step = None
-                if first_step is not None:
-                    write_event(a.cfg.train.run_dir, {"event": "first_step", "step": first_step,
-                                                      "attempt": a.number})
+            if not a.events.opened and watch.written():  # the ranks passed their checks
+                a.events.open()
+            if watch.first_step is None and watch.poll() is not None:
+                a.events.add({"event": "first_step", "step": watch.first_step,
+                              "attempt": a.number})
             if not stopped:  # collects the return values; a stopped rank cannot finish
                 result = ctx.wait(0)
                 if result is not None and not result.is_failed():
+                    a.events.open()  # finished: its checks passed
                     return None
                 if result is not None:  # a failure between the peek and the poll
                     return _with_survivors([
@@ -322,6 +356,9 @@ def run_attempt(a: Attempt) -> list[RankEnd] | None:
     finally:
         _kill_children(pids.values())
         ctx.close(death_sig=signal.SIGKILL, timeout=10)
+        if watch.written():  # e.g. a rank failed in its first step, between two polls
+            a.events.open()
+        del store  # the server stops: the next attempt has a new store on a new port
 
 
 def _kill_children(pids: Any) -> None:
@@ -356,12 +393,13 @@ def supervise(cfg: Config, nproc: int, max_restarts: int, threads: int | None) -
 
     main = threading.current_thread() is threading.main_thread()
     previous = {s: signal.getsignal(s) for s in _STOP_SIGNALS} if main else {}
+    events = EventLog(cfg.train.run_dir)
     try:
         with tempfile.TemporaryDirectory(prefix="oases-launch-") as logs:
-            return _attempts(cfg, nproc, max_restarts, threads, Path(logs))
+            return _attempts(cfg, nproc, max_restarts, threads, Path(logs), events)
     except (SignalException, KeyboardInterrupt) as exc:
         sig = getattr(exc, "sigval", signal.SIGINT)
-        write_event(cfg.train.run_dir, {"event": "gave_up", "reason": f"{sig.name} received"})
+        events.add({"event": "gave_up", "reason": f"{sig.name} received"})
         print(f"error: stopped by {sig.name}; every rank was stopped", file=sys.stderr,
               flush=True)
         return 128 + int(sig)
@@ -374,23 +412,22 @@ _STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGQUIT)
 
 
 def _attempts(cfg: Config, nproc: int, max_restarts: int, threads: int | None,
-              logs: Path) -> int:
+              logs: Path, events: EventLog) -> int:
     from oases.train.metrics import metrics_path
 
-    run_dir = cfg.train.run_dir
     resume_step, resume_path = _resume_point(cfg)
     given = cfg.checkpoint.resume not in ("auto", "never") and resume_path is not None
     given_step = resume_step if given else None
     run_id = f"oases-{uuid.uuid4().hex[:8]}"
-    write_event(run_dir, {"event": "launch", "run_id": run_id, "nproc": nproc,
-                          "max_restarts": max_restarts, "resume": cfg.checkpoint.resume})
+    events.add({"event": "launch", "run_id": run_id, "nproc": nproc,
+                "max_restarts": max_restarts, "resume": cfg.checkpoint.resume})
     attempt_cfg = cfg
     for number in range(max_restarts + 1):
         started = time.time()
         ends = run_attempt(Attempt(attempt_cfg, nproc, number, max_restarts, threads, run_id,
-                                   logs, resume_step))
+                                   logs, resume_step, events))
         if ends is None:
-            write_event(run_dir, {"event": "finished", "attempt": number})
+            events.add({"event": "finished", "attempt": number})
             return 0
         cause = cause_of(ends)
         last = last_logged_step(metrics_path(cfg), started)
@@ -401,16 +438,16 @@ def _attempts(cfg: Config, nproc: int, max_restarts: int, threads: int | None,
         if retry:
             attempt_cfg = restart_config(cfg, given_step)
             resume_step, resume_path = _resume_point(attempt_cfg)
-        write_event(run_dir, {
+        events.add({
             "event": "failure", "attempt": number, "cause": cause.rank, "description": what,
             "when": when,
             "ranks": [e.to_json() for e in ends], "user_error": user_error, "restart": retry,
             "resume_step": resume_step if retry else None, "last_logged_step": last})
         if user_error:  # the ranks printed the one error line
-            write_event(run_dir, {"event": "gave_up", "reason": "user error"})
+            events.add({"event": "gave_up", "reason": "user error"})
             return EXIT_USER_ERROR
         if not retry:
-            write_event(run_dir, {"event": "gave_up", "reason": "no restarts left"})
+            events.add({"event": "gave_up", "reason": "no restarts left"})
             print(f"error: training failed {when}: {what} (attempt {number}; no restart left, "
                   f"--max-restarts={max_restarts})", file=sys.stderr, flush=True)
             return EXIT_RANK_FAILED
