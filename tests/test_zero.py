@@ -1,0 +1,296 @@
+"""ZeRO 1-3 (``parallel/shard.py``): sharded optimizer state, gradients and weights, equal to the
+single-device model and to zero=0.
+
+Parity (float64, ``EXACT64``): stages 0-3 x schedules megatron, megatron-recompute, oases x
+layouts tp1 x dp2, tp1 x dp4 and tp2 x dp2, with 2 micro-batches of accumulation and clipping
+that triggers: the loss of each of 3 AdamW steps and every parameter after them equal the
+single-device model trained on the whole batch. The model has hidden size 34, so its norms'
+34 elements do not divide by dp = 4 (a parameter split unevenly between shards, units padded).
+"""
+
+from __future__ import annotations
+
+import copy
+from pathlib import Path
+
+import pytest
+import torch
+import torch.distributed as dist
+
+import oases
+from exactness import EXACT64, to64
+from oases.config import TrainConfig
+from oases.parallel.apply import parameter_degrees, shard_spec, shard_tensor
+from oases.parallel.shard import materialized, shard_model
+from oases.plan import ParallelPlan, RegionPlan, region_names
+from oases.schedule import build_schedule
+from oases.schedule.program import Release, Start, Wait, ZeroLayout, build_program
+from oases.train.checkpoint import read_full_tensors
+from oases.train.optim import ZeroAdamW, build_optimizer, clip_grad_norm_
+from test_mixed_plans import layout_rows, region_of
+from test_train_loop import FP64, run, tiny_cfg, write_text
+
+B, S, VOCAB, STEPS, MAX_NORM = 16, 8, 101, 3, 0.5
+SCHEDULES = ("megatron", "megatron-recompute", "oases")
+TRAIN = TrainConfig(lr=1e-2, warmup_steps=0, weight_decay=0.1, grad_clip=MAX_NORM, steps=STEPS)
+
+
+def _cfg() -> oases.ModelConfig:
+    return oases.ModelConfig(arch="gpt2", n_layers=2, dim=34, n_heads=2, vocab_size=VOCAB,
+                             seq_len=S, tie_embeddings=True)
+
+
+def _batches() -> list[tuple[torch.Tensor, torch.Tensor]]:
+    g = torch.Generator().manual_seed(5)
+    return [(torch.randint(0, VOCAB, (B, S), generator=g),
+             torch.randint(0, VOCAB, (B, S), generator=g)) for _ in range(STEPS)]
+
+
+def _reference(base: torch.nn.Module, batches: list) -> tuple[list, dict, dict]:
+    """The single-device model on the whole batch: losses, the first step's gradients (before
+    clipping) and the weights after the steps."""
+    ref = copy.deepcopy(base)
+    opt = build_optimizer(ref, TRAIN)
+    losses, grads = [], {}
+    for tokens, targets in batches:
+        loss = ref(tokens, targets)
+        loss.backward()
+        grads = grads or {n: p.grad.clone() for n, p in ref.named_parameters()}
+        norm = torch.nn.utils.clip_grad_norm_(ref.parameters(), MAX_NORM)
+        assert norm > MAX_NORM  # the clipping is really in play
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+        losses.append(loss.detach())
+    return losses, grads, {n: p.detach().clone() for n, p in ref.named_parameters()}
+
+
+def _local(full: torch.Tensor, p: torch.nn.Parameter, rank: int, tp: int) -> torch.Tensor:
+    spec = shard_spec(p)
+    return full if spec is None else shard_tensor(full, spec, rank % tp, tp)
+
+
+def _check_grads(model, want: dict, rank: int, plan: ParallelPlan, where: str) -> None:
+    """The first step's gradients: whole ``.grad`` of unsharded parameters, and each piece of a
+    sharded one in this rank's gradient shard, against the reference's."""
+    shards = getattr(model, "zero_shards", None)
+    names = {id(p): n for n, p in model.named_parameters()}
+    tp = {n: plan.tp_of(region_of(n)) for n in names.values()}
+    for n, p in model.named_parameters():
+        if shards is None or not shards.is_sharded(p):
+            torch.testing.assert_close(p.grad, _local(want[n], p, rank, tp[n]), **EXACT64,
+                                       msg=lambda m, n=n: f"{where} grad {n}: {m}")
+    for u in ({} if shards is None else shards.units).values():
+        for seg in u.segments:
+            n = names[id(seg.param)]
+            exp = _local(want[n], seg.param, rank, tp[n]).reshape(-1)[seg.start: seg.stop]
+            got = u.grad_shard[seg.offset: seg.offset + seg.size]
+            torch.testing.assert_close(got, exp, **EXACT64,
+                                       msg=lambda m, n=n: f"{where} grad shard {n}: {m}")
+
+
+def _train(model, ctx, name: str, batches: list, rank: int, world: int, plan: ParallelPlan,
+           want_grads: dict, where: str) -> list:
+    tp = plan.tp_of("embed")  # the batch's layout
+    rows = B * tp // world
+    sched = build_schedule(name, n_sub=2, micro_batch=rows // 2)  # 2 micro-batches
+    opt = build_optimizer(model, TRAIN)
+    tp_groups = {pid: ctx.groups_for(d)[0] for pid, d in parameter_degrees(model).items()}
+    losses = []
+    for tokens, targets in batches:
+        local = sched.step(model, layout_rows(tokens, rank, world, tp),
+                           layout_rows(targets, rank, world, tp))
+        if not losses:
+            _check_grads(model, want_grads, rank, plan, where)
+        clip_grad_norm_(model.parameters(), MAX_NORM, ctx.groups_for(tp)[0], tp_groups,
+                        getattr(model, "zero_shards", None), ctx.world_group)
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+        loss = local.detach().clone()
+        dist.all_reduce(loss)
+        losses.append(loss / world)
+    return losses
+
+
+def _rank_parity(rank: int, world: int, layouts: list, stage_sets: list) -> dict:
+    """Every (degrees, schedule, stages) case against the reference; ``layouts`` holds one
+    TP degree (uniform) or a degree per region (mixed), ``stage_sets`` one stage for every
+    region or one per region."""
+    cfg = _cfg()
+    degrees = sorted({d for lay in layouts for d in ((lay,) if isinstance(lay, int) else lay)})
+    ctx = oases.init_distributed(tp=1, degrees=tuple(degrees))
+    torch.manual_seed(0)
+    base = to64(oases.build_model(cfg))
+    batches = _batches()
+    want_losses, want_grads, want_params = _reference(base, batches)
+    out = {}
+    for lay in layouts:
+        plan = (ParallelPlan.uniform(cfg, world, lay) if isinstance(lay, int) else
+                ParallelPlan([RegionPlan(n, t, world // t)
+                              for n, t in zip(region_names(cfg), lay)]))
+        for name in SCHEDULES:
+            for stages in stage_sets:
+                where = f"degrees={lay} world={world} {name} zero={stages} rank {rank}"
+                model = oases.parallelize(copy.deepcopy(base), ctx, plan)
+                shard_model(model, stages)
+                assert (stages == 0) != isinstance(build_optimizer(model, TRAIN), ZeroAdamW)
+                losses = _train(model, ctx, name, batches, rank, world, plan, want_grads,
+                                where)
+                for step, (got, want) in enumerate(zip(losses, want_losses)):
+                    torch.testing.assert_close(got, want, **EXACT64,
+                                               msg=lambda m, w=where, s=step: f"{w} step {s}: {m}")
+                with materialized(model):
+                    for n, p in model.named_parameters():
+                        exp = _local(want_params[n], p, rank, plan.tp_of(region_of(n)))
+                        torch.testing.assert_close(p.detach(), exp, **EXACT64,
+                                                   msg=lambda m, w=where, n=n: f"{w} {n}: {m}")
+                out[where] = [x.item() for x in losses]
+    return out
+
+
+STAGES = [0, 1, 2, 3]
+MIXED = (1, 2, 1, 2, 2, 1)  # 2 ranks: embed and head at tp=1 (dp=2), blocks at 2 and 1
+PER_REGION = (3, 1, 2, 3, 0, 3)
+
+
+@pytest.mark.exact
+def test_zero_stages_equal_the_single_device_model_tp1_dp2(spawn_ranks):
+    spawn_ranks(_rank_parity, 2, [1], STAGES)
+
+
+@pytest.mark.exact
+def test_zero_stages_equal_the_single_device_model_four_ranks(spawn_ranks):
+    """tp1 x dp4 and tp2 x dp2."""
+    spawn_ranks(_rank_parity, 4, [1, 2], STAGES, timeout_s=300)
+
+
+@pytest.mark.exact
+def test_zero_per_region_under_a_mixed_degree_plan(spawn_ranks):
+    """Each region its own degree and its own stage (one region not sharded)."""
+    spawn_ranks(_rank_parity, 2, [MIXED], [3, PER_REGION])
+
+
+# ----------------------------------------------------------------------- programs (no ranks)
+
+R = 6  # 2 layers: embed, 2 x (attn, mlp), head
+TIED = ZeroLayout((3,) * R, tuple((i,) if i < R - 1 else (i, 0) for i in range(R)))
+
+
+def _layout(stage: int, reshard: bool = True) -> ZeroLayout:
+    return ZeroLayout((stage,) * R, TIED.uses, reshard)
+
+
+@pytest.mark.parametrize("name", ["megatron", "megatron-recompute", "oases"])
+@pytest.mark.parametrize("n_micro", [1, 2])
+def test_stage3_every_compute_finds_its_weights_gathered(name, n_micro):
+    """Walk the program: every compute reads only gathered regions; a gather is waited before
+    use and started one compute earlier (prefetch); every gather is released by the end."""
+    for reshard in (True, False):
+        prog = build_program(name, R, 2, n_micro=n_micro, zero=_layout(3, reshard))
+        started, gathered, computes_since_start = set(), set(), {}
+        for ins in prog:
+            if isinstance(ins, Start) and ins.kind == "ag":
+                assert ins.index not in gathered
+                started.add(ins.index)
+                computes_since_start[ins.index] = 0
+            elif isinstance(ins, Wait) and ins.kind == "ag":
+                started.remove(ins.index)
+                gathered.add(ins.index)
+            elif isinstance(ins, Release):
+                gathered.remove(ins.index)
+            elif hasattr(ins, "pieces"):
+                for u in computes_since_start:
+                    computes_since_start[u] += 1
+                for piece in ins.pieces:
+                    assert set(TIED.units(piece, ins.phase)) <= gathered, (ins, gathered)
+        assert not gathered and not started
+        n_gathers = sum(isinstance(i, Start) and i.kind == "ag" for i in prog)
+        if reshard:  # forward and backward gather separately (the head's two passes touch)
+            assert n_gathers > R * n_micro
+        else:
+            assert n_gathers <= R * n_micro
+
+
+@pytest.mark.parametrize("stage", [1, 2, 3])
+def test_gradient_reduce_scatters_follow_their_last_backward(stage):
+    """Each region's reduce-scatter starts right after the last backward compute reading its
+    parameters (past that compute's own TP collective): in the last micro-batch at stage 1, in
+    every micro-batch at 2-3; each is waited once, at most 2 are in flight."""
+    n_micro = 2
+    prog = build_program("oases", R, 2, n_micro=n_micro, zero=_layout(stage))
+    starts = [(p, ins) for p, ins in enumerate(prog) if isinstance(ins, Start) and
+              ins.kind == "rs"]
+    micros = range(n_micro) if stage >= 2 else [n_micro - 1]
+    assert sorted((i.index, i.sub) for _, i in starts) == sorted(
+        (u, m) for u in range(R) for m in micros)
+    for pos, ins in starts:
+        last = max(p for p, c in enumerate(prog) if hasattr(c, "pieces") and
+                   c.phase == "backward" and c.sub // 2 == ins.sub and
+                   any(ins.index in _layout(stage).units(pc, "backward") for pc in c.pieces))
+        between = prog[last + 1: pos]
+        assert all(isinstance(b, Start | Wait | Release) for b in between), between
+        assert not any(hasattr(b, "pieces") for b in between)
+    inflight = 0
+    for ins in prog:
+        if isinstance(ins, Start) and ins.kind == "rs":
+            inflight += 1
+            assert inflight <= 2
+        elif isinstance(ins, Wait) and ins.kind == "rs":
+            inflight -= 1
+    assert inflight == 0
+
+
+def test_plan_files_carry_a_zero_stage_per_region():
+    cfg = _cfg()
+    plan = ParallelPlan.uniform(cfg, 2, 1)
+    assert plan.zero_stages(2) == (2,) * len(plan.regions)
+    text = plan.to_json()
+    assert '"zero"' not in text  # absent: the run's parallel.zero
+    raw = text.replace('"dp": 2\n', '"dp": 2, "zero": 3\n', 1)
+    assert ParallelPlan.from_json(raw).zero_stages(1)[:2] == (3, 1)
+    with pytest.raises(ValueError, match="zero=5 must be 0, 1, 2 or 3"):
+        ParallelPlan.from_json(text.replace('"dp": 2\n', '"dp": 2, "zero": 5\n', 1))
+
+
+def test_config_rejects_a_zero_stage_out_of_range():
+    from oases.config import ParallelConfig
+
+    with pytest.raises(ValueError, match="parallel.zero=4 must be 0, 1, 2 or 3"):
+        ParallelConfig(zero=4)
+
+
+
+# ------------------------------------------------------------------- checkpoints and resume
+
+
+def _resume_rank(rank: int, world: int, root: str) -> dict:
+    """zero=2 at tp=1 x dp=2 for 6 steps (checkpoints at 3 and 6); then from step 3 again at
+    zero=3 (dp=2) and at zero=0 with tp=2 (dp=1)."""
+    root = Path(root)
+    step3 = root / "z2" / "checkpoints" / "step_000003"
+    out = {"z2": run(tiny_cfg(root, "z2", "--parallel.tp=1", "--parallel.zero=2", FP64,
+                              "--checkpoint.every=3"))}
+    for name, *overrides in (("z3", "--parallel.tp=1", "--parallel.zero=3"),
+                             ("z0-tp2", "--parallel.tp=2", "--parallel.zero=0")):
+        out[name] = run(tiny_cfg(root, name, *overrides, FP64, f"--checkpoint.resume={step3}"))
+    return out
+
+
+@pytest.mark.exact
+def test_a_zero2_checkpoint_resumes_at_zero3_and_at_zero0_tp2(spawn_ranks, tmp_path):
+    write_text(tmp_path / "text.txt")
+    r0, r1 = spawn_ranks(_resume_rank, 2, str(tmp_path), timeout_s=180)
+    full = r0["z2"]
+    assert full["end_step"] == 6 and len(full["losses"]) == 6
+    for name in ("z3", "z0-tp2"):
+        assert r0[name]["start_step"] == 3, name
+        torch.testing.assert_close(r0[name]["losses"], full["losses"][3:], **EXACT64,
+                                   msg=lambda m, n=name: f"{n}: {m}")
+    # the checkpoint holds whole tensors (an unsharded layout): the zero=2 run's step 6 equals
+    # the run resumed at zero=0, tp=2
+    a = read_full_tensors(tmp_path / "z2" / "checkpoints" / "step_000006")
+    b = read_full_tensors(tmp_path / "z0-tp2" / "checkpoints" / "step_000006")
+    assert a.keys() == b.keys()
+    for k in a:
+        if not k.startswith("rng."):
+            torch.testing.assert_close(a[k], b[k], **EXACT64, msg=k)
+    assert r1["z2"]["losses"] == full["losses"]
