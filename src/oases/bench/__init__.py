@@ -8,6 +8,10 @@ import sys
 from collections.abc import Callable
 from pathlib import Path
 
+# The schedules of ``oases bench`` that are other libraries' training steps, not Oases programs
+# (no compute-only, comm-only or predicted time): PyTorch tensor parallelism, PyTorch FSDP2.
+PEERS = ("torch-tp", "fsdp2")
+
 
 def run_rank_spec(run: Callable[[dict], None]) -> None:
     """Entry of a rank launched as ``python -m MODULE SPEC.json``: ``run(spec)``, then leave

@@ -18,7 +18,7 @@ from pathlib import Path
 
 import torch
 
-from oases.bench import run_rank_spec
+from oases.bench import PEERS, run_rank_spec
 from oases.config import Config, load_config
 from oases.memory import peak_memory_mb, reset_peak_memory
 from oases.model import build_model
@@ -121,6 +121,15 @@ def predict_step(sched: Schedule, model: torch.nn.Module, rows: int, seq: int,
     return simulate_program(sched.program(model, rows), costs).step_s
 
 
+def fsdp2_rows(rows: int, tp: int, tp_rank: int) -> slice:
+    """The rows of its TP group's batch that rank ``tp_rank`` feeds to the fsdp2 peer: the same
+    global batch as every schedule, split over all ranks instead of over the DP groups."""
+    if rows % tp:
+        raise ValueError(f"fsdp2 splits each TP group's {rows} rows over its {tp} ranks: "
+                         f"train.micro_batch={rows} must divide by parallel.tp={tp}")
+    return slice(tp_rank * (rows // tp), (tp_rank + 1) * (rows // tp))
+
+
 def run(spec: dict) -> None:
     cfg: Config = load_config(spec.get("config"), spec.get("overrides", ()))
     ctx = init_distributed(tp=cfg.parallel.tp, timeout_s=cfg.parallel.timeout_s)
@@ -129,24 +138,27 @@ def run(spec: dict) -> None:
     torch.manual_seed(cfg.train.seed)
     base = build_model(cfg.model)
     names: list[str] = spec["schedules"]
-    torch_tp = None
-    if "torch-tp" in names:
-        from oases.bench.torch_tp import TorchTPSchedule, parallelize_torch_tp
-
-        torch_tp = (parallelize_torch_tp(copy.deepcopy(base), ctx), TorchTPSchedule())
-    model = parallelize(base, ctx)
     rows, seq = cfg.train.micro_batch, cfg.model.seq_len
     gen = torch.Generator().manual_seed(cfg.train.seed + ctx.dp_rank)
     tokens = torch.randint(0, cfg.model.vocab_size, (rows, seq), generator=gen).to(ctx.device)
     targets = torch.randint(0, cfg.model.vocab_size, (rows, seq), generator=gen).to(ctx.device)
+    steps = {}  # name -> (model, schedule, this rank's tokens, targets)
+    if "torch-tp" in names:
+        from oases.bench.torch_tp import TorchTPSchedule, parallelize_torch_tp
 
-    steps = {}
-    for name in names:
-        if name == "torch-tp":
-            steps[name] = (torch_tp[0], torch_tp[1])
-        else:
-            steps[name] = (model, build_schedule(name, n_sub=cfg.schedule.n_sub,
-                                                 max_inflight=cfg.schedule.max_inflight))
+        steps["torch-tp"] = (parallelize_torch_tp(copy.deepcopy(base), ctx), TorchTPSchedule(),
+                             tokens, targets)
+    if "fsdp2" in names:  # pure DP over the world: each rank of a TP group takes its share
+        from oases.bench.fsdp2 import FSDP2Schedule, build_world_mesh, shard_fsdp2
+
+        share = fsdp2_rows(rows, ctx.tp, ctx.tp_rank)
+        steps["fsdp2"] = (shard_fsdp2(copy.deepcopy(base).to(ctx.device), build_world_mesh(ctx)),
+                          FSDP2Schedule(), tokens[share], targets[share])
+    model = parallelize(base, ctx)
+    for name in [n for n in names if n not in PEERS]:
+        steps[name] = (model, build_schedule(name, n_sub=cfg.schedule.n_sub,
+                                             max_inflight=cfg.schedule.max_inflight),
+                       tokens, targets)
     calib = measure_link_ratio(model, tokens, targets, ctx, cfg.schedule.n_sub)
     if spec.get("calibrate_only"):
         if ctx.rank == 0:
@@ -159,10 +171,10 @@ def run(spec: dict) -> None:
     warmup, n_steps = int(spec.get("warmup", 2)), int(spec["steps"])
     for it in range(warmup + n_steps):
         for name in names:
-            m, sched = steps[name]
+            m, sched, x, y = steps[name]
             m.zero_grad(set_to_none=True)
             reset_peak_memory(ctx.device)
-            dt = _timed(ctx, lambda m=m, sched=sched: sched.step(m, tokens, targets))
+            dt = _timed(ctx, lambda m=m, sched=sched, x=x, y=y: sched.step(m, x, y))
             if it >= warmup:
                 times[name].append(dt)
                 mems[name] = max(mems.get(name, 0.0), peak_memory_mb(ctx.device))
@@ -171,8 +183,8 @@ def run(spec: dict) -> None:
     comm_only: dict[str, float] = {}
     predicted: dict[str, float] = {}
     ar_fit = fit_allreduce(ctx, rows, seq, cfg.model.dim)
-    for name in [n for n in names if n != "torch-tp"]:
-        m, sched = steps[name]
+    for name in [n for n in names if n not in PEERS]:
+        m, sched, _, _ = steps[name]
         ex = sched.executor(m)
         ex.skip_comm = True
         with record_timeline() as profile_tl:
@@ -192,7 +204,7 @@ def run(spec: dict) -> None:
 
     merged = None
     if spec.get("timeline") and "oases" in steps:
-        m, sched = steps["oases"]
+        m, sched, _, _ = steps["oases"]
         with record_timeline() as tl:
             _timed(ctx, lambda: sched.step(m, tokens, targets))
         merged = tl.gather(ctx.world_group)

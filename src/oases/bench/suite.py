@@ -23,6 +23,7 @@ import sys
 import tempfile
 from pathlib import Path
 
+from oases.bench import PEERS
 from oases.bench.link import (
     LINK_PRESETS,
     SHAPED_ENV,
@@ -75,11 +76,15 @@ def run_bench(config: str | None, overrides: list[str], schedules: list[str], li
 
     cfg = load_config(config, overrides)  # fail fast, before any rank starts
     cfg.validate(nproc)
-    valid = (*SCHEDULES, *BASELINES, "torch-tp")
+    valid = (*SCHEDULES, *BASELINES, *PEERS)
     unknown = [s for s in schedules if s not in valid]
     if unknown:
         raise ValueError(f"unknown schedule(s) {unknown}; valid: "
                          f"{', '.join(valid)}")
+    if "fsdp2" in schedules:
+        from oases.bench.runner import fsdp2_rows
+
+        fsdp2_rows(cfg.train.micro_batch, cfg.parallel.tp, 0)  # the batch splits over all ranks
     out.mkdir(parents=True, exist_ok=True)
     base = {"config": config, "overrides": overrides, "out": str(out)}
     rate, label, preset = resolve_link(link, config, overrides, nproc, cfg.parallel.tp)
