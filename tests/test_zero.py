@@ -294,3 +294,102 @@ def test_a_zero2_checkpoint_resumes_at_zero3_and_at_zero0_tp2(spawn_ranks, tmp_p
         if not k.startswith("rng."):
             torch.testing.assert_close(a[k], b[k], **EXACT64, msg=k)
     assert r1["z2"]["losses"] == full["losses"]
+
+
+# ------------------------------------------------------------------ collectives, as issued
+
+
+def _bus_bytes(rec) -> float:
+    """Bytes one rank sends in a ring: all-reduce 2 (d-1)/d n, reduce-scatter (d-1)/d n (n its
+    input), all-gather (d-1) n (n its input, the shard)."""
+    d = rec.group_size
+    return {"all_reduce": 2 * (d - 1) / d * rec.nbytes,
+            "reduce_scatter": (d - 1) / d * rec.nbytes,
+            "all_gather": (d - 1) * rec.nbytes}[rec.op]
+
+
+def _rank_collectives(rank: int, world: int) -> dict:
+    """One optimizer step (2 micro-batches, oases, tp=1 x dp=2) per stage: the collectives the
+    DP group sees, and the executor's issue order against the program's."""
+    from oases.parallel.comm import record_collectives
+
+    ctx = oases.init_distributed(tp=1)
+    cfg = _cfg()
+    torch.manual_seed(0)
+    base = to64(oases.build_model(cfg))
+    tokens, targets = _batches()[0]
+    out = {}
+    for stage in (0, 1, 2, 3):
+        model = oases.parallelize(copy.deepcopy(base), ctx)
+        shards = shard_model(model, stage)
+        sched = build_schedule("oases", n_sub=2, micro_batch=B // world // 2)
+        opt = build_optimizer(model, TRAIN)
+        x, y = layout_rows(tokens, rank, world, 1), layout_rows(targets, rank, world, 1)
+        with record_collectives() as records:
+            sched.step(model, x, y)
+        with record_collectives() as after:
+            opt.step()
+        program = [f"{i.kind}:{i.index}:{i.sub}" for i in sched.program(model, x.shape[0])
+                   if isinstance(i, Start) and i.kind in ("rs", "ag", "dp")]
+        issued = [r.tag for r in records if r.tag.split(":")[0] in ("rs", "ag", "dp")]
+        assert issued == program, (stage, issued, program)
+        by_op: dict = {}
+        for r in [*records, *after]:
+            if r.group == "dp":
+                by_op[r.op] = by_op.get(r.op, 0.0) + _bus_bytes(r)
+        padding = 0 if shards is None else sum(
+            (u.flat.numel() - u.numel) * 8 for u in shards.units.values())
+        n_params = sum(p.numel() for p in model.parameters())
+        out[stage] = {"bus": by_op, "padding": padding, "param_bytes": n_params * 8,
+                      "gathers": sum(t.startswith("ag:") for t in issued)}
+    return out
+
+
+def test_collectives_per_stage_from_the_recording_hook(spawn_ranks):
+    """Stages 1-2 move what one all-reduce of the gradients moves (a reduce-scatter, then the
+    updated weights' all-gather; up to the padding); stage 2 reduce-scatters every micro-batch;
+    stage 3 adds the weight gathers of every pass and drops the post-step gather."""
+    r0, _ = spawn_ranks(_rank_collectives, 2)
+    n = r0[0]["param_bytes"]
+    ar = r0[0]["bus"]["all_reduce"]
+    assert ar == pytest.approx(n)  # d = 2: 2 (d-1)/d n = n
+    for stage in (1, 2, 3):
+        assert "all_reduce" not in r0[stage]["bus"], stage
+    pad = r0[1]["padding"]
+    one_rs = r0[1]["bus"]["reduce_scatter"]
+    assert one_rs == pytest.approx((n + pad) / 2)  # once, in the last micro-batch
+    assert one_rs + r0[1]["bus"]["all_gather"] == pytest.approx(ar + pad)
+    assert r0[2]["bus"]["reduce_scatter"] == pytest.approx(2 * one_rs)  # every micro-batch
+    assert r0[2]["bus"]["all_gather"] == pytest.approx(r0[1]["bus"]["all_gather"])
+    gathers = r0[3]["gathers"]
+    assert gathers > 2 * 6  # two micro-batches, forward and backward gathers
+    assert r0[3]["bus"]["all_gather"] > r0[2]["bus"]["all_gather"] * 2
+
+
+def test_bench_entries_name_a_zero_stage():
+    from oases.bench import parse_entry
+
+    assert parse_entry("oases") == ("oases", 0)
+    assert parse_entry("megatron@zero=2") == ("megatron", 2)
+    for bad in ("oases@zero=4", "oases@tp=2", "fsdp2@zero=1"):
+        with pytest.raises(ValueError, match="expected SCHEDULE or SCHEDULE@zero"):
+            parse_entry(bad)
+
+
+def test_zero_collectives_have_lanes_and_colours_of_their_own(tmp_path):
+    """Reduce-scatters on the DP lane, weight gathers on a lane of their own, each in the
+    legend; neither counts as a sub-batch or micro-batch of the compute."""
+    from oases.schedule.timeline import Event, Timeline, lane_of
+
+    events = [Event(0, "compute", "body:0", "forward", 0, 0.0, 1.0),
+              Event(0, "compute", "body:0", "forward", 1, 1.0, 2.0),
+              Event(0, "comm", "ag 1", "ag", 0, 0.5, 1.5),
+              Event(0, "compute", "tp:0", "backward", 0, 2.0, 3.0),
+              Event(0, "compute", "tp:0", "backward", 1, 3.0, 4.0),
+              Event(0, "comm", "rs 0", "rs", 0, 4.0, 4.5)]
+    assert [lane_of(e) for e in events if e.lane == "comm"] == ["ZeRO gather", "DP comm"]
+    tl = Timeline(events)
+    assert tl.lanes() == ["compute", "DP comm", "ZeRO gather"]
+    assert tl.sub_batches_per_micro_batch() == 2
+    tl.plot(tmp_path / "t.png", title="zero")
+    assert (tmp_path / "t.png").stat().st_size > 0

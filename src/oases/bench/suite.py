@@ -23,7 +23,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-from oases.bench import PEERS
+from oases.bench import PEERS, parse_entry
 from oases.bench.link import (
     LINK_PRESETS,
     SHAPED_ENV,
@@ -69,7 +69,8 @@ def _launch(spec: dict, nproc: int, rate: float | None, workdir: Path) -> None:
 
 
 def run_bench(config: str | None, overrides: list[str], schedules: list[str], link: str,
-              steps: int, out: Path, nproc: int = 2, warmup: int = 2) -> dict:
+              steps: int, out: Path, nproc: int = 2, warmup: int = 2,
+              with_optimizer: bool = False) -> dict:
     from oases.config import load_config
     from oases.schedule import SCHEDULES
     from oases.schedule.program import BASELINES
@@ -77,7 +78,7 @@ def run_bench(config: str | None, overrides: list[str], schedules: list[str], li
     cfg = load_config(config, overrides)  # fail fast, before any rank starts
     cfg.validate(nproc)
     valid = (*SCHEDULES, *BASELINES, *PEERS)
-    unknown = [s for s in schedules if s not in valid]
+    unknown = [s for s in schedules if parse_entry(s)[0] not in valid]
     if unknown:
         raise ValueError(f"unknown schedule(s) {unknown}; valid: "
                          f"{', '.join(valid)}")
@@ -90,7 +91,9 @@ def run_bench(config: str | None, overrides: list[str], schedules: list[str], li
     rate, label, preset = resolve_link(link, config, overrides, nproc, cfg.parallel.tp)
     with tempfile.TemporaryDirectory() as tmp:
         _launch({**base, "schedules": schedules, "steps": steps, "warmup": warmup,
-                 "timeline": "oases" in schedules, "link_label": label}, nproc, rate, Path(tmp))
+                 "link_label": label,
+                 "timeline": any(parse_entry(s)[0] == "oases" for s in schedules),
+                 "with_optimizer": with_optimizer}, nproc, rate, Path(tmp))
     raw = json.loads((out / "raw.json").read_text())
     result = summarize(raw, schedules, label, rate, preset.name if preset else None)
     (out / "bench.json").write_text(json.dumps(result, indent=1))

@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import contextlib
 import itertools
+import threading
 import time
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
@@ -126,20 +127,26 @@ class Handle:
     def __init__(self, result: Tensor, work: dist.Work | None) -> None:
         self.result = result
         self._work = work
-        self._at_wait: list[Callable[[], None]] = []
 
     def on_complete(self, fn: Callable[[], None]) -> None:
         """Call ``fn()`` when the collective completes (gloo: on its communication thread).
         NCCL completes the future when the work is *enqueued*: there, timelines synchronize.
-        A collective without a future (gloo's single-tensor reduce-scatter and all-gather)
-        calls ``fn`` when it is waited: its end is then known only that late."""
+        A collective without a future (gloo's reduce-scatter) is watched by a thread that
+        waits for it too (instrumentation only: timelines are recorded for one step)."""
         if self._work is None:
             fn()
             return
         try:
             future = self._work.get_future()
         except RuntimeError:  # "Work::getFuture not implemented"
-            self._at_wait.append(fn)
+            work = self._work
+
+            def watch() -> None:
+                with contextlib.suppress(Exception):  # the owner's wait() reports failures
+                    work.wait()
+                    fn()
+
+            threading.Thread(target=watch, daemon=True, name="oases-comm-watch").start()
             return
         future.then(lambda _: fn())
 
@@ -147,9 +154,6 @@ class Handle:
         if self._work is not None:
             self._work.wait()
             self._work = None
-            for fn in self._at_wait:
-                fn()
-            self._at_wait = []
         return self.result
 
 
