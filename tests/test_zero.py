@@ -393,3 +393,39 @@ def test_zero_collectives_have_lanes_and_colours_of_their_own(tmp_path):
     assert tl.sub_batches_per_micro_batch() == 2
     tl.plot(tmp_path / "t.png", title="zero")
     assert (tmp_path / "t.png").stat().st_size > 0
+
+
+def _rank_state_bytes(rank: int, world: int) -> dict:
+    """Model-state bytes per rank after one step, from the tensors, for stages 0-3."""
+    from oases.train.optim import model_state_bytes
+
+    ctx = oases.init_distributed(tp=1)
+    cfg = _cfg()
+    torch.manual_seed(0)
+    base = oases.build_model(cfg)
+    tokens, targets = _batches()[0]
+    out = {}
+    for stage in (0, 1, 2, 3):
+        model = oases.parallelize(copy.deepcopy(base), ctx)
+        shards = shard_model(model, stage)
+        opt = build_optimizer(model, TRAIN)
+        sched = build_schedule("oases", n_sub=2)
+        sched.step(model, layout_rows(tokens, rank, world, 1), layout_rows(targets, rank, world, 1))
+        opt.step()
+        sched.step(model, layout_rows(tokens, rank, world, 1), layout_rows(targets, rank, world, 1))
+        padded = sum(p.numel() for p in model.parameters()) if shards is None else sum(
+            u.flat.numel() for u in shards.units.values())
+        out[stage] = (model_state_bytes(model, opt), padded)
+    return out
+
+
+def test_model_state_bytes_per_stage_follow_the_closed_form(spawn_ranks):
+    """fp32, d = 2, P padded elements: stage 0 holds 4P weights, 4P gradients, 8P moments;
+    1: 4P, 4P/2, 8P/2; 2: the same; 3: 4P/2, 4P/2, 8P/2."""
+    r0, r1 = spawn_ranks(_rank_state_bytes, 2)
+    for stage, (got, padded) in r0.items():
+        n = 4 * padded
+        want = {0: (n, n, 2 * n), 1: (n, n // 2, n), 2: (n, n // 2, n),
+                3: (n // 2, n // 2, n)}[stage]
+        assert (got["weights"], got["gradients"], got["optimizer"]) == want, (stage, got)
+        assert r1[stage][0] == got  # every rank holds the same share

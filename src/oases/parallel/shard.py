@@ -172,17 +172,6 @@ class ZeroShards:
                     u.shard.copy_(u.flat[u.lo: u.lo + u.shard_numel])
                 self.release(u.index)
 
-    # ---------------------------------------------------------------------- accounting
-    def state_bytes(self) -> dict[str, int]:
-        """Model-state bytes this rank keeps between steps, by kind (weights as kept: full for
-        stages 1-2, the shard for 3; the gradient shard as the optimizer sees it)."""
-        out = {"weights": 0, "grad_shards": 0}
-        for u in self.units.values():
-            size = u.flat.element_size()
-            out["weights"] += (u.shard_numel if u.stage == 3 else u.flat.numel()) * size
-            out["grad_shards"] += u.shard_numel * size
-        return out
-
 
 def _owned_params(chain: list) -> dict[int, list[nn.Parameter]]:
     """Region index -> the parameters it owns (the lowest region using one owns it: a tied

@@ -244,3 +244,31 @@ def whole_state(model: nn.Module, optimizer: torch.optim.Optimizer | ZeroAdamW,
         return
     with materialized(model, write_back), optimizer.full_state(write_back):
         yield
+
+
+def model_state_bytes(model: nn.Module, optimizer: torch.optim.Optimizer | ZeroAdamW
+                      ) -> dict[str, int]:
+    """Bytes of model state this rank holds, by kind, from the tensors themselves: weights as
+    kept between steps (a stage-3 region: its shard), gradients as the optimizer sees them
+    (whole ``.grad``, or a sharded region's gradient shard), and AdamW's moments (whole, or a
+    shard's). Call after the backward, before ``zero_grad``, to count the gradients."""
+    shards = zero_shards(model)
+    out = {"weights": 0, "gradients": 0, "optimizer": 0}
+    for p in {id(p): p for p in model.parameters()}.values():
+        if shards is not None and shards.is_sharded(p):
+            continue
+        out["weights"] += p.numel() * p.element_size()
+        if p.grad is not None:
+            out["gradients"] += p.grad.numel() * p.grad.element_size()
+    if shards is not None:
+        for u in shards.units.values():
+            size = u.shard.element_size()
+            out["weights"] += (u.shard_numel if u.stage == 3 else u.flat.numel()) * size
+            if u.grad_shard is not None:
+                out["gradients"] += u.grad_shard.numel() * size
+    inner = optimizer.inner if isinstance(optimizer, ZeroAdamW) else optimizer
+    for state in inner.state.values():
+        for key in ("exp_avg", "exp_avg_sq"):
+            if key in state:
+                out["optimizer"] += state[key].numel() * state[key].element_size()
+    return out
