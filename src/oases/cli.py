@@ -130,7 +130,8 @@ def _parser() -> argparse.ArgumentParser:
     bench.add_argument("config", nargs="?", default=str(BENCH_CONFIG),
                        help=f"TOML run file (default: {BENCH_CONFIG})")
     bench.add_argument("--schedules", default=",".join(DEFAULT_SCHEDULES),
-                       help="comma-separated schedules (default: %(default)s)")
+                       help="comma-separated schedules; NAME@zero=Z runs NAME with ZeRO stage "
+                       "Z (default: %(default)s)")
     bench.add_argument("--link", default=f"auto:{next(iter(LINK_PRESETS))}",
                        help="none, a tbf rate (200mbit, 25MB) or auto:PRESET with PRESET in "
                        f"{{{', '.join(LINK_PRESETS)}}} (default: %(default)s)")
@@ -139,6 +140,9 @@ def _parser() -> argparse.ArgumentParser:
     bench.add_argument("--out", default="runs/bench", help="output folder")
     bench.add_argument("--nproc-per-node", type=int, default=None, metavar="N",
                        help="local ranks (default: parallel.tp)")
+    bench.add_argument("--with-optimizer", action="store_true",
+                       help="time whole training steps: also clipping and the AdamW step "
+                       "(default: forward, backward and the gradient sync)")
     profile = commands.add_parser(
         "profile",
         allow_abbrev=False,
@@ -304,7 +308,8 @@ def _bench(ns: argparse.Namespace, overrides: list[str]) -> int:
         raise ValueError(f"--steps={ns.steps} must be >= 1 and --warmup={ns.warmup} >= 0")
     nproc = ns.nproc_per_node or load_config(ns.config, overrides).parallel.tp
     run_bench(ns.config, overrides, [s for s in ns.schedules.split(",") if s], ns.link,
-              ns.steps, Path(ns.out), nproc=nproc, warmup=ns.warmup)
+              ns.steps, Path(ns.out), nproc=nproc, warmup=ns.warmup,
+              with_optimizer=ns.with_optimizer)
     return 0
 
 

@@ -124,6 +124,12 @@ class ParallelConfig:
     costs of ``profile`` (a file from ``oases profile``, or ``hw:PRESET`` / ``hw:CLUSTER.toml``)
     under ``memory_gb`` GB (10^9 bytes) per device (0: the planner's default, 95% of a hardware
     preset's GPU, none for a profile of CPU ranks; ``oases.planner.budget``).
+
+    ``zero``: sharded data parallelism (0: off; 1: Adam moments sharded over each region's DP
+    group; 2: gradients too; 3: weights too, gathered before each pass); a plan file's regions
+    may give their own (``"zero"``; absent: this value). ``reshard_after_forward`` (stage 3):
+    free gathered weights between forward and backward (else keep them: fewer gathers, more
+    memory). See ``oases.parallel.shard``.
     """
 
     tp: int = 1
@@ -132,6 +138,8 @@ class ParallelConfig:
     plan: str = ""
     profile: str = ""
     memory_gb: float = 0.0
+    zero: int = 0
+    reshard_after_forward: bool = True
 
     def __post_init__(self) -> None:
         _check(
@@ -140,6 +148,7 @@ class ParallelConfig:
         )
         _positive("parallel", self, "tp", "timeout_s")
         _check(self.memory_gb >= 0, f"parallel.memory_gb={self.memory_gb} must be >= 0")
+        _check(self.zero in (0, 1, 2, 3), f"parallel.zero={self.zero} must be 0, 1, 2 or 3")
         _check(self.plan == "auto" or not self.profile,
                'parallel.profile is used only with parallel.plan = "auto"')
 

@@ -4,7 +4,8 @@ A plan lists the regions in chain order (``embed``, ``blocks.{l}.attn``, ``block
 ``head``) with their TP degree ``tp`` and data-parallel degree ``dp = world_size / tp``. Where two
 consecutive regions differ, the activations are resharded along the batch between them (see
 ``oases.parallel.comm.reshard_batch``). JSON keys: ``regions`` (a list of ``{name, tp, dp}``),
-``n_sub``, ``schedule``, ``predicted_step_s``, ``predicted_peak_mem_bytes``.
+``n_sub``, ``schedule``, ``predicted_step_s``, ``predicted_peak_mem_bytes``; a region may add
+``zero`` (its ZeRO stage, 0-3; absent: the run's ``parallel.zero``).
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ class RegionPlan:
     name: str
     tp: int
     dp: int
+    zero: int | None = None  # ZeRO stage of the region's parameters (None: parallel.zero)
 
 
 def region_names(cfg: ModelConfig) -> list[str]:
@@ -106,15 +108,27 @@ class ParallelPlan:
             raise ValueError(f"tied embeddings need one degree for embed and head, got "
                              f"{self.tp_of('embed')} and {self.tp_of('head')}")
 
+    def zero_stages(self, default: int = 0) -> tuple[int, ...]:
+        """The ZeRO stage of every region (``default`` where the plan gives none)."""
+        return tuple(default if r.zero is None else r.zero for r in self.regions)
+
     def to_json(self) -> str:
-        return json.dumps(asdict(self), indent=1)
+        raw = asdict(self)
+        for r in raw["regions"]:
+            if r["zero"] is None:
+                del r["zero"]
+        return json.dumps(raw, indent=1)
 
     @staticmethod
     def from_json(text: str) -> ParallelPlan:
         try:
             raw = json.loads(text)
-            regions = [RegionPlan(str(r["name"]), int(r["tp"]), int(r["dp"]))
+            regions = [RegionPlan(str(r["name"]), int(r["tp"]), int(r["dp"]),
+                                  None if r.get("zero") is None else int(r["zero"]))
                        for r in raw.pop("regions")]
+            for r in regions:
+                if r.zero not in (None, 0, 1, 2, 3):
+                    raise ValueError(f"region {r.name}: zero={r.zero} must be 0, 1, 2 or 3")
             return ParallelPlan(regions, **raw)
         except (ValueError, KeyError, TypeError) as exc:
             raise ValueError(f"not a plan: {exc}") from None

@@ -1,11 +1,14 @@
 """The per-rank side of ``oases bench``: every schedule in one launch, interleaved A B C A B C.
 
 Run under torchrun (``python -m oases.bench.runner SPEC.json``). Measures, per schedule, the
-median step time (forward + backward + data-parallel gradient sync, after warm-up), the peak
-memory of a step, and for Oases-executor schedules the compute-only time (same program,
-collectives skipped) and communication-only time (the program's collectives alone, on buffers
-of the same sizes). Rank 0 writes ``raw.json``; with ``timeline`` set, also the timeline of one
-``oases`` step gathered from every rank.
+median step time (forward + backward + data-parallel gradient sync, after warm-up; with
+``with_optimizer`` also the clipping and the AdamW step, as ``oases train`` runs them), the peak
+memory of a step, and for Oases-executor schedules without ZeRO the compute-only time (same
+program, collectives skipped) and communication-only time (the program's collectives alone, on
+buffers of the same sizes). An entry ``NAME@zero=Z`` runs schedule NAME on its own copy of the
+model sharded at ZeRO stage Z (``oases.parallel.shard``). Rank 0 writes ``raw.json``; with
+``timeline`` set, also the timeline of one step of ``oases`` (and of every ``oases@zero=Z``)
+gathered from every rank.
 """
 
 from __future__ import annotations
@@ -18,16 +21,18 @@ from pathlib import Path
 
 import torch
 
-from oases.bench import run_rank_spec
+from oases.bench import PEERS, parse_entry, run_rank_spec
 from oases.config import Config, load_config
 from oases.memory import peak_memory_mb, reset_peak_memory
 from oases.model import build_model
 from oases.parallel import comm
 from oases.parallel.apply import parallelize
 from oases.parallel.context import ParallelContext, init_distributed
+from oases.parallel.shard import shard_model
 from oases.schedule import Schedule, build_schedule, record_timeline
 from oases.schedule.program import Start, Wait, label
 from oases.schedule.timeline import Timeline
+from oases.train.optim import build_optimizer, clip_grad_norm_
 
 
 def _timed(ctx: ParallelContext, fn) -> float:  # noqa: ANN001
@@ -121,6 +126,15 @@ def predict_step(sched: Schedule, model: torch.nn.Module, rows: int, seq: int,
     return simulate_program(sched.program(model, rows), costs).step_s
 
 
+def fsdp2_rows(rows: int, tp: int, tp_rank: int) -> slice:
+    """The rows of its TP group's batch that rank ``tp_rank`` feeds to the fsdp2 peer: the same
+    global batch as every schedule, split over all ranks instead of over the DP groups."""
+    if rows % tp:
+        raise ValueError(f"fsdp2 splits each TP group's {rows} rows over its {tp} ranks: "
+                         f"train.micro_batch={rows} must divide by parallel.tp={tp}")
+    return slice(tp_rank * (rows // tp), (tp_rank + 1) * (rows // tp))
+
+
 def run(spec: dict) -> None:
     cfg: Config = load_config(spec.get("config"), spec.get("overrides", ()))
     ctx = init_distributed(tp=cfg.parallel.tp, timeout_s=cfg.parallel.timeout_s)
@@ -129,24 +143,55 @@ def run(spec: dict) -> None:
     torch.manual_seed(cfg.train.seed)
     base = build_model(cfg.model)
     names: list[str] = spec["schedules"]
-    torch_tp = None
-    if "torch-tp" in names:
-        from oases.bench.torch_tp import TorchTPSchedule, parallelize_torch_tp
-
-        torch_tp = (parallelize_torch_tp(copy.deepcopy(base), ctx), TorchTPSchedule())
-    model = parallelize(base, ctx)
     rows, seq = cfg.train.micro_batch, cfg.model.seq_len
     gen = torch.Generator().manual_seed(cfg.train.seed + ctx.dp_rank)
     tokens = torch.randint(0, cfg.model.vocab_size, (rows, seq), generator=gen).to(ctx.device)
     targets = torch.randint(0, cfg.model.vocab_size, (rows, seq), generator=gen).to(ctx.device)
+    steps = {}  # name -> (model, schedule, this rank's tokens, targets)
+    if "torch-tp" in names:
+        from oases.bench.torch_tp import TorchTPSchedule, parallelize_torch_tp
 
-    steps = {}
-    for name in names:
-        if name == "torch-tp":
-            steps[name] = (torch_tp[0], torch_tp[1])
-        else:
-            steps[name] = (model, build_schedule(name, n_sub=cfg.schedule.n_sub,
-                                                 max_inflight=cfg.schedule.max_inflight))
+        steps["torch-tp"] = (parallelize_torch_tp(copy.deepcopy(base), ctx), TorchTPSchedule(),
+                             tokens, targets)
+    if "fsdp2" in names:  # pure DP over the world: each rank of a TP group takes its share
+        from oases.bench.fsdp2 import FSDP2Schedule, build_world_mesh, shard_fsdp2
+
+        share = fsdp2_rows(rows, ctx.tp, ctx.tp_rank)
+        steps["fsdp2"] = (shard_fsdp2(copy.deepcopy(base).to(ctx.device), build_world_mesh(ctx)),
+                          FSDP2Schedule(), tokens[share], targets[share])
+    with_opt = bool(spec.get("with_optimizer"))
+    pristine = copy.deepcopy(base)
+    model = parallelize(base, ctx)
+    for entry in [n for n in names if n not in PEERS]:
+        name, zero = parse_entry(entry)
+        own = zero or with_opt  # an optimizer per entry: each on its own model
+        m = parallelize(copy.deepcopy(pristine), ctx) if own else model
+        if zero:
+            shard_model(m, zero)
+        steps[entry] = (m, build_schedule(name, n_sub=cfg.schedule.n_sub,
+                                          max_inflight=cfg.schedule.max_inflight),
+                        tokens, targets)
+    optimizers = {}
+    if with_opt:
+        for entry, (m, *_) in steps.items():
+            optimizers[entry] = build_optimizer(m, cfg.train)
+
+    def train_step(entry: str) -> None:
+        m, sched, x, y = steps[entry]
+        sched.step(m, x, y)
+        if entry not in optimizers:
+            return
+        if entry == "fsdp2":
+            from oases.bench.fsdp2 import fsdp2_optimizer_step
+
+            fsdp2_optimizer_step(m, optimizers[entry], 0, cfg.train)
+            return
+        if entry != "torch-tp":
+            clip_grad_norm_(m.parameters(), cfg.train.grad_clip, ctx.tp_group, None,
+                            getattr(m, "zero_shards", None), ctx.world_group)
+        optimizers[entry].step()
+        optimizers[entry].zero_grad(set_to_none=True)
+
     calib = measure_link_ratio(model, tokens, targets, ctx, cfg.schedule.n_sub)
     if spec.get("calibrate_only"):
         if ctx.rank == 0:
@@ -159,10 +204,11 @@ def run(spec: dict) -> None:
     warmup, n_steps = int(spec.get("warmup", 2)), int(spec["steps"])
     for it in range(warmup + n_steps):
         for name in names:
-            m, sched = steps[name]
-            m.zero_grad(set_to_none=True)
+            m = steps[name][0]
+            if name not in optimizers:
+                m.zero_grad(set_to_none=True)
             reset_peak_memory(ctx.device)
-            dt = _timed(ctx, lambda m=m, sched=sched: sched.step(m, tokens, targets))
+            dt = _timed(ctx, lambda name=name: train_step(name))
             if it >= warmup:
                 times[name].append(dt)
                 mems[name] = max(mems.get(name, 0.0), peak_memory_mb(ctx.device))
@@ -171,8 +217,8 @@ def run(spec: dict) -> None:
     comm_only: dict[str, float] = {}
     predicted: dict[str, float] = {}
     ar_fit = fit_allreduce(ctx, rows, seq, cfg.model.dim)
-    for name in [n for n in names if n != "torch-tp"]:
-        m, sched = steps[name]
+    for name in [n for n in names if n not in PEERS and not parse_entry(n)[1]]:
+        m, sched, _, _ = steps[name]
         ex = sched.executor(m)
         ex.skip_comm = True
         with record_timeline() as profile_tl:
@@ -190,12 +236,11 @@ def run(spec: dict) -> None:
         o = [_timed(ctx, comm_step) for _ in range(1 + n_steps)]
         comm_only[name] = statistics.median(o[1:])
 
-    merged = None
-    if spec.get("timeline") and "oases" in steps:
-        m, sched = steps["oases"]
+    merged = {}
+    for name in [n for n in names if parse_entry(n)[0] == "oases"] if spec.get("timeline") else []:
         with record_timeline() as tl:
-            _timed(ctx, lambda: sched.step(m, tokens, targets))
-        merged = tl.gather(ctx.world_group)
+            _timed(ctx, lambda name=name: train_step(name))
+        merged[name] = tl.gather(ctx.world_group)
 
     if ctx.rank == 0:
         out = Path(spec["out"])
@@ -208,10 +253,11 @@ def run(spec: dict) -> None:
             "predicted_s": predicted, "allreduce_fit": ar_fit,
         }
         (out / "raw.json").write_text(json.dumps(result, indent=1))
-        if merged is not None:
-            merged.save_chrome_trace(out / "oases_trace.json")
-            merged.plot(out / "oases_timeline.png",
-                        title=f"oases, tp={ctx.tp}, {spec.get('link_label', '')}")
+        for name, tl in merged.items():
+            stem = name.replace("@", "_").replace("=", "")  # oases_zero3
+            tl.save_chrome_trace(out / f"{stem}_trace.json")
+            tl.plot(out / f"{stem}_timeline.png",
+                    title=f"{name}, tp={ctx.tp}, dp={ctx.dp}, {spec.get('link_label', '')}")
     comm.barrier(ctx.world_group)  # nobody exits while a peer still talks
 
 

@@ -23,6 +23,7 @@ import sys
 import tempfile
 from pathlib import Path
 
+from oases.bench import PEERS, parse_entry
 from oases.bench.link import (
     LINK_PRESETS,
     SHAPED_ENV,
@@ -68,24 +69,31 @@ def _launch(spec: dict, nproc: int, rate: float | None, workdir: Path) -> None:
 
 
 def run_bench(config: str | None, overrides: list[str], schedules: list[str], link: str,
-              steps: int, out: Path, nproc: int = 2, warmup: int = 2) -> dict:
+              steps: int, out: Path, nproc: int = 2, warmup: int = 2,
+              with_optimizer: bool = False) -> dict:
     from oases.config import load_config
     from oases.schedule import SCHEDULES
     from oases.schedule.program import BASELINES
 
     cfg = load_config(config, overrides)  # fail fast, before any rank starts
     cfg.validate(nproc)
-    valid = (*SCHEDULES, *BASELINES, "torch-tp")
-    unknown = [s for s in schedules if s not in valid]
+    valid = (*SCHEDULES, *BASELINES, *PEERS)
+    unknown = [s for s in schedules if parse_entry(s)[0] not in valid]
     if unknown:
         raise ValueError(f"unknown schedule(s) {unknown}; valid: "
                          f"{', '.join(valid)}")
+    if "fsdp2" in schedules:
+        from oases.bench.runner import fsdp2_rows
+
+        fsdp2_rows(cfg.train.micro_batch, cfg.parallel.tp, 0)  # the batch splits over all ranks
     out.mkdir(parents=True, exist_ok=True)
     base = {"config": config, "overrides": overrides, "out": str(out)}
     rate, label, preset = resolve_link(link, config, overrides, nproc, cfg.parallel.tp)
     with tempfile.TemporaryDirectory() as tmp:
         _launch({**base, "schedules": schedules, "steps": steps, "warmup": warmup,
-                 "timeline": "oases" in schedules, "link_label": label}, nproc, rate, Path(tmp))
+                 "link_label": label,
+                 "timeline": any(parse_entry(s)[0] == "oases" for s in schedules),
+                 "with_optimizer": with_optimizer}, nproc, rate, Path(tmp))
     raw = json.loads((out / "raw.json").read_text())
     result = summarize(raw, schedules, label, rate, preset.name if preset else None)
     (out / "bench.json").write_text(json.dumps(result, indent=1))

@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import contextlib
 import itertools
+import threading
 import time
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
@@ -116,7 +117,7 @@ def reduce_scatter(t: Tensor, group: Group, *, direction: str = "forward",
     t = t.contiguous()
     out = torch.empty((t.shape[0] // group.size, *t.shape[1:]), dtype=t.dtype, device=t.device)
     _issue("reduce_scatter", group, t, direction, tag, False)
-    dist.reduce_scatter_tensor(out, t, group=group.pg)
+    dist.reduce_scatter_single(out, t, group=group.pg)
     return out
 
 
@@ -129,11 +130,25 @@ class Handle:
 
     def on_complete(self, fn: Callable[[], None]) -> None:
         """Call ``fn()`` when the collective completes (gloo: on its communication thread).
-        NCCL completes the future when the work is *enqueued*: there, timelines synchronize."""
+        NCCL completes the future when the work is *enqueued*: there, timelines synchronize.
+        A collective without a future (gloo's reduce-scatter) is watched by a thread that
+        waits for it too (instrumentation only: timelines are recorded for one step)."""
         if self._work is None:
             fn()
-        else:
-            self._work.get_future().then(lambda _: fn())
+            return
+        try:
+            future = self._work.get_future()
+        except RuntimeError:  # "Work::getFuture not implemented"
+            work = self._work
+
+            def watch() -> None:
+                with contextlib.suppress(Exception):  # the owner's wait() reports failures
+                    work.wait()
+                    fn()
+
+            threading.Thread(target=watch, daemon=True, name="oases-comm-watch").start()
+            return
+        future.then(lambda _: fn())
 
     def wait(self) -> Tensor:
         if self._work is not None:
@@ -150,6 +165,45 @@ def all_reduce_async(
         return Handle(t, None)
     _issue("all_reduce", group, t, direction, tag, True)
     return Handle(t, dist.all_reduce(t, group=group.pg, async_op=True))
+
+
+def reduce_scatter_async(flat: Tensor, group: Group, *, direction: str = "backward",
+                         tag: str = "") -> Handle:
+    """Start a sum reduce-scatter of the 1-D ``flat`` (its size a multiple of the group's):
+    ``.wait()`` returns this rank's ``1/size`` slice of the sum (``flat`` itself for a group of
+    one). ZeRO's gradient reduction (``parallel/shard.py``)."""
+    if group.size == 1:
+        return Handle(flat, None)
+    out = flat.new_empty(flat.numel() // group.size)
+    _issue("reduce_scatter", group, flat, direction, tag, True)
+    work = dist.reduce_scatter_single(out, flat, group=group.pg, async_op=True)
+    return _Keep(out, work, flat)
+
+
+def all_gather_into_async(out: Tensor, shard: Tensor, group: Group, *,
+                          direction: str = "forward", tag: str = "") -> Handle:
+    """Start gathering every rank's 1-D ``shard`` into ``out`` (``size`` shards in rank order,
+    in place); ``.wait()`` returns ``out``. ZeRO's weight gathers (``parallel/shard.py``)."""
+    if group.size == 1:
+        out.copy_(shard)
+        return Handle(out, None)
+    _issue("all_gather", group, shard, direction, tag, True)
+    work = dist.all_gather_single(out, shard, group=group.pg, async_op=True)
+    return _Keep(out, work, shard)
+
+
+class _Keep(Handle):
+    """A handle that keeps its collective's input alive until the wait (the input may be a
+    temporary nobody else holds)."""
+
+    def __init__(self, result: Tensor, work: dist.Work | None, keep: Tensor) -> None:
+        super().__init__(result, work)
+        self._keep: Tensor | None = keep
+
+    def wait(self) -> Tensor:
+        out = super().wait()
+        self._keep = None
+        return out
 
 
 def _all_gather(x: Tensor, group: Group, dim: int, direction: str) -> Tensor:

@@ -66,7 +66,7 @@ class Schedule:
             programs[n_micro] = build_program(
                 self.name, len(ex.chain), self.n_sub, n_micro=n_micro,
                 max_inflight=self.max_inflight, dp_tasks=tuple(sorted(ex.buckets)),
-                degrees=ex.degrees)
+                degrees=ex.degrees, zero=ex.zero_layout)
         return programs[n_micro]
 
     def split(self, rows: int) -> tuple[int, int]:

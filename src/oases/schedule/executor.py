@@ -30,7 +30,11 @@ Recompute modes (``ScheduleSpec.recompute``):
               all-reduces and a reshard inside the block.
 
 Data-parallel gradients: each region's are summed over its own DP group and divided by the
-head's DP degree (the number of distinct loss terms), one mean per (bucket, DP group).
+head's DP degree (the number of distinct loss terms), one mean per (bucket, DP group). Regions
+sharded by ZeRO (``model.zero_shards``, ``parallel/shard.py``) reduce-scatter their gradients
+instead ("rs": each rank keeps its shard of the mean) and, at stage 3, gather their weights
+before each pass ("ag") and free them after it (``Release``); ``program._insert_zero`` places
+these instructions.
 
 Shape legend: b sub-batch rows, S sequence, H hidden.
 """
@@ -46,12 +50,15 @@ from torch import Tensor
 from oases.model import Transformer
 from oases.parallel import comm
 from oases.parallel.layers import input_grads_unreduced
+from oases.parallel.shard import zero_shards
 from oases.schedule.program import (
     Compute,
     Instr,
+    Release,
     ScheduleSpec,
     Start,
     Wait,
+    ZeroLayout,
     comm_name,
     degree_changes,
     label,
@@ -70,8 +77,12 @@ class Executor:
         self.degrees = tuple(r.tp for r in self.chain)
         self.changes = degree_changes(len(self.chain), self.degrees)
         reduce = any(r.dp_group.size > 1 for r in self.chain)
-        self.buckets = dp_buckets(self.chain) if reduce else {}
-        self.bucket_groups = dp_bucket_groups(self.chain) if reduce else {}
+        self.zero = zero_shards(model)
+        skip = frozenset() if self.zero is None else frozenset(
+            id(p) for u in self.zero.units.values() for p in u.params)
+        self.buckets = dp_buckets(self.chain, skip) if reduce else {}
+        self.bucket_groups = dp_bucket_groups(self.chain, skip) if reduce else {}
+        self.zero_layout = None if self.zero is None else _zero_layout(self.chain, self.zero)
         self.dp_head = self.ctx.world_size // self.chain[-1].tp  # distinct loss terms
         self.track_memory = False
         self.skip_comm = False  # benchmarks only: compute-only timing, numbers are then wrong
@@ -121,6 +132,8 @@ class Executor:
                             self._event(timelines, "compute", label(ins), ins.phase, ins.sub, t)
                     elif isinstance(ins, Start):
                         self._start(ins, timelines)
+                    elif isinstance(ins, Release):
+                        self.zero.release(ins.index)
                     else:
                         self._wait(ins)
                         if sync:
@@ -303,7 +316,12 @@ class Executor:
         tag = f"{ins.kind}:{i}:{j}"
         issued = time.perf_counter()
         handles: list[tuple[comm.Handle, bool]] = []  # (handle, moves data between ranks)
-        if ins.kind == "dp":  # one mean per DP group among the bucket's regions
+        if ins.kind == "rs":  # ZeRO: this rank's shard of region i's gradient
+            handles.append((self.zero.start_grad_reduce(i, tag),
+                            self.zero.units[i].group.size > 1))
+        elif ins.kind == "ag":  # ZeRO stage 3: region i's weights, before a pass
+            handles.append((self.zero.start_gather(i, tag), self.zero.units[i].group.size > 1))
+        elif ins.kind == "dp":  # one mean per DP group among the bucket's regions
             for group, params in self.bucket_groups[i]:
                 handles.append((comm.Handle(None, None) if self.skip_comm else
                                 comm.gradient_mean_async(params, group, divisor=self.dp_head,
@@ -343,10 +361,26 @@ class Executor:
     def _wait(self, ins: Wait) -> None:
         i, j = ins.index, ins.sub
         results = [h.wait() for h in self.handles.pop((ins.kind, i, j))]
-        if ins.kind == "rsf":  # body:i reads x_i in its own layout
+        if ins.kind == "rs":
+            self.zero.finish_grad_reduce(i, results[0], self.dp_head)
+        elif ins.kind == "ag":  # the gathered weights live at a new address
+            self._param_ptrs.add(self.zero.units[i].flat.untyped_storage().data_ptr())
+        elif ins.kind == "rsf":  # body:i reads x_i in its own layout
             self.x[i, j] = results[0]
         elif ins.kind == "rsb":  # epi:i-1 reads dx_i in region i-1's layout
             self.gx[i, j] = results[0]
+
+
+def _zero_layout(chain: list, shards) -> ZeroLayout:  # noqa: ANN001 (ZeroShards)
+    """The program's view of the sharded regions: each region's stage, and which regions'
+    weights its TP pieces read (the owner of each of its norm and TP parameters)."""
+    owner = {id(p): u.index for u in shards.units.values() for p in u.params}
+    uses = []
+    for region in chain:
+        read = {owner.get(id(p), region.index) for p in (*region.norm_params,
+                                                         *region.tp_params)}
+        uses.append(tuple(sorted(read | {region.index})))
+    return ZeroLayout(shards.stages, tuple(uses), shards.reshard_after_forward)
 
 
 def _get_rng(device: torch.device) -> Tensor:

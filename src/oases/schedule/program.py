@@ -20,6 +20,9 @@ Collectives (``Start``/``Wait`` kind, index, sub-batch):
     "rsb", i    backward reshard of dx_i (made by norm:i in region i's layout) back into region
                 i-1's layout: the slice when the degree grew, the all-gather when it shrank
     "dp", t     data-parallel gradient mean of backward task t's parameter bucket
+    "rs", u, m  ZeRO: reduce-scatter of region u's gradients over its DP group, micro-batch m
+    "ag", u, m  ZeRO stage 3: all-gather of region u's weights before a pass (``Release(u)``
+                frees them after it); see ``_insert_zero``
 
 A degree change at region i splits the two tasks that cross it::
 
@@ -104,7 +107,37 @@ class Wait:
     sub: int = 0
 
 
-Instr = Compute | Start | Wait
+@dataclass(frozen=True)
+class Release:
+    """Free region ``index``'s gathered weights (ZeRO stage 3) after their last use in a pass."""
+
+    index: int
+
+
+Instr = Compute | Start | Wait | Release
+
+
+@dataclass(frozen=True)
+class ZeroLayout:
+    """Where sharded data parallelism (``parallel/shard.py``) enters a program.
+
+    ``stages``: the ZeRO stage of every region's parameters (0: reduced by the "dp"
+    all-reduces; 1-3: by "rs" reduce-scatters; 3: weights also gathered by "ag").
+    ``uses``: per region i, the regions whose parameters its TP pieces (body:i, tp:i) read:
+    ``(i,)``, or ``(i, 0)`` for a head tied to the embedding. A glue or norm piece of region i
+    reads region i's. ``reshard_after_forward``: stage 3 frees a region's weights after the
+    forward and gathers them again for the backward (else they stay from one to the other,
+    like FSDP's knob of that name)."""
+
+    stages: tuple[int, ...]
+    uses: tuple[tuple[int, ...], ...]
+    reshard_after_forward: bool = True
+
+    def units(self, piece: Piece, phase: str) -> tuple[int, ...]:
+        kind, i = piece
+        if (kind == "body" and phase != "backward") or (kind == "tp" and phase == "backward"):
+            return self.uses[i]
+        return (i,)
 
 
 @dataclass(frozen=True)
@@ -251,6 +284,7 @@ def _backward_tasks(n_regions: int, subs: range, recompute: str,
 def build_program(
     name: str, n_regions: int, n_sub: int, *, n_micro: int = 1, max_inflight: int = 1,
     dp_tasks: tuple[int, ...] = (), degrees: tuple[int, ...] | None = None,
+    zero: ZeroLayout | None = None,
 ) -> list[Instr]:
     """The instruction list of one optimizer step (``n_micro`` micro-batches of ``n_sub``
     sub-batches each; sub-batch ids are global: micro m owns ids m*n_sub .. m*n_sub+n_sub-1).
@@ -259,6 +293,8 @@ def build_program(
     all-reduces start right after that task of the last micro-batch and are waited at the end.
     ``degrees``: the TP degree of every region (None: one degree for all); reshards ("rsf",
     "rsb") sit where it changes.
+    ``zero``: the sharded regions (``ZeroLayout``): gradient reduce-scatters ("rs") and, at
+    stage 3, weight gathers ("ag") and releases (``_insert_zero``).
     """
     spec = SPECS.get(name)
     if spec is None:
@@ -269,8 +305,13 @@ def build_program(
                          "must all be at least 1")
     degrees = None if degrees is None else tuple(degrees)
     degree_changes(n_regions, degrees)  # (checks the degrees)
-    return list(_build_program(spec, k, n_regions, n_micro, max_inflight, tuple(dp_tasks),
-                               degrees))
+    if zero is not None and (len(zero.stages) != n_regions or len(zero.uses) != n_regions):
+        raise ValueError(f"zero layout for {len(zero.stages)} regions, program of {n_regions}")
+    program = _build_program(spec, k, n_regions, n_micro, max_inflight, tuple(dp_tasks),
+                             degrees)
+    if zero is not None and any(zero.stages):
+        program = _insert_zero(program, zero, k)
+    return list(program)
 
 
 @functools.lru_cache(maxsize=64)
@@ -349,6 +390,105 @@ def _insert_dp(body: list[Instr], dp_tasks: set[int], last_sub: int) -> list[Ins
     return out
 
 
+ZERO_GRAD_INFLIGHT = 2  # gradient reduce-scatters in flight at once (each holds a flat copy)
+
+
+def _insert_zero(program: tuple[Instr, ...], zero: ZeroLayout, k: int) -> tuple[Instr, ...]:
+    """Add the sharded regions' collectives to a program (``k`` sub-batches per micro-batch).
+
+    Gradients: region u's reduce-scatter ("rs", u, m) starts right after the last backward
+    compute of micro-batch m that reads u's parameters (after the TP collective that compute
+    starts, as "dp" does); stage 1 only in the last micro-batch (gradients accumulate in full
+    until then), stages 2-3 in every one. At most ``ZERO_GRAD_INFLIGHT`` are in flight; the
+    rest are waited at the end of their micro-batch.
+
+    Weights (stage 3): in each pass (a micro-batch's forward; its recompute + backward) region
+    u's weights are live from the first compute reading them to the last. Their all-gather
+    ("ag", u, m) starts before the compute that precedes the first use (prefetch: it runs
+    under that compute), is waited right before the first use, and ``Release(u)`` follows the
+    last use. With ``reshard_after_forward`` false the forward and backward of a micro-batch are
+    one pass; a pass that starts at the compute right after the previous one ended is merged
+    with it (no release and gather in between)::
+
+        compute:  [body 2](a) [body 2](b) [epi 2, body 3](a) [epi 2, body 3](b) ...
+        comm:     ag 3 ...... | wait ag 3 ; release 2 after its last use
+    """
+    computes = [i for i, ins in enumerate(program) if isinstance(ins, Compute)]
+    n_micro = 1 + max(program[i].sub for i in computes) // k
+    before: dict[int, list[Instr]] = {}
+    after: dict[int, list[Instr]] = {}
+    # ------------------------------------------------------------------ weight gathers
+    live: dict[tuple[int, tuple], list[int]] = {}  # (unit, pass) -> compute positions
+    for pos, i in enumerate(computes):
+        ins = program[i]
+        m = ins.sub // k
+        pass_key = (m,) if not zero.reshard_after_forward else (
+            m, ins.phase == "forward")
+        for piece in ins.pieces:
+            for u in zero.units(piece, ins.phase):
+                if zero.stages[u] == 3:
+                    live.setdefault((u, pass_key), []).append(pos)
+    intervals: dict[int, list[list[int]]] = {}
+    for (u, _), positions in sorted(live.items(), key=lambda kv: (kv[0][0], kv[1][0])):
+        first, last = positions[0], positions[-1]
+        runs = intervals.setdefault(u, [])
+        if runs and first <= runs[-1][1] + 1:
+            runs[-1][1] = max(runs[-1][1], last)
+        else:
+            runs.append([first, last])
+    for u, runs in sorted(intervals.items()):
+        for first, last in runs:
+            m = program[computes[first]].sub // k
+            before.setdefault(max(first - 1, 0), []).append(Start("ag", u, m))
+            before.setdefault(first, []).append(Wait("ag", u, m))
+            after.setdefault(last, []).append(Release(u))
+    # ------------------------------------------------------------- gradient reduce-scatters
+    last_use: dict[tuple[int, int], int] = {}
+    for pos, i in enumerate(computes):
+        ins = program[i]
+        m = ins.sub // k
+        if ins.phase != "backward":
+            continue
+        for piece in ins.pieces:
+            for u in zero.units(piece, "backward"):
+                if zero.stages[u] >= 2 or (zero.stages[u] == 1 and m == n_micro - 1):
+                    last_use[u, m] = pos
+    grads_after: dict[int, list[tuple[int, int]]] = {}
+    for (u, m), pos in sorted(last_use.items(), key=lambda kv: (kv[1], kv[0][0])):
+        grads_after.setdefault(pos, []).append((u, m))
+    # ------------------------------------------------------------------------ assemble
+    out: list[Instr] = []
+    inflight: deque[tuple[int, int]] = deque()
+    pending: list[tuple[int, int]] = []
+
+    def flush() -> None:
+        for u, m in pending:
+            if len(inflight) >= ZERO_GRAD_INFLIGHT:
+                out.append(Wait("rs", *inflight.popleft()))
+            out.append(Start("rs", u, m))
+            inflight.append((u, m))
+        pending.clear()
+
+    position = {i: pos for pos, i in enumerate(computes)}
+    micro_of_pos = [program[i].sub // k for i in computes]
+    for i, ins in enumerate(program):
+        if pending and not (isinstance(ins, Start | Wait) and ins.kind == "bwd"):
+            flush()
+        pos = position.get(i)
+        if pos is not None:
+            if inflight and micro_of_pos[pos] > inflight[0][1]:  # a micro-batch ended
+                while inflight and inflight[0][1] < micro_of_pos[pos]:
+                    out.append(Wait("rs", *inflight.popleft()))
+            out += before.get(pos, [])
+        out.append(ins)
+        if pos is not None:
+            out += after.get(pos, [])
+            pending += grads_after.get(pos, [])
+    flush()
+    out.extend(Wait("rs", *key) for key in inflight)
+    return tuple(out)
+
+
 def sub_batches(name: str, n_sub: int) -> int:
     """How many sub-batches a micro-batch is cut into under this schedule."""
     return n_sub if SPECS[name].overlapped else 1
@@ -360,5 +500,6 @@ def label(ins: Compute) -> str:
 
 
 def comm_name(kind: str, index: int) -> str:
-    """A collective's name in timelines, e.g. ``"fwd AR 3"`` or ``"rsf 3"`` (a reshard)."""
-    return f"{kind} {index}" if kind in ("rsf", "rsb") else f"{kind} AR {index}"
+    """A collective's name in timelines, e.g. ``"fwd AR 3"``, ``"rsf 3"`` (a reshard), ``"rs 3"``
+    (a ZeRO gradient reduce-scatter) or ``"ag 3"`` (a ZeRO weight gather)."""
+    return f"{kind} {index}" if kind in ("rsf", "rsb", "rs", "ag") else f"{kind} AR {index}"

@@ -99,11 +99,13 @@ def build_chain(model: Transformer) -> list[Region]:
     return chain
 
 
-def dp_buckets(chain: list[Region]) -> dict[int, list[nn.Parameter]]:
+def dp_buckets(chain: list[Region], skip: frozenset[int] = frozenset()
+               ) -> dict[int, list[nn.Parameter]]:
     """Parameters grouped by the backward task after which their gradients are final.
 
     Backward task i runs ``norm:i+1``, ``epi:i`` and ``tp:i``; a parameter used by several tasks
-    (a tied embedding) is final after the lowest one. Returns {task index: params}.
+    (a tied embedding) is final after the lowest one. Returns {task index: params}, without the
+    parameters whose ids are in ``skip`` (those ZeRO shards: they reduce-scatter instead).
     """
     last: dict[int, tuple[int, nn.Parameter]] = {}
     for region in chain:
@@ -111,6 +113,8 @@ def dp_buckets(chain: list[Region]) -> dict[int, list[nn.Parameter]]:
         for task, params in ((i, region.tp_params), (i, region.epi_params),
                              (i - 1, region.norm_params)):
             for p in params:
+                if id(p) in skip:
+                    continue
                 if id(p) not in last or task < last[id(p)][0]:
                     last[id(p)] = (task, p)
     buckets: dict[int, list[nn.Parameter]] = {}
@@ -119,7 +123,8 @@ def dp_buckets(chain: list[Region]) -> dict[int, list[nn.Parameter]]:
     return buckets
 
 
-def dp_bucket_groups(chain: list[Region]) -> dict[int, list[tuple[Group, list[nn.Parameter]]]]:
+def dp_bucket_groups(chain: list[Region], skip: frozenset[int] = frozenset()
+                     ) -> dict[int, list[tuple[Group, list[nn.Parameter]]]]:
     """Each bucket of ``dp_buckets`` split by the data-parallel group its parameters are
     reduced over: that of the region owning them (backward task i holds norm:i+1's parameters
     and region i's, which differ where the degree changes). One entry per (task, group), in
@@ -129,7 +134,7 @@ def dp_bucket_groups(chain: list[Region]) -> dict[int, list[tuple[Group, list[nn
         for p in (*region.norm_params, *region.tp_params, *region.epi_params):
             owner[id(p)] = region
     out: dict[int, list[tuple[Group, list[nn.Parameter]]]] = {}
-    for task, params in dp_buckets(chain).items():
+    for task, params in dp_buckets(chain, skip).items():
         by_degree: dict[int, tuple[Group, list[nn.Parameter]]] = {}
         for p in params:
             region = owner[id(p)]

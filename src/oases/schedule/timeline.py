@@ -22,7 +22,8 @@ if TYPE_CHECKING:
     from oases.parallel.context import Group
 
 
-LANES = ("compute", "TP comm", "reshard", "DP comm")
+LANES = ("compute", "TP comm", "reshard", "DP comm", "ZeRO gather")
+WHOLE_STEP_PHASES = ("dp", "rs", "ag", "optimizer")  # events that serve several sub-batches
 
 
 @dataclass(frozen=True)
@@ -32,7 +33,7 @@ class Event:
     rank: int
     lane: str
     name: str
-    phase: str  # forward | recompute | backward | optimizer | fwd | bwd | rsf | rsb | dp
+    phase: str  # forward | recompute | backward | optimizer | fwd | bwd | rsf | rsb | dp | rs | ag
     sub: int
     start_s: float
     end_s: float
@@ -42,7 +43,8 @@ def lane_of(event: Event) -> str:
     """The lane an event is drawn on: compute, or its collective's kind (``LANES``)."""
     if event.lane == "compute":
         return "compute"
-    return {"dp": "DP comm", "rsf": "reshard", "rsb": "reshard"}.get(event.phase, "TP comm")
+    return {"dp": "DP comm", "rs": "DP comm", "ag": "ZeRO gather", "rsf": "reshard",
+            "rsb": "reshard"}.get(event.phase, "TP comm")
 
 
 @dataclass

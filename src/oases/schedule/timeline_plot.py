@@ -6,6 +6,8 @@ Lanes, per rank (only those with events; ``timeline.LANES``)::
     rank r TP comm   the all-reduces that end TP regions, forward and backward
     rank r reshard   the all-gathers where the TP degree changes between regions
     rank r DP comm   the data-parallel gradient all-reduces (grey: they serve every sub-batch)
+                     and ZeRO's gradient reduce-scatters (purple)
+    rank r ZeRO gather  ZeRO stage 3's weight all-gathers before each pass (green)
 
 Colour: hue = sub-batch within its micro-batch (a, b, ...), shade = micro-batch (darkest
 first; each micro-batch's span is also marked, by number, over the first rank's lanes),
@@ -20,7 +22,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from oases.schedule.timeline import Event, lane_of
+from oases.schedule.timeline import WHOLE_STEP_PHASES, Event, lane_of
 
 if TYPE_CHECKING:
     from oases.schedule.timeline import Timeline
@@ -30,15 +32,15 @@ THIN_PX = 2.0  # "auto" zooms when the median compute bar would be narrower than
 ZOOM_BARS = 24  # compute instructions in the zoomed panel
 HATCH = {"recompute": "///", "backward": "...."}
 DP_GREY, OPTIMIZER_GREY = (0.6, 0.6, 0.6), (0.25, 0.25, 0.25)
+RS_PURPLE, AG_GREEN = (0.58, 0.4, 0.74), (0.17, 0.63, 0.17)
+FIXED = {"dp": DP_GREY, "optimizer": OPTIMIZER_GREY, "rs": RS_PURPLE, "ag": AG_GREEN}
 MAX_MICRO_LABELS = 8
 
 
 def _colour(e: Event, k: int, micro: list[int], cmap: Any) -> tuple[float, float, float]:
     """Hue by sub-batch, lighter for each later micro-batch of ``micro`` (those drawn)."""
-    if e.phase == "dp":
-        return DP_GREY
-    if e.phase == "optimizer":
-        return OPTIMIZER_GREY
+    if e.phase in FIXED:
+        return FIXED[e.phase]
     base = cmap(e.sub % k % 10)[:3]
     m = e.sub // k
     fade = 0.6 * micro.index(m) / (len(micro) - 1) if len(micro) > 1 and m in micro else 0.0
@@ -96,7 +98,7 @@ def _mark_micro_batches(ax: Any, events: list[Event], rank: int, y: float, t0: f
         return
     for m in micro:
         span = [e for e in events if e.rank == rank and e.lane == "compute"
-                and e.phase not in ("dp", "optimizer") and e.sub // k == m]
+                and e.phase not in WHOLE_STEP_PHASES and e.sub // k == m]
         if not span:
             continue
         a = (min(e.start_s for e in span) - t0) * 1e3
@@ -125,6 +127,12 @@ def _legend(k: int, micro: list[int], phases: set[str], cmap: Any) -> list:
     if "dp" in phases:
         handles.append(Patch(facecolor=DP_GREY, edgecolor="black", linewidth=0.3,
                              label="DP gradient all-reduce"))
+    if "rs" in phases:
+        handles.append(Patch(facecolor=RS_PURPLE, edgecolor="black", linewidth=0.3,
+                             label="ZeRO gradient reduce-scatter"))
+    if "ag" in phases:
+        handles.append(Patch(facecolor=AG_GREEN, edgecolor="black", linewidth=0.3,
+                             label="ZeRO weight all-gather"))
     if "optimizer" in phases:
         handles.append(Patch(facecolor=OPTIMIZER_GREY, edgecolor="black", linewidth=0.3,
                              label="optimizer"))
@@ -142,7 +150,7 @@ def plot_timeline(timeline: Timeline, path: str | Path, title: str, n_sub: int,
     if not events:
         raise ValueError("the timeline has no events to draw")
     k = max(1, n_sub)
-    micro = sorted({e.sub // k for e in events if e.phase not in ("dp", "optimizer")})
+    micro = sorted({e.sub // k for e in events if e.phase not in WHOLE_STEP_PHASES})
     ranks = sorted({e.rank for e in events})
     rows = [(r, lane) for r in ranks for lane in timeline.lanes()]
     t0 = min(e.start_s for e in events)

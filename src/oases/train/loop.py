@@ -16,6 +16,13 @@ shards over that degree's TP group, and losses are averaged over the head's DP g
 autocast on CUDA (fp32 master weights) and in fp32 on CPU; "fp32" and "fp64" run everything
 (parameters, gradients, AdamW state, collectives, checkpoints) in that dtype.
 
+``parallel.zero`` (or a plan region's ``zero``) shards regions over data parallelism
+(``oases.parallel.shard``): the schedule then reduce-scatters their gradients (and at stage 3
+gathers their weights around each pass), the optimizer is ``ZeroAdamW`` over the shards, the
+gradient norm adds the shards' squares over all ranks, and evaluation, sampling and checkpoints
+see whole weights and AdamW state (``whole_state``: gathered; checkpoints keep an unsharded
+layout, so any stage, tp or dp resumes any other).
+
 Rank 0 prints (``console``) a line every ``train.log_every`` steps, or a progress bar on a
 terminal, and records (``metrics``) ``<run_dir>/metrics.jsonl`` (one JSON line per step and per
 evaluation), TensorBoard events with ``train.tensorboard`` and ``<run_dir>/loss.png`` at every
@@ -50,6 +57,7 @@ from oases.model import build_model, count_params
 from oases.parallel import comm
 from oases.parallel.apply import parallelize, parameter_degrees
 from oases.parallel.context import ParallelContext, build_tp_mesh, init_distributed
+from oases.parallel.shard import materialized, shard_model
 from oases.plan import ParallelPlan
 from oases.precision import resolve_precision, upcast
 from oases.schedule import Timeline, build_schedule, record_timeline
@@ -61,7 +69,7 @@ from oases.train.data import Corpus, PackedBatches, load_corpus, tokenize_corpus
 from oases.train.evaluate import evaluate, loss_group
 from oases.train.generate import generate, sampling_generator
 from oases.train.metrics import LOSS_PLOT, TENSORBOARD_DIR, MetricsLog, metrics_path
-from oases.train.optim import build_optimizer, clip_grad_norm_, lr_at
+from oases.train.optim import build_optimizer, clip_grad_norm_, lr_at, whole_state
 from oases.train.resume import (
     check_corpus,
     check_resume_compatible,
@@ -200,6 +208,8 @@ def train(
         n_params = count_params(model)
         parallelize(model, ctx, plan)
     model.to(precision.param_dtype).train()  # shards keep their identity: .data is cast
+    shards = shard_model(model, plan.zero_stages(cfg.parallel.zero),
+                         cfg.parallel.reshard_after_forward)  # ZeRO (None: off)
     optimizer = build_optimizer(model, t)
     schedule = build_schedule(
         cfg.schedule.name,
@@ -213,11 +223,13 @@ def train(
     start_step = 0
     if resume_from is not None:
         try:  # local checks first (complete, sizes, shapes), so a bad checkpoint never hangs
-            ckpt.check_checkpoint(resume_from, model, optimizer, ctx)
+            with whole_state(model, optimizer):
+                ckpt.check_checkpoint(resume_from, model, optimizer, ctx)
         except ValueError as exc:
             error = exc
         agree_on_setup(ctx, error)
-        manifest = ckpt.load_checkpoint(resume_from, model, optimizer, ctx, meshes)
+        with whole_state(model, optimizer, write_back=True):
+            manifest = ckpt.load_checkpoint(resume_from, model, optimizer, ctx, meshes)
         start_step = int(manifest["step"])
         train_data.load_state_dict(manifest["extras"]["data"])
 
@@ -259,7 +271,7 @@ def train(
             metrics.write(row)
 
     def run_eval(step: int) -> float:
-        with precision.autocast():
+        with precision.autocast(), materialized(model):
             value = evaluate(model, val_data, ctx, t.eval_batches)
         write({"step": step, "val_loss": value})
         say(f"step {step:5d}/{t.steps}  validation loss {value:.4f}")
@@ -272,8 +284,10 @@ def train(
                   "tokenizer": tokenizer_info(tok)}
         if corpus.fingerprint is not None:
             extras["corpus"] = corpus.fingerprint.to_dict()
-        path = ckpt.save_checkpoint(ckpt.checkpoint_root(cfg), step, model, optimizer, extras,
-                                    cfg, ctx, meshes, cfg.checkpoint.keep, tokenizer_files)
+        with whole_state(model, optimizer):
+            path = ckpt.save_checkpoint(ckpt.checkpoint_root(cfg), step, model, optimizer,
+                                        extras, cfg, ctx, meshes, cfg.checkpoint.keep,
+                                        tokenizer_files)
         say(f"step {step:5d}/{t.steps}  checkpoint {path}")
         return path
 
@@ -301,7 +315,7 @@ def train(
                 save_timeline(timeline, ctx, run_dir / "timeline.png",
                               timeline_title(cfg, plan, ctx.world_size, step + 1))
             grad_norm = clip_grad_norm_(model.parameters(), t.grad_clip, ctx.tp_group,
-                                        tp_groups)
+                                        tp_groups, shards, ctx.world_group)
             optimizer.step()
             optimizer.zero_grad(set_to_none=True)
             loss = float(comm.all_reduce_mean(upcast(local), losses_over))
@@ -333,8 +347,10 @@ def train(
             saved = save(final)
         if t.sample_tokens:  # every rank samples (the logits are gathered over TP)
             prompt = torch.tensor([[tok.doc_sep_id]], device=ctx.device)
-            out = generate(model, prompt, t.sample_tokens, generator=sampling_generator(t.seed),
-                           replicas=plan.tp_of("embed") // min(plan.degrees()))
+            with materialized(model):
+                out = generate(model, prompt, t.sample_tokens,
+                               generator=sampling_generator(t.seed),
+                               replicas=plan.tp_of("embed") // min(plan.degrees()))
             say("sample:\n" + tok.decode(out[0, 1:].tolist()))
     finally:
         console.close()
