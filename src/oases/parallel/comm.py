@@ -131,8 +131,11 @@ class Handle:
     def on_complete(self, fn: Callable[[], None]) -> None:
         """Call ``fn()`` when the collective completes (gloo: on its communication thread).
         NCCL completes the future when the work is *enqueued*: there, timelines synchronize.
-        A collective without a future (gloo's reduce-scatter) is watched by a thread that
-        waits for it too (instrumentation only: timelines are recorded for one step)."""
+        A collective without a future (gloo's reduce-scatter) is watched by a thread that polls
+        ``is_completed()`` (instrumentation only: timelines are recorded for one step). It must
+        never ``wait()`` itself: a second thread waiting on a gloo work corrupts the result of
+        the owner's reduce-scatter (wrong ZeRO gradients in recorded steps, seen with torch
+        2.13; ``test_zero.py`` guards it)."""
         if self._work is None:
             fn()
             return
@@ -143,7 +146,8 @@ class Handle:
 
             def watch() -> None:
                 with contextlib.suppress(Exception):  # the owner's wait() reports failures
-                    work.wait()
+                    while not work.is_completed():
+                        time.sleep(1e-4)
                     fn()
 
             threading.Thread(target=watch, daemon=True, name="oases-comm-watch").start()
