@@ -1,5 +1,6 @@
 """The planner end to end on costs: profiles, whole-plan simulation, plan search, the CLI."""
 
+import dataclasses
 import json
 import subprocess
 import sys
@@ -128,13 +129,19 @@ def test_mixed_plan_prices_reshards_where_the_degree_changes():
 
 def _rank_programs(rank, world_size, cases):
     import oases
+    from oases.parallel.shard import shard_model
     from oases.schedule import build_schedule
 
     out = []
-    for degrees, schedule, global_batch, micro_rows in cases:
+    for degrees, schedule, global_batch, micro_rows, *zero in cases:
         plan = _plan(degrees, schedule)
+        if zero:  # every region at this ZeRO stage (stage 3: weights gathered per pass)
+            plan = dataclasses.replace(plan, regions=[dataclasses.replace(r, zero=zero[0])
+                                                      for r in plan.regions])
         ctx = oases.init_distributed(tp=degrees[0], degrees=plan.degrees())
         model = oases.parallelize(oases.build_model(CFG), ctx, plan)
+        if zero:
+            shard_model(model, plan.zero_stages())
         t_e = degrees[0]
         sched = build_schedule(schedule, n_sub=2, micro_batch=micro_rows * t_e // world_size)
         executed = sched.program(model, global_batch * t_e // world_size)
@@ -147,7 +154,11 @@ def test_simulator_and_executor_consume_the_same_programs(tmp_path):
     cases = [([1] * 10, "oases", 8, 4), ([2] * 10, "megatron", 8, 8),
              ([1, 1, 1, 2, 2, 2, 2, 1, 1, 1], "oases", 8, 4),
              ([2, 1, 1, 2, 2, 1, 2, 1, 1, 2], "overlap-recompute", 16, 8),
-             ([1, 2, 2, 2, 1, 1, 2, 2, 1, 1], "commfree-recompute", 8, 8)]
+             ([1, 2, 2, 2, 1, 1, 2, 2, 1, 1], "commfree-recompute", 8, 8),
+             # ZeRO: reduce-scatters, weight gathers and releases in the same places
+             ([1] * 10, "oases", 16, 4, 1), ([1] * 10, "megatron", 8, 4, 2),
+             ([1] * 10, "oases", 16, 4, 3), ([1] * 10, "megatron-recompute", 8, 8, 3),
+             ([1, 1, 1, 2, 2, 2, 2, 1, 1, 1], "oases", 8, 4, 3)]
     for per_rank in run_ranks(_rank_programs, 2, tmp_path, cases):
         assert per_rank == [True] * len(cases)
 

@@ -26,12 +26,12 @@ from oases.planner.costs import (
     region_kind,
     region_param_count,
 )
+from oases.planner.peak_memory import saved_bytes
 from oases.planner.simulate import (
     BatchShape,
     BatchSplitError,
     PlanResult,
     region_rows,
-    saved_bytes,
     simulate_plan,
 )
 from oases.schedule.program import SPECS

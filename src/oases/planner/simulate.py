@@ -35,15 +35,18 @@ from dataclasses import dataclass, field, replace
 
 from oases.config import ModelConfig
 from oases.plan import ParallelPlan
-from oases.planner.costs import (
-    BYTES,
-    OPTIMIZER_STATES,
-    Costs,
-    analytic_saved_bytes,
-    region_kind,
-    region_param_count,
+from oases.planner.costs import BYTES, Costs, region_kind, region_param_count
+from oases.planner.peak_memory import ModelState, peak_memory
+from oases.schedule.program import (
+    Compute,
+    Instr,
+    Piece,
+    Start,
+    Wait,
+    ZeroLayout,
+    comm_name,
+    label,
 )
-from oases.schedule.program import Compute, Instr, Piece, Start, Wait, comm_name, label
 from oases.schedule.timeline import Event, Timeline
 
 
@@ -69,7 +72,8 @@ class StepCosts:
 
 
 # what a collective kind is, in a step's breakdown: TP all-reduces, reshards, DP all-reduces
-COMM_CLASS = {"fwd": "tp", "bwd": "tp", "rsf": "reshard", "rsb": "reshard", "dp": "dp"}
+COMM_CLASS = {"fwd": "tp", "bwd": "tp", "rsf": "reshard", "rsb": "reshard", "dp": "dp",
+              "rs": "dp", "ag": "dp"}
 
 
 @dataclass(frozen=True)
@@ -123,7 +127,8 @@ def simulate_program(program: list[Instr], costs: StepCosts, *, commfree: bool =
             now += cost
             compute_busy += cost
         elif isinstance(ins, Start):
-            stream = (("dp" if ins.kind == "dp" else "tp") if costs.stream_of is None
+            stream = (("dp" if ins.kind in ("dp", "rs", "ag") else "tp")
+                      if costs.stream_of is None
                       else costs.stream_of(ins.kind, ins.index))
             cost = costs.collective_s(ins.kind, ins.index)
             if cost <= 0:  # nothing moves (a reshard's slicing direction): done at once
@@ -158,7 +163,8 @@ class PlanResult:
         collective (exposed communication), the optimizer. The parts add up to ``step_s``."""
         b = self.breakdown
         return {"compute": b.get("compute_s", 0.0), "TP comm": b.get("exposed_tp_s", 0.0),
-                "DP comm": b.get("exposed_dp_s", 0.0), "reshard": b.get("exposed_reshard_s", 0.0),
+                "DP comm": b.get("exposed_dp_s", 0.0) + b.get("post_step_gather_s", 0.0),
+                "reshard": b.get("exposed_reshard_s", 0.0),
                 "optimizer": b.get("optimizer_s", 0.0)}
 
     def bound(self) -> str:
@@ -211,19 +217,22 @@ def _group_ranks(kind: str, a: int, b: int, world_size: int) -> tuple[int, ...]:
     return tuple(j * a for j in range(b // a))
 
 
-def _dp_buckets(cfg: ModelConfig, kinds: list[str], degrees: list[int],
-                world_size: int) -> dict[int, list[tuple[int, int]]]:
+def _dp_buckets(cfg: ModelConfig, kinds: list[str], degrees: list[int], world_size: int,
+                stages: tuple[int, ...] | None = None) -> dict[int, list[tuple[int, int]]]:
     """{backward task: [(dp degree, parameters)]}, as ``schedule.regions.dp_buckets`` groups
     them: task i finalizes region i's own parameters and region i+1's norm (a tied head's
-    weight is the embedding's, final at task 0). Empty when no region is data-parallel."""
+    weight is the embedding's, final at task 0). Regions sharded by ZeRO (``stages`` >= 1)
+    reduce-scatter their own parameters instead ("rs"). Empty when no region is
+    data-parallel."""
     if all(t == world_size for t in degrees):
         return {}
+    stages = stages or (0,) * len(kinds)
     norm = 2 * cfg.dim if cfg.arch == "gpt2" else cfg.dim
     buckets: dict[int, list[tuple[int, int]]] = {}
     for i, (kind, t) in enumerate(zip(kinds, degrees)):
         own = region_param_count(cfg, kind, t) - (norm if kind != "embed" else 0)
-        parts = {world_size // t: own}  # one all-reduce per DP group, as the executor issues
-        if i + 1 < len(kinds):
+        parts = {world_size // t: 0 if stages[i] else own}  # one all-reduce per DP group
+        if i + 1 < len(kinds) and not stages[i + 1]:
             dp = world_size // degrees[i + 1]
             parts[dp] = parts.get(dp, 0) + norm
         if any(parts.values()):
@@ -231,27 +240,55 @@ def _dp_buckets(cfg: ModelConfig, kinds: list[str], degrees: list[int],
     return buckets
 
 
+def zero_layout(cfg: ModelConfig, stages: tuple[int, ...],
+                reshard_after_forward: bool = True) -> ZeroLayout | None:
+    """The program's view of a plan's ZeRO stages (as ``executor._zero_layout`` derives it
+    from a sharded model): region i's TP pieces read region i's parameters, and a tied head
+    also the embedding's, when the embedding is sharded. None when nothing is sharded."""
+    if not any(stages):
+        return None
+    n = len(stages)
+    uses = [(i,) for i in range(n)]
+    if cfg.tie_embeddings and stages[0]:
+        uses[-1] = (0, n - 1)
+    return ZeroLayout(tuple(stages), tuple(uses), reshard_after_forward)
+
+
+def model_state(cfg: ModelConfig, plan: ParallelPlan, world_size: int) -> ModelState:
+    """Every region's own parameter count, DP degree and ZeRO stage under ``plan``."""
+    return ModelState(tuple(region_param_count(cfg, region_kind(r.name), r.tp)
+                            for r in plan.regions),
+                      tuple(world_size // r.tp for r in plan.regions), plan.zero_stages())
+
+
 def plan_program(cfg: ModelConfig, plan: ParallelPlan, world_size: int, batch: BatchShape,
                  *, max_inflight: int = 1, n_micro: int | None = None,
-                 dp: bool = True) -> list[Instr]:
+                 dp: bool = True, reshard_after_forward: bool = True) -> list[Instr]:
     """The instruction list one rank runs for a step of ``plan``: the executor's very program
-    (``Schedule.program`` builds the same from a parallelized model). ``n_micro``: build only
-    that many micro-batches (default: the batch's); ``dp=False``: without the data-parallel
-    gradient all-reduces (a micro-batch that is not the last)."""
+    (``Schedule.program`` builds the same from a parallelized model), ZeRO's instructions
+    included where the plan's regions carry a stage. ``n_micro``: build only that many
+    micro-batches (default: the batch's); ``dp=False``: a micro-batch that is not the last
+    (without the data-parallel gradient all-reduces, and stage 1's reduce-scatters, which come
+    only in the last)."""
     from oases.schedule.program import build_program
 
     degrees = tuple(r.tp for r in plan.regions)
     kinds = [region_kind(r.name) for r in plan.regions]
-    buckets = _dp_buckets(cfg, kinds, list(degrees), world_size) if dp else {}
+    stages = plan.zero_stages()
+    buckets = _dp_buckets(cfg, kinds, list(degrees), world_size, stages) if dp else {}
+    if not dp:
+        stages = tuple(0 if z == 1 else z for z in stages)
     return build_program(plan.schedule, len(degrees), plan.n_sub,
                          n_micro=batch.n_micro() if n_micro is None else n_micro,
                          max_inflight=max_inflight, dp_tasks=tuple(sorted(buckets)),
-                         degrees=None if len(set(degrees)) == 1 else degrees)
+                         degrees=None if len(set(degrees)) == 1 else degrees,
+                         zero=zero_layout(cfg, stages, reshard_after_forward))
 
 
 def simulate_plan(cfg: ModelConfig, plan: ParallelPlan, costs: Costs, world_size: int,
                   batch: BatchShape, *, max_inflight: int = 1, rank: int = 0,
-                  timeline: bool = True, scaled: bool = True) -> PlanResult:
+                  timeline: bool = True, scaled: bool = True,
+                  reshard_after_forward: bool = True) -> PlanResult:
     """Predict one optimizer step of ``plan`` (its ``schedule`` and ``n_sub``): time, timeline
     (``timeline=False``: none, faster) and peak memory per device.
 
@@ -262,7 +299,13 @@ def simulate_plan(cfg: ModelConfig, plan: ParallelPlan, costs: Costs, world_size
 
         step = (n_micro - 1) * t(micro-batch) + t(last micro-batch, with DP)
 
-    ``scaled=False`` simulates the whole program instead (the slow obvious reference)."""
+    ``scaled=False`` simulates the whole program instead (the slow obvious reference).
+
+    ZeRO (a region's ``zero`` stage): its gradient reduce-scatters ("rs") and stage 3's weight
+    gathers ("ag") run on the DP stream with the DP all-reduces (the same links); the
+    optimizer updates this rank's shards only; stages 1-2 then all-gather the updated shards,
+    one after another on that stream, before the next step (``post_step_gather_s``, counted as
+    DP communication). ``reshard_after_forward`` is stage 3's knob of that name."""
     from oases.schedule.program import SPECS
 
     costs = _CachedCosts(costs)
@@ -276,11 +319,14 @@ def simulate_plan(cfg: ModelConfig, plan: ParallelPlan, costs: Costs, world_size
     n = len(degrees)
     act_bytes = [rows[i] * cfg.seq_len * cfg.dim * BYTES for i in range(n)]  # [b, S, H] fp32
 
-    buckets = _dp_buckets(cfg, kinds, degrees, world_size)
+    stages = plan.zero_stages()
+    state = model_state(cfg, plan, world_size)
+    buckets = _dp_buckets(cfg, kinds, degrees, world_size, stages)
     n_micro = batch.n_micro()
     whole = not scaled or n_micro == 1
     program = plan_program(cfg, plan, world_size, batch, max_inflight=max_inflight,
-                           n_micro=None if whole else 1)
+                           n_micro=None if whole else 1,
+                           reshard_after_forward=reshard_after_forward)
 
     def reshard(i: int, backward: bool) -> tuple[int, tuple[int, ...]]:
         """(bytes, rank 0's group) of the all-gather a reshard into region i moves."""
@@ -305,11 +351,15 @@ def simulate_plan(cfg: ModelConfig, plan: ParallelPlan, costs: Costs, world_size
                               numel * BYTES) for dp, numel in buckets[index])
         if kind in ("rsf", "rsb"):
             return priced("all_gather", *reversed(reshard(index, kind == "rsb")))
+        if kind in ("rs", "ag"):  # ZeRO: region index's padded flat buffer over its DP group
+            return priced("reduce_scatter" if kind == "rs" else "all_gather",
+                          _group_ranks("dp", degrees[index], 0, world_size),
+                          state.padded(index) * BYTES)
         return priced("all_reduce", _group_ranks("tp", degrees[index], 0, world_size),
                       act_bytes[index])
 
     def stream_of(kind: str, index: int) -> Hashable:
-        if kind == "dp":  # every DP group's all-reduce crosses the same links: one stream
+        if kind in ("dp", "rs", "ag"):  # every DP group's traffic crosses the same links
             return "dp"
         if kind in ("rsf", "rsb"):
             lo, hi = sorted((degrees[index - 1], degrees[index]))
@@ -332,21 +382,34 @@ def simulate_plan(cfg: ModelConfig, plan: ParallelPlan, costs: Costs, world_size
     sim = simulate_program(program, step, rank=rank, record=timeline)
     if not whole:  # n_micro - 1 micro-batches without DP, then the last one (``program``)
         earlier = plan_program(cfg, plan, world_size, batch, max_inflight=max_inflight,
-                               n_micro=1, dp=False)
+                               n_micro=1, dp=False,
+                               reshard_after_forward=reshard_after_forward)
         sim = _repeat(simulate_program(earlier, step, rank=rank, record=timeline), sim,
                       n_micro, k)
-    local_params = sum(region_param_count(cfg, kind, t) for kind, t in zip(kinds, degrees))
     optimizer = getattr(costs, "optimizer_s", None)
-    opt_s = optimizer(local_params) if optimizer is not None else 0.0
-    mem = _peak_memory(cfg, program, kinds, degrees, rows, spec.recompute, costs, local_params,
-                       repeats=1 if whole else n_micro)
+    n = len(degrees)
+    opt_s = optimizer(sum(state.updated(i) for i in range(n))) if optimizer is not None else 0.0
+    gather_s = sum(collective_s("ag", i) for i in range(n) if stages[i] in (1, 2))
+    uses = [(i,) for i in range(n)]
+    if cfg.tie_embeddings:  # the head's backward makes the embedding's gradient
+        uses[-1] = (0, n - 1)
+    mem = peak_memory(cfg, program, kinds, degrees, rows, spec.recompute, costs, state,
+                      tuple(uses), {t: sum(numel for _, numel in parts) * BYTES
+                                    for t, parts in buckets.items()},
+                      repeats=1 if whole else n_micro)
     events = sim.timeline
-    if opt_s and timeline:
+    if timeline:
         end = sim.step_s
-        events.add(Event(rank, "compute", "optimizer", "optimizer", 0, end, end + opt_s))
-    return PlanResult(sim.step_s + opt_s, mem["peak"], events,
-                      {"compute_s": sim.compute_busy_s, "comm_s": sim.comm_busy_s,
-                       "optimizer_s": opt_s,
+        if opt_s:
+            events.add(Event(rank, "compute", "optimizer", "optimizer", 0, end, end + opt_s))
+        t0 = end + opt_s
+        for i in (i for i in range(n) if stages[i] in (1, 2) and collective_s("ag", i) > 0):
+            events.add(Event(rank, "comm", comm_name("ag", i), "ag", 0, t0,
+                             t0 + collective_s("ag", i)))
+            t0 += collective_s("ag", i)
+    return PlanResult(sim.step_s + opt_s + gather_s, mem["peak"], events,
+                      {"compute_s": sim.compute_busy_s, "comm_s": sim.comm_busy_s + gather_s,
+                       "optimizer_s": opt_s, "post_step_gather_s": gather_s,
                        **{f"exposed_{c}_s": v for c, v in sorted(sim.exposed_s.items())},
                        **{f"{k}_bytes": v for k, v in mem.items()}})
 
@@ -354,12 +417,14 @@ def simulate_plan(cfg: ModelConfig, plan: ParallelPlan, costs: Costs, world_size
 def _repeat(one: SimResult, last: SimResult, n_micro: int, k: int) -> SimResult:
     """``n_micro - 1`` runs of micro-batch ``one`` then ``last``, back to back (each starts
     when the previous one's collectives are all done); sub-batch ids as the whole program
-    numbers them (micro-batch m owns m*k .. m*k+k-1; DP all-reduces keep theirs)."""
+    numbers them (micro-batch m owns m*k .. m*k+k-1; DP all-reduces keep theirs; ZeRO's
+    collectives carry their micro-batch)."""
     t = one.step_s
     timeline = Timeline()
     for m, sim in [(m, one) for m in range(n_micro - 1)] + [(n_micro - 1, last)]:
         for e in sim.timeline.events:
-            timeline.add(replace(e, sub=e.sub if e.phase == "dp" else e.sub + m * k,
+            sub = e.sub if e.phase == "dp" else m if e.phase in ("rs", "ag") else e.sub + m * k
+            timeline.add(replace(e, sub=sub,
                                  start_s=e.start_s + m * t, end_s=e.end_s + m * t))
     exposed = {c: (n_micro - 1) * one.exposed_s.get(c, 0.0) + last.exposed_s.get(c, 0.0)
                for c in {*one.exposed_s, *last.exposed_s}}
@@ -381,58 +446,3 @@ class _CachedCosts:
 
     def __getattr__(self, name: str) -> object:
         return getattr(self._costs, name)
-
-
-def saved_bytes(costs: Costs, cfg: ModelConfig, kind: str, mode: str, t: int,
-                rows: int) -> float:
-    """Activations a region keeps forward -> backward: the costs' measurement where they have
-    one (a profile), else ``analytic_saved_bytes``."""
-    measured = getattr(costs, "saved_bytes", None)
-    value = measured(kind, mode, t, rows) if measured is not None else None
-    return analytic_saved_bytes(cfg, kind, mode, t, rows) if value is None else value
-
-
-def _peak_memory(cfg: ModelConfig, program: list[Instr], kinds: list[str], degrees: list[int],
-                 rows: list[int], mode: str, costs: Costs, local_params: int,
-                 repeats: int = 1) -> dict[str, float]:
-    """Walk the program: forward pieces keep their region's activations until its backward
-    (task "tp"); a recompute holds the region's full graph until then; gradients appear at the
-    first backward of each region and stay; parameters and Adam moments are always there.
-    ``repeats``: the program is one micro-batch of that many run back to back (each frees its
-    activations; from the second on every gradient is there)."""
-    static = local_params * BYTES * (1 + OPTIMIZER_STATES)
-    grads = {i: region_param_count(cfg, kinds[i], degrees[i]) * BYTES for i in range(len(kinds))}
-    kept = {i: saved_bytes(costs, cfg, kinds[i], mode, degrees[i], rows[i])
-            for i in range(len(kinds))}
-    graph = {i: saved_bytes(costs, cfg, kinds[i], "none", degrees[i], rows[i])
-             for i in range(len(kinds))}
-    alive: dict[tuple[int, int], float] = {}
-    grads_alive: set[int] = set()
-    peak = peak_act = act = grads_now = 0.0
-    for ins in program:
-        if not isinstance(ins, Compute):
-            continue
-        for piece, i in ins.pieces:
-            if ins.phase == "forward" and piece == "body":
-                alive[i, ins.sub] = alive.get((i, ins.sub), 0.0) + kept[i]
-                act += kept[i]
-            elif ins.phase == "recompute" and piece == "body":
-                alive[i, ins.sub] = alive.get((i, ins.sub), 0.0) + graph[i] - kept[i]
-                act += graph[i] - kept[i]
-            elif ins.phase == "backward" and piece == "tp":
-                act -= alive.pop((i, ins.sub), 0.0)
-                if i not in grads_alive:
-                    grads_alive.add(i)
-                    grads_now += grads[i]
-        peak = max(peak, static + act + grads_now)
-        peak_act = max(peak_act, act)
-    total_grads = sum(grads.values())
-    if repeats > 1:  # the later micro-batches hold every gradient
-        peak = max(peak, static + total_grads + peak_act)
-    # the optimizer step: every gradient alive, plus foreach temporaries of about one copy
-    opt_peak = static + total_grads + local_params * BYTES
-    baseline = float(getattr(costs, "baseline_bytes", 0.0))
-    return {"peak": baseline + max(peak, opt_peak), "baseline": baseline,
-            "params": local_params * BYTES, "grads": total_grads,
-            "optimizer_state": local_params * BYTES * OPTIMIZER_STATES,
-            "activations_peak": peak_act}

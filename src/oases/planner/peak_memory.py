@@ -1,0 +1,151 @@
+"""Peak memory per device of a schedule program, by walking its instructions (the simulator's
+memory model; ``simulate.simulate_plan`` calls it).
+
+What a rank holds, by kind (n: a region's own parameters at its degree, d: its DP degree,
+s = ceil(n / d) its ZeRO shard, fp32 bytes each)::
+
+    ZeRO stage        weights        Adam moments      gradients between micro-batches
+    0                 n              2n                n (from its first backward on)
+    1                 d*s (padded)   2s                n; after the last micro-batch's "rs": s
+    2                 d*s            2s                s (each micro-batch's n lives from its
+                                                          first backward to its "rs")
+    3                 s (+ d*s       2s                s
+                      from "ag" to
+                      Release)
+
+and, walked instruction by instruction: the activations each forward piece keeps until its
+backward (``saved_bytes``), a recompute's transient graph, a gradient reduce-scatter's flat
+copy (d*s, from its Start to its Wait, the full gradient freed at the Start), a DP bucket's
+flat copy (stage 0, from its Start to its Wait). The optimizer step adds one copy of the
+parameters it updates (foreach temporaries), and stages 1-2 then all-gather the updated shards
+(a clone of each shard in flight). A tied head's backward makes the embedding's gradient.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from oases.config import ModelConfig
+from oases.planner.costs import BYTES, OPTIMIZER_STATES, Costs, analytic_saved_bytes
+from oases.schedule.program import Compute, Instr, Release, Start, Wait
+
+
+@dataclass(frozen=True)
+class ModelState:
+    """Per region: its own parameter count ``numel``, DP degree ``dp`` and ZeRO ``stage``."""
+
+    numel: tuple[int, ...]
+    dp: tuple[int, ...]
+    stages: tuple[int, ...]
+
+    def shard(self, i: int) -> int:
+        return -(-self.numel[i] // self.dp[i])
+
+    def padded(self, i: int) -> int:
+        return self.shard(i) * self.dp[i]
+
+    def updated(self, i: int) -> int:
+        """Parameters the optimizer updates on this rank (its shard under ZeRO)."""
+        return self.numel[i] if self.stages[i] == 0 else self.shard(i)
+
+    def bytes_by_kind(self) -> dict[str, float]:
+        """Model state between steps, by kind: weights, gradients (as the optimizer sees them),
+        Adam moments."""
+        r = range(len(self.numel))
+        return {"weights": BYTES * sum(self.numel[i] if self.stages[i] == 0 else self.padded(i)
+                                       if self.stages[i] < 3 else self.shard(i) for i in r),
+                "gradients": BYTES * sum(self.updated(i) for i in r),
+                "optimizer": BYTES * OPTIMIZER_STATES * sum(self.updated(i) for i in r)}
+
+
+def saved_bytes(costs: Costs, cfg: ModelConfig, kind: str, mode: str, t: int,
+                rows: int) -> float:
+    """Activations a region keeps forward -> backward: the costs' measurement where they have
+    one (a profile), else ``analytic_saved_bytes``."""
+    measured = getattr(costs, "saved_bytes", None)
+    value = measured(kind, mode, t, rows) if measured is not None else None
+    return analytic_saved_bytes(cfg, kind, mode, t, rows) if value is None else value
+
+
+def peak_memory(cfg: ModelConfig, program: list[Instr], kinds: list[str], degrees: list[int],
+                rows: list[int], mode: str, costs: Costs, state: ModelState,
+                uses: tuple[tuple[int, ...], ...], bucket_bytes: dict[int, float],
+                repeats: int = 1) -> dict[str, float]:
+    """Walk ``program`` (one micro-batch run ``repeats`` times back to back, or a whole step)
+    and return the peak and its parts in bytes. ``uses[i]``: the regions whose parameters
+    region i's TP backward makes gradients for; ``bucket_bytes[t]``: the flat copy of DP bucket
+    t (stage 0). With ``repeats > 1`` the walk is done twice: as the first micro-batch and as a
+    later one, which finds every accumulated gradient (stages 0-1) or shard (2-3) there."""
+    n = len(kinds)
+    by_kind = state.bytes_by_kind()
+    static = by_kind["weights"] + by_kind["optimizer"]
+    kept = [saved_bytes(costs, cfg, kinds[i], mode, degrees[i], rows[i]) for i in range(n)]
+    graph = [saved_bytes(costs, cfg, kinds[i], "none", degrees[i], rows[i]) for i in range(n)]
+    full = [state.numel[i] * BYTES for i in range(n)]
+    shard = [state.shard(i) * BYTES for i in range(n)]
+    padded = [state.padded(i) * BYTES for i in range(n)]
+
+    def walk(later: bool) -> tuple[float, float, float]:
+        whole: set[int] = set()  # regions whose full gradient is alive
+        shards: set[int] = set()  # regions whose gradient shard exists (ZeRO)
+        if later:
+            whole = {i for i in range(n) if state.stages[i] <= 1}
+            shards = {i for i in range(n) if state.stages[i] >= 2}
+        alive: dict[tuple[int, int], float] = {}
+        inflight: dict[tuple[str, int, int], float] = {}
+        gathered: set[int] = set()
+        act = peak = peak_act = 0.0
+
+        def grads() -> float:
+            return sum(full[u] for u in whole) + sum(shard[u] for u in shards)
+
+        def now(extra: float = 0.0) -> float:
+            return (static + act + grads() + sum(inflight.values())
+                    + sum(padded[u] for u in gathered) + extra)
+
+        for ins in program:
+            if isinstance(ins, Compute):
+                for piece, i in ins.pieces:
+                    if ins.phase == "forward" and piece == "body":
+                        alive[i, ins.sub] = alive.get((i, ins.sub), 0.0) + kept[i]
+                        act += kept[i]
+                    elif ins.phase == "recompute" and piece == "body":
+                        alive[i, ins.sub] = alive.get((i, ins.sub), 0.0) + graph[i] - kept[i]
+                        act += graph[i] - kept[i]
+                    elif ins.phase == "backward" and piece == "tp":
+                        act -= alive.pop((i, ins.sub), 0.0)
+                        whole.update(uses[i])
+            elif isinstance(ins, Start) and ins.kind == "rs":
+                peak = max(peak, now(padded[ins.index]))  # the flat copy, grads not yet freed
+                whole.discard(ins.index)
+                inflight[ins.kind, ins.index, ins.sub] = padded[ins.index] + shard[ins.index]
+            elif isinstance(ins, Wait) and ins.kind == "rs":
+                inflight.pop((ins.kind, ins.index, ins.sub), None)
+                shards.add(ins.index)  # accumulated into the one shard
+            elif isinstance(ins, Start) and ins.kind == "ag":
+                gathered.add(ins.index)
+            elif isinstance(ins, Release):
+                gathered.discard(ins.index)
+            elif isinstance(ins, Start) and ins.kind == "dp":
+                inflight[ins.kind, ins.index, ins.sub] = bucket_bytes.get(ins.index, 0.0)
+            elif isinstance(ins, Wait) and ins.kind == "dp":
+                inflight.pop((ins.kind, ins.index, ins.sub), None)
+            peak = max(peak, now())
+            peak_act = max(peak_act, act)
+        return peak, peak_act, grads()
+
+    peak, peak_act, end = walk(later=False)
+    if repeats > 1:
+        later_peak, later_act, end = walk(later=True)
+        peak, peak_act = max(peak, later_peak), max(peak_act, later_act)
+    # the optimizer step: the gradients as they end, plus foreach temporaries of about one
+    # copy of what it updates; then stages 1-2 gather the updated shards (a clone in flight)
+    grads_end = end
+    updated = sum(state.updated(i) for i in range(n)) * BYTES
+    opt_peak = static + grads_end + updated
+    gather_peak = static + grads_end + sum(shard[i] for i in range(n)
+                                           if state.stages[i] in (1, 2))
+    baseline = float(getattr(costs, "baseline_bytes", 0.0))
+    return {"peak": baseline + max(peak, opt_peak, gather_peak), "baseline": baseline,
+            "params": by_kind["weights"], "grads": grads_end,
+            "optimizer_state": by_kind["optimizer"], "activations_peak": peak_act}
