@@ -410,13 +410,21 @@ def test_plan_simulate_and_auto_plan_share_one_batch(capsys, tmp_path):
     row = json.loads((tmp_path / "sim" / "simulate.json").read_text())["rows"][0]
     assert (row["micro_rows"], row["n_micro"]) == (6, 8)
     code, out, err = _main(capsys, "plan", str(run), "--world-size", "4", "--hardware",
-                           "rtx3090-pcie", "--out", str(tmp_path / "plan.json"))
+                           "rtx3090-pcie", "--out", str(tmp_path / "plan.json"),
+                           "--fixed-micro-batch")
     assert code == 0, err
     assert json.loads((tmp_path / "plan.json").read_text())["notes"]["micro_rows"] == 6
     assert _line(out, "batch").startswith(
         "batch    48 sequences per step (train.global_batch); micro-batch 3 sequences per "
         "model replica (per DP rank; train.micro_batch) at tp=2 (parallel.tp) = 6 across the "
         "4 ranks, 8 micro-batches per step, which every plan keeps")
+    # by default the planner also tries other micro-batches of the same step, and says so
+    code, out, err = _main(capsys, "plan", str(run), "--world-size", "4", "--hardware",
+                           "rtx3090-pcie", "--out", str(tmp_path / "plan2.json"))
+    assert code == 0, err
+    notes = json.loads((tmp_path / "plan2.json").read_text())["notes"]
+    assert notes["global_batch"] == 48 and notes["micro_rows"] in (6, 12, 24, 48)
+    assert "the planner also tries 2^j times that micro-batch" in _line(out, "batch")
     code, _, err = _main(capsys, "plan", str(run), "--world-size", "4", "--hardware",
                          "rtx3090-pcie", "--train.global_batch=50", "--out",
                          str(tmp_path / "plan.json"))
@@ -525,7 +533,7 @@ def test_a_table_states_its_time_unit_and_its_parts_add_up_in_it(capsys, tmp_pat
     assert _line(out, "  plan").split()[1:3] == ["step", "ms"]
     assert "(in ms, as the step column)" in out
     cells = _group(out, "chosen plan:")[0].split("chosen")[0].split()
-    label_end = next(i for i, c in enumerate(cells) if c.startswith("n_sub="))
+    label_end = max(i for i, c in enumerate(cells) if "=" in c)  # n_sub=, zero=, n_micro=
     step, parts = float(cells[label_end + 1]), [float(x) for x in cells[-5:]]
     assert step == pytest.approx(plan["predicted_step_s"] * 1e3, abs=0.005)
     assert sum(parts) == pytest.approx(step, abs=0.005 * 6)  # six cells rounded to 0.01 ms

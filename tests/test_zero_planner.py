@@ -84,3 +84,105 @@ def test_keeping_gathered_weights_from_forward_to_backward_costs_memory_not_gath
     n_ag = [sum(e.phase == "ag" for e in r.timeline.events) for r in (freed, kept)]
     assert n_ag[1] < n_ag[0]
     assert kept.peak_mem_bytes > freed.peak_mem_bytes
+
+
+# ------------------------------------------------------------------------------ the search
+def test_the_planner_shards_when_memory_binds_and_not_when_it_does_not():
+    """Under no budget the fastest plan needs no ZeRO; under a budget below every unsharded
+    plan's peak, the planner picks a sharded plan that fits it, one stage for every region."""
+    from oases.config import Config
+    from oases.planner import batch_shape, plan_model
+    from oases.planner.search import solve_plan
+
+    cfg = Config()
+    cfg.model = GPT
+    cfg.train.global_batch, cfg.train.micro_batch, cfg.parallel.tp = 64, 2, 1
+    costs = HardwareCosts(get_cluster("paper-3090-pcie-32"), GPT)
+    free, _ = plan_model(cfg, 32, costs, float("inf"), schedules=("oases",),
+                         search_micro_batch=False)
+    assert max(free.plan.zero_stages()) == 0
+    batch = batch_shape(cfg, 32)
+    least = {z: min(c.result.peak_mem_bytes for c in solve_plan(
+        GPT, costs, 32, batch, float("inf"), schedules=("oases",), zeros=(z,))[1])
+        for z in (0, 3)}
+    assert least[3] < least[0]
+    budget = (least[0] + least[3]) / 2
+    best, _ = plan_model(cfg, 32, costs, budget, schedules=("oases",), search_micro_batch=False)
+    assert best.result.peak_mem_bytes <= budget and max(best.plan.zero_stages()) >= 1
+    assert len(set(best.plan.zero_stages())) == 1
+    with pytest.raises(ValueError, match="no plan fits"):  # unsharded, nothing fits it
+        plan_model(cfg, 32, costs, budget, schedules=("oases",), zeros=(0,),
+                   search_micro_batch=False)
+
+
+def test_a_smaller_micro_batch_is_searched_when_the_given_one_does_not_fit():
+    """The global batch stays; the micro-batch is cut until a plan fits, as a user would with
+    ``train.micro_batch``, and the plan's notes carry it into training."""
+    from oases.config import Config
+    from oases.planner import plan_model
+
+    cfg = Config()
+    cfg.model = GPT
+    cfg.train.global_batch, cfg.train.micro_batch, cfg.parallel.tp = 256, 8, 1
+    costs = HardwareCosts(get_cluster("paper-3090-pcie-32"), GPT)
+    _, cands = plan_model(cfg, 32, costs, float("inf"), schedules=("megatron",), zeros=(0,),
+                          search_micro_batch=False)
+    least = min(c.result.peak_mem_bytes for c in cands)
+    best, _ = plan_model(cfg, 32, costs, least * 0.8, schedules=("megatron",), zeros=(0,))
+    assert best.batch.micro_rows < 8 * 32 and best.result.peak_mem_bytes <= least * 0.8
+    assert best.plan.notes["global_batch"] == 256
+    assert best.plan.notes["micro_rows"] == best.batch.micro_rows
+    assert "n_micro=" in best.label()
+
+
+# ------------------------------------------------------------------------- oases simulate
+def test_simulate_plan_specs_take_a_zero_stage():
+    from oases.planner.whatif import PlanSpec, parse_entries, parse_plan
+
+    assert parse_plan("tp=4,zero=3") == PlanSpec(False, 4, False, 3)
+    assert parse_plan("auto,zero=1") == PlanSpec(True, zero=1)
+    assert str(parse_plan("tp=2+,zero=2")) == "tp=2+,zero=2"
+    assert parse_entries("megatron@tp=4,oases@tp=4,zero=1,oases@auto", "auto") == [
+        ("megatron", PlanSpec(False, 4)), ("oases", PlanSpec(False, 4, False, 1)),
+        ("oases", PlanSpec(True))]
+    with pytest.raises(ValueError, match="zero=Z"):
+        parse_plan("tp=4,zero=5")
+
+
+def test_oases_simulate_prices_a_sharded_row(tmp_path, capsys):
+    from oases.cli import main
+
+    code = main(["simulate", "--model", "paper-h1024-l24", "--cluster", "paper-3090-pcie-32",
+                 "--schedules", "oases@tp=4,oases@tp=4,zero=3", "--global-batch", "128",
+                 "--micro-batch", "4", "--out", str(tmp_path)])
+    out = capsys.readouterr().out
+    assert code == 0
+    rows = [line for line in out.splitlines() if line.strip().startswith("oases")]
+    assert len(rows) == 2 and "tp=4,zero=3" in rows[1]
+    import json
+
+    got = json.loads((tmp_path / "simulate.json").read_text())["rows"]
+    assert got[1]["peak_mem_bytes"] < got[0]["peak_mem_bytes"]
+
+
+# ------------------------------------------------------------------------ bench --memory
+def test_bench_memory_counts_the_model_state_the_simulator_counts(tmp_path, capsys):
+    """``oases bench --memory`` on 2 gloo ranks (tp=1 x dp=2): per entry, the model state the
+    ranks hold, from the tensors, equals the simulator's count exactly; the table and its JSON
+    are written."""
+    import json
+
+    from distributed import REPO_ROOT
+    from oases.cli import main
+
+    code = main(["bench", str(REPO_ROOT / "configs" / "tiny.toml"), "--parallel.tp=1",
+                 "--nproc-per-node", "2", "--memory", "--schedules", "oases,oases@zero=3",
+                 "--steps", "1", "--out", str(tmp_path)])
+    assert code == 0
+    got = json.loads((tmp_path / "memory.json").read_text())["entries"]
+    for entry in ("oases", "oases@zero=3"):
+        rank0 = got[entry]["ranks"][0]
+        state = {k: rank0[k] for k in ("weights", "gradients", "optimizer")}
+        assert state == got[entry]["predicted"]["model_state"], entry
+        assert rank0["peak_over_base_mb"] > 0
+    assert "sim peak" in (tmp_path / "memory.md").read_text()

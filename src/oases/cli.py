@@ -143,6 +143,13 @@ def _parser() -> argparse.ArgumentParser:
     bench.add_argument("--with-optimizer", action="store_true",
                        help="time whole training steps: also clipping and the AdamW step "
                        "(default: forward, backward and the gradient sync)")
+    bench.add_argument("--memory", action="store_true",
+                       help="instead of timing: each entry in a launch of its own, unshaped; "
+                       "model state by kind, measured peak and the simulator's prediction "
+                       "(memory.md)")
+    bench.add_argument("--memory-profile", metavar="FILE", default=None,
+                       help="with --memory: predict from this `oases profile` file (its measured "
+                       "activations; default: the analytic sizes)")
     profile = commands.add_parser(
         "profile",
         allow_abbrev=False,
@@ -183,6 +190,11 @@ def _parser() -> argparse.ArgumentParser:
                         help="a hardware/cluster preset name or a cluster TOML/JSON file")
     plan.add_argument("--schedules", default=None,
                       help="comma-separated schedules to consider (default: all)")
+    plan.add_argument("--zero", type=int, choices=(0, 1, 2, 3), default=None,
+                      help="ZeRO stage of every plan (default: search 0-3, one per plan)")
+    plan.add_argument("--fixed-micro-batch", action="store_true",
+                      help="keep train.micro_batch (default: also search 2^j times it, "
+                      "|j| <= 3, under the same train.global_batch)")
     plan.add_argument("--out", default="plan.json", help="plan file to write")
     plan.add_argument("--verify", metavar="DIR", default=None,
                       help="then run every uniform candidate and the chosen plan on "
@@ -223,7 +235,8 @@ def _simulate_parser(commands: argparse._SubParsersAction) -> None:
         description="Simulate each schedule on a cluster without the hardware: step time, "
         "tokens/s, peak memory per GPU, the speedup over the first schedule listed and what "
         "bounds each step (compute, TP communication, DP communication, reshards, optimizer); "
-        "with auto, the plan (a TP degree per region) the planner picks for that cluster. "
+        "with auto, the plan (a TP degree per region, a ZeRO stage) the planner picks for that "
+        "cluster. "
         "Writes simulate.json and a timeline PNG to --out.",
         epilog=help_text(),
         formatter_class=_HelpFormatter,
@@ -238,7 +251,9 @@ def _simulate_parser(commands: argparse._SubParsersAction) -> None:
                      help="comma-separated schedules, each optionally @PLAN; the first is the "
                      "baseline of the speedups (default: %(default)s)")
     sim.add_argument("--plan", default="auto",
-                     help="plan of schedules without @PLAN: auto, tp=N or tp=N+ (default: auto)")
+                     help="plan of schedules without @PLAN: auto, tp=N or tp=N+, each "
+                     "optionally with ,zero=Z (ZeRO stage Z for every region; auto without it "
+                     "searches stages 0-3) (default: auto)")
     sim.add_argument("--global-batch", type=int, default=None, metavar="B",
                      help="sequences per optimizer step (default: the run file's "
                      "train.global_batch, else one micro-batch: the largest of the rows)")
@@ -307,6 +322,13 @@ def _bench(ns: argparse.Namespace, overrides: list[str]) -> int:
     if ns.steps < 1 or ns.warmup < 0:
         raise ValueError(f"--steps={ns.steps} must be >= 1 and --warmup={ns.warmup} >= 0")
     nproc = ns.nproc_per_node or load_config(ns.config, overrides).parallel.tp
+    if ns.memory:
+        from oases.bench.suite import run_memory
+
+        run_memory(ns.config, overrides, [s for s in ns.schedules.split(",") if s], ns.steps,
+                   Path(ns.out), nproc=nproc, warmup=max(1, ns.warmup),
+                   profile=ns.memory_profile)
+        return 0
     run_bench(ns.config, overrides, [s for s in ns.schedules.split(",") if s], ns.link,
               ns.steps, Path(ns.out), nproc=nproc, warmup=ns.warmup,
               with_optimizer=ns.with_optimizer)
@@ -344,10 +366,13 @@ def _plan(ns: argparse.Namespace, overrides: list[str]) -> int:
     costs = load_costs(ns.profile or f"hw:{ns.hardware}", cfg.model)
     budget = costs_budget(ns.memory_gb, costs)
     schedules = tuple(s for s in ns.schedules.split(",") if s) if ns.schedules else None
-    best, candidates = plan_model(cfg, ns.world_size, costs, budget.bytes, schedules)
+    zeros = (0, 1, 2, 3) if ns.zero is None else (ns.zero,)
+    best, candidates = plan_model(cfg, ns.world_size, costs, budget.bytes, schedules,
+                                  zeros=zeros, search_micro_batch=not ns.fixed_micro_batch)
     best.plan.save(ns.out)
     text = "\n".join([
-        plan_header(ns.config, cfg, costs, ns.profile, ns.world_size, budget), "",
+        plan_header(ns.config, cfg, costs, ns.profile, ns.world_size, budget,
+                    searched_micro_batch=not ns.fixed_micro_batch), "",
         format_candidates(best, candidates, budget.bytes,
                           tokens_per_step=cfg.train.global_batch * cfg.model.seq_len)])
     print(text)

@@ -3,7 +3,8 @@
 Run under torchrun (``python -m oases.bench.plan_runner SPEC.json``), one plan per launch so
 the peak memory of a step is this plan's alone. A step is what the planner predicts: the
 schedule's forward and backward over every micro-batch, the data-parallel gradient reduction,
-and one AdamW step. Rank 0 writes ``{median_step_s, steps_s, peak_mem_bytes, loss}``; the peak is
+and one AdamW step (``ZeroAdamW`` over the shards of regions the plan shards with ZeRO, with
+its post-step gather). Rank 0 writes ``{median_step_s, steps_s, peak_mem_bytes, loss}``; the peak is
 the largest over ranks (CUDA allocator peak on a GPU, else the process's peak resident set).
 """
 
@@ -24,9 +25,11 @@ from oases.model import build_model
 from oases.parallel import comm
 from oases.parallel.apply import parallelize
 from oases.parallel.context import init_distributed
+from oases.parallel.shard import shard_model
 from oases.plan import ParallelPlan
 from oases.planner import batch_shape
 from oases.schedule import build_schedule
+from oases.train.optim import build_optimizer
 
 
 def run(spec: dict) -> None:
@@ -41,10 +44,12 @@ def run(spec: dict) -> None:
     torch.manual_seed(cfg.train.seed)
     model = parallelize(build_model(cfg.model), ctx, plan)
     model.train()
-    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4)
-    # the world's micro-batch, as the planner assumed it, in the embedding's layout: each of
-    # its dp groups feeds its share
-    local_micro = batch_shape(cfg, ctx.world_size).micro_rows * embed_tp // ctx.world_size
+    shard_model(model, plan.zero_stages(cfg.parallel.zero), cfg.parallel.reshard_after_forward)
+    optimizer = build_optimizer(model, cfg.train)  # ZeroAdamW where regions are sharded
+    # the world's micro-batch, as the planner assumed it (the plan notes the one it searched),
+    # in the embedding's layout: each of its dp groups feeds its share
+    micro_rows = int(plan.notes.get("micro_rows") or batch_shape(cfg, ctx.world_size).micro_rows)
+    local_micro = micro_rows * embed_tp // ctx.world_size
     local_rows = cfg.train.global_batch * embed_tp // ctx.world_size
     schedule = build_schedule(plan.schedule, n_sub=plan.n_sub, micro_batch=local_micro,
                               max_inflight=cfg.schedule.max_inflight)

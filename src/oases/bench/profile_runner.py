@@ -144,15 +144,22 @@ def measure_collectives(ctx: ParallelContext, t: int, sizes: list[int], repeats:
     """All-reduce and reduce-scatter over the TP group of degree t and all-gather (along the
     batch, as a reshard does) over the merge group of degrees 1 and t, at each byte size (the
     size of the full tensor: the all-reduce's buffer, the gather's output, the scatter's
-    input). ``dp_only``: only the all-reduce, over the DP group of degree t (size world / t:
-    the gradient all-reduce of a group size no TP degree has)."""
+    input). ``dp_only``: the DP group of degree t instead (size world / t, a group size no TP
+    degree has): its gradient all-reduce and ZeRO's reduce-scatter and all-gather."""
     tp_group, dp_group = ctx.groups_for(t)
     gather_group = None if dp_only else ctx.merge_group(1, t)
     out = []
     for nbytes in sizes:
         n = max(1, nbytes // 4)
         if dp_only:
-            ops = {"all_reduce": (lambda buf: comm.all_reduce_(buf, dp_group), torch.zeros(n))}
+            d = dp_group.size
+            ops = {"all_reduce": (lambda buf: comm.all_reduce_(buf, dp_group), torch.zeros(n)),
+                   # ZeRO's collectives over the DP group: gradient scatters, weight gathers
+                   "reduce_scatter": (lambda buf: comm.reduce_scatter(buf, dp_group),
+                                      torch.zeros(max(d, n - n % d))),
+                   "all_gather": (lambda buf: comm.all_gather_into_async(
+                       buf.new_empty(buf.numel() * dp_group.size), buf, dp_group).wait(),
+                                  torch.zeros(max(1, n // d)))}
         else:
             ops = {
                 "all_reduce": (lambda buf: comm.all_reduce_(buf, tp_group), torch.zeros(n)),

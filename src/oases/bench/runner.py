@@ -7,7 +7,7 @@ memory of a step, and for Oases-executor schedules without ZeRO the compute-only
 program, collectives skipped) and communication-only time (the program's collectives alone, on
 buffers of the same sizes). An entry ``NAME@zero=Z`` runs schedule NAME on its own copy of the
 model sharded at ZeRO stage Z (``oases.parallel.shard``). Rank 0 writes ``raw.json``; with
-``timeline`` set, also the timeline of one step of ``oases`` (and of every ``oases@zero=Z``)
+``timeline`` set, also the timeline of one step of ``oases`` and of every ``NAME@zero=Z``,
 gathered from every rank.
 """
 
@@ -237,7 +237,9 @@ def run(spec: dict) -> None:
         comm_only[name] = statistics.median(o[1:])
 
     merged = {}
-    for name in [n for n in names if parse_entry(n)[0] == "oases"] if spec.get("timeline") else []:
+    drawn = [n for n in names if n not in PEERS and (parse_entry(n)[0] == "oases"
+                                                     or parse_entry(n)[1])]
+    for name in drawn if spec.get("timeline") else []:
         with record_timeline() as tl:
             _timed(ctx, lambda name=name: train_step(name))
         merged[name] = tl.gather(ctx.world_group)

@@ -92,7 +92,8 @@ def run_bench(config: str | None, overrides: list[str], schedules: list[str], li
     with tempfile.TemporaryDirectory() as tmp:
         _launch({**base, "schedules": schedules, "steps": steps, "warmup": warmup,
                  "link_label": label,
-                 "timeline": any(parse_entry(s)[0] == "oases" for s in schedules),
+                 "timeline": any(parse_entry(s)[0] == "oases" or parse_entry(s)[1]
+                                 for s in schedules),
                  "with_optimizer": with_optimizer}, nproc, rate, Path(tmp))
     raw = json.loads((out / "raw.json").read_text())
     result = summarize(raw, schedules, label, rate, preset.name if preset else None)
@@ -252,3 +253,101 @@ def write_report(result: dict, out: Path, argv: list[str]) -> None:
             "Machine: " + ", ".join(f"{k} {v}" for k, v in info.items()), "",
             "```", format_table(result), "```", ""]
     (out / "report.md").write_text("\n".join(text))
+
+
+def run_memory(config: str | None, overrides: list[str], entries: list[str], steps: int,
+               out: Path, nproc: int = 2, warmup: int = 1, profile: str | None = None) -> dict:
+    """``oases bench --memory``: every entry in a launch of its own (``bench.memory_runner``),
+    unshaped; per entry the model-state bytes per rank by kind, the measured peak over the
+    process's baseline, and, for Oases entries, the simulator's predicted peak
+    (``predicted_peak_bytes``, from ``profile`` where given). Writes ``memory.json`` and
+    ``memory.md`` in ``out``."""
+    from oases.config import load_config
+
+    cfg = load_config(config, overrides)
+    cfg.validate(nproc)
+    for e in entries:
+        parse_entry(e)
+    costs = None
+    if profile:
+        from oases.planner import load_costs
+
+        costs = load_costs(profile, cfg.model)
+    out.mkdir(parents=True, exist_ok=True)
+    rows = {}
+    with tempfile.TemporaryDirectory() as tmp:
+        for e in entries:
+            launch_ranks("oases.bench.memory_runner",
+                         {"config": config, "overrides": overrides, "out": str(out),
+                          "entry": e, "steps": steps, "warmup": warmup}, nproc, None, Path(tmp))
+            stem = e.replace("@", "_").replace("=", "")
+            raw = json.loads((out / f"memory-{stem}.json").read_text())
+            row = {"tp": raw["tp"], "dp": raw["dp"], "ranks": raw["ranks"]}
+            name, zero = parse_entry(e)
+            if name not in PEERS:
+                row["predicted"] = predicted_peak_bytes(cfg, name, zero, nproc, costs)
+            rows[e] = row
+    result = {"world_size": nproc, "tp": cfg.parallel.tp, "entries": rows}
+    (out / "memory.json").write_text(json.dumps(result, indent=1))
+    table = format_memory_table(result)
+    print(table, flush=True)
+    info = machine_info()
+    (out / "memory.md").write_text("\n".join([
+        f"# oases bench --memory, {datetime.date.today().isoformat()}", "",
+        "Command: `" + " ".join(["oases", *sys.argv[1:]]) + "`", "",
+        "Machine: " + ", ".join(f"{k} {v}" for k, v in info.items()), "",
+        "```", table, "```", ""]))
+    return result
+
+
+def predicted_peak_bytes(cfg, schedule: str, zero: int, world: int,  # noqa: ANN001
+                         costs: object | None = None) -> dict:
+    """The simulator's memory walk (``planner.peak_memory``) of ``schedule`` at ZeRO stage
+    ``zero`` on this config's uniform layout, for the batch ``bench.memory_runner`` feeds (one
+    micro-batch of ``train.micro_batch`` sequences per model replica), with ``costs``' measured
+    activation sizes (a profile of this machine, ``oases profile``), else the analytic ones:
+    {"model_state": bytes by kind, "peak": bytes over the baseline}."""
+    from oases.plan import ParallelPlan
+    from oases.planner.search import with_zero
+    from oases.planner.simulate import BatchShape, model_state, simulate_plan
+
+    tp = cfg.parallel.tp
+    plan = with_zero(ParallelPlan.uniform(cfg.model, world, tp, schedule=schedule,
+                                          n_sub=cfg.schedule.n_sub), zero)
+    rows = cfg.train.micro_batch * world // tp
+    res = simulate_plan(cfg.model, plan, costs or _NoTime(), world, BatchShape(rows, rows),
+                        max_inflight=cfg.schedule.max_inflight, timeline=False,
+                        reshard_after_forward=cfg.parallel.reshard_after_forward)
+    return {"model_state": model_state(cfg.model, plan, world).bytes_by_kind(),
+            "peak": res.peak_mem_bytes - res.breakdown["baseline_bytes"]}
+
+
+class _NoTime:
+    """Costs for a memory-only simulation: every piece and collective takes no time."""
+
+    def compute_s(self, *args: object) -> float:
+        return 0.0
+
+    def collective_s(self, *args: object) -> float:
+        return 0.0
+
+
+def format_memory_table(result: dict) -> str:
+    """Rank 0's row per entry (MiB): model state by kind, its sum, measured peak over the
+    baseline, the simulator's predicted peak and its error."""
+    mib = 2**20
+    lines = [f"tp={result['tp']} world={result['world_size']} (MiB per rank, rank 0)",
+             f"{'entry':<16}{'weights':>9}{'grads':>9}{'adam':>9}{'state':>9}{'sim state':>10}"
+             f"{'peak':>9}{'sim peak':>10}{'err':>7}"]
+    for e, row in result["entries"].items():
+        r = row["ranks"][0]
+        state = r["weights"] + r["gradients"] + r["optimizer"]
+        pred = row.get("predicted")
+        sim_state = f"{sum(pred['model_state'].values()) / mib:>10.1f}" if pred else f"{'-':>10}"
+        sim_peak = f"{pred['peak'] / mib:>10.1f}" if pred else f"{'-':>10}"
+        err = (f"{pred['peak'] / mib / r['peak_over_base_mb'] - 1:>+7.0%}" if pred
+               else f"{'-':>7}")
+        lines.append(f"{e:<16}{r['weights'] / mib:>9.1f}{r['gradients'] / mib:>9.1f}"
+                     f"{r['optimizer'] / mib:>9.1f}{state / mib:>9.1f}{sim_state}"
+                     f"{r['peak_over_base_mb']:>9.1f}{sim_peak}{err}")
+    return "\n".join(lines)

@@ -51,9 +51,39 @@ def batch_shape(cfg: Config, world_size: int) -> BatchShape:
     return config_batch(cfg).shape(world_size)
 
 
+def micro_batch_options(batch: BatchShape, spread: int = 3) -> tuple[BatchShape, ...]:
+    """The micro-batches the planner searches under a fixed global batch: the given one and
+    those ``2**j`` times it (|j| <= ``spread``) that divide the global batch, smallest first
+    (fewer sequences per micro-batch: less activation memory, more accumulation steps)."""
+    out = []
+    for j in range(-spread, spread + 1):
+        rows = batch.micro_rows * 2**j if j >= 0 else batch.micro_rows / 2**-j
+        if rows >= 1 and rows == int(rows) and batch.global_batch % int(rows) == 0:
+            out.append(BatchShape(batch.global_batch, int(rows)))
+    return tuple(out)
+
+
+def _prices_zero(costs: Costs, world_size: int, degrees: list[int]) -> bool:
+    """Can ``costs`` price a reduce-scatter and an all-gather over every DP group size?"""
+    try:
+        for t in degrees:
+            if world_size // t > 1:
+                costs.collective_s("reduce_scatter", world_size // t, 1 << 20)
+                costs.collective_s("all_gather", world_size // t, 1 << 20)
+    except (ValueError, KeyError):
+        return False
+    return True
+
+
 def plan_model(cfg: Config, world_size: int, costs: Costs, budget_bytes: float,
                schedules: tuple[str, ...] | None = None,
-               n_subs: tuple[int, ...] = (1, 2, 4)) -> tuple[Candidate, list[Candidate]]:
+               n_subs: tuple[int, ...] = (1, 2, 4), zeros: tuple[int, ...] = (0, 1, 2, 3),
+               search_micro_batch: bool = True) -> tuple[Candidate, list[Candidate]]:
+    """Plan ``cfg`` for ``world_size`` ranks: every schedule, sub-batch count, ZeRO stage of
+    ``zeros`` and (``search_micro_batch``) micro-batch of ``micro_batch_options`` under the
+    config's global batch (``solve_plan``). Costs that cannot price ZeRO's collectives (a
+    profile from before ``oases profile`` measured reduce-scatters) plan without it. Every
+    candidate's plan notes the batch it assumed, so a run reproduces it."""
     from oases.planner.search import candidate_degrees
     from oases.schedule.program import SPECS
 
@@ -74,12 +104,18 @@ def plan_model(cfg: Config, world_size: int, costs: Costs, budget_bytes: float,
         if not kw["degrees"]:
             raise ValueError(f"the profile measured tp {degrees()}, none of which fits "
                              f"{world_size} ranks and this model: profile with this world size")
+    if not _prices_zero(costs, world_size, kw.get("degrees") or candidate_degrees(
+            cfg.model, world_size)):
+        zeros = tuple(z for z in zeros if z == 0) or (0,)  # an older profile: no ZeRO
     batch = batch_shape(cfg, world_size)
-    best, candidates = solve_plan(cfg.model, costs, world_size, batch, budget_bytes,
-                                  n_subs=n_subs, max_inflight=cfg.schedule.max_inflight, **kw)
+    best, candidates = solve_plan(
+        cfg.model, costs, world_size, batch, budget_bytes, n_subs=n_subs,
+        max_inflight=cfg.schedule.max_inflight, zeros=zeros,
+        micro_batches=micro_batch_options(batch) if search_micro_batch else (), **kw)
     for c in candidates:  # what the prediction assumed, so a run reproduces it
-        c.plan.notes.update(world_size=world_size, global_batch=batch.global_batch,
-                            micro_rows=batch.micro_rows)
+        shape = c.batch or batch
+        c.plan.notes.update(world_size=world_size, global_batch=shape.global_batch,
+                            micro_rows=shape.micro_rows)
     return best, candidates
 
 

@@ -91,11 +91,12 @@ class BatchSpec:
         return BatchShape(g, rows)
 
     def describe(self, world: int, global_batch: int, every_plan: bool,
-                 auto_rows: bool = False) -> str:
+                 auto_rows: bool = False, searched: bool = False) -> str:
         """One line: the step, the micro-batch and its unit, where each came from.
         ``every_plan``: every plan keeps the micro-batch counted at ``micro_batch_tp`` (``oases
         plan``); else a uniform plan counts it at its own degree (``oases simulate``), and
-        ``auto_rows`` adds what the auto rows keep."""
+        ``auto_rows`` adds what the auto rows keep. ``searched`` (``oases plan``): the planner
+        also tries other micro-batches of the same step."""
         src = self.source
         step = f"{global_batch} sequences per step ({src.get('global_batch', 'default')})"
         if self.micro_batch is None:
@@ -110,8 +111,11 @@ class BatchSpec:
         rows = self.micro_rows(world)
         if every_plan:
             n = global_batch // rows
+            keeps = ("; the planner also tries 2^j times that micro-batch (|j| <= 3, dividing "
+                     "the step; --fixed-micro-batch keeps it)" if searched else
+                     ", which every plan keeps")
             return (f"{step}; {micro} {at} = {rows} across the {world} ranks, {n} "
-                    f"micro-batch{'' if n == 1 else 'es'} per step, which every plan keeps (a "
+                    f"micro-batch{'' if n == 1 else 'es'} per step{keeps} (a "
                     f"region at tp=t gives each replica {rows}*t/{world})")
         auto = (f"; auto plans keep that of tp={t}: {rows} sequences "
                 f"({src.get('micro_batch_tp', 'micro_batch_tp')})" if auto_rows else "")

@@ -15,7 +15,8 @@ s = ceil(n / d) its ZeRO shard, fp32 bytes each)::
 
 and, walked instruction by instruction: the activations each forward piece keeps until its
 backward (``saved_bytes``), a recompute's transient graph, a gradient reduce-scatter's flat
-copy (d*s, from its Start to its Wait, the full gradient freed at the Start), a DP bucket's
+copy (d*s, from its Start to its Wait, the full gradient freed at the Start; gloo reduces a
+second copy: ``costs.reduce_scatter_copies_input``), a DP bucket's
 flat copy (stage 0, from its Start to its Wait). The optimizer step adds one copy of the
 parameters it updates (foreach temporaries), and stages 1-2 then all-gather the updated shards
 (a clone of each shard in flight). A tied head's backward makes the embedding's gradient.
@@ -84,6 +85,9 @@ def peak_memory(cfg: ModelConfig, program: list[Instr], kinds: list[str], degree
     full = [state.numel[i] * BYTES for i in range(n)]
     shard = [state.shard(i) * BYTES for i in range(n)]
     padded = [state.padded(i) * BYTES for i in range(n)]
+    # a reduce-scatter in flight holds its flat input and its output (and, on gloo, a copy)
+    scatter_copy = bool(getattr(costs, "reduce_scatter_copies_input", False))
+    scattering = [padded[i] * (2 if scatter_copy else 1) + shard[i] for i in range(n)]
 
     def walk(later: bool) -> tuple[float, float, float]:
         whole: set[int] = set()  # regions whose full gradient is alive
@@ -94,15 +98,9 @@ def peak_memory(cfg: ModelConfig, program: list[Instr], kinds: list[str], degree
         alive: dict[tuple[int, int], float] = {}
         inflight: dict[tuple[str, int, int], float] = {}
         gathered: set[int] = set()
-        act = peak = peak_act = 0.0
-
-        def grads() -> float:
-            return sum(full[u] for u in whole) + sum(shard[u] for u in shards)
-
-        def now(extra: float = 0.0) -> float:
-            return (static + act + grads() + sum(inflight.values())
-                    + sum(padded[u] for u in gathered) + extra)
-
+        # running totals of the sets above (the walk is linear in the program)
+        grads = sum(full[u] for u in whole) + sum(shard[u] for u in shards)
+        act = moving = held = peak = peak_act = 0.0
         for ins in program:
             if isinstance(ins, Compute):
                 for piece, i in ins.pieces:
@@ -114,25 +112,39 @@ def peak_memory(cfg: ModelConfig, program: list[Instr], kinds: list[str], degree
                         act += graph[i] - kept[i]
                     elif ins.phase == "backward" and piece == "tp":
                         act -= alive.pop((i, ins.sub), 0.0)
-                        whole.update(uses[i])
+                        for u in uses[i]:
+                            if u not in whole:
+                                whole.add(u)
+                                grads += full[u]
             elif isinstance(ins, Start) and ins.kind == "rs":
-                peak = max(peak, now(padded[ins.index]))  # the flat copy, grads not yet freed
-                whole.discard(ins.index)
-                inflight[ins.kind, ins.index, ins.sub] = padded[ins.index] + shard[ins.index]
+                u = ins.index  # the flat copy is made before the gradients are freed
+                peak = max(peak, static + act + grads + moving + held + padded[u])
+                if u in whole:
+                    whole.discard(u)
+                    grads -= full[u]
+                inflight[ins.kind, u, ins.sub] = scattering[u]
+                moving += scattering[u]
             elif isinstance(ins, Wait) and ins.kind == "rs":
-                inflight.pop((ins.kind, ins.index, ins.sub), None)
-                shards.add(ins.index)  # accumulated into the one shard
+                moving -= inflight.pop((ins.kind, ins.index, ins.sub), 0.0)
+                if ins.index not in shards:  # accumulated into the one shard
+                    shards.add(ins.index)
+                    grads += shard[ins.index]
             elif isinstance(ins, Start) and ins.kind == "ag":
-                gathered.add(ins.index)
+                if ins.index not in gathered:
+                    gathered.add(ins.index)
+                    held += padded[ins.index]
             elif isinstance(ins, Release):
-                gathered.discard(ins.index)
+                if ins.index in gathered:
+                    gathered.discard(ins.index)
+                    held -= padded[ins.index]
             elif isinstance(ins, Start) and ins.kind == "dp":
                 inflight[ins.kind, ins.index, ins.sub] = bucket_bytes.get(ins.index, 0.0)
+                moving += bucket_bytes.get(ins.index, 0.0)
             elif isinstance(ins, Wait) and ins.kind == "dp":
-                inflight.pop((ins.kind, ins.index, ins.sub), None)
-            peak = max(peak, now())
+                moving -= inflight.pop((ins.kind, ins.index, ins.sub), 0.0)
+            peak = max(peak, static + act + grads + moving + held)
             peak_act = max(peak_act, act)
-        return peak, peak_act, grads()
+        return peak, peak_act, grads
 
     peak, peak_act, end = walk(later=False)
     if repeats > 1:

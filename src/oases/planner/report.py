@@ -139,7 +139,7 @@ def format_candidates(best: Candidate, candidates: list[Candidate], budget_bytes
 
 
 def plan_header(config: str, cfg: Config, costs: object, profile: str | None, world_size: int,
-                budget: Budget) -> str:
+                budget: Budget, searched_micro_batch: bool = False) -> str:
     """``oases plan``'s first lines: the model, the costs, the world, the batch, the budget."""
     from oases.planner.batch import config_batch
     from oases.planner.models import describe_model
@@ -151,7 +151,8 @@ def plan_header(config: str, cfg: Config, costs: object, profile: str | None, wo
         where = (f"profile {profile}: measured on {m.get('world_size', '?')} "
                  f"{m.get('device', 'cpu')} ranks ({m.get('cpu', 'unknown CPU')}), "
                  f"{m.get('backend', '?')}, link {m.get('link', 'unknown')}")
-    batch = config_batch(cfg).describe(world_size, cfg.train.global_batch, every_plan=True)
+    batch = config_batch(cfg).describe(world_size, cfg.train.global_batch, every_plan=True,
+                                       searched=searched_micro_batch)
     return "\n".join([f"model    {config}: {describe_model(cfg.model)}", f"costs    {where}",
                       f"world    {world_size} ranks", f"batch    {batch}",
                       f"budget   {budget.text}"])
@@ -177,7 +178,9 @@ def plan_label(row: Row) -> str:
     degrees = row.plan.degrees()
     layout = f"tp={degrees[0]}" if len(degrees) == 1 else "mixed tp " + "/".join(map(str, degrees))
     k = f", n_sub={row.plan.n_sub}" if SPECS[row.schedule].overlapped else ""
-    return f"{row.spec}: {layout}{k}"
+    zero = max(row.plan.zero_stages())
+    searched = f", zero={zero}" if zero and row.spec.zero is None else ""
+    return f"{row.spec}: {layout}{k}{searched}"
 
 
 def format_report(rep: Report) -> str:

@@ -46,12 +46,18 @@ class Candidate:
     result: PlanResult
     fits: bool
     kind: str  # "uniform" | "searched" | "leanest" | "seeded" (see solve_plan)
+    batch: BatchShape | None = None  # the micro-batch it was simulated with
+    micro_label: bool = False  # name the micro-batch in the label (several were searched)
 
     def label(self) -> str:
         degrees = self.plan.degrees()
         layout = (f"uniform tp={degrees[0]}" if len(degrees) == 1 else
                   "mixed tp " + "/".join(str(d) for d in degrees))
-        return f"{layout}, {self.plan.schedule}, n_sub={self.plan.n_sub}"
+        zero = max(self.plan.zero_stages())
+        extra = f", zero={zero}" if zero else ""
+        if self.micro_label and self.batch is not None:
+            extra += f", n_micro={self.batch.n_micro()}"  # micro-batches per step
+        return f"{layout}, {self.plan.schedule}, n_sub={self.plan.n_sub}{extra}"
 
 
 def candidate_degrees(cfg: ModelConfig, world_size: int, limit: int | None = None) -> list[int]:
@@ -62,6 +68,27 @@ def candidate_degrees(cfg: ModelConfig, world_size: int, limit: int | None = Non
             out.append(t)
         t *= 2
     return out
+
+
+BOUND_SLACK = 0.9  # a mixed plan may beat its chain's fastest uniform one by a few percent
+
+
+def state_factors(zero: int, dp: int) -> tuple[float, float, float]:
+    """Bytes per fp32 parameter byte of a region at ZeRO stage ``zero`` over ``dp`` ranks:
+    (held through the passes, of which gradients, held at the optimizer step with its
+    temporaries) — ``planner.peak_memory``'s table: weights 1 (stage 3: 1/dp), gradients 1
+    (stages 2-3: 1/dp; stage 1 accumulates whole ones), Adam moments 2 (from stage 1: 2/dp), a
+    copy of what the optimizer updates."""
+    w = 1 / dp if zero == 3 else 1.0
+    g = 1.0 if zero <= 1 else 1 / dp
+    shard = 1.0 if zero == 0 else 1 / dp
+    return w + g + OPTIMIZER_STATES * shard, g, w + shard * (2 + OPTIMIZER_STATES)
+
+
+def with_zero(plan: ParallelPlan, zero: int) -> ParallelPlan:
+    """``plan`` with every region at ZeRO stage ``zero`` (0: as unsharded, no stage given)."""
+    return dataclasses.replace(plan, regions=[dataclasses.replace(r, zero=zero or None)
+                                              for r in plan.regions])
 
 
 def _simulate(cfg: ModelConfig, plan: ParallelPlan, costs: Costs, world_size: int,
@@ -78,13 +105,15 @@ def _simulate(cfg: ModelConfig, plan: ParallelPlan, costs: Costs, world_size: in
 
 def _node_costs(cfg: ModelConfig, costs: Costs, world_size: int, batch: BatchShape,
                 schedule: str, n_sub: int, degrees: list[int], uniform: dict[int, PlanResult],
-                max_inflight: int) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+                max_inflight: int, zero: int = 0
+                ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
     """Per-region seconds and bytes at each degree, reshard edge seconds, and per-region
     parameter bytes (fp32, ``inf`` where a degree does not split the batch), for the chain
     solver. A layer's seconds are its marginal in the simulated uniform plan (L layers minus
     L-1), so overlap, exposed collectives and DP synchronization are priced as the schedule
     runs them; the layer is split between attention and MLP by their compute. A region's bytes
-    are its parameters, gradients and Adam moments and the activations it keeps."""
+    are its parameters, gradients and Adam moments (``state_factors`` at ZeRO stage ``zero``)
+    and the activations it keeps."""
     names = region_names(cfg)
     n, k = len(names), len(degrees)
     node_s = np.full((n, k), np.inf)
@@ -98,16 +127,17 @@ def _node_costs(cfg: ModelConfig, costs: Costs, world_size: int, batch: BatchSha
         full = uniform.get(t)
         if full is None:
             continue
-        plan = ParallelPlan.uniform(cfg, world_size, t, schedule=schedule, n_sub=n_sub)
+        plan = with_zero(ParallelPlan.uniform(cfg, world_size, t, schedule=schedule,
+                                              n_sub=n_sub), zero)
         rows = region_rows(plan, world_size, batch, subs)
         part = {}
         for kind in ("attn", "mlp"):
             part[kind] = sum(costs.compute_s(kind, ph, pc, t, rows[1]) for ph, pc in
                              (("forward", "body"), ("backward", "tp"), ("backward", "norm")))
         if shorter is not None:
-            less = _simulate(shorter, ParallelPlan.uniform(shorter, world_size, t,
-                                                           schedule=schedule, n_sub=n_sub),
-                             costs, world_size, batch, max_inflight)
+            less = _simulate(shorter, with_zero(ParallelPlan.uniform(
+                shorter, world_size, t, schedule=schedule, n_sub=n_sub), zero),
+                costs, world_size, batch, max_inflight)
             layer_s = full.step_s - less.step_s if less is not None else 0.0
         else:
             layer_s = full.step_s / 2
@@ -119,7 +149,8 @@ def _node_costs(cfg: ModelConfig, costs: Costs, world_size: int, batch: BatchSha
                                                                                         ends)
             param_bytes[i, d] = region_param_count(cfg, kind, t) * BYTES
             kept = saved_bytes(costs, cfg, kind, mode, t, rows[i])
-            node_bytes[i, d] = param_bytes[i, d] * (2 + OPTIMIZER_STATES) + subs * kept
+            node_bytes[i, d] = (param_bytes[i, d] * state_factors(zero, world_size // t)[0]
+                                + subs * kept)
     act = batch.micro_rows * cfg.seq_len * cfg.dim * BYTES  # [M, S, H] of the whole world
     for a, ta in enumerate(degrees):
         for b, tb in enumerate(degrees):
@@ -149,15 +180,29 @@ def solve_plan(cfg: ModelConfig, costs: Costs, world_size: int, batch: BatchShap
                budget_bytes: float, *, schedules: tuple[str, ...] = tuple(SPECS),
                n_subs: tuple[int, ...] = (1, 2, 4), degrees: list[int] | None = None,
                max_inflight: int = 1,
-               seeds: tuple[tuple[int, ...], ...] = ()) -> tuple[Candidate, list[Candidate]]:
+               seeds: tuple[tuple[int, ...], ...] = (), zeros: tuple[int, ...] = (0,),
+               micro_batches: tuple[BatchShape, ...] = ()
+               ) -> tuple[Candidate, list[Candidate]]:
     """The fastest predicted plan under ``budget_bytes`` per device, and every candidate.
 
-    For each schedule and sub-batch count (``sub_batch_counts``): every uniform degree is
-    simulated; then the chain solver picks a degree per region (exact for the additive model of
+    For each micro-batch (``batch``, then each of ``micro_batches``: the same global batch cut
+    into other micro-batches), ZeRO stage of ``zeros`` (one stage for every region of a plan),
+    schedule and sub-batch count (``sub_batch_counts``): every uniform degree is simulated;
+    then the chain solver picks a degree per region (exact for the additive model of
     ``_node_costs``, with memory as a knapsack row), and the plan it returns is simulated as a
     whole. ``seeds`` (a degree per region, e.g. the plans other schedules' searches found) are
     simulated under every schedule and count as well. The answer is the best *simulated* plan,
     so it is never worse than the best uniform or seeded one as predicted.
+
+    Micro-batches are searched from the largest (fewest accumulation steps) down, ZeRO stages
+    from 0 up, each only while memory binds at the one before (the fastest uniform plan of a
+    chain does not fit): where it fits, a smaller micro-batch or a higher stage would only add
+    time.
+
+    The ZeRO stage is one per plan: it trades memory for traffic on the DP links, which every
+    region's gradients cross on one stream, so a region's share of the step is not its own
+    (the chain's additive time model cannot price a stage per region); the plan file still
+    takes a stage per region.
 
     Where no plan fits, every chain's leanest plan (``_ChainModel.leanest``: the least peak
     of the additive memory model) is simulated, and the chains near the least peak are searched
@@ -167,41 +212,78 @@ def solve_plan(cfg: ModelConfig, costs: Costs, world_size: int, batch: BatchShap
     names = region_names(cfg)
     candidates: list[Candidate] = []
     split_errors: list[str] = []
+    shapes = [batch, *(b for b in micro_batches if b != batch)]
 
-    def known(plan: ParallelPlan) -> bool:
+    def known(plan: ParallelPlan, shape: BatchShape) -> bool:
         return any(c.plan.regions == plan.regions and c.plan.schedule == plan.schedule
-                   and c.plan.n_sub == plan.n_sub for c in candidates)
+                   and c.plan.n_sub == plan.n_sub and c.batch == shape for c in candidates)
+
+    def add(cand: Candidate | None, shape: BatchShape) -> None:
+        if cand is not None and not known(cand.plan, shape):
+            cand.batch, cand.micro_label = shape, len(shapes) > 1
+            candidates.append(cand)
 
     models: list[_ChainModel] = []
-    for schedule in schedules:
-        for n_sub in sub_batch_counts(schedule, n_subs, schedules):
-            uniform = {}
-            for t in degrees:
-                plan = ParallelPlan.uniform(cfg, world_size, t, schedule=schedule, n_sub=n_sub)
-                res = _simulate(cfg, plan, costs, world_size, batch, max_inflight, split_errors)
-                if res is not None:
-                    uniform[t] = res
-                    candidates.append(Candidate(plan, res, res.peak_mem_bytes <= budget_bytes,
-                                                "uniform"))
-            if len(uniform) >= 2:
-                model = _ChainModel(cfg, costs, world_size, batch, schedule, n_sub, degrees,
-                                    uniform, max_inflight)
-                models.append(model)
-                found = model.fastest(budget_bytes)
-                if found is not None and not known(found.plan):
-                    candidates.append(found)
-            for seed in seeds:
-                if len(seed) != len(names) or len(set(seed)) == 1 or not set(seed) <= set(
-                        uniform):
-                    continue  # uniform seeds are simulated above; a degree that does not split
-                plan = ParallelPlan([RegionPlan(name, t, world_size // t)
-                                     for name, t in zip(names, seed)],
-                                    n_sub=n_sub, schedule=schedule)
-                res = None if known(plan) else _simulate(cfg, plan, costs, world_size, batch,
-                                                         max_inflight)
-                if res is not None:
-                    candidates.append(Candidate(plan, res, res.peak_mem_bytes <= budget_bytes,
-                                                "seeded"))
+
+    def search(shape: BatchShape, zero: int, schedule: str, n_sub: int) -> tuple[bool, float]:
+        """One chain: its uniform plans, the solver's plan, the seeds. Returns whether memory
+        binds (the fastest uniform plan does not fit, or none splits the batch) and the least
+        step time of its uniform plans less their optimizer step (fitting or not)."""
+        uniform = {}
+        for t in degrees:
+            if zero and t == world_size:
+                continue  # no data parallelism to shard over
+            plan = with_zero(ParallelPlan.uniform(cfg, world_size, t, schedule=schedule,
+                                                  n_sub=n_sub), zero)
+            res = _simulate(cfg, plan, costs, world_size, shape, max_inflight, split_errors)
+            if res is not None:
+                uniform[t] = res
+                add(Candidate(plan, res, res.peak_mem_bytes <= budget_bytes, "uniform"), shape)
+        if len(uniform) >= 2:
+            model = _ChainModel(cfg, costs, world_size, shape, schedule, n_sub, degrees,
+                                uniform, max_inflight, zero)
+            models.append(model)
+            add(model.fastest(budget_bytes), shape)
+        for seed in seeds:
+            if len(seed) != len(names) or len(set(seed)) == 1 or not set(seed) <= set(uniform):
+                continue  # uniform seeds are simulated above; a degree that does not split
+            plan = with_zero(ParallelPlan([RegionPlan(name, t, world_size // t)
+                                           for name, t in zip(names, seed)],
+                                          n_sub=n_sub, schedule=schedule), zero)
+            res = None if known(plan, shape) else _simulate(cfg, plan, costs, world_size,
+                                                            shape, max_inflight)
+            if res is not None:
+                add(Candidate(plan, res, res.peak_mem_bytes <= budget_bytes, "seeded"), shape)
+        fastest = min(uniform.values(), key=lambda r: r.step_s, default=None)
+        floor = min((r.step_s - r.breakdown["optimizer_s"] for r in uniform.values()),
+                    default=float("inf"))
+        return fastest is None or fastest.peak_mem_bytes > budget_bytes, floor
+
+    # Largest micro-batch first (fewest accumulation steps); a smaller one, or a higher ZeRO
+    # stage, is searched only while memory binds: where the fastest uniform plan fits, they
+    # would only add time (more accumulation steps; more DP collectives).
+    # Nor is a chain searched whose bound cannot beat the fastest plan that fits: a higher
+    # stage or a smaller micro-batch of a schedule is no faster than its chain already searched
+    # (less its optimizer step, which sharding shortens), within ``BOUND_SLACK``.
+    floors: dict[tuple[str, int], float] = {}
+    for shape in sorted(shapes, key=lambda b: -b.micro_rows):
+        binds = False
+        for schedule in schedules:
+            for n_sub in sub_batch_counts(schedule, n_subs, schedules):
+                for zero in sorted(zeros):
+                    if zero == 2 and shape.n_micro() == 1 and 1 in zeros:
+                        continue  # one micro-batch: stage 2 runs stage 1's program
+                    incumbent = min((c.result.step_s for c in candidates if c.fits),
+                                    default=float("inf"))
+                    if floors.get((schedule, n_sub), 0.0) * BOUND_SLACK >= incumbent:
+                        break
+                    tight, floor = search(shape, zero, schedule, n_sub)
+                    floors[schedule, n_sub] = min(floors.get((schedule, n_sub), floor), floor)
+                    binds |= tight
+                    if not tight:
+                        break
+        if not binds:
+            break
     if not candidates:
         raise ValueError(f"no plan splits the batch: {split_errors[0] if split_errors else ''}"
                          f" (degrees {degrees}, sub-batches {sorted(set(n_subs))}; a micro-batch "
@@ -211,12 +293,10 @@ def solve_plan(cfg: ModelConfig, costs: Costs, world_size: int, batch: BatchShap
     fitting = [c for c in candidates if c.fits]
     if not fitting:  # what each chain can do with the least memory, then maybe a plan fits
         for model in models:
-            lean = model.leanest(budget_bytes)
-            if lean is not None and not known(lean.plan):
-                candidates.append(lean)
+            add(model.leanest(budget_bytes), model.batch)
         fitting = [c for c in candidates if c.fits]
     if not fitting:  # and the chains searched again under the least peak (budget-blind)
-        least = _least_memory(candidates, models, known, budget_bytes)
+        least = _least_memory(candidates, models, add, budget_bytes)
         fitting = [c for c in candidates if c.fits]
     if not fitting:
         raise ValueError(f"no plan fits in {budget_bytes / 2**30:.3f} GiB per device; the "
@@ -241,7 +321,7 @@ def _plan_of(cfg: ModelConfig, choice: tuple[int, ...], degrees: list[int], worl
 
 
 def _least_memory(candidates: list[Candidate], models: list[_ChainModel],
-                  known: Callable[[ParallelPlan], bool], budget_bytes: float,
+                  add: Callable[[Candidate | None, BatchShape], None], budget_bytes: float,
                   rounds: int = 3, near: float = 1.1) -> Candidate:
     """The candidate of least peak memory, after asking the chain models whose own leanest
     plan comes within ``near`` of it for their fastest plan under that peak (a few rounds,
@@ -253,9 +333,11 @@ def _least_memory(candidates: list[Candidate], models: list[_ChainModel],
         leaner = None
         for model in close:
             cand = model.fastest(least.result.peak_mem_bytes, budget_bytes)
-            if cand is not None and cand.result.peak_mem_bytes < least.result.peak_mem_bytes \
-                    and not known(cand.plan):
-                candidates.append(cand)
+            if cand is not None and cand.result.peak_mem_bytes < least.result.peak_mem_bytes:
+                count = len(candidates)
+                add(cand, model.batch)
+                if len(candidates) == count:
+                    continue  # known already
                 if leaner is None or cand.result.peak_mem_bytes < leaner.result.peak_mem_bytes:
                     leaner = cand
         if leaner is None:
@@ -270,12 +352,13 @@ class _ChainModel:
 
     def __init__(self, cfg: ModelConfig, costs: Costs, world_size: int, batch: BatchShape,
                  schedule: str, n_sub: int, degrees: list[int], uniform: dict[int, PlanResult],
-                 max_inflight: int) -> None:
+                 max_inflight: int, zero: int = 0) -> None:
         self.cfg, self.costs, self.world_size, self.batch = cfg, costs, world_size, batch
         self.schedule, self.n_sub, self.degrees = schedule, n_sub, degrees
-        self.max_inflight = max_inflight
+        self.max_inflight, self.zero = max_inflight, zero
         self.node_s, self.node_bytes, self.edge_s, params = _node_costs(
-            cfg, costs, world_size, batch, schedule, n_sub, degrees, uniform, max_inflight)
+            cfg, costs, world_size, batch, schedule, n_sub, degrees, uniform, max_inflight,
+            zero)
         # what the additive memory model leaves out (baseline, transients), from the uniform
         # plans
         self.extra = min(res.peak_mem_bytes - self.node_bytes[:, degrees.index(t)].sum()
@@ -283,9 +366,10 @@ class _ChainModel:
         # the peak is the larger of two moments: the turn from forward to backward (weights,
         # Adam moments and every kept activation; every gradient too after a first
         # micro-batch) and the optimizer step (weights, gradients, moments, one more copy)
-        grads = np.where(np.isfinite(params), params, 0.0)  # (inf stays in node_bytes)
+        factors = [state_factors(zero, world_size // t) for t in degrees]
+        grads = np.where(np.isfinite(params), params * [f[1] for f in factors], 0.0)
         turn = self.node_bytes - grads if batch.n_micro() == 1 else self.node_bytes
-        self.peak_rows = (turn, params * (2 + OPTIMIZER_STATES + 1))
+        self.peak_rows = (turn, params * [f[2] for f in factors])
         n = len(region_names(cfg))
         self.ties: list[list[int] | None] = [None]
         if cfg.tie_embeddings:  # a tied embedding and head share one degree
@@ -302,8 +386,8 @@ class _ChainModel:
 
     def _candidate(self, choice: tuple[int, ...], budget_bytes: float,
                    kind: str) -> Candidate | None:
-        plan = _plan_of(self.cfg, choice, self.degrees, self.world_size, self.schedule,
-                        self.n_sub)
+        plan = with_zero(_plan_of(self.cfg, choice, self.degrees, self.world_size,
+                                  self.schedule, self.n_sub), self.zero)
         res = _simulate(self.cfg, plan, self.costs, self.world_size, self.batch,
                         self.max_inflight)
         return None if res is None else Candidate(plan, res, res.peak_mem_bytes <= budget_bytes,

@@ -7,7 +7,9 @@ memory per GPU and the speedup over the first schedule listed. Entries look like
     oases                  the default plan (--plan: "auto" or "tp=N")
     merak@tp=4             uniform tp=4
     megatron-recompute@tp=4+   uniform, the smallest degree >= 4 whose plan fits in memory
-    oases@auto             the planner: a degree per region, under the memory budget
+    oases@auto             the planner: a degree per region and a ZeRO stage, under the budget
+    oases@tp=4,zero=3      uniform tp=4, every region's weights, gradients and moments sharded
+                           over its data-parallel group (ZeRO stage 3; auto,zero=Z fixes it)
 
 "auto" searches the powers of two up to the GPUs of one server (``max_tp``), doubling that cap
 while no plan fits, and 1, 2, 4 (and ``--n-sub``) sub-batches; then also the degrees every other
@@ -31,7 +33,7 @@ from oases.planner.batch import BatchSpec
 from oases.planner.budget import Budget
 from oases.planner.clusters import Cluster, get_cluster, load_cluster
 from oases.planner.hardware import HardwareCosts
-from oases.planner.search import candidate_degrees, solve_plan
+from oases.planner.search import candidate_degrees, solve_plan, with_zero
 from oases.planner.simulate import BatchShape, BatchSplitError, PlanResult, simulate_plan
 from oases.schedule.program import SPECS
 from oases.schedule.timeline import Timeline
@@ -39,32 +41,48 @@ from oases.schedule.timeline import Timeline
 
 @dataclass(frozen=True)
 class PlanSpec:
-    """"auto", or a uniform degree ``tp`` (``at_least``: the smallest fitting degree >= tp)."""
+    """"auto", or a uniform degree ``tp`` (``at_least``: the smallest fitting degree >= tp);
+    ``zero``: the ZeRO stage of every region (None: auto searches 0-3, a degree takes 0)."""
 
     auto: bool
     tp: int = 0
     at_least: bool = False
+    zero: int | None = None
 
     def __str__(self) -> str:
-        return "auto" if self.auto else f"tp={self.tp}{'+' if self.at_least else ''}"
+        zero = "" if self.zero is None else f",zero={self.zero}"
+        return ("auto" if self.auto else f"tp={self.tp}{'+' if self.at_least else ''}") + zero
 
 
 def parse_plan(text: str) -> PlanSpec:
-    """"auto", "tp=N" or "tp=N+" (ValueError otherwise)."""
-    if text == "auto":
-        return PlanSpec(True)
-    body = text[3:].removesuffix("+") if text.startswith("tp=") else ""
+    """"auto", "tp=N" or "tp=N+", each optionally followed by ",zero=Z" (ValueError
+    otherwise)."""
+    head, _, tail = text.partition(",")
+    zero = None
+    if tail:
+        if not (tail.startswith("zero=") and tail[5:] in ("0", "1", "2", "3")):
+            raise ValueError(f"plan {text!r}: after the degree, give zero=Z (Z = 0, 1, 2 or 3)")
+        zero = int(tail[5:])
+    if head == "auto":
+        return PlanSpec(True, zero=zero)
+    body = head[3:].removesuffix("+") if head.startswith("tp=") else ""
     if not body.isdigit() or int(body) < 1:
-        raise ValueError(f"plan {text!r}: give auto, tp=N or tp=N+ (N >= 1)")
-    return PlanSpec(False, int(body), text.endswith("+"))
+        raise ValueError(f"plan {text!r}: give auto, tp=N or tp=N+ (N >= 1), then optionally "
+                         ",zero=Z")
+    return PlanSpec(False, int(body), head.endswith("+"), zero)
 
 
 def parse_entries(text: str, default: str) -> list[tuple[str, PlanSpec]]:
-    """"a,b@tp=4,c@auto" -> [(schedule, plan)], the default plan where none is given."""
-    entries = []
+    """"a,b@tp=4,c@auto,d@tp=2,zero=1" -> [(schedule, plan)], the default plan where none is
+    given (a ",zero=Z" belongs to the entry before it)."""
+    items: list[str] = []
     for item in (s.strip() for s in text.split(",")):
-        if not item:
-            continue
+        if item.startswith("zero=") and items:
+            items[-1] += "," + item
+        elif item:
+            items.append(item)
+    entries = []
+    for item in items:
         name, _, plan = item.partition("@")
         if name not in SPECS:
             raise ValueError(f"unknown schedule {name!r}; valid: {', '.join(SPECS)}")
@@ -173,7 +191,8 @@ def _row(cfg: ModelConfig, costs: HardwareCosts, world: int, spec_batch: BatchSp
     if spec.auto:
         batch = spec_batch.shape(world, global_batch)
         plan, allowed = _auto(cfg, costs, world, batch, budget_bytes, name,
-                              _n_subs(name, n_sub), degrees, max_tp)
+                              _n_subs(name, n_sub), degrees, max_tp,
+                              (0, 1, 2, 3) if spec.zero is None else (spec.zero,))
         found = {"degrees": tuple(r.tp for r in plan.regions), "allowed": allowed,
                  "batch": batch}
     else:
@@ -184,7 +203,8 @@ def _row(cfg: ModelConfig, costs: HardwareCosts, world: int, spec_batch: BatchSp
         plan = None
         for t in tried:
             batch = spec_batch.shape(world, global_batch, t)
-            plan = ParallelPlan.uniform(cfg, world, t, schedule=name, n_sub=k)
+            plan = with_zero(ParallelPlan.uniform(cfg, world, t, schedule=name, n_sub=k),
+                             spec.zero or 0)
             peak = simulate_plan(cfg, plan, costs, world, batch, timeline=False).peak_mem_bytes
             if not spec.at_least or peak <= budget_bytes:
                 break
@@ -205,15 +225,16 @@ def _make_row(cfg: ModelConfig, costs: HardwareCosts, world: int, batch: BatchSh
 
 def _auto(cfg: ModelConfig, costs: HardwareCosts, world: int, batch: BatchShape,
           budget_bytes: float, name: str, n_subs: tuple[int, ...], degrees: list[int],
-          max_tp: int | None) -> tuple[ParallelPlan, list[int]]:
+          max_tp: int | None, zeros: tuple[int, ...] = (0,)) -> tuple[ParallelPlan, list[int]]:
     """The planner's plan for this schedule, its degrees capped at ``max_tp`` (default: one
-    server's GPUs, doubled while nothing fits), and the degrees it allowed."""
+    server's GPUs, doubled while nothing fits), and the degrees it allowed; ``zeros``: the
+    ZeRO stages searched."""
     cap = max_tp or costs.cluster.server.gpus_per_server
     while True:
         allowed = [t for t in degrees if t <= cap]
         try:
             best, _ = solve_plan(cfg, costs, world, batch, budget_bytes, schedules=(name,),
-                                 n_subs=n_subs, degrees=allowed)
+                                 n_subs=n_subs, degrees=allowed, zeros=zeros)
             return best.plan, allowed
         except ValueError:
             if max_tp is not None or cap >= max(degrees):
@@ -233,7 +254,7 @@ def _reseed(cfg: ModelConfig, costs: HardwareCosts, world: int, budget_bytes: fl
                 own["allowed"]):
             continue
         for k in _n_subs(row.schedule, row.plan.n_sub):
-            plan = ParallelPlan([RegionPlan(r.name, t, world // t) for r, t in
+            plan = ParallelPlan([RegionPlan(r.name, t, world // t, r.zero) for r, t in
                                  zip(row.plan.regions, degrees)], n_sub=k, schedule=row.schedule)
             try:
                 res = simulate_plan(cfg, plan, costs, world, own["batch"], timeline=False)

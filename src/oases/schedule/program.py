@@ -393,6 +393,7 @@ def _insert_dp(body: list[Instr], dp_tasks: set[int], last_sub: int) -> list[Ins
 ZERO_GRAD_INFLIGHT = 2  # gradient reduce-scatters in flight at once (each holds a flat copy)
 
 
+@functools.lru_cache(maxsize=64)
 def _insert_zero(program: tuple[Instr, ...], zero: ZeroLayout, k: int) -> tuple[Instr, ...]:
     """Add the sharded regions' collectives to a program (``k`` sub-batches per micro-batch).
 
