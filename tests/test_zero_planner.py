@@ -186,3 +186,17 @@ def test_bench_memory_counts_the_model_state_the_simulator_counts(tmp_path, caps
         assert state == got[entry]["predicted"]["model_state"], entry
         assert rank0["peak_over_base_mb"] > 0
     assert "sim peak" in (tmp_path / "memory.md").read_text()
+
+
+def test_max_tp_bounds_the_degrees_searched():
+    from oases.config import Config
+    from oases.planner import plan_model
+
+    cfg = Config()
+    cfg.model = GPT
+    cfg.train.global_batch, cfg.train.micro_batch, cfg.parallel.tp = 64, 2, 1
+    costs = HardwareCosts(get_cluster("paper-3090-pcie-32"), GPT)
+    best, cands = plan_model(cfg, 32, costs, float("inf"), schedules=("megatron",), max_tp=2)
+    assert {t for c in cands for t in c.plan.degrees()} <= {1, 2}
+    with pytest.raises(ValueError, match="--max-tp=0"):
+        plan_model(cfg, 32, costs, float("inf"), max_tp=0)

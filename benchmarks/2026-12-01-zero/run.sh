@@ -8,7 +8,7 @@ bench="configs/bench.toml --parallel.tp=1 --train.global_batch=8"   # tp=1 x dp=
 entries=oases,oases@zero=1,oases@zero=2,oases@zero=3,fsdp2
 # 1. a profile of this machine for the planner (every piece at tp 1 and 2; collectives incl.
 #    the reduce-scatter; activations; the baseline)
-.venv/bin/oases profile configs/bench.toml --nproc-per-node 2 --link none --out $out/profile.json
+[ -f $out/profile.json ] || .venv/bin/oases profile configs/bench.toml --nproc-per-node 2 --link none --out $out/profile.json
 # 2. whole training steps (forward, backward, gradient sync, clipping, AdamW and ZeRO's gather)
 #    side by side, unshaped and on the loopback shaped to an RTX 3090 PCIe server's ratio
 .venv/bin/oases bench $bench --nproc-per-node 2 --schedules $entries --with-optimizer \
@@ -25,7 +25,7 @@ entries=oases,oases@zero=1,oases@zero=2,oases@zero=3,fsdp2
 # 4. plan --verify: the chosen plan at each ZeRO stage on 2 ranks, predicted vs measured
 for z in 0 1 2 3; do
   .venv/bin/oases plan $bench --world-size 2 --profile $out/profile.json --zero $z \
-    --schedules oases --fixed-micro-batch --out $out/plan-zero$z.json --verify $out/verify-zero$z \
+    --schedules oases --max-tp 1 --fixed-micro-batch --out $out/plan-zero$z.json --verify $out/verify-zero$z \
     --link none --steps 3 --warmup 2 --rounds 2 --candidates chosen
 done
 # 5. the 96-layer GPT-2 of issue 14 on the paper's cluster at 48 and 24 GB (pure planning)

@@ -192,6 +192,8 @@ def _parser() -> argparse.ArgumentParser:
                       help="comma-separated schedules to consider (default: all)")
     plan.add_argument("--zero", type=int, choices=(0, 1, 2, 3), default=None,
                       help="ZeRO stage of every plan (default: search 0-3, one per plan)")
+    plan.add_argument("--max-tp", type=int, default=None, metavar="T",
+                      help="search TP degrees up to T only (default: every candidate degree)")
     plan.add_argument("--fixed-micro-batch", action="store_true",
                       help="keep train.micro_batch (default: also search 2^j times it, "
                       "|j| <= 3, under the same train.global_batch)")
@@ -368,7 +370,8 @@ def _plan(ns: argparse.Namespace, overrides: list[str]) -> int:
     schedules = tuple(s for s in ns.schedules.split(",") if s) if ns.schedules else None
     zeros = (0, 1, 2, 3) if ns.zero is None else (ns.zero,)
     best, candidates = plan_model(cfg, ns.world_size, costs, budget.bytes, schedules,
-                                  zeros=zeros, search_micro_batch=not ns.fixed_micro_batch)
+                                  zeros=zeros, search_micro_batch=not ns.fixed_micro_batch,
+                                  max_tp=ns.max_tp)
     best.plan.save(ns.out)
     text = "\n".join([
         plan_header(ns.config, cfg, costs, ns.profile, ns.world_size, budget,

@@ -78,12 +78,14 @@ def _prices_zero(costs: Costs, world_size: int, degrees: list[int]) -> bool:
 def plan_model(cfg: Config, world_size: int, costs: Costs, budget_bytes: float,
                schedules: tuple[str, ...] | None = None,
                n_subs: tuple[int, ...] = (1, 2, 4), zeros: tuple[int, ...] = (0, 1, 2, 3),
-               search_micro_batch: bool = True) -> tuple[Candidate, list[Candidate]]:
+               search_micro_batch: bool = True,
+               max_tp: int | None = None) -> tuple[Candidate, list[Candidate]]:
     """Plan ``cfg`` for ``world_size`` ranks: every schedule, sub-batch count, ZeRO stage of
     ``zeros`` and (``search_micro_batch``) micro-batch of ``micro_batch_options`` under the
-    config's global batch (``solve_plan``). Costs that cannot price ZeRO's collectives (a
-    profile from before ``oases profile`` measured reduce-scatters) plan without it. Every
-    candidate's plan notes the batch it assumed, so a run reproduces it."""
+    config's global batch (``solve_plan``), TP degrees up to ``max_tp`` (default: all). Costs
+    that cannot price ZeRO's collectives (a profile from before ``oases profile`` measured
+    reduce-scatters) plan without it. Every candidate's plan notes the batch it assumed, so a
+    run reproduces it."""
     from oases.planner.search import candidate_degrees
     from oases.schedule.program import SPECS
 
@@ -104,6 +106,11 @@ def plan_model(cfg: Config, world_size: int, costs: Costs, budget_bytes: float,
         if not kw["degrees"]:
             raise ValueError(f"the profile measured tp {degrees()}, none of which fits "
                              f"{world_size} ranks and this model: profile with this world size")
+    if max_tp is not None:
+        kw["degrees"] = [t for t in kw.get("degrees") or candidate_degrees(cfg.model, world_size)
+                         if t <= max_tp]
+        if not kw["degrees"]:
+            raise ValueError(f"--max-tp={max_tp}: no candidate degree of this model is that low")
     if not _prices_zero(costs, world_size, kw.get("degrees") or candidate_degrees(
             cfg.model, world_size)):
         zeros = tuple(z for z in zeros if z == 0) or (0,)  # an older profile: no ZeRO
