@@ -36,3 +36,10 @@ for gb in 48 24; do
 done
 # 6. the paper's models on its cluster: the planner with and without ZeRO in its search
 bash $out/paper.sh
+# 7. without recompute (fsdp2 recomputes nothing): megatron and overlap at stages 0 and 3 beside
+#    fsdp2, unshaped and shaped
+for link in none 343mbit; do
+  .venv/bin/oases bench $bench --nproc-per-node 2 --with-optimizer --link $link --steps 6 \
+    --warmup 2 --schedules megatron,megatron@zero=1,megatron@zero=3,overlap@zero=3,fsdp2 \
+    --out $out/no-recompute-$link
+done
