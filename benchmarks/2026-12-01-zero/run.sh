@@ -34,6 +34,13 @@ for gb in 48 24; do
     --train.global_batch=128 --memory-gb $gb --out $out/plan-96-${gb}gb.json \
     | tee $out/plan-96-${gb}gb.txt
 done
+# 5b. the 24 GB case without ZeRO, then without ZeRO nor the micro-batch search
+.venv/bin/oases plan $out/gpt-96.toml --world-size 32 --hardware paper-3090-pcie-32 \
+  --train.global_batch=128 --memory-gb 24 --zero 0 --out $out/plan-96-24gb-zero0-micro.json \
+  > $out/plan-96-24gb-zero0-micro.txt
+.venv/bin/oases plan $out/gpt-96.toml --world-size 32 --hardware paper-3090-pcie-32 \
+  --train.global_batch=128 --memory-gb 24 --zero 0 --fixed-micro-batch \
+  --out $out/plan-96-24gb-zero0.json > $out/plan-96-24gb-zero0.txt
 # 6. the paper's models on its cluster: the planner with and without ZeRO in its search
 bash $out/paper.sh
 # 7. without recompute (fsdp2 recomputes nothing): megatron and overlap at stages 0 and 3 beside
