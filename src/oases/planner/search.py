@@ -218,10 +218,13 @@ def solve_plan(cfg: ModelConfig, costs: Costs, world_size: int, batch: BatchShap
         return any(c.plan.regions == plan.regions and c.plan.schedule == plan.schedule
                    and c.plan.n_sub == plan.n_sub and c.batch == shape for c in candidates)
 
-    def add(cand: Candidate | None, shape: BatchShape) -> None:
-        if cand is not None and not known(cand.plan, shape):
-            cand.batch, cand.micro_label = shape, len(shapes) > 1
-            candidates.append(cand)
+    def add(cand: Candidate | None, shape: BatchShape) -> bool:
+        """Keep ``cand`` (simulated with ``shape``) unless it is None or known; True if kept."""
+        if cand is None or known(cand.plan, shape):
+            return False
+        cand.batch, cand.micro_label = shape, len(shapes) > 1
+        candidates.append(cand)
+        return True
 
     models: list[_ChainModel] = []
 
@@ -321,7 +324,7 @@ def _plan_of(cfg: ModelConfig, choice: tuple[int, ...], degrees: list[int], worl
 
 
 def _least_memory(candidates: list[Candidate], models: list[_ChainModel],
-                  add: Callable[[Candidate | None, BatchShape], None], budget_bytes: float,
+                  add: Callable[[Candidate | None, BatchShape], bool], budget_bytes: float,
                   rounds: int = 3, near: float = 1.1) -> Candidate:
     """The candidate of least peak memory, after asking the chain models whose own leanest
     plan comes within ``near`` of it for their fastest plan under that peak (a few rounds,
@@ -334,9 +337,7 @@ def _least_memory(candidates: list[Candidate], models: list[_ChainModel],
         for model in close:
             cand = model.fastest(least.result.peak_mem_bytes, budget_bytes)
             if cand is not None and cand.result.peak_mem_bytes < least.result.peak_mem_bytes:
-                count = len(candidates)
-                add(cand, model.batch)
-                if len(candidates) == count:
+                if not add(cand, model.batch):
                     continue  # known already
                 if leaner is None or cand.result.peak_mem_bytes < leaner.result.peak_mem_bytes:
                     leaner = cand
