@@ -63,9 +63,10 @@ class Profile:
 
     @property
     def reduce_scatter_copies_input(self) -> bool:
-        """gloo's reduce-scatter reduces a full-size copy of its input (measured: a 47.7 MiB
-        scatter over 2 ranks raised the peak by 73 MiB, its 23.8 MiB output and one copy);
-        the memory walk counts it (``planner.peak_memory``)."""
+        """A reduce-scatter on gloo holds a second full-size buffer beside its input: the
+        all-to-all's receive buffer of ``comm._ReduceScatter`` (gloo's own reduce-scatter, which
+        it replaces, held a full-size copy too: a 47.7 MiB scatter over 2 ranks raised the peak
+        by 73 MiB); the memory walk counts it (``planner.peak_memory``)."""
         return self.machine.get("backend") == "gloo"
 
     def __post_init__(self) -> None:
