@@ -11,6 +11,7 @@ single-device model trained on the whole batch. The model has hidden size 34, so
 from __future__ import annotations
 
 import copy
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -210,6 +211,32 @@ def test_stage3_every_compute_finds_its_weights_gathered(name, n_micro):
             assert n_gathers <= R * n_micro
 
 
+@pytest.mark.parametrize("name", ["megatron", "megatron-recompute", "oases"])
+@pytest.mark.parametrize("stage", [1, 2])
+def test_stages_1_2_gather_the_updated_weights_under_the_first_forward(name, stage):
+    """The previous step's updated shards: every region's all-gather starts at the program's
+    head, in chain order, before any compute, and is waited right before the first forward
+    compute reading it (no compute between), once per step; a program built without the head
+    (``gather_updated=False``, a later micro-batch in the simulator) has none."""
+    for n_micro in (1, 2):
+        layout = _layout(stage)
+        prog = build_program(name, R, 2, n_micro=n_micro, zero=layout)
+        first_compute = next(p for p, i in enumerate(prog) if hasattr(i, "pieces"))
+        starts = [i for i in prog if isinstance(i, Start) and i.kind == "ag"]
+        assert [i.index for i in starts] == list(range(R))
+        assert all(isinstance(i, Start) and i.kind == "ag" for i in prog[:R])
+        for u in range(R):
+            wait = prog.index(Wait("ag", u, 0))
+            use = next(p for p, c in enumerate(prog) if hasattr(c, "pieces") and any(
+                u in layout.units(pc, c.phase) for pc in c.pieces))
+            assert prog[use].phase == "forward" and prog[use].sub < 2
+            assert wait < use and not any(hasattr(c, "pieces") for c in prog[wait:use])
+            assert wait >= first_compute or u == 0
+        later = build_program(name, R, 2, n_micro=n_micro,
+                              zero=replace(layout, gather_updated=False))
+        assert not any(isinstance(i, Start | Wait) and i.kind == "ag" for i in later)
+
+
 @pytest.mark.parametrize("stage", [1, 2, 3])
 def test_gradient_reduce_scatters_follow_their_last_backward(stage):
     """Each region's reduce-scatter starts right after the last backward compute reading its
@@ -348,10 +375,14 @@ def _rank_collectives(rank: int, world: int) -> dict:
         sched = build_schedule("oases", n_sub=2, micro_batch=B // world // 2)
         opt = build_optimizer(model, TRAIN)
         x, y = layout_rows(tokens, rank, world, 1), layout_rows(targets, rank, world, 1)
+        sched.step(model, x, y)
+        opt.step()  # stages 1-2: the next step's program gathers the updated shards
+        opt.zero_grad(set_to_none=True)
         with record_collectives() as records:
             sched.step(model, x, y)
         with record_collectives() as after:
             opt.step()
+        assert not after, [r.tag for r in after]  # the optimizer step issues nothing
         program = [f"{i.kind}:{i.index}:{i.sub}" for i in sched.program(model, x.shape[0])
                    if isinstance(i, Start) and i.kind in ("rs", "ag", "dp")]
         issued = [r.tag for r in records if r.tag.split(":")[0] in ("rs", "ag", "dp")]
@@ -369,9 +400,10 @@ def _rank_collectives(rank: int, world: int) -> dict:
 
 
 def test_collectives_per_stage_from_the_recording_hook(spawn_ranks):
-    """Stages 1-2 move what one all-reduce of the gradients moves (a reduce-scatter, then the
-    updated weights' all-gather; up to the padding); stage 2 reduce-scatters every micro-batch;
-    stage 3 adds the weight gathers of every pass and drops the post-step gather."""
+    """Stages 1-2 move what one all-reduce of the gradients moves (the previous step's updated
+    weights' all-gather at the head, a reduce-scatter; up to the padding); stage 2
+    reduce-scatters every micro-batch; stage 3 gathers the weights in every pass instead. (The
+    second of two steps is recorded: the first has nothing to gather.)"""
     r0, _ = spawn_ranks(_rank_collectives, 2)
     n = r0[0]["param_bytes"]
     ar = r0[0]["bus"]["all_reduce"]

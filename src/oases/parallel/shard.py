@@ -13,8 +13,11 @@ What each stage keeps on a rank between steps (16 bytes per parameter in fp32 Ad
 
     stage 1   full weights; Adam moments of its shard only; the gradient is full during the
               step's last micro-batch, then reduce-scattered (``start_grad_reduce``): the rank
-              keeps its shard of the mean (``grad_shard``); after the sharded optimizer step the
-              updated shards are all-gathered back into the flat buffer (``gather_updated``).
+              keeps its shard of the mean (``grad_shard``); the sharded optimizer step updates
+              the shard in place (``mark_updated``: the rest of the flat buffer is now stale),
+              and the next step's program all-gathers the updated shards back into it
+              (``start_gather``) under its first forward computes, as Megatron-LM's distributed
+              optimizer does with ``--overlap-param-gather``.
     stage 2   as 1, but every micro-batch's gradient is reduce-scattered as soon as its last
               backward is done and accumulated into ``grad_shard``: no full gradient outlives
               its micro-batch.
@@ -25,7 +28,9 @@ What each stage keeps on a rank between steps (16 bytes per parameter in fp32 Ad
 
 The schedule programs place these collectives (``program.ZeroLayout``); the executor runs them
 through this module, and ``parallel/comm.py`` issues them. ``materialized`` gathers everything
-for code that needs whole weights (evaluation, sampling, checkpoints).
+for code that needs whole weights (evaluation, sampling, checkpoints): between steps, read a
+sharded model's weights only inside it (stage 3 holds none; stages 1-2 hold stale values of the
+other ranks' shards until the next step's gathers).
 """
 
 from __future__ import annotations
@@ -71,7 +76,7 @@ class ZeroUnit:
     flat: Tensor  # [padded] the whole buffer; its storage is empty between uses at stage 3
     shard: Tensor  # [padded / d] this rank's slice (stage 3: its own storage)
     grad_shard: Tensor | None = None  # this rank's slice of the DP mean of the gradient
-    gathered: bool = True
+    gathered: bool = True  # ``flat`` holds every rank's current shard (stage 3: is allocated)
     segments: list[Segment] = field(default_factory=list)
 
     @property
@@ -131,14 +136,19 @@ class ZeroShards:
 
     # --------------------------------------------------------------------------- weights
     def start_gather(self, index: int, tag: str) -> comm.Handle:
-        """Stage 3: allocate unit ``index``'s flat buffer and start all-gathering its shards
-        into it (nothing to do if it is already gathered)."""
+        """Start all-gathering unit ``index``'s shards into its flat buffer: at stage 3 into
+        newly allocated storage, at stages 1-2 the shards ``mark_updated`` made current (the
+        input a copy: the shard is a view of the buffer). Nothing to do if it is gathered."""
         u = self.units[index]
         if u.gathered:
             return comm.Handle(u.flat, None)
-        u.flat.untyped_storage().resize_(u.nbytes_full())
+        shard = u.shard
+        if u.stage == 3:
+            u.flat.untyped_storage().resize_(u.nbytes_full())
+        else:
+            shard = u.shard.clone()
         u.gathered = True
-        return comm.all_gather_into_async(u.flat, u.shard, u.group, direction="forward",
+        return comm.all_gather_into_async(u.flat, shard, u.group, direction="forward",
                                           tag=tag)
 
     def release(self, index: int) -> None:
@@ -148,14 +158,13 @@ class ZeroShards:
             u.flat.untyped_storage().resize_(0)
             u.gathered = False
 
-    def gather_updated(self) -> None:
-        """Stages 1-2, after the optimizer updated the shards: all-gather them into the full
-        weights of every rank (one async all-gather per unit, then the waits)."""
-        handles = [comm.all_gather_into_async(u.flat, u.shard.clone(), u.group,
-                                              direction="forward", tag=f"ag-step:{u.index}")
-                   for u in self.units.values() if u.stage < 3]
-        for h in handles:
-            h.wait()
+    def mark_updated(self) -> None:
+        """Stages 1-2, after the optimizer updated the shards in place: the other ranks' parts
+        of each flat buffer are stale until ``start_gather`` (the next step's program, or
+        ``materialized``) gathers them."""
+        for u in self.units.values():
+            if u.stage < 3 and u.group.size > 1:
+                u.gathered = False
 
     @contextlib.contextmanager
     def materialized(self, write_back: bool = False) -> Iterator[None]:

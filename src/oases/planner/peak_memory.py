@@ -18,8 +18,9 @@ backward (``saved_bytes``), a recompute's transient graph, a gradient reduce-sca
 copy (d*s, from its Start to its Wait, the full gradient freed at the Start; gloo reduces a
 second copy: ``costs.reduce_scatter_copies_input``), a DP bucket's
 flat copy (stage 0, from its Start to its Wait). The optimizer step adds one copy of the
-parameters it updates (foreach temporaries), and stages 1-2 then all-gather the updated shards
-(a clone of each shard in flight). A tied head's backward makes the embedding's gradient.
+parameters it updates (foreach temporaries); stages 1-2 all-gather the updated shards at the
+next step's head ("ag", a copy of each shard in flight to its Wait). A tied head's backward
+makes the embedding's gradient.
 """
 
 from __future__ import annotations
@@ -129,6 +130,11 @@ def peak_memory(cfg: ModelConfig, program: list[Instr], kinds: list[str], degree
                 if ins.index not in shards:  # accumulated into the one shard
                     shards.add(ins.index)
                     grads += shard[ins.index]
+            elif isinstance(ins, Start) and ins.kind == "ag" and state.stages[ins.index] < 3:
+                inflight[ins.kind, ins.index, ins.sub] = shard[ins.index]  # the shard's copy
+                moving += shard[ins.index]
+            elif isinstance(ins, Wait) and ins.kind == "ag" and state.stages[ins.index] < 3:
+                moving -= inflight.pop((ins.kind, ins.index, ins.sub), 0.0)
             elif isinstance(ins, Start) and ins.kind == "ag":
                 if ins.index not in gathered:
                     gathered.add(ins.index)
@@ -151,12 +157,13 @@ def peak_memory(cfg: ModelConfig, program: list[Instr], kinds: list[str], degree
         later_peak, later_act, end = walk(later=True)
         peak, peak_act = max(peak, later_peak), max(peak_act, later_act)
     # the optimizer step: the gradients as they end, plus foreach temporaries of about one
-    # copy of what it updates; then stages 1-2 gather the updated shards (a clone in flight)
+    # copy of what it updates; stages 1-2 gather the updated shards at the next step's head
+    # (a copy of each shard in flight: walked above when the program has the head; counted
+    # here for a program of the step's last micro-batch alone)
     grads_end = end
     updated = sum(state.updated(i) for i in range(n)) * BYTES
     opt_peak = static + grads_end + updated
-    gather_peak = static + grads_end + sum(shard[i] for i in range(n)
-                                           if state.stages[i] in (1, 2))
+    gather_peak = static + sum(shard[i] for i in range(n) if state.stages[i] in (1, 2))
     baseline = float(getattr(costs, "baseline_bytes", 0.0))
     return {"peak": baseline + max(peak, opt_peak, gather_peak), "baseline": baseline,
             "params": by_kind["weights"], "grads": grads_end,

@@ -163,7 +163,7 @@ class PlanResult:
         collective (exposed communication), the optimizer. The parts add up to ``step_s``."""
         b = self.breakdown
         return {"compute": b.get("compute_s", 0.0), "TP comm": b.get("exposed_tp_s", 0.0),
-                "DP comm": b.get("exposed_dp_s", 0.0) + b.get("post_step_gather_s", 0.0),
+                "DP comm": b.get("exposed_dp_s", 0.0),
                 "reshard": b.get("exposed_reshard_s", 0.0),
                 "optimizer": b.get("optimizer_s", 0.0)}
 
@@ -241,17 +241,20 @@ def _dp_buckets(cfg: ModelConfig, kinds: list[str], degrees: list[int], world_si
 
 
 def zero_layout(cfg: ModelConfig, stages: tuple[int, ...],
-                reshard_after_forward: bool = True) -> ZeroLayout | None:
+                reshard_after_forward: bool = True, *, gather_updated: bool = True,
+                ends_step: bool = True) -> ZeroLayout | None:
     """The program's view of a plan's ZeRO stages (as ``executor._zero_layout`` derives it
     from a sharded model): region i's TP pieces read region i's parameters, and a tied head
-    also the embedding's, when the embedding is sharded. None when nothing is sharded."""
+    also the embedding's, when the embedding is sharded. None when nothing is sharded.
+    ``gather_updated``, ``ends_step``: ``ZeroLayout``'s knobs for one micro-batch of many."""
     if not any(stages):
         return None
     n = len(stages)
     uses = [(i,) for i in range(n)]
     if cfg.tie_embeddings and stages[0]:
         uses[-1] = (0, n - 1)
-    return ZeroLayout(tuple(stages), tuple(uses), reshard_after_forward)
+    return ZeroLayout(tuple(stages), tuple(uses), reshard_after_forward, gather_updated,
+                      ends_step)
 
 
 def model_state(cfg: ModelConfig, plan: ParallelPlan, world_size: int) -> ModelState:
@@ -263,26 +266,27 @@ def model_state(cfg: ModelConfig, plan: ParallelPlan, world_size: int) -> ModelS
 
 def plan_program(cfg: ModelConfig, plan: ParallelPlan, world_size: int, batch: BatchShape,
                  *, max_inflight: int = 1, n_micro: int | None = None,
-                 dp: bool = True, reshard_after_forward: bool = True) -> list[Instr]:
+                 dp: bool = True, first: bool = True,
+                 reshard_after_forward: bool = True) -> list[Instr]:
     """The instruction list one rank runs for a step of ``plan``: the executor's very program
     (``Schedule.program`` builds the same from a parallelized model), ZeRO's instructions
     included where the plan's regions carry a stage. ``n_micro``: build only that many
     micro-batches (default: the batch's); ``dp=False``: a micro-batch that is not the last
     (without the data-parallel gradient all-reduces, and stage 1's reduce-scatters, which come
-    only in the last)."""
+    only in the last); ``first=False``: one that is not the first (without the stages 1-2
+    gathers of the updated weights, which come at the step's head)."""
     from oases.schedule.program import build_program
 
     degrees = tuple(r.tp for r in plan.regions)
     kinds = [region_kind(r.name) for r in plan.regions]
     stages = plan.zero_stages()
     buckets = _dp_buckets(cfg, kinds, list(degrees), world_size, stages) if dp else {}
-    if not dp:
-        stages = tuple(0 if z == 1 else z for z in stages)
     return build_program(plan.schedule, len(degrees), plan.n_sub,
                          n_micro=batch.n_micro() if n_micro is None else n_micro,
                          max_inflight=max_inflight, dp_tasks=tuple(sorted(buckets)),
                          degrees=None if len(set(degrees)) == 1 else degrees,
-                         zero=zero_layout(cfg, stages, reshard_after_forward))
+                         zero=zero_layout(cfg, stages, reshard_after_forward,
+                                          gather_updated=first, ends_step=dp))
 
 
 def simulate_plan(cfg: ModelConfig, plan: ParallelPlan, costs: Costs, world_size: int,
@@ -301,11 +305,15 @@ def simulate_plan(cfg: ModelConfig, plan: ParallelPlan, costs: Costs, world_size
 
     ``scaled=False`` simulates the whole program instead (the slow obvious reference).
 
-    ZeRO (a region's ``zero`` stage): its gradient reduce-scatters ("rs") and stage 3's weight
-    gathers ("ag") run on the DP stream with the DP all-reduces (the same links); the
-    optimizer updates this rank's shards only; stages 1-2 then all-gather the updated shards,
-    one after another on that stream, before the next step (``post_step_gather_s``, counted as
-    DP communication). ``reshard_after_forward`` is stage 3's knob of that name."""
+    ZeRO (a region's ``zero`` stage): its gradient reduce-scatters ("rs") and weight gathers
+    ("ag": stage 3's before every pass, stages 1-2's of the updated shards at the step's head,
+    under its first forward computes) run on the DP stream with the DP all-reduces (the same
+    links); the optimizer updates this rank's shards only. With micro-batches the first one
+    (the gathers), the middle ones and the last (the DP reductions) are simulated apart::
+
+        step = t(first) + (n_micro - 2) * t(middle) + t(last)
+
+    ``reshard_after_forward`` is stage 3's knob of that name."""
     from oases.schedule.program import SPECS
 
     costs = _CachedCosts(costs)
@@ -325,7 +333,7 @@ def simulate_plan(cfg: ModelConfig, plan: ParallelPlan, costs: Costs, world_size
     n_micro = batch.n_micro()
     whole = not scaled or n_micro == 1
     program = plan_program(cfg, plan, world_size, batch, max_inflight=max_inflight,
-                           n_micro=None if whole else 1,
+                           n_micro=None if whole else 1, first=whole,
                            reshard_after_forward=reshard_after_forward)
 
     def reshard(i: int, backward: bool) -> tuple[int, tuple[int, ...]]:
@@ -380,16 +388,19 @@ def simulate_plan(cfg: ModelConfig, plan: ParallelPlan, costs: Costs, world_size
     step = StepCosts(piece_s=functools.cache(piece_s), collective_s=functools.cache(collective_s),
                      stream_of=functools.cache(stream_of))
     sim = simulate_program(program, step, rank=rank, record=timeline)
-    if not whole:  # n_micro - 1 micro-batches without DP, then the last one (``program``)
-        earlier = plan_program(cfg, plan, world_size, batch, max_inflight=max_inflight,
-                               n_micro=1, dp=False,
-                               reshard_after_forward=reshard_after_forward)
-        sim = _repeat(simulate_program(earlier, step, rank=rank, record=timeline), sim,
-                      n_micro, k)
+    if not whole:  # the first micro-batch, n_micro - 2 without DP, the last (``program``)
+        def one(first: bool) -> SimResult:
+            micro = plan_program(cfg, plan, world_size, batch, max_inflight=max_inflight,
+                                 n_micro=1, dp=False, first=first,
+                                 reshard_after_forward=reshard_after_forward)
+            return simulate_program(micro, step, rank=rank, record=timeline)
+
+        middle = one(first=False)
+        head = one(first=True) if any(z in (1, 2) for z in stages) else middle
+        sim = _repeat(head, middle, sim, n_micro, k)
     optimizer = getattr(costs, "optimizer_s", None)
     n = len(degrees)
     opt_s = optimizer(sum(state.updated(i) for i in range(n))) if optimizer is not None else 0.0
-    gather_s = sum(collective_s("ag", i) for i in range(n) if stages[i] in (1, 2))
     uses = [(i,) for i in range(n)]
     if cfg.tie_embeddings:  # the head's backward makes the embedding's gradient
         uses[-1] = (0, n - 1)
@@ -402,35 +413,31 @@ def simulate_plan(cfg: ModelConfig, plan: ParallelPlan, costs: Costs, world_size
         end = sim.step_s
         if opt_s:
             events.add(Event(rank, "compute", "optimizer", "optimizer", 0, end, end + opt_s))
-        t0 = end + opt_s
-        for i in (i for i in range(n) if stages[i] in (1, 2) and collective_s("ag", i) > 0):
-            events.add(Event(rank, "comm", comm_name("ag", i), "ag", 0, t0,
-                             t0 + collective_s("ag", i)))
-            t0 += collective_s("ag", i)
-    return PlanResult(sim.step_s + opt_s + gather_s, mem["peak"], events,
-                      {"compute_s": sim.compute_busy_s, "comm_s": sim.comm_busy_s + gather_s,
-                       "optimizer_s": opt_s, "post_step_gather_s": gather_s,
+    return PlanResult(sim.step_s + opt_s, mem["peak"], events,
+                      {"compute_s": sim.compute_busy_s, "comm_s": sim.comm_busy_s,
+                       "optimizer_s": opt_s,
                        **{f"exposed_{c}_s": v for c, v in sorted(sim.exposed_s.items())},
                        **{f"{k}_bytes": v for k, v in mem.items()}})
 
 
-def _repeat(one: SimResult, last: SimResult, n_micro: int, k: int) -> SimResult:
-    """``n_micro - 1`` runs of micro-batch ``one`` then ``last``, back to back (each starts
-    when the previous one's collectives are all done); sub-batch ids as the whole program
-    numbers them (micro-batch m owns m*k .. m*k+k-1; DP all-reduces keep theirs; ZeRO's
-    collectives carry their micro-batch)."""
-    t = one.step_s
+def _repeat(first: SimResult, one: SimResult, last: SimResult, n_micro: int, k: int
+            ) -> SimResult:
+    """Micro-batch ``first``, ``n_micro - 2`` runs of ``one``, then ``last``, back to back
+    (each starts when the previous one's collectives are all done); sub-batch ids as the whole
+    program numbers them (micro-batch m owns m*k .. m*k+k-1; DP all-reduces keep theirs;
+    ZeRO's collectives carry their micro-batch)."""
+    runs = [first] + [one] * (n_micro - 2) + [last]
     timeline = Timeline()
-    for m, sim in [(m, one) for m in range(n_micro - 1)] + [(n_micro - 1, last)]:
+    t0 = 0.0
+    for m, sim in enumerate(runs):
         for e in sim.timeline.events:
             sub = e.sub if e.phase == "dp" else m if e.phase in ("rs", "ag") else e.sub + m * k
-            timeline.add(replace(e, sub=sub,
-                                 start_s=e.start_s + m * t, end_s=e.end_s + m * t))
-    exposed = {c: (n_micro - 1) * one.exposed_s.get(c, 0.0) + last.exposed_s.get(c, 0.0)
-               for c in {*one.exposed_s, *last.exposed_s}}
-    return SimResult((n_micro - 1) * t + last.step_s,
-                     (n_micro - 1) * one.compute_busy_s + last.compute_busy_s,
-                     (n_micro - 1) * one.comm_busy_s + last.comm_busy_s, timeline, exposed)
+            timeline.add(replace(e, sub=sub, start_s=e.start_s + t0, end_s=e.end_s + t0))
+        t0 += sim.step_s
+    exposed = {c: sum(sim.exposed_s.get(c, 0.0) for sim in runs)
+               for c in {c for sim in runs for c in sim.exposed_s}}
+    return SimResult(t0, sum(sim.compute_busy_s for sim in runs),
+                     sum(sim.comm_busy_s for sim in runs), timeline, exposed)
 
 
 class _CachedCosts:

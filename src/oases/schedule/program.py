@@ -21,8 +21,9 @@ Collectives (``Start``/``Wait`` kind, index, sub-batch):
                 i-1's layout: the slice when the degree grew, the all-gather when it shrank
     "dp", t     data-parallel gradient mean of backward task t's parameter bucket
     "rs", u, m  ZeRO: reduce-scatter of region u's gradients over its DP group, micro-batch m
-    "ag", u, m  ZeRO stage 3: all-gather of region u's weights before a pass (``Release(u)``
-                frees them after it); see ``_insert_zero``
+    "ag", u, m  ZeRO: all-gather of region u's weights: at stage 3 before each pass
+                (``Release(u)`` frees them after it); at stages 1-2 once, at the program's head,
+                of the shards the previous step's optimizer updated; see ``_insert_zero``
 
 A degree change at region i splits the two tasks that cross it::
 
@@ -127,11 +128,18 @@ class ZeroLayout:
     ``(i,)``, or ``(i, 0)`` for a head tied to the embedding. A glue or norm piece of region i
     reads region i's. ``reshard_after_forward``: stage 3 frees a region's weights after the
     forward and gathers them again for the backward (else they stay from one to the other,
-    like FSDP's knob of that name)."""
+    like FSDP's knob of that name).
+
+    Two knobs let the simulator build a step's micro-batches one at a time (a program of the
+    whole step keeps both True): ``gather_updated``, the program begins with the stages 1-2
+    gathers of the weights the previous step updated (the step's first micro-batch);
+    ``ends_step``, its last micro-batch is the step's last, where stage 1 reduce-scatters."""
 
     stages: tuple[int, ...]
     uses: tuple[tuple[int, ...], ...]
     reshard_after_forward: bool = True
+    gather_updated: bool = True
+    ends_step: bool = True
 
     def units(self, piece: Piece, phase: str) -> tuple[int, ...]:
         kind, i = piece
@@ -403,6 +411,15 @@ def _insert_zero(program: tuple[Instr, ...], zero: ZeroLayout, k: int) -> tuple[
     until then), stages 2-3 in every one. At most ``ZERO_GRAD_INFLIGHT`` are in flight; the
     rest are waited at the end of their micro-batch.
 
+    Weights, stages 1-2 (Megatron-LM's overlapped parameter gather): the optimizer updated
+    only this rank's shards, so the program begins with every such region's all-gather ("ag",
+    u, 0), in chain order on the DP stream, and waits for each right before the first forward
+    compute that reads it: region u's gather runs under the forward of regions before u::
+
+        compute:  [embed](a) [embed](b) [epi 0, body 1](a) ...     [epi 1, body 2](a) ...
+        comm:     ag 0 | ag 1 ................ | ag 2 ......... | ag 3 ...
+                       ^ wait ag 0             ^ wait ag 1      ^ wait ag 2
+
     Weights (stage 3): in each pass (a micro-batch's forward; its recompute + backward) region
     u's weights are live from the first compute reading them to the last. Their all-gather
     ("ag", u, m) starts before the compute that precedes the first use (prefetch: it runs
@@ -443,6 +460,22 @@ def _insert_zero(program: tuple[Instr, ...], zero: ZeroLayout, k: int) -> tuple[
             before.setdefault(max(first - 1, 0), []).append(Start("ag", u, m))
             before.setdefault(first, []).append(Wait("ag", u, m))
             after.setdefault(last, []).append(Release(u))
+    if zero.gather_updated:  # stages 1-2: the updated weights, gathered at the head
+        first_use: dict[int, int] = {}
+        for pos, i in enumerate(computes):
+            ins = program[i]
+            if ins.phase == "forward" and ins.sub // k == 0:
+                for piece in ins.pieces:
+                    for u in zero.units(piece, ins.phase):
+                        if zero.stages[u] in (1, 2):
+                            first_use.setdefault(u, pos)
+        for u, pos in sorted(first_use.items()):
+            before.setdefault(0, []).append(Start("ag", u, 0))
+            before.setdefault(pos, []).append(Wait("ag", u, 0))
+    if before.get(0):  # at the head: every gather starts (chain order) before the first wait
+        head = before[0]
+        before[0] = (sorted((s for s in head if isinstance(s, Start)), key=lambda s: s.index)
+                     + [w for w in head if not isinstance(w, Start)])
     # ------------------------------------------------------------- gradient reduce-scatters
     last_use: dict[tuple[int, int], int] = {}
     for pos, i in enumerate(computes):
@@ -452,7 +485,8 @@ def _insert_zero(program: tuple[Instr, ...], zero: ZeroLayout, k: int) -> tuple[
             continue
         for piece in ins.pieces:
             for u in zero.units(piece, "backward"):
-                if zero.stages[u] >= 2 or (zero.stages[u] == 1 and m == n_micro - 1):
+                if zero.stages[u] >= 2 or (zero.stages[u] == 1 and m == n_micro - 1
+                                           and zero.ends_step):
                     last_use[u, m] = pos
     grads_after: dict[int, list[tuple[int, int]]] = {}
     for (u, m), pos in sorted(last_use.items(), key=lambda kv: (kv[1], kv[0][0])):

@@ -60,8 +60,9 @@ class ZeroAdamW:
 
     The optimizer's tensors for a sharded region are views of the rank's shard, one per
     parameter piece in it (``Segment``), with the parameter's weight decay; their gradients are
-    the matching views of ``grad_shard``. ``step`` updates the shards in place, then (stages
-    1-2) all-gathers them into every rank's full weights; at stage 3 the shard is the weight.
+    the matching views of ``grad_shard``. ``step`` updates the shards in place; at stages 1-2
+    the next step's program all-gathers them into every rank's full weights (read them between
+    steps inside ``shard.materialized``); at stage 3 the shard is the weight.
     ``param_groups`` (the learning rate) and ``zero_grad`` behave as torch's.
     """
 
@@ -101,7 +102,7 @@ class ZeroAdamW:
                          u.grad_shard[seg.offset: seg.offset + seg.size])
         self.inner.step()
         self.steps += 1
-        self.shards.gather_updated()
+        self.shards.mark_updated()  # the next step's program gathers them (shard.py)
 
     def zero_grad(self, set_to_none: bool = True) -> None:
         self.inner.zero_grad(set_to_none=set_to_none)
