@@ -315,7 +315,7 @@ def predicted_peak_bytes(cfg, schedule: str, zero: int, world: int,  # noqa: ANN
     plan = with_zero(ParallelPlan.uniform(cfg.model, world, tp, schedule=schedule,
                                           n_sub=cfg.schedule.n_sub), zero)
     rows = cfg.train.micro_batch * world // tp
-    res = simulate_plan(cfg.model, plan, costs or _NoTime(), world, BatchShape(rows, rows),
+    res = simulate_plan(cfg.model, plan, _NoTime(costs), world, BatchShape(rows, rows),
                         max_inflight=cfg.schedule.max_inflight, timeline=False,
                         reshard_after_forward=cfg.parallel.reshard_after_forward)
     return {"model_state": model_state(cfg.model, plan, world).bytes_by_kind(),
@@ -323,7 +323,18 @@ def predicted_peak_bytes(cfg, schedule: str, zero: int, world: int,  # noqa: ANN
 
 
 class _NoTime:
-    """Costs for a memory-only simulation: every piece and collective takes no time."""
+    """Costs for a memory-only simulation: every piece and collective takes no time; the memory
+    terms (measured activations, baseline, workspace, collective copies) are ``costs``' where
+    given (a profile of this machine, whatever world size it was made at), else analytic."""
+
+    def __init__(self, costs: object | None = None) -> None:
+        self._costs = costs
+
+    def __getattr__(self, name: str) -> object:
+        if name in ("saved_bytes", "baseline_bytes", "workspace_bytes",
+                    "reduce_scatter_copies_input") and self._costs is not None:
+            return getattr(self._costs, name)
+        raise AttributeError(name)
 
     def compute_s(self, *args: object) -> float:
         return 0.0

@@ -165,6 +165,8 @@ def peak_memory(cfg: ModelConfig, program: list[Instr], kinds: list[str], degree
     opt_peak = static + grads_end + updated
     gather_peak = static + sum(shard[i] for i in range(n) if state.stages[i] in (1, 2))
     baseline = float(getattr(costs, "baseline_bytes", 0.0))
-    return {"peak": baseline + max(peak, opt_peak, gather_peak), "baseline": baseline,
+    workspace = float(getattr(costs, "workspace_bytes", 0.0))  # a profile's measurement
+    return {"peak": baseline + workspace + max(peak, opt_peak, gather_peak),
+            "baseline": baseline, "workspace": workspace,
             "params": by_kind["weights"], "grads": grads_end,
             "optimizer_state": by_kind["optimizer"], "activations_peak": peak_act}

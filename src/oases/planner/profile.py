@@ -13,6 +13,8 @@ made for::
     memory       [{region, mode, tp, rows, saved_bytes}]     activations kept forward -> backward
     optimizer    [{n_params, s}]                             one AdamW step
     baseline_bytes                                           a rank's memory before the model
+    workspace_bytes                                          what warm steps leave resident
+                                                             beyond the tensors (0: older)
 
 Between measured row counts compute time is interpolated linearly (and extrapolated from the
 two nearest points); a single point scales in proportion to rows.
@@ -60,6 +62,9 @@ class Profile:
     baseline_bytes: float = 0.0
     created: str = ""
     config: dict = field(default_factory=dict)  # the run file and overrides it was made from
+    # resident memory that warm steps leave beyond the baseline and every tensor alive: the
+    # compute libraries' workspaces and caches, allocator slack (bench.profile_runner)
+    workspace_bytes: float = 0.0
 
     @property
     def reduce_scatter_copies_input(self) -> bool:
@@ -144,7 +149,7 @@ class Profile:
                 "machine": self.machine, "model": self.model, "compute": self.compute,
                 "collectives": self.collectives, "memory": self.memory,
                 "optimizer": self.optimizer, "baseline_bytes": self.baseline_bytes,
-                "config": self.config}
+                "workspace_bytes": self.workspace_bytes, "config": self.config}
 
     def save(self, path: str | os.PathLike[str]) -> None:
         Path(path).write_text(json.dumps(self.to_dict(), indent=1))
@@ -166,7 +171,7 @@ class Profile:
             return Profile(raw["model"], raw["machine"], raw["compute"], raw["collectives"],
                            raw.get("memory", []), raw.get("optimizer", []),
                            float(raw.get("baseline_bytes", 0.0)), raw.get("created", ""),
-                           raw.get("config", {}))
+                           raw.get("config", {}), float(raw.get("workspace_bytes", 0.0)))
         except (KeyError, TypeError, ValueError) as exc:
             raise ValueError(f"{path}: malformed profile ({exc!r})") from None
 
