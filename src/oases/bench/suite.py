@@ -331,8 +331,9 @@ class _NoTime:
         self._costs = costs
 
     def __getattr__(self, name: str) -> object:
-        if name in ("saved_bytes", "baseline_bytes", "workspace_bytes",
-                    "reduce_scatter_copies_input") and self._costs is not None:
+        if (name in ("saved_bytes", "baseline_bytes", "workspace_bytes",
+                    "reduce_scatter_copies_input", "all_gather_copies_output")
+                and self._costs is not None):
             return getattr(self._costs, name)
         raise AttributeError(name)
 

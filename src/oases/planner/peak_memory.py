@@ -16,7 +16,8 @@ s = ceil(n / d) its ZeRO shard, fp32 bytes each)::
 and, walked instruction by instruction: the activations each forward piece keeps until its
 backward (``saved_bytes``), a recompute's transient graph, a gradient reduce-scatter's flat
 copy (d*s, from its Start to its Wait, the full gradient freed at the Start; gloo reduces a
-second copy: ``costs.reduce_scatter_copies_input``), a DP bucket's
+second copy: ``costs.reduce_scatter_copies_input``), an all-gather's own output-size buffer on
+gloo (``costs.all_gather_copies_output``), a DP bucket's
 flat copy (stage 0, from its Start to its Wait). The optimizer step adds one copy of the
 parameters it updates (foreach temporaries); stages 1-2 all-gather the updated shards at the
 next step's head ("ag", a copy of each shard in flight to its Wait). A tied head's backward
@@ -89,6 +90,9 @@ def peak_memory(cfg: ModelConfig, program: list[Instr], kinds: list[str], degree
     # a reduce-scatter in flight holds its flat input and its output (and, on gloo, a copy)
     scatter_copy = bool(getattr(costs, "reduce_scatter_copies_input", False))
     scattering = [padded[i] * (2 if scatter_copy else 1) + shard[i] for i in range(n)]
+    # an all-gather in flight: gloo's own output-size buffer (and at stages 1-2 the shard's copy)
+    gather_copy = [padded[i] if getattr(costs, "all_gather_copies_output", False) else 0.0
+                   for i in range(n)]
 
     def walk(later: bool) -> tuple[float, float, float]:
         whole: set[int] = set()  # regions whose full gradient is alive
@@ -130,15 +134,17 @@ def peak_memory(cfg: ModelConfig, program: list[Instr], kinds: list[str], degree
                 if ins.index not in shards:  # accumulated into the one shard
                     shards.add(ins.index)
                     grads += shard[ins.index]
-            elif isinstance(ins, Start) and ins.kind == "ag" and state.stages[ins.index] < 3:
-                inflight[ins.kind, ins.index, ins.sub] = shard[ins.index]  # the shard's copy
-                moving += shard[ins.index]
-            elif isinstance(ins, Wait) and ins.kind == "ag" and state.stages[ins.index] < 3:
-                moving -= inflight.pop((ins.kind, ins.index, ins.sub), 0.0)
             elif isinstance(ins, Start) and ins.kind == "ag":
-                if ins.index not in gathered:
-                    gathered.add(ins.index)
-                    held += padded[ins.index]
+                u = ins.index
+                if state.stages[u] < 3:  # into the weights it updates, from a shard's copy
+                    inflight[ins.kind, u, ins.sub] = shard[u] + gather_copy[u]
+                elif u not in gathered:  # into newly allocated weights
+                    gathered.add(u)
+                    held += padded[u]
+                    inflight[ins.kind, u, ins.sub] = gather_copy[u]
+                moving += inflight.get((ins.kind, u, ins.sub), 0.0)
+            elif isinstance(ins, Wait) and ins.kind == "ag":
+                moving -= inflight.pop((ins.kind, ins.index, ins.sub), 0.0)
             elif isinstance(ins, Release):
                 if ins.index in gathered:
                     gathered.discard(ins.index)
