@@ -146,7 +146,9 @@ def solve_chain_pareto(node_s: np.ndarray, node_bytes: np.ndarray, edge_s: np.nd
     # and a Lagrangian bound: any completion from node i at option e that fits in what is
     # left takes at least priced[i, e] - price * (budget - memory so far)
     priced = np.zeros((n, k))
-    cost = np.where(np.isfinite(node_bytes), node_s + price * node_bytes, np.inf)
+    finite_bytes = np.isfinite(node_bytes)
+    cost = np.where(finite_bytes, node_s + price * np.where(finite_bytes, node_bytes, 0.0),
+                    np.inf)
     for i in range(n - 2, -1, -1):
         priced[i] = (edge_s[i] + cost[i + 1] + priced[i + 1]).min(axis=1)
     upper = min(evaluate(c, node_s, node_bytes, edge_s).time_s for c in known)
@@ -163,8 +165,8 @@ def solve_chain_pareto(node_s: np.ndarray, node_bytes: np.ndarray, edge_s: np.nd
         # every extension of every kept choice: [options of node i, kept choices]
         tt = t[None, :] + edge_s[i - 1][opt].T + node_s[i][:, None]
         mm = np.broadcast_to(m[None, :] + node_bytes[i][:, None], tt.shape)
-        bound = np.maximum(tt + finish[i][:, None],
-                           tt + priced[i][:, None] - price * (budget_bytes - mm))
+        slack = price * (budget_bytes - mm) if price else 0.0  # (0 * an infinite budget)
+        bound = np.maximum(tt + finish[i][:, None], tt + priced[i][:, None] - slack)
         e_idx, j_idx = np.nonzero((bound <= upper) & np.isfinite(bound)
                                   & (mm + lean_after[i] <= budget_bytes))
         tv, mv = tt[e_idx, j_idx], mm[e_idx, j_idx]

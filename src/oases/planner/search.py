@@ -195,9 +195,11 @@ def solve_plan(cfg: ModelConfig, costs: Costs, world_size: int, batch: BatchShap
     so it is never worse than the best uniform or seeded one as predicted.
 
     Micro-batches are searched from the largest (fewest accumulation steps) down, ZeRO stages
-    from 0 up, each only while memory binds at the one before (the fastest uniform plan of a
-    chain does not fit): where it fits, a smaller micro-batch or a higher stage would only add
-    time.
+    from 0 up. Stages 0 and 1 are both always searched: stage 1 moves the bytes of stage 0's
+    all-reduce, half in its reduce-scatter under the backward and half in the gather of the
+    updated weights under the next forward, so it can be faster as well as leaner. A smaller
+    micro-batch, and stages 2 and 3, only while memory binds at the one before (the fastest
+    uniform plan of a chain does not fit): where it fits, they would only add time.
 
     The ZeRO stage is one per plan: it trades memory for traffic on the DP links, which every
     region's gradients cross on one stream, so a region's share of the step is not its own
@@ -262,12 +264,13 @@ def solve_plan(cfg: ModelConfig, costs: Costs, world_size: int, batch: BatchShap
                     default=float("inf"))
         return fastest is None or fastest.peak_mem_bytes > budget_bytes, floor
 
-    # Largest micro-batch first (fewest accumulation steps); a smaller one, or a higher ZeRO
-    # stage, is searched only while memory binds: where the fastest uniform plan fits, they
-    # would only add time (more accumulation steps; more DP collectives).
-    # Nor is a chain searched whose bound cannot beat the fastest plan that fits: a higher
-    # stage or a smaller micro-batch of a schedule is no faster than its chain already searched
-    # (less its optimizer step, which sharding shortens), within ``BOUND_SLACK``.
+    # Largest micro-batch first (fewest accumulation steps); a smaller one, or a ZeRO stage
+    # above 1, is searched only while memory binds: where the fastest uniform plan fits, they
+    # would only add time (more accumulation steps; more DP collectives). Stage 1 is searched
+    # beside stage 0 always (same bytes, placed differently: it may be faster).
+    # Nor is a chain searched whose bound cannot beat the fastest plan that fits: a stage
+    # above 1 or a smaller micro-batch of a schedule is no faster than its chain already
+    # searched (less its optimizer step, which sharding shortens), within ``BOUND_SLACK``.
     floors: dict[tuple[str, int], float] = {}
     for shape in sorted(shapes, key=lambda b: -b.micro_rows):
         binds = False
@@ -278,12 +281,13 @@ def solve_plan(cfg: ModelConfig, costs: Costs, world_size: int, batch: BatchShap
                         continue  # one micro-batch: stage 2 runs stage 1's program
                     incumbent = min((c.result.step_s for c in candidates if c.fits),
                                     default=float("inf"))
-                    if floors.get((schedule, n_sub), 0.0) * BOUND_SLACK >= incumbent:
+                    if zero != 1 and (floors.get((schedule, n_sub), 0.0) * BOUND_SLACK
+                                      >= incumbent):
                         break
                     tight, floor = search(shape, zero, schedule, n_sub)
                     floors[schedule, n_sub] = min(floors.get((schedule, n_sub), floor), floor)
                     binds |= tight
-                    if not tight:
+                    if not tight and zero >= 1:
                         break
         if not binds:
             break

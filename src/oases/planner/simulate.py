@@ -249,12 +249,17 @@ def zero_layout(cfg: ModelConfig, stages: tuple[int, ...],
     ``gather_updated``, ``ends_step``: ``ZeroLayout``'s knobs for one micro-batch of many."""
     if not any(stages):
         return None
-    n = len(stages)
+    return ZeroLayout(tuple(stages), region_uses(cfg, len(stages), tied=bool(stages[0])),
+                      reshard_after_forward, gather_updated, ends_step)
+
+
+def region_uses(cfg: ModelConfig, n: int, tied: bool = True) -> tuple[tuple[int, ...], ...]:
+    """Per region i of n, the regions whose parameters its TP pieces read and make gradients
+    for: its own, and for a head tied to the embedding (``tied``) also region 0's."""
     uses = [(i,) for i in range(n)]
-    if cfg.tie_embeddings and stages[0]:
+    if tied and cfg.tie_embeddings:
         uses[-1] = (0, n - 1)
-    return ZeroLayout(tuple(stages), tuple(uses), reshard_after_forward, gather_updated,
-                      ends_step)
+    return tuple(uses)
 
 
 def model_state(cfg: ModelConfig, plan: ParallelPlan, world_size: int) -> ModelState:
@@ -401,11 +406,8 @@ def simulate_plan(cfg: ModelConfig, plan: ParallelPlan, costs: Costs, world_size
     optimizer = getattr(costs, "optimizer_s", None)
     n = len(degrees)
     opt_s = optimizer(sum(state.updated(i) for i in range(n))) if optimizer is not None else 0.0
-    uses = [(i,) for i in range(n)]
-    if cfg.tie_embeddings:  # the head's backward makes the embedding's gradient
-        uses[-1] = (0, n - 1)
     mem = peak_memory(cfg, program, kinds, degrees, rows, spec.recompute, costs, state,
-                      tuple(uses), {t: sum(numel for _, numel in parts) * BYTES
+                      region_uses(cfg, n), {t: sum(numel for _, numel in parts) * BYTES
                                     for t, parts in buckets.items()},
                       repeats=1 if whole else n_micro)
     events = sim.timeline
