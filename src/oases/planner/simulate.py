@@ -383,11 +383,14 @@ def simulate_plan(cfg: ModelConfig, plan: ParallelPlan, costs: Costs, world_size
     overlap_aware = getattr(costs, "measures_overlap", False)
 
     def piece_s(phase: str, piece: str, i: int) -> float:
+        """A piece as the profile timed it beside collectives like its own: an overlapped
+        schedule cut into one sub-batch overlaps no TP collective, and runs the synchronous
+        one's program (its pieces timed at these very rows)."""
         if phase == "recompute" and piece == "body" and commfree:
             piece = "body-commfree"
         if overlap_aware:
             return costs.compute_s(kinds[i], phase, piece, degrees[i], rows[i],
-                                   overlapped=spec.overlapped)
+                                   overlapped=k > 1)
         return costs.compute_s(kinds[i], phase, piece, degrees[i], rows[i])
 
     step = StepCosts(piece_s=functools.cache(piece_s), collective_s=functools.cache(collective_s),
