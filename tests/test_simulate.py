@@ -74,3 +74,50 @@ def test_timeline_has_both_lanes():
     lanes = {e.lane for e in result.timeline.events}
     assert lanes == {"compute", "comm"}
     assert result.timeline.span_s() == pytest.approx(result.step_s)
+
+
+def test_compute_beside_a_collective_is_slowed_by_its_contention():
+    """Contention (a profile's measured slowdown of compute while a collective is in flight):
+    a compute that starts with a collective in flight advances at 1/f of its rate until the
+    collective ends. Hand-computed: compute pieces of 1 s, an all-reduce of 0.5 s started
+    before the second piece, f = 2: the second piece takes 0.5 s (0.25 s of work at half rate)
+    + 0.75 s = 1.25 s. No slowdown (f = 1, or none given) leaves the step as it was."""
+    from oases.planner.simulate import _stretched
+    from oases.schedule.program import Wait
+
+    program = [Compute("forward", (("body", 0),), 0), Start("fwd", 0),
+               Compute("forward", (("body", 1),), 0), Wait("fwd", 0)]
+    base = StepCosts(piece_s=lambda p, k, i: 1.0, collective_s=lambda k, i: 0.5)
+    slowed = StepCosts(piece_s=lambda p, k, i: 1.0, collective_s=lambda k, i: 0.5,
+                       slowdown=lambda kind: 2.0)
+    even = StepCosts(piece_s=lambda p, k, i: 1.0, collective_s=lambda k, i: 0.5,
+                     slowdown=lambda kind: 1.0)
+    assert simulate_program(program, base).step_s == pytest.approx(2.0)
+    assert simulate_program(program, even).step_s == pytest.approx(2.0)
+    assert simulate_program(program, slowed).step_s == pytest.approx(2.25)
+    # the largest factor in flight sets the rate; work left after every flight runs at full rate
+    assert _stretched(0.0, 1.0, [(0.0, 1.0, 2.0), (0.5, 1.0, 4.0)]) == pytest.approx(
+        0.5 + 0.5 + 0.625)
+    assert _stretched(2.0, 1.0, [(0.0, 1.0, 3.0)]) == pytest.approx(1.0)  # already over
+    for name in SCHEDULES:  # never faster than without contention, never slower than f times
+        prog = build_program(name, R, 2, dp_tasks=(0, 3))
+        plain = simulate_program(prog, _costs(0.01, 0.02)).step_s
+        s = StepCosts(piece_s=lambda p, k, i: 0.01, collective_s=lambda k, i: 0.02,
+                      slowdown=lambda kind: 1.5)
+        slow = simulate_program(prog, s).step_s
+        assert plain - 1e-12 <= slow <= 1.5 * plain + 1e-12, name
+
+
+def test_a_profile_keeps_its_contention_and_an_older_one_has_none(tmp_path):
+    import json
+
+    from oases.planner.profile import Profile
+
+    p = Profile({"arch": "gpt2"}, {"backend": "gloo"}, contention_factors={"all_reduce": 1.4})
+    p.save(tmp_path / "p.json")
+    q = Profile.load(tmp_path / "p.json")
+    assert q.contention("all_reduce") == 1.4 and q.contention("all_gather") == 1.0
+    raw = json.loads((tmp_path / "p.json").read_text())
+    del raw["contention"]
+    (tmp_path / "old.json").write_text(json.dumps(raw))
+    assert Profile.load(tmp_path / "old.json").contention("all_reduce") == 1.0

@@ -1,13 +1,14 @@
 """The per-rank side of ``oases profile``: measure this model's regions and this machine's
 collectives, write a ``planner.profile.Profile`` (rank 0).
 
-Run under torchrun (``python -m oases.bench.profile_runner SPEC.json``), all ranks together so
-compute is measured under the same contention as a real step. For every candidate TP degree t
-(powers of two dividing the world size and the model's heads and ffn)::
+Run under torchrun (``python -m oases.bench.profile_runner SPEC.json``), all ranks together.
+For every candidate TP degree t (powers of two dividing the world size and the model's heads and
+ffn)::
 
-    model at a uniform plan of degree t; real steps (collectives running, an AdamW step between
-    steps) of programs whose compute instructions are cut into single pieces, so each piece is
-    timed:
+    model at a uniform plan of degree t; steps (an AdamW step between them) of programs whose
+    compute instructions are cut into single pieces, so each piece is timed, with every
+    collective skipped (the executor's ``skip_comm``: shapes right, numbers not), so that a
+    piece's time is its own:
         megatron             forward body/epi, backward norm/epi/tp
         megatron-recompute   recompute body (the whole body)
         commfree-recompute   recompute body-commfree (without the last row-parallel matmul)
@@ -16,7 +17,10 @@ compute is measured under the same contention as a real step. For every candidat
     saved activations per region and recompute mode; collectives: all-reduce, all-gather and
     reduce-scatter over groups of size t, sizes around the activations, and the all-reduce over
     every DP group size no TP degree has;
-    one AdamW step at a few model sizes; the memory a rank holds before any model exists.
+    one AdamW step at a few model sizes; the memory a rank holds before any model exists;
+    contention: how much slower a matmul of the model's MLP runs while an all-reduce, an
+    all-gather or a reduce-scatter is in flight (``measure_contention``), which the simulator
+    applies to the pieces that overlap collectives.
 
 Per piece the profile keeps the median over layers and repeats.
 """
@@ -123,6 +127,7 @@ def measure_compute(model: torch.nn.Module, ctx: ParallelContext, t: int, rows: 
         sched = build_schedule(name, n_sub=k)
         mode = sched.spec.recompute
         ex = sched.executor(model)
+        ex.skip_comm = True  # a piece alone; the simulator adds the contention of collectives
         program = split_pieces(sched.program(model, rows))
         for rep in range(repeats + 1):
             model.zero_grad(set_to_none=True)
@@ -156,6 +161,56 @@ def measure_compute(model: torch.nn.Module, ctx: ParallelContext, t: int, rows: 
                 "overlapped": k > 1, "s": statistics.median(v)}
                for (kind, ph, pc), v in sorted(times.items())]
     return compute, memory
+
+
+def measure_contention(ctx: ParallelContext, cfg, rows: int,  # noqa: ANN001 (ModelConfig)
+                       repeats: int = 4) -> dict[str, float]:
+    """Compute's slowdown while each kind of collective is in flight over the world: the
+    median time of a matmul of the model's MLP shape (``rows`` sequences) while the collective
+    runs (issued ``repeats`` times in a row, the same count on every rank) over its median
+    alone. On CPU ranks the communication threads share the cores (measured on 2 cores with
+    gloo: 1.35-1.49x beside an all-reduce, 1.17-1.23x beside an all-to-all or all-gather)."""
+    group = ctx.world_group
+    if group.size <= 1:
+        return {}
+    dev = ctx.device
+    x = torch.randn(max(rows, 1) * cfg.seq_len, cfg.dim, device=dev)
+    w = torch.randn(cfg.ffn_dim, cfg.dim, device=dev)
+
+    def matmul() -> float:
+        start = time.perf_counter()
+        torch.nn.functional.linear(x, w)
+        if dev.type == "cuda":
+            torch.cuda.synchronize(dev)
+        return time.perf_counter() - start
+
+    for _ in range(3):
+        matmul()
+    comm.barrier(group)
+    alone = statistics.median(matmul() for _ in range(8))
+    n = group.size * max(1, -(-16 * x.numel() // group.size))  # ~16 activations, divisible
+    buf = torch.randn(n, device=dev)
+    starts = {
+        "all_reduce": lambda: comm.all_reduce_async(buf, group, tag="contention"),
+        "all_gather": lambda: comm.all_gather_into_async(torch.empty_like(buf),
+                                                         buf[: n // group.size], group,
+                                                         tag="contention"),
+        "reduce_scatter": lambda: comm.reduce_scatter_async(buf.clone(), group,
+                                                            tag="contention"),
+    }
+    out = {}
+    for op, start in starts.items():
+        comm.barrier(group)
+        beside, done, handle = [], 0, start()
+        while handle is not None:
+            beside.append(matmul())
+            if handle.is_completed():
+                handle.wait()
+                done += 1
+                handle = start() if done < repeats else None
+        out[op] = max(1.0, statistics.median(beside) / alone) if beside else 1.0
+    comm.barrier(group)
+    return out
 
 
 def measure_collectives(ctx: ParallelContext, t: int, sizes: list[int], repeats: int,
@@ -270,6 +325,7 @@ def run(spec: dict) -> None:
             tp_sizes.add(world_size // t)
     optimizer = measure_optimizer(models, repeats)
     workspace = workspace_bytes(baseline, [base, *models])
+    contention = measure_contention(ctx, cfg.model, profile_rows(cfg, world_size, 1))
     if ctx.rank == 0:
         from oases.bench.suite import machine_info
 
@@ -281,7 +337,7 @@ def run(spec: dict) -> None:
                      "micro_batch": cfg.train.micro_batch,
                      "global_batch": cfg.train.global_batch, "tp": cfg.parallel.tp}
         profile = Profile(config_to_dict(cfg)["model"], machine, compute, collectives, memory,
-                          optimizer, baseline, created, made_from, workspace)
+                          optimizer, baseline, created, made_from, workspace, contention)
         profile.save(spec["out"])
     comm.barrier(ctx.world_group)  # nobody exits while a peer still talks
 

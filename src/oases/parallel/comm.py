@@ -190,6 +190,10 @@ class Handle:
             return
         future.then(lambda _: fn())
 
+    def is_completed(self) -> bool:
+        """Has the collective finished (without waiting for it)?"""
+        return self._work is None or self._work.is_completed()
+
     def wait(self) -> Tensor:
         if self._work is not None:
             self._work.wait()

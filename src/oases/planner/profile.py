@@ -15,6 +15,9 @@ made for::
     baseline_bytes                                           a rank's memory before the model
     workspace_bytes                                          what warm steps leave resident
                                                              beyond the tensors (0: older)
+    contention   {op: factor}      compute slowdown while that collective is in flight; a
+                                   profile that has it timed its pieces with no collective
+                                   running (older ones: inside real steps, and none)
 
 Between measured row counts compute time is interpolated linearly (and extrapolated from the
 two nearest points); a single point scales in proportion to rows.
@@ -65,6 +68,9 @@ class Profile:
     # resident memory that warm steps leave beyond the baseline and every tensor alive: the
     # compute libraries' workspaces and caches, allocator slack (bench.profile_runner)
     workspace_bytes: float = 0.0
+    # how much slower compute runs while a collective of each kind is in flight (the CPU ranks'
+    # cores are shared with the communication threads); {} in older profiles
+    contention_factors: dict = field(default_factory=dict)
 
     @property
     def reduce_scatter_copies_input(self) -> bool:
@@ -124,6 +130,10 @@ class Profile:
         latency, bandwidth = fit
         return latency + nbytes / bandwidth
 
+    def contention(self, op: str) -> float:
+        """Compute's slowdown while collective ``op`` is in flight (1.0 where not measured)."""
+        return max(1.0, float(self.contention_factors.get(op, 1.0)))
+
     def collective_fit(self, op: str, group_size: int) -> tuple[float, float] | None:
         return self._fits.get((op, group_size))
 
@@ -156,7 +166,8 @@ class Profile:
                 "machine": self.machine, "model": self.model, "compute": self.compute,
                 "collectives": self.collectives, "memory": self.memory,
                 "optimizer": self.optimizer, "baseline_bytes": self.baseline_bytes,
-                "workspace_bytes": self.workspace_bytes, "config": self.config}
+                "workspace_bytes": self.workspace_bytes,
+                "contention": self.contention_factors, "config": self.config}
 
     def save(self, path: str | os.PathLike[str]) -> None:
         Path(path).write_text(json.dumps(self.to_dict(), indent=1))
@@ -178,7 +189,8 @@ class Profile:
             return Profile(raw["model"], raw["machine"], raw["compute"], raw["collectives"],
                            raw.get("memory", []), raw.get("optimizer", []),
                            float(raw.get("baseline_bytes", 0.0)), raw.get("created", ""),
-                           raw.get("config", {}), float(raw.get("workspace_bytes", 0.0)))
+                           raw.get("config", {}), float(raw.get("workspace_bytes", 0.0)),
+                           {str(k): float(v) for k, v in raw.get("contention", {}).items()})
         except (KeyError, TypeError, ValueError) as exc:
             raise ValueError(f"{path}: malformed profile ({exc!r})") from None
 

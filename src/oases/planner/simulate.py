@@ -62,6 +62,13 @@ class StepCosts:
     all-reduce of gradient bucket ``index`` ("dp").
     ``compute_s(instruction)``, when given, prices a whole Compute instruction directly (a
     profile measured per instruction) and overrides the per-piece costs.
+    ``slowdown(kind)``, when given: how much slower compute runs while a collective of that kind
+    is in flight (>= 1; CPU ranks share their cores with the communication threads). A compute
+    then advances at 1 / (the largest factor of the collectives in flight) of its rate::
+
+        compute  [====== c ======]          alone: c seconds
+        comm        [== ar ==]              ar in flight, factor f:
+        compute  [==|==========|====]       c + (f - 1) x the overlap (up to the stretch)
     """
 
     piece_s: Callable[[str, str, int], float]
@@ -69,8 +76,13 @@ class StepCosts:
     recompute_body_s: Callable[[int], float] | None = None
     compute_s: Callable[[Compute], float] | None = None
     stream_of: Callable[[str, int], Hashable] | None = None  # default: "tp" or "dp"
+    slowdown: Callable[[str], float] | None = None  # compute slowed by a collective in flight
 
 
+# the collective each program kind runs (what a profile measures its contention by)
+COLLECTIVE_OP = {"fwd": "all_reduce", "bwd": "all_reduce", "dp": "all_reduce",
+                 "rs": "reduce_scatter", "ag": "all_gather", "rsf": "all_gather",
+                 "rsb": "all_gather"}
 # what a collective kind is, in a step's breakdown: TP all-reduces, reshards, DP all-reduces
 COMM_CLASS = {"fwd": "tp", "bwd": "tp", "rsf": "reshard", "rsb": "reshard", "dp": "dp",
               "rs": "dp", "ag": "dp"}
@@ -101,6 +113,7 @@ def simulate_program(program: list[Instr], costs: StepCosts, *, commfree: bool =
     ends: dict[tuple[str, int, int], float] = {}
     compute_busy = comm_busy = 0.0
     priced: dict[tuple[str, tuple[Piece, ...]], float] = {}  # per-piece costs ignore the sub
+    flights: list[tuple[float, float, float]] = []  # (begin, end, slowdown) of collectives
 
     def pieces_s(phase: str, pieces: tuple[Piece, ...]) -> float:
         cost = 0.0
@@ -121,6 +134,9 @@ def simulate_program(program: list[Instr], costs: StepCosts, *, commfree: bool =
                 cost = priced.get(key)
                 if cost is None:
                     cost = priced[key] = pieces_s(ins.phase, ins.pieces)
+            if flights:
+                flights = [f for f in flights if f[1] > now]
+                cost = _stretched(now, cost, flights) if flights else cost
             if record:
                 timeline.add(Event(rank, "compute", label(ins), ins.phase, ins.sub, now,
                                    now + cost))
@@ -136,6 +152,9 @@ def simulate_program(program: list[Instr], costs: StepCosts, *, commfree: bool =
                 continue
             begin = max(free.get(stream, 0.0), now)
             free[stream] = ends[ins.kind, ins.index, ins.sub] = begin + cost
+            factor = 1.0 if costs.slowdown is None else costs.slowdown(ins.kind)
+            if factor > 1.0:
+                flights.append((begin, begin + cost, factor))
             if record:
                 timeline.add(Event(rank, "comm", comm_name(ins.kind, ins.index), ins.kind,
                                    ins.sub, begin, begin + cost))
@@ -148,6 +167,21 @@ def simulate_program(program: list[Instr], costs: StepCosts, *, commfree: bool =
     if ends:
         raise ValueError(f"program leaves collectives unwaited: {sorted(ends)}")
     return SimResult(max([now, *free.values()]), compute_busy, comm_busy, timeline, exposed)
+
+
+def _stretched(start: float, work: float, flights: list[tuple[float, float, float]]) -> float:
+    """How long ``work`` seconds of compute take from ``start`` while ``flights`` (begin, end,
+    factor) run: between breakpoints the rate is 1 / the largest factor in flight."""
+    points = sorted({p for b, e, _ in flights for p in (b, e) if p > start})
+    t, left = start, work
+    for p in points:
+        factor = max((f for b, e, f in flights if b <= t < e), default=1.0)
+        span = (p - t) / factor
+        if span >= left:
+            return t + left * factor - start
+        left -= span
+        t = p
+    return t + left - start
 
 
 # ------------------------------------------------------------------------------ whole plans
@@ -393,8 +427,11 @@ def simulate_plan(cfg: ModelConfig, plan: ParallelPlan, costs: Costs, world_size
                                    overlapped=k > 1)
         return costs.compute_s(kinds[i], phase, piece, degrees[i], rows[i])
 
+    contention = getattr(costs, "contention", None)  # a profile's measured slowdowns
+    slowdown = None if contention is None else functools.cache(
+        lambda kind: contention(COLLECTIVE_OP[kind]))
     step = StepCosts(piece_s=functools.cache(piece_s), collective_s=functools.cache(collective_s),
-                     stream_of=functools.cache(stream_of))
+                     stream_of=functools.cache(stream_of), slowdown=slowdown)
     sim = simulate_program(program, step, rank=rank, record=timeline)
     if not whole:  # the first micro-batch, n_micro - 2 without DP, the last (``program``)
         def one(first: bool) -> SimResult:
