@@ -125,37 +125,6 @@ def _on_gloo(group: Group) -> bool:
     return group.pg is not None and dist.get_backend(group.pg) == "gloo"
 
 
-class _ReduceScatter:
-    """A started sum reduce-scatter of ``t`` along dim 0 into ``out`` (this rank's chunk).
-
-    NCCL (and any backend but gloo) runs its own reduce-scatter. gloo's moves the bytes of an
-    all-reduce, and over 4 ranks takes 3x one (measured with torch 2.13 on a loopback shaped to
-    343 Mbit/s: 8 MiB over 2 ranks, all-reduce 396 ms, ``reduce_scatter_single`` 403 ms; an
-    all-to-all 200 ms), so on gloo each rank sends chunk j to rank j with one
-    ``all_to_all_single`` (each rank sends and receives (size-1)/size of the buffer: a ring's
-    bytes) and sums the ``size`` chunks it received, in rank order, at ``wait``. The receive
-    buffer is the same size as ``t`` (gloo's own reduce-scatter also held a full-size copy)."""
-
-    def __init__(self, out: Tensor, t: Tensor, group: Group) -> None:
-        self.out = out
-        self._keep: Tensor | None = t
-        self._recv: Tensor | None = None
-        if _on_gloo(group):
-            self._recv = torch.empty_like(t)
-            self.work = dist.all_to_all_single(self._recv, t, group=group.pg, async_op=True)
-        else:
-            self.work = dist.reduce_scatter_single(out, t, group=group.pg, async_op=True)
-
-    def wait(self) -> Tensor:
-        if self.work is not None:
-            self.work.wait()
-            self.work = None
-            if self._recv is not None:
-                torch.sum(self._recv.view(-1, *self.out.shape), 0, out=self.out)
-            self._recv = self._keep = None
-        return self.out
-
-
 class Handle:
     """An in-flight async collective. ``wait()`` blocks until done and returns the result."""
 
@@ -220,8 +189,7 @@ def reduce_scatter_async(flat: Tensor, group: Group, *, direction: str = "backwa
         return Handle(flat, None)
     out = flat.new_empty(flat.numel() // group.size)
     _issue("reduce_scatter", group, flat, direction, tag, True)
-    rs = _ReduceScatter(out, flat, group)
-    return _Scattering(rs)
+    return _ReduceScatter(out, flat, group)
 
 
 def all_gather_into_async(out: Tensor, shard: Tensor, group: Group, *,
@@ -250,16 +218,33 @@ class _Keep(Handle):
         return out
 
 
-class _Scattering(Handle):
-    """The handle of a ``_ReduceScatter``: ``wait`` finishes it (gloo: sums the chunks)."""
+class _ReduceScatter(_Keep):
+    """A started sum reduce-scatter of ``t`` along dim 0 into ``out`` (this rank's chunk); a
+    handle whose ``wait`` returns ``out``.
 
-    def __init__(self, rs: _ReduceScatter) -> None:
-        super().__init__(rs.out, rs.work)
-        self._rs = rs
+    NCCL (and any backend but gloo) runs its own reduce-scatter. gloo's moves the bytes of an
+    all-reduce, and over 4 ranks takes 3x one (measured with torch 2.13 on a loopback shaped to
+    343 Mbit/s: 8 MiB over 2 ranks, all-reduce 396 ms, ``reduce_scatter_single`` 403 ms; an
+    all-to-all 200 ms), so on gloo each rank sends chunk j to rank j with one
+    ``all_to_all_single`` (each rank sends and receives (size-1)/size of the buffer: a ring's
+    bytes) and sums the ``size`` chunks it received, in rank order, at ``wait``. The receive
+    buffer is the same size as ``t`` (gloo's own reduce-scatter also held a full-size copy)."""
+
+    def __init__(self, out: Tensor, t: Tensor, group: Group) -> None:
+        self._recv: Tensor | None = None
+        if _on_gloo(group):
+            self._recv = torch.empty_like(t)
+            work = dist.all_to_all_single(self._recv, t, group=group.pg, async_op=True)
+        else:
+            work = dist.reduce_scatter_single(out, t, group=group.pg, async_op=True)
+        super().__init__(out, work, t)
 
     def wait(self) -> Tensor:
-        self._work = None
-        return self._rs.wait()
+        out = super().wait()
+        if self._recv is not None:
+            torch.sum(self._recv.view(-1, *out.shape), 0, out=out)
+            self._recv = None
+        return out
 
 
 def _all_gather(x: Tensor, group: Group, dim: int, direction: str) -> Tensor:
