@@ -46,4 +46,4 @@ for gb in 48 24; do
     --out $out/plan-96-${gb}gb.json | tee $out/plan-96-${gb}gb.txt
 done
 # 7. the paper's models with and without ZeRO in the search
-bash $out/paper.sh
+bash benchmarks/2026-12-01-zero/paper.sh $out/paper
