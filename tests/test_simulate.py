@@ -121,3 +121,7 @@ def test_a_profile_keeps_its_contention_and_an_older_one_has_none(tmp_path):
     del raw["contention"]
     (tmp_path / "old.json").write_text(json.dumps(raw))
     assert Profile.load(tmp_path / "old.json").contention("all_reduce") == 1.0
+    raw["contention"] = ["all_reduce", 1.4]  # not a mapping: one clear error
+    (tmp_path / "bad.json").write_text(json.dumps(raw))
+    with pytest.raises(ValueError, match="malformed profile"):
+        Profile.load(tmp_path / "bad.json")

@@ -191,7 +191,7 @@ class Profile:
                            float(raw.get("baseline_bytes", 0.0)), raw.get("created", ""),
                            raw.get("config", {}), float(raw.get("workspace_bytes", 0.0)),
                            {str(k): float(v) for k, v in raw.get("contention", {}).items()})
-        except (KeyError, TypeError, ValueError) as exc:
+        except (KeyError, TypeError, ValueError, AttributeError) as exc:
             raise ValueError(f"{path}: malformed profile ({exc!r})") from None
 
 
