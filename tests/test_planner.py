@@ -295,6 +295,13 @@ def test_cli_profile_measures_every_piece_on_two_ranks(tmp_path):
     assert prof.saved_bytes("attn", "none", 1, 1) > prof.saved_bytes("attn", "commfree", 1, 1)
     assert prof.baseline_bytes > 0 and prof.optimizer_s(10**6) > 0
     assert np.isfinite(prof.collective_s("all_reduce", 2, 2**20))
+    # one optimizer step per degree's model, timed between the profile's steps
+    assert sorted(e["n_params"] for e in prof.optimizer) == sorted(
+        {e["n_params"] for e in prof.optimizer}) and len(prof.optimizer) == 2
+    # contention both ways, for every kind of collective (CPU ranks: >= 1 by construction)
+    for op in ("all_reduce", "all_gather", "reduce_scatter"):
+        assert prof.contention(op) >= 1.0 and op in prof.contention_factors
+        assert prof.comm_contention(op) >= 1.0 and op in prof.comm_contention_factors
 
 
 def test_train_runs_the_planned_plan(tmp_path):
@@ -334,6 +341,43 @@ def test_cli_plan_verify_measures_the_chosen_plan(tmp_path):
     assert row["measured_step_s"] > 0 and row["measured_peak_mem_bytes"] > 0
     assert report["summary"]["chosen"] == row["plan"]
     assert "Prediction against measurement" in (tmp_path / "v" / "report.md").read_text()
+    # the launch re-timed the plan's pieces: they alone price the plan (no piece of the
+    # synthetic profile is left in the prediction from them)
+    assert row["predicted_now_step_s"] > 0 and row["drift"] > -1
+    assert row["now_error"] == pytest.approx(row["predicted_now_step_s"]
+                                             / row["measured_step_s"] - 1)
+    plan = ParallelPlan.load(tmp_path / "plan.json")
+    only_now = dataclasses.replace(synthetic_profile(cfg.model),
+                                   compute=row["retimed_pieces"],
+                                   optimizer=row["retimed_optimizer"])
+    batch = BatchShape(cfg.train.global_batch, int(plan.notes["micro_rows"]))
+    res = simulate_plan(cfg.model, plan, only_now, 2, batch, timeline=False)
+    assert res.step_s == pytest.approx(row["predicted_now_step_s"])
+    assert "re-timed in each launch" in (tmp_path / "v" / "report.md").read_text()
+
+
+def test_retimed_profile_replaces_the_pieces_it_was_given():
+    """``Profile.retimed``: the given pieces take the place of the same piece and rows, the
+    given optimizer times the place of all; every other piece, the collectives and the memory
+    stay."""
+    base = synthetic_profile()
+    slower = [dict(e, s=2 * e["s"]) for e in base.compute if e["tp"] == 1]
+    now = base.retimed(slower, [{"n_params": 1e6, "s": 5e-2}])
+    assert len(now.compute) == len(base.compute)
+    for phase, piece in PIECES:
+        assert now.compute_s("mlp", phase, piece, 1, 2) == pytest.approx(
+            2 * base.compute_s("mlp", phase, piece, 1, 2))
+        assert now.compute_s("mlp", phase, piece, 2, 2) == base.compute_s("mlp", phase,
+                                                                          piece, 2, 2)
+    assert now.optimizer_s(10**6) == pytest.approx(5e-2)
+    assert now.optimizer_s(10**5) == pytest.approx(5e-3)  # one point: in proportion
+    assert base.retimed(slower, []).optimizer_s(10**5) == base.optimizer_s(10**5)
+    assert now.collective_s("all_reduce", 2, 2**20) == base.collective_s("all_reduce", 2, 2**20)
+    plan = ParallelPlan.uniform(CFG, 2, 1, schedule="oases", n_sub=2)
+    batch = BatchShape(8, 8)
+    fast = simulate_plan(CFG, plan, base, 2, batch, timeline=False)
+    slow = simulate_plan(CFG, plan, now, 2, batch, timeline=False)
+    assert slow.breakdown["compute_s"] == pytest.approx(2 * fast.breakdown["compute_s"])
 
 
 def test_the_planner_needs_no_process_groups():

@@ -108,19 +108,63 @@ def test_compute_beside_a_collective_is_slowed_by_its_contention():
         assert plain - 1e-12 <= slow <= 1.5 * plain + 1e-12, name
 
 
+def test_a_collective_under_compute_is_slowed_until_the_compute_stream_waits_for_it():
+    """comm_slowdown g (a profile's measured slowdown of a collective while compute runs): a
+    collective runs at 1/g of its rate while the compute stream computes and at its full rate
+    once the compute stream waits for it. Hand-computed with a collective of 1 s and g = 2:
+    issued and waited at once, 1 s; under a compute of 0.5 s, 0.25 s of it is done by then and
+    0.75 s is left at full rate (step 1.25 s); under a compute of 3 s it is done at 2 s, hidden
+    (step 3 s). A second collective queued behind it on the same stream starts when it ends
+    and runs beside the compute that follows the wait."""
+    from oases.schedule.program import Wait
+
+    def costs(comm_s, g):
+        return StepCosts(piece_s=lambda p, k, i: 0.5 if i == 0 else 3.0,
+                         collective_s=lambda k, i: comm_s, comm_slowdown=lambda kind: g)
+
+    at_once = [Start("fwd", 0), Wait("fwd", 0)]
+    assert simulate_program(at_once, costs(1.0, 2.0)).step_s == pytest.approx(1.0)
+    short = [Start("fwd", 0), Compute("forward", (("body", 0),), 0), Wait("fwd", 0)]
+    res = simulate_program(short, costs(1.0, 2.0))
+    assert res.step_s == pytest.approx(1.25)
+    assert res.exposed_s["tp"] == pytest.approx(0.75)
+    (comm,) = [e for e in res.timeline.events if e.lane == "comm"]
+    assert (comm.start_s, comm.end_s) == (pytest.approx(0.0), pytest.approx(1.25))
+    long = [Start("fwd", 0), Compute("forward", (("body", 1),), 0), Wait("fwd", 0)]
+    assert simulate_program(long, costs(1.0, 2.0)).step_s == pytest.approx(3.0)
+    assert simulate_program(short, costs(1.0, 1.0)).step_s == pytest.approx(1.0)
+    queued = [Start("fwd", 0), Start("fwd", 1), Compute("forward", (("body", 0),), 0),
+              Wait("fwd", 0), Compute("forward", (("body", 1),), 0), Wait("fwd", 1)]
+    # fwd 0 ends at 1.25; fwd 1 then runs 1 s x 2 beside the 3 s compute: ends at 3.25 < 4.25
+    res = simulate_program(queued, costs(1.0, 2.0))
+    assert res.step_s == pytest.approx(4.25)
+    second = next(e for e in res.timeline.events if e.name == "fwd AR 1")
+    assert (second.start_s, second.end_s) == (pytest.approx(1.25), pytest.approx(3.25))
+    for name in SCHEDULES:  # never faster than without, never slower than g times the comm
+        prog = build_program(name, R, 2, dp_tasks=(0, 3))
+        plain = simulate_program(prog, _costs(0.01, 0.02))
+        s = StepCosts(piece_s=lambda p, k, i: 0.01, collective_s=lambda k, i: 0.02,
+                      comm_slowdown=lambda kind: 3.0)
+        slow = simulate_program(prog, s).step_s
+        assert plain.step_s - 1e-12 <= slow <= plain.step_s + 2 * plain.comm_busy_s + 1e-12, name
+
+
 def test_a_profile_keeps_its_contention_and_an_older_one_has_none(tmp_path):
     import json
 
     from oases.planner.profile import Profile
 
-    p = Profile({"arch": "gpt2"}, {"backend": "gloo"}, contention_factors={"all_reduce": 1.4})
+    p = Profile({"arch": "gpt2"}, {"backend": "gloo"}, contention_factors={"all_reduce": 1.4},
+                comm_contention_factors={"all_gather": 1.7})
     p.save(tmp_path / "p.json")
     q = Profile.load(tmp_path / "p.json")
     assert q.contention("all_reduce") == 1.4 and q.contention("all_gather") == 1.0
+    assert q.comm_contention("all_gather") == 1.7 and q.comm_contention("all_reduce") == 1.0
     raw = json.loads((tmp_path / "p.json").read_text())
-    del raw["contention"]
+    del raw["contention"], raw["comm_contention"]
     (tmp_path / "old.json").write_text(json.dumps(raw))
     assert Profile.load(tmp_path / "old.json").contention("all_reduce") == 1.0
+    assert Profile.load(tmp_path / "old.json").comm_contention("all_gather") == 1.0
     raw["contention"] = ["all_reduce", 1.4]  # not a mapping: one clear error
     (tmp_path / "bad.json").write_text(json.dumps(raw))
     with pytest.raises(ValueError, match="malformed profile"):

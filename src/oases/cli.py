@@ -384,17 +384,19 @@ def _plan(ns: argparse.Namespace, overrides: list[str]) -> int:
     print(run_command(ns.config, overrides, ns.out, ns.world_size,
                       None if cluster is None else cluster.server.gpus_per_server))
     if ns.verify:
-        return _verify(ns, overrides, cfg, best, candidates, budget.bytes, text)
+        return _verify(ns, overrides, cfg, best, candidates, budget.bytes, text, costs)
     return 0
 
 
 def _verify(ns: argparse.Namespace, overrides: list[str], cfg: Config, best, candidates,  # noqa: ANN001
-            budget: float, text: str) -> int:
+            budget: float, text: str, costs: object) -> int:
     from oases.bench.suite import resolve_link
+    from oases.planner.profile import Profile
     from oases.planner.verify import (
         format_rows,
         format_summary,
         measure_candidates,
+        predict_from_retimed,
         summarize,
         write_report,
     )
@@ -409,8 +411,12 @@ def _verify(ns: argparse.Namespace, overrides: list[str], cfg: Config, best, can
     if ns.candidates == "all":
         chosen += [c for c in candidates if c is not best and (c.kind == "uniform" or (
             c.fits and not c.plan.is_uniform()))]  # and every mixed plan the search found
+    profiled = isinstance(costs, Profile)  # re-time the pieces as the profile timed them
     rows = measure_candidates(ns.config, overrides, chosen, ns.world_size, rate, ns.steps,
-                              ns.warmup, out, ns.rounds)
+                              ns.warmup, out, ns.rounds, retime=profiled)
+    if profiled:
+        predict_from_retimed(rows, chosen, costs, cfg.model, ns.world_size,
+                             cfg.schedule.max_inflight)
     summary = summarize(rows, best.label(), budget) | {"link": label}
     write_report(rows, summary, out, text)
     print(format_rows(rows, summary["chosen"]))

@@ -3,9 +3,11 @@
 Run under torchrun (``python -m oases.bench.plan_runner SPEC.json``), one plan per launch so
 the peak memory of a step is this plan's alone. A step is what the planner predicts: the
 schedule's forward and backward over every micro-batch, the data-parallel gradient reduction,
-and one AdamW step (``ZeroAdamW`` over the shards of regions the plan shards with ZeRO, with
-its post-step gather). Rank 0 writes ``{median_step_s, steps_s, peak_mem_bytes, loss}``; the peak is
-the largest over ranks (CUDA allocator peak on a GPU, else the process's peak resident set).
+and one AdamW step (``ZeroAdamW`` over the shards of regions the plan shards with ZeRO, whose
+updated shards the next step gathers). Rank 0 writes ``{median_step_s, steps_s,
+peak_mem_bytes, loss}``; the peak is the largest over ranks (CUDA allocator peak on a GPU, else
+the process's peak resident set). With ``retime`` it adds the plan's pieces and optimizer step
+timed after the steps, as ``oases profile`` times them (``retime``).
 """
 
 from __future__ import annotations
@@ -18,17 +20,18 @@ from pathlib import Path
 import torch
 
 from oases.bench import run_rank_spec
-from oases.bench.profile_runner import runtime_baseline_bytes
-from oases.config import load_config
+from oases.bench.profile_runner import measure_compute, runtime_baseline_bytes
+from oases.config import Config, load_config
 from oases.memory import peak_memory_mb, reset_peak_memory
 from oases.model import build_model
 from oases.parallel import comm
 from oases.parallel.apply import parallelize
-from oases.parallel.context import init_distributed
+from oases.parallel.context import ParallelContext, init_distributed
 from oases.parallel.shard import shard_model
 from oases.plan import ParallelPlan
 from oases.planner import batch_shape
 from oases.schedule import build_schedule
+from oases.schedule.program import SPECS, sub_batches
 from oases.train.optim import build_optimizer
 
 
@@ -73,13 +76,38 @@ def run(spec: dict) -> None:
             opt_times.append(time.perf_counter() - mid)
     peaks = comm.all_gather_objects(peak_memory_mb(ctx.device) * 2**20, ctx.world_group)
     baselines = comm.all_gather_objects(before_model, ctx.world_group)
+    retimed: dict = {}
+    if spec.get("retime"):
+        del model, optimizer, schedule
+        retimed = retime(cfg, ctx, plan, local_micro, int(spec.get("retime_repeats", 2)))
     if ctx.rank == 0:
         Path(spec["out"]).write_text(json.dumps({
             "median_step_s": statistics.median(times), "steps_s": times,
             "median_optimizer_s": statistics.median(opt_times),
             "peak_mem_bytes": max(peaks), "baseline_bytes": max(baselines),
-            "loss": loss}, indent=1))
+            "loss": loss, **retimed}, indent=1))
     comm.barrier(ctx.world_group)  # nobody exits while a peer still talks
+
+
+def retime(cfg: Config, ctx: ParallelContext, plan: ParallelPlan, rows: int, repeats: int
+           ) -> dict:
+    """The plan's pieces and optimizer step timed now, in this launch, the way ``oases
+    profile`` times them (``profile_runner.measure_compute``: an unsharded copy of the plan's
+    model, collectives skipped, forward and backward pieces from the schedule's twin without
+    recompute, recompute pieces from the schedule itself), so that ``oases plan --verify`` can
+    predict the measured steps from the machine as it runs now as well as from the profile.
+    Returns ``{"pieces": [...], "optimizer": [{n_params, s}]}`` in the profile's format."""
+    spec = SPECS[plan.schedule]
+    twin = "overlap" if spec.overlapped else "megatron"
+    schedules = (plan.schedule,) if spec.recompute == "none" else (twin, plan.schedule)
+    torch.manual_seed(cfg.train.seed)
+    model = parallelize(build_model(cfg.model), ctx, plan)
+    model.train()
+    pieces, _, opt_s = measure_compute(model, ctx, rows, sub_batches(plan.schedule, plan.n_sub),
+                                       repeats, cfg.train, schedules)
+    n_params = sum(p.numel() for p in model.parameters())
+    return {"pieces": pieces, "optimizer": [{"n_params": n_params,
+                                             "s": statistics.median(opt_s)}]}
 
 
 if __name__ == "__main__":

@@ -17,10 +17,12 @@ ffn)::
     saved activations per region and recompute mode; collectives: all-reduce, all-gather and
     reduce-scatter over groups of size t, sizes around the activations, and the all-reduce over
     every DP group size no TP degree has;
-    one AdamW step at a few model sizes; the memory a rank holds before any model exists;
+    one AdamW step per degree's model, timed between those steps; the memory a rank holds
+    before any model exists;
     contention: how much slower a matmul of the model's MLP runs while an all-reduce, an
-    all-gather or a reduce-scatter is in flight (``measure_contention``), which the simulator
-    applies to the pieces that overlap collectives.
+    all-gather or a reduce-scatter is in flight, and how much slower each collective runs
+    beside those matmuls (``measure_contention``), which the simulator applies to the pieces
+    that overlap collectives and to the collectives under compute.
 
 Per piece the profile keeps the median over layers and repeats.
 """
@@ -35,7 +37,7 @@ import time
 import torch
 
 from oases.bench import run_rank_spec
-from oases.config import Config, config_to_dict, load_config
+from oases.config import Config, TrainConfig, config_to_dict, load_config
 from oases.memory import resident_memory_bytes
 from oases.model import build_model
 from oases.parallel import comm
@@ -47,6 +49,7 @@ from oases.planner.profile import Profile
 from oases.planner.search import candidate_degrees
 from oases.schedule import build_schedule, record_timeline
 from oases.schedule.program import Compute, Instr
+from oases.train.optim import build_optimizer
 
 MODES = {"megatron": "none", "megatron-recompute": "block", "commfree-recompute": "commfree"}
 
@@ -109,26 +112,40 @@ SYNC = ("megatron", "megatron-recompute", "commfree-recompute")
 OVERLAPPED = ("overlap", "overlap-recompute", "oases")
 
 
-def measure_compute(model: torch.nn.Module, ctx: ParallelContext, t: int, rows: int, k: int,
-                    repeats: int) -> tuple[list[dict], list[dict]]:
-    """Per-piece compute times of ``model`` (uniform degree t) running real steps of ``rows``
-    local sequences: the synchronous schedules when k == 1, else the overlapped ones cut into k
-    sub-batches (pieces then run while collectives are in flight, as they will). Collectives
-    really run, so their effect on the compute beside them is in the times. With k == 1 also
-    the activations each region keeps, per recompute mode (exact, from the executor)."""
+def measure_compute(model: torch.nn.Module, ctx: ParallelContext, rows: int, k: int,
+                    repeats: int, train: TrainConfig, schedules: tuple[str, ...] | None = None
+                    ) -> tuple[list[dict], list[dict], list[float]]:
+    """Per-piece compute times of ``model`` (each region at its plan's degree) running steps of
+    ``rows`` local sequences (the embedding's layout) cut into k sub-batches: ``schedules``,
+    by default the synchronous ones when k == 1, else the overlapped ones. Every collective is
+    skipped (the executor's ``skip_comm``: shapes right, numbers not), so a piece's time is
+    its own; the simulator adds the contention of the collectives beside it. Forward and
+    backward pieces are taken from the schedules without recompute, recompute pieces from the
+    others. With k == 1 also the activations each region keeps, per recompute mode (exact,
+    from the executor).
+
+    Between steps the optimizer steps as in training (``build_optimizer``'s groups, at lr 0 so
+    the weights stay put), on the gradients the step made; the third list is its seconds per
+    timed step. Timed here rather than on a separate set-up: AdamW alone on all-zero gradients
+    in a fresh loop ran 0.18-0.26 s for the bench model on this 2-core machine where training
+    spends 0.07-0.10 s, and plans priced the optimizer at up to 3x its cost."""
     cfg = model.cfg
     gen = torch.Generator().manual_seed(ctx.rank)
     tokens = torch.randint(0, cfg.vocab_size, (rows, cfg.seq_len), generator=gen)
     tokens = tokens.to(ctx.device)
-    times: dict[tuple[str, str, str], list[float]] = {}
-    memory: list[dict] = []
-    optimizer = torch.optim.AdamW(model.parameters(), lr=0.0)  # steps as in training
-    for name in SYNC if k == 1 else OVERLAPPED:
+    times: dict[tuple[str, str, str, int, int], list[float]] = {}
+    saved: dict[tuple[str, str, int, int], list[int]] = {}
+    optimizer = build_optimizer(model, train)  # steps as in training
+    for group in optimizer.param_groups:
+        group["lr"] = 0.0
+    optimizer_s: list[float] = []
+    for name in schedules or (SYNC if k == 1 else OVERLAPPED):
         sched = build_schedule(name, n_sub=k)
         mode = sched.spec.recompute
         ex = sched.executor(model)
         ex.skip_comm = True  # a piece alone; the simulator adds the contention of collectives
         program = split_pieces(sched.program(model, rows))
+        region_rows = [rows * r.tp // ex.chain[0].tp for r in ex.chain]  # one micro-batch
         for rep in range(repeats + 1):
             model.zero_grad(set_to_none=True)
             ex.track_memory = rep == 0 and k == 1
@@ -136,43 +153,53 @@ def measure_compute(model: torch.nn.Module, ctx: ParallelContext, t: int, rows: 
             comm.barrier(ctx.world_group)
             with record_timeline() as tl:
                 ex.run(program, list(tokens.chunk(k)), list(tokens.chunk(k)), 1.0 / k)
+            start = time.perf_counter()
             optimizer.step()
+            if ctx.device.type == "cuda":
+                torch.cuda.synchronize(ctx.device)
+            if rep > 0:
+                optimizer_s.append(time.perf_counter() - start)
             if rep == 0:  # warm-up; its saved-activation count is exact
                 if k == 1:
-                    per_kind: dict[str, list[int]] = {}
-                    for region in ex.chain:
-                        per_kind.setdefault(region.kind, []).append(
+                    for region, n in zip(ex.chain, region_rows):
+                        saved.setdefault((region.kind, mode, region.tp, n), []).append(
                             ex.saved_bytes.get(region.index, 0))
-                    memory += [{"region": kind, "mode": mode, "tp": t, "rows": rows,
-                                "saved_bytes": statistics.median(v)}
-                               for kind, v in per_kind.items()]
                 continue
             for e in tl.events:
                 if e.lane != "compute" or (mode != "none" and e.phase != "recompute"):
                     continue
                 piece, index = e.name.split(":")
-                kind = ex.chain[int(index)].kind
+                region = ex.chain[int(index)]
                 if e.phase == "recompute" and piece == "body" and mode == "commfree":
                     piece = "body-commfree"
-                times.setdefault((kind, e.phase, piece), []).append(e.end_s - e.start_s)
+                key = (region.kind, e.phase, piece, region.tp, region_rows[region.index] // k)
+                times.setdefault(key, []).append(e.end_s - e.start_s)
         ex.track_memory = False
     model.zero_grad(set_to_none=True)
-    compute = [{"region": kind, "phase": ph, "piece": pc, "tp": t, "rows": rows // k,
+    compute = [{"region": kind, "phase": ph, "piece": pc, "tp": t, "rows": n,
                 "overlapped": k > 1, "s": statistics.median(v)}
-               for (kind, ph, pc), v in sorted(times.items())]
-    return compute, memory
+               for (kind, ph, pc, t, n), v in sorted(times.items())]
+    memory = [{"region": kind, "mode": mode, "tp": t, "rows": n,
+               "saved_bytes": statistics.median(v)}
+              for (kind, mode, t, n), v in saved.items()]
+    return compute, memory, optimizer_s
 
 
 def measure_contention(ctx: ParallelContext, cfg, rows: int,  # noqa: ANN001 (ModelConfig)
-                       repeats: int = 4) -> dict[str, float]:
-    """Compute's slowdown while each kind of collective is in flight over the world: the
-    median time of a matmul of the model's MLP shape (``rows`` sequences) while the collective
-    runs (issued ``repeats`` times in a row, the same count on every rank) over its median
-    alone. On CPU ranks the communication threads share the cores (measured on 2 cores with
-    gloo: 1.35-1.49x beside an all-reduce, 1.17-1.23x beside an all-to-all or all-gather)."""
+                       repeats: int = 4) -> tuple[dict[str, float], dict[str, float]]:
+    """How compute and each kind of collective slow each other down when they run at once,
+    over the world: a matmul of the model's MLP shape (``rows`` sequences) runs in a loop while
+    the collective runs (issued ``repeats`` times in a row, the same count on every rank).
+    Returns ``(compute, comm)``: per op, the matmul's median time beside the collective over
+    its median alone, and the collective's median time beside the matmuls (issue to completion,
+    from its completion callback) over its median alone. On CPU ranks the communication threads
+    share the cores with compute (measured on 2 cores with gloo: matmuls 1.35-1.49x slower
+    beside an all-reduce, 1.17-1.23x beside an all-to-all or all-gather; the collectives 1.3x
+    (reduce-scatter) to 1.9x (all-reduce) slower beside matmuls). On CUDA, where NCCL
+    completes a future at enqueue, the collectives' factors are not measured (none)."""
     group = ctx.world_group
     if group.size <= 1:
-        return {}
+        return {}, {}
     dev = ctx.device
     x = torch.randn(max(rows, 1) * cfg.seq_len, cfg.dim, device=dev)
     w = torch.randn(cfg.ffn_dim, cfg.dim, device=dev)
@@ -198,19 +225,30 @@ def measure_contention(ctx: ParallelContext, cfg, rows: int,  # noqa: ANN001 (Mo
         "reduce_scatter": lambda: comm.reduce_scatter_async(buf.clone(), group,
                                                             tag="contention"),
     }
-    out = {}
+    compute, comm_factors = {}, {}
     for op, start in starts.items():
         comm.barrier(group)
-        beside, done, handle = [], 0, start()
-        while handle is not None:
-            beside.append(matmul())
-            if handle.is_completed():
-                handle.wait()
-                done += 1
-                handle = start() if done < repeats else None
-        out[op] = max(1.0, statistics.median(beside) / alone) if beside else 1.0
+        by_itself = []
+        for _ in range(repeats):
+            issued = time.perf_counter()
+            start().wait()
+            by_itself.append(time.perf_counter() - issued)
+        comm.barrier(group)
+        beside: list[float] = []
+        spans: list[float] = []
+        for _ in range(repeats):
+            issued, finished = time.perf_counter(), []
+            handle = start()
+            handle.on_complete(lambda f=finished: f.append(time.perf_counter()))
+            while not handle.is_completed():
+                beside.append(matmul())
+            handle.wait()
+            spans.append((finished[0] if finished else time.perf_counter()) - issued)
+        compute[op] = max(1.0, statistics.median(beside) / alone) if beside else 1.0
+        if dev.type != "cuda":
+            comm_factors[op] = max(1.0, statistics.median(spans) / statistics.median(by_itself))
     comm.barrier(group)
-    return out
+    return compute, comm_factors
 
 
 def measure_collectives(ctx: ParallelContext, t: int, sizes: list[int], repeats: int,
@@ -257,24 +295,6 @@ def measure_collectives(ctx: ParallelContext, t: int, sizes: list[int], repeats:
     return out
 
 
-def measure_optimizer(models: list[torch.nn.Module], repeats: int) -> list[dict]:
-    out = []
-    for model in models:
-        params = [p for p in model.parameters()]
-        for p in params:
-            p.grad = torch.zeros_like(p)
-        opt = torch.optim.AdamW(params, lr=1e-4)
-        samples = []
-        for _ in range(repeats + 1):
-            start = time.perf_counter()
-            opt.step()
-            samples.append(time.perf_counter() - start)
-        out.append({"n_params": sum(p.numel() for p in params),
-                    "s": statistics.median(samples[1:])})
-        model.zero_grad(set_to_none=True)
-    return out
-
-
 def profile_rows(cfg: Config, world_size: int, t: int) -> int:
     """Local rows of one micro-batch in a region of degree t: the world's micro-batch
     (``planner.batch_shape``) shared by dp = world / t replicas."""
@@ -299,15 +319,18 @@ def run(spec: dict) -> None:
     collectives: list[dict] = []
     models = []
     act = cfg.model.seq_len * cfg.model.dim * 4  # bytes of one sequence's [S, H] activation
+    optimizer: list[dict] = []  # one AdamW step per model size (one per degree)
     for t in degrees:
+        optimizer_s: list[float] = []
         model = parallelize(copy.deepcopy(base), ctx,
                             ParallelPlan.uniform(cfg.model, world_size, t))
         model.train()
         rows = profile_rows(cfg, world_size, t)
         for k in [k for k in spec.get("n_subs", (1, 2, 4)) if rows >= k and rows % k == 0]:
-            c, m = measure_compute(model, ctx, t, rows, k, repeats)
+            c, m, o = measure_compute(model, ctx, rows, k, repeats, cfg.train)
             compute += c
             memory += m
+            optimizer_s += o
             if ctx.rank == 0:
                 print(f"oases profile: tp={t}, {rows} rows in {k} sub-batches: {len(c)} "
                       "pieces", flush=True)
@@ -316,6 +339,9 @@ def run(spec: dict) -> None:
                             4 * rows * act, 16 * rows * act})
             collectives += measure_collectives(ctx, t, sizes, repeats + 2)
         models.append(model)
+        if optimizer_s:
+            optimizer.append({"n_params": sum(p.numel() for p in model.parameters()),
+                              "s": statistics.median(optimizer_s)})
     tp_sizes = {t for t in degrees if t > 1}
     for t in degrees:  # DP gradient all-reduces over group sizes no TP degree covers
         if world_size // t > 1 and world_size // t not in tp_sizes:
@@ -323,9 +349,9 @@ def run(spec: dict) -> None:
             sizes = sorted({act, rows * act, 16 * rows * act, 64 * rows * act})
             collectives += measure_collectives(ctx, t, sizes, repeats + 2, dp_only=True)
             tp_sizes.add(world_size // t)
-    optimizer = measure_optimizer(models, repeats)
     workspace = workspace_bytes(baseline, [base, *models])
-    contention = measure_contention(ctx, cfg.model, profile_rows(cfg, world_size, 1))
+    contention, comm_contention = measure_contention(ctx, cfg.model,
+                                                     profile_rows(cfg, world_size, 1))
     if ctx.rank == 0:
         from oases.bench.suite import machine_info
 
@@ -337,7 +363,8 @@ def run(spec: dict) -> None:
                      "micro_batch": cfg.train.micro_batch,
                      "global_batch": cfg.train.global_batch, "tp": cfg.parallel.tp}
         profile = Profile(config_to_dict(cfg)["model"], machine, compute, collectives, memory,
-                          optimizer, baseline, created, made_from, workspace, contention)
+                          optimizer, baseline, created, made_from, workspace, contention,
+                          comm_contention)
         profile.save(spec["out"])
     comm.barrier(ctx.world_group)  # nobody exits while a peer still talks
 

@@ -18,6 +18,8 @@ made for::
     contention   {op: factor}      compute slowdown while that collective is in flight; a
                                    profile that has it timed its pieces with no collective
                                    running (older ones: inside real steps, and none)
+    comm_contention {op: factor}   a collective's slowdown while compute runs beside it on
+                                   every rank ({} in older profiles: none)
 
 Between measured row counts compute time is interpolated linearly (and extrapolated from the
 two nearest points); a single point scales in proportion to rows.
@@ -71,6 +73,8 @@ class Profile:
     # how much slower compute runs while a collective of each kind is in flight (the CPU ranks'
     # cores are shared with the communication threads); {} in older profiles
     contention_factors: dict = field(default_factory=dict)
+    # how much slower each kind of collective runs while compute runs beside it
+    comm_contention_factors: dict = field(default_factory=dict)
 
     @property
     def reduce_scatter_copies_input(self) -> bool:
@@ -134,6 +138,10 @@ class Profile:
         """Compute's slowdown while collective ``op`` is in flight (1.0 where not measured)."""
         return max(1.0, float(self.contention_factors.get(op, 1.0)))
 
+    def comm_contention(self, op: str) -> float:
+        """A collective's slowdown while compute runs beside it (1.0 where not measured)."""
+        return max(1.0, float(self.comm_contention_factors.get(op, 1.0)))
+
     def collective_fit(self, op: str, group_size: int) -> tuple[float, float] | None:
         return self._fits.get((op, group_size))
 
@@ -151,6 +159,25 @@ class Profile:
         ref = max(points)
         return points[ref] * rows / ref
 
+    def retimed(self, compute: list[dict], optimizer: list[dict]) -> Profile:
+        """This profile with ``compute`` entries (measured later, on the same machine and model)
+        in place of its own for the same piece and rows, and ``optimizer`` (when given) in
+        place of all of its own (a fit over times of two moments would mix them); everything
+        else (collectives, contention, memory) kept. ``oases plan
+        --verify`` re-times each candidate's pieces in the launch that measures it, so that
+        how fast the machine runs now and how well the schedule is modelled can be told
+        apart."""
+        def piece(e: dict) -> tuple:
+            return (e["region"], e["phase"], e["piece"], int(e["tp"]), int(e["rows"]),
+                    bool(e.get("overlapped")))
+
+        new_pieces = {piece(e) for e in compute}
+        return Profile(self.model, self.machine,
+                       [e for e in self.compute if piece(e) not in new_pieces] + list(compute),
+                       self.collectives, self.memory, list(optimizer or self.optimizer),
+                       self.baseline_bytes, self.created, self.config, self.workspace_bytes,
+                       self.contention_factors, self.comm_contention_factors)
+
     # ---------------------------------------------------------------------------- checks, io
     def check_model(self, cfg: ModelConfig) -> None:
         """ValueError unless the profile measured regions of this model's shape (the number
@@ -167,7 +194,8 @@ class Profile:
                 "collectives": self.collectives, "memory": self.memory,
                 "optimizer": self.optimizer, "baseline_bytes": self.baseline_bytes,
                 "workspace_bytes": self.workspace_bytes,
-                "contention": self.contention_factors, "config": self.config}
+                "contention": self.contention_factors,
+                "comm_contention": self.comm_contention_factors, "config": self.config}
 
     def save(self, path: str | os.PathLike[str]) -> None:
         Path(path).write_text(json.dumps(self.to_dict(), indent=1))
@@ -190,7 +218,9 @@ class Profile:
                            raw.get("memory", []), raw.get("optimizer", []),
                            float(raw.get("baseline_bytes", 0.0)), raw.get("created", ""),
                            raw.get("config", {}), float(raw.get("workspace_bytes", 0.0)),
-                           {str(k): float(v) for k, v in raw.get("contention", {}).items()})
+                           {str(k): float(v) for k, v in raw.get("contention", {}).items()},
+                           {str(k): float(v)
+                            for k, v in raw.get("comm_contention", {}).items()})
         except (KeyError, TypeError, ValueError, AttributeError) as exc:
             raise ValueError(f"{path}: malformed profile ({exc!r})") from None
 

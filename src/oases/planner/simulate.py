@@ -69,6 +69,10 @@ class StepCosts:
         compute  [====== c ======]          alone: c seconds
         comm        [== ar ==]              ar in flight, factor f:
         compute  [==|==========|====]       c + (f - 1) x the overlap (up to the stretch)
+
+    ``comm_slowdown(kind)``, when given: how much slower a collective of that kind runs while
+    the compute stream computes (>= 1; the same cores again), as ``simulate_program`` applies
+    it.
     """
 
     piece_s: Callable[[str, str, int], float]
@@ -77,6 +81,7 @@ class StepCosts:
     compute_s: Callable[[Compute], float] | None = None
     stream_of: Callable[[str, int], Hashable] | None = None  # default: "tp" or "dp"
     slowdown: Callable[[str], float] | None = None  # compute slowed by a collective in flight
+    comm_slowdown: Callable[[str], float] | None = None  # a collective slowed by compute
 
 
 # the collective each program kind runs (what a profile measures its contention by)
@@ -100,20 +105,42 @@ class SimResult:
     exposed_s: dict[str, float] = field(default_factory=dict)
 
 
+@dataclass
+class _Flight:
+    """A collective in flight on a communication stream: ``cost_s`` alone; begins when its
+    stream is free and its Start has come (``issued_s``)."""
+
+    key: tuple[str, int, int]
+    stream: Hashable
+    issued_s: float
+    cost_s: float
+    begin_s: float
+    end_s: float
+    comm_factor: float  # how much slower it runs while the compute stream computes
+    compute_factor: float  # how much slower compute runs while it is in flight
+
+
 def simulate_program(program: list[Instr], costs: StepCosts, *, commfree: bool = False,
                      rank: int = 0, record: bool = True) -> SimResult:
     """Predict one step of ``program``. ``commfree``: recomputed bodies skip their last matmul
     (as the executor does for communication-free recomputation). ``record=False`` leaves the
     timeline empty (the planner's search needs only the times). The result says how long the
-    compute stream waited on each class of collective (``exposed_s``: "tp", "reshard", "dp")."""
+    compute stream waited on each class of collective (``exposed_s``: "tp", "reshard", "dp").
+
+    Contention (``StepCosts.slowdown``, ``comm_slowdown``): a collective is priced as running
+    beside compute (``cost x comm factor``) from its Start; when the compute stream waits for
+    it, the compute stream is idle, so the collectives of that stream up to the awaited one
+    finish at their full rate from then on (a collective issued and waited at once takes its
+    own time). Collectives on other streams are priced as if compute ran beside them
+    throughout."""
     timeline = Timeline()
     now = 0.0
     exposed = dict.fromkeys(("tp", "reshard", "dp"), 0.0)
-    free: dict[Hashable, float] = {}
-    ends: dict[tuple[str, int, int], float] = {}
+    queues: dict[Hashable, list[_Flight]] = {}  # per stream, in issue order, not yet waited
+    flights: dict[tuple[str, int, int], _Flight] = {}
+    done_at: dict[tuple[str, int, int], float] = {}  # zero-cost collectives: done at once
     compute_busy = comm_busy = 0.0
     priced: dict[tuple[str, tuple[Piece, ...]], float] = {}  # per-piece costs ignore the sub
-    flights: list[tuple[float, float, float]] = []  # (begin, end, slowdown) of collectives
 
     def pieces_s(phase: str, pieces: tuple[Piece, ...]) -> float:
         cost = 0.0
@@ -125,6 +152,27 @@ def simulate_program(program: list[Instr], costs: StepCosts, *, commfree: bool =
                 cost += costs.piece_s(phase, kind, region)
         return cost
 
+    def idle_until_done(fl: _Flight) -> None:
+        """The compute stream waits from ``now`` for ``fl``: its stream's collectives up to
+        ``fl`` run at their full rate from now on; the later ones again beside compute."""
+        queue = queues[fl.stream]
+        upto = queue.index(fl)
+        prev_end = 0.0
+        for i, g in enumerate(queue):
+            if g.end_s <= now:
+                prev_end = g.end_s
+                continue
+            if i <= upto:  # beside an idle compute stream from now on
+                if g.begin_s < now:  # part of it ran beside compute already
+                    g.end_s = now + (g.end_s - now) / g.comm_factor
+                else:
+                    g.begin_s = max(prev_end, g.issued_s, now)
+                    g.end_s = g.begin_s + g.cost_s
+            else:  # the compute stream runs again once ``fl`` is done
+                g.begin_s = max(prev_end, g.issued_s)
+                g.end_s = g.begin_s + g.cost_s * g.comm_factor
+            prev_end = g.end_s
+
     for ins in program:
         if isinstance(ins, Compute):
             if costs.compute_s is not None:
@@ -134,9 +182,9 @@ def simulate_program(program: list[Instr], costs: StepCosts, *, commfree: bool =
                 cost = priced.get(key)
                 if cost is None:
                     cost = priced[key] = pieces_s(ins.phase, ins.pieces)
-            if flights:
-                flights = [f for f in flights if f[1] > now]
-                cost = _stretched(now, cost, flights) if flights else cost
+            slowing = [(f.begin_s, f.end_s, f.compute_factor) for f in flights.values()
+                       if f.compute_factor > 1.0 and f.end_s > now]
+            cost = _stretched(now, cost, slowing) if slowing else cost
             if record:
                 timeline.add(Event(rank, "compute", label(ins), ins.phase, ins.sub, now,
                                    now + cost))
@@ -147,26 +195,35 @@ def simulate_program(program: list[Instr], costs: StepCosts, *, commfree: bool =
                       if costs.stream_of is None
                       else costs.stream_of(ins.kind, ins.index))
             cost = costs.collective_s(ins.kind, ins.index)
+            key = (ins.kind, ins.index, ins.sub)
             if cost <= 0:  # nothing moves (a reshard's slicing direction): done at once
-                ends[ins.kind, ins.index, ins.sub] = now
+                done_at[key] = now
                 continue
-            begin = max(free.get(stream, 0.0), now)
-            free[stream] = ends[ins.kind, ins.index, ins.sub] = begin + cost
-            factor = 1.0 if costs.slowdown is None else costs.slowdown(ins.kind)
-            if factor > 1.0:
-                flights.append((begin, begin + cost, factor))
+            queue = queues.setdefault(stream, [])
+            begin = max([now, *(f.end_s for f in queue[-1:])])
+            g = 1.0 if costs.comm_slowdown is None else max(1.0, costs.comm_slowdown(ins.kind))
+            f = 1.0 if costs.slowdown is None else costs.slowdown(ins.kind)
+            fl = _Flight(key, stream, now, cost, begin, begin + cost * g, g, f)
+            queue.append(fl)
+            flights[key] = fl
+        elif isinstance(ins, Wait):
+            key = (ins.kind, ins.index, ins.sub)
+            if key in done_at:
+                done_at.pop(key)
+                continue
+            fl = flights.pop(key)
+            if fl.end_s > now:
+                idle_until_done(fl)
+                exposed[COMM_CLASS[ins.kind]] += fl.end_s - now
+                now = fl.end_s
+            queues[fl.stream].remove(fl)
+            comm_busy += fl.end_s - fl.begin_s
             if record:
                 timeline.add(Event(rank, "comm", comm_name(ins.kind, ins.index), ins.kind,
-                                   ins.sub, begin, begin + cost))
-            comm_busy += cost
-        elif isinstance(ins, Wait):
-            end = ends.pop((ins.kind, ins.index, ins.sub))
-            if end > now:
-                exposed[COMM_CLASS[ins.kind]] += end - now
-                now = end
-    if ends:
-        raise ValueError(f"program leaves collectives unwaited: {sorted(ends)}")
-    return SimResult(max([now, *free.values()]), compute_busy, comm_busy, timeline, exposed)
+                                   ins.sub, fl.begin_s, fl.end_s))
+    if flights or done_at:
+        raise ValueError(f"program leaves collectives unwaited: {sorted([*flights, *done_at])}")
+    return SimResult(now, compute_busy, comm_busy, timeline, exposed)
 
 
 def _stretched(start: float, work: float, flights: list[tuple[float, float, float]]) -> float:
@@ -430,8 +487,12 @@ def simulate_plan(cfg: ModelConfig, plan: ParallelPlan, costs: Costs, world_size
     contention = getattr(costs, "contention", None)  # a profile's measured slowdowns
     slowdown = None if contention is None else functools.cache(
         lambda kind: contention(COLLECTIVE_OP[kind]))
+    comm_contention = getattr(costs, "comm_contention", None)
+    comm_slowdown = None if comm_contention is None else functools.cache(
+        lambda kind: comm_contention(COLLECTIVE_OP[kind]))
     step = StepCosts(piece_s=functools.cache(piece_s), collective_s=functools.cache(collective_s),
-                     stream_of=functools.cache(stream_of), slowdown=slowdown)
+                     stream_of=functools.cache(stream_of), slowdown=slowdown,
+                     comm_slowdown=comm_slowdown)
     sim = simulate_program(program, step, rank=rank, record=timeline)
     if not whole:  # the first micro-batch, n_micro - 2 without DP, the last (``program``)
         def one(first: bool) -> SimResult:

@@ -7,6 +7,17 @@ compared with the simulator's. Writes ``verify.json`` and ``report.md``:
 
     error        predicted / measured - 1, per candidate; median and worst of |error|
     plan quality the chosen plan's measured time / the best measured time of all candidates
+
+A profile is measured minutes or days before the verification, and a machine does not run at
+one speed: on this project's 2-core CPU machine two launches of one program differed by 12%
+in median step time. So every launch also re-times the candidate's pieces and optimizer step
+after its timed steps, the way ``oases profile`` times them (``plan_runner.retime``), and the
+simulator predicts the step again from those (``Profile.retimed``: the profile with the
+re-timed pieces; collectives, contention and memory as profiled)::
+
+    now error    predicted from this launch's pieces / measured - 1: the model's own error
+    drift        the plan's compute priced with this launch's pieces / with the profile's - 1:
+                 how much faster (-) or slower (+) the machine computes now than when profiled
 """
 
 from __future__ import annotations
@@ -18,12 +29,14 @@ import sys
 import tempfile
 from pathlib import Path
 
+from oases.config import ModelConfig
+from oases.planner.profile import Profile
 from oases.planner.search import Candidate
 
 
 def measure_candidates(config: str | None, overrides: list[str], candidates: list[Candidate],
                        nproc: int, rate: float | None, steps: int, warmup: int, out: Path,
-                       rounds: int = 2) -> list[dict]:
+                       rounds: int = 2, retime: bool = False) -> list[dict]:
     """Launch every candidate once per round, rounds interleaved (A B C A B C), so a slow
     minute of the machine does not land on one plan; medians over all timed steps."""
     from oases.bench.suite import launch_ranks
@@ -40,7 +53,8 @@ def measure_candidates(config: str | None, overrides: list[str], candidates: lis
             with tempfile.TemporaryDirectory() as tmp:
                 launch_ranks("oases.bench.plan_runner",
                              {"config": config, "overrides": overrides, "plan": str(plan_path),
-                              "steps": steps, "warmup": warmup, "out": str(result_path)},
+                              "steps": steps, "warmup": warmup, "out": str(result_path),
+                              "retime": retime},
                              nproc, rate, Path(tmp))
             runs[n].append(json.loads(result_path.read_text()))
     rows = []
@@ -58,17 +72,56 @@ def measure_candidates(config: str | None, overrides: list[str], candidates: lis
             "mem_error": cand.result.peak_mem_bytes / peak - 1.0,
             "predicted_baseline_bytes": cand.result.breakdown.get("baseline_bytes", 0.0),
             "measured_baseline_bytes": max(got["baseline_bytes"] for got in runs[n]),
+            "retimed_pieces": _median_entries([got.get("pieces", []) for got in runs[n]],
+                                              ("region", "phase", "piece", "tp", "rows",
+                                               "overlapped")),
+            "retimed_optimizer": _median_entries([got.get("optimizer", []) for got in runs[n]],
+                                                 ("n_params",)),
         })
     return rows
+
+
+def _median_entries(rounds: list[list[dict]], keys: tuple[str, ...]) -> list[dict]:
+    """One entry per key over the rounds' lists, its ``s`` the median of the rounds'."""
+    by_key: dict[tuple, list[float]] = {}
+    for entries in rounds:
+        for e in entries:
+            by_key.setdefault(tuple(e[k] for k in keys), []).append(float(e["s"]))
+    return [dict(zip(keys, key)) | {"s": statistics.median(v)} for key, v in by_key.items()]
+
+
+def predict_from_retimed(rows: list[dict], candidates: list[Candidate], profile: Profile,
+                         cfg: ModelConfig, world_size: int, max_inflight: int) -> None:
+    """Add to each row the step predicted from its launches' re-timed pieces
+    (``predicted_now_step_s``, ``now_error``) and the machine's drift since the profile
+    (``drift``: the plan's compute priced both ways); rows without re-timed pieces get
+    None."""
+    from oases.planner.simulate import simulate_plan
+
+    for row, cand in zip(rows, candidates):
+        if not row["retimed_pieces"] or cand.batch is None:
+            row.update(predicted_now_step_s=None, now_error=None, drift=None)
+            continue
+        now = profile.retimed(row["retimed_pieces"], row["retimed_optimizer"])
+        res = simulate_plan(cfg, cand.plan, now, world_size, cand.batch,
+                            max_inflight=max_inflight, timeline=False)
+        row["predicted_now_step_s"] = res.step_s
+        row["now_error"] = res.step_s / row["measured_step_s"] - 1.0
+        row["drift"] = res.breakdown["compute_s"] / cand.result.breakdown["compute_s"] - 1.0
 
 
 def summarize(rows: list[dict], chosen: str, budget_bytes: float) -> dict:
     step_err = [abs(r["step_error"]) for r in rows]
     mem_err = [abs(r["mem_error"]) for r in rows]
+    now_err = [abs(r["now_error"]) for r in rows if r.get("now_error") is not None]
+    drift = [r["drift"] for r in rows if r.get("drift") is not None]
     best = min(rows, key=lambda r: r["measured_step_s"])
     mine = next(r for r in rows if r["plan"] == chosen)
     return {
         "median_abs_step_error": statistics.median(step_err), "worst_abs_step_error": max(step_err),
+        "median_abs_now_error": statistics.median(now_err) if now_err else None,
+        "worst_abs_now_error": max(now_err) if now_err else None,
+        "median_drift": statistics.median(drift) if drift else None,
         "median_abs_mem_error": statistics.median(mem_err), "worst_abs_mem_error": max(mem_err),
         "chosen": chosen, "chosen_measured_step_s": mine["measured_step_s"],
         "best_measured": best["plan"], "best_measured_step_s": best["measured_step_s"],
@@ -81,12 +134,19 @@ def summarize(rows: list[dict], chosen: str, budget_bytes: float) -> dict:
 def format_rows(rows: list[dict], chosen: str | None = None) -> str:
     """The prediction-against-measurement table (``chosen`` marked with *)."""
     gib = 2**30
+    now = any(r.get("predicted_now_step_s") is not None for r in rows)
     lines = [f"{'plan':<44}{'predicted':>11}{'measured':>10}{'error':>8}"
-             f"{'pred GiB':>10}{'meas GiB':>10}{'error':>8}"]
+             + (f"{'now pred':>10}{'error':>8}{'drift':>8}" if now else "")
+             + f"{'pred GiB':>10}{'meas GiB':>10}{'error':>8}"]
     for r in rows:
         mark = " *" if r["plan"] == chosen else ""
+        again = ""
+        if now:
+            again = (f"{'-':>10}{'-':>8}{'-':>8}" if r.get("predicted_now_step_s") is None else
+                     f"{r['predicted_now_step_s']:>9.3f}s{r['now_error']:>+8.1%}"
+                     f"{r['drift']:>+8.1%}")
         lines.append(f"{r['plan'] + mark:<44}{r['predicted_step_s']:>10.3f}s"
-                     f"{r['measured_step_s']:>9.3f}s{r['step_error']:>+8.1%}"
+                     f"{r['measured_step_s']:>9.3f}s{r['step_error']:>+8.1%}{again}"
                      f"{r['predicted_peak_mem_bytes'] / gib:>10.3f}"
                      f"{r['measured_peak_mem_bytes'] / gib:>10.3f}{r['mem_error']:>+8.1%}")
     return "\n".join(lines)
@@ -95,10 +155,16 @@ def format_rows(rows: list[dict], chosen: str | None = None) -> str:
 def format_summary(s: dict) -> str:
     lines = [f"step time: median |error| {s['median_abs_step_error']:.1%}, worst "
              f"{s['worst_abs_step_error']:.1%}; peak memory: median |error| "
-             f"{s['median_abs_mem_error']:.1%}, worst {s['worst_abs_mem_error']:.1%}",
-             f"chosen (*) {s['chosen']}: measured {s['chosen_measured_step_s']:.3f} s, "
-             f"{s['chosen_vs_best']:+.1%} against the best measured ({s['best_measured']}, "
-             f"{s['best_measured_step_s']:.3f} s)"]
+             f"{s['median_abs_mem_error']:.1%}, worst {s['worst_abs_mem_error']:.1%}"]
+    if s.get("median_abs_now_error") is not None:
+        pace = "slower" if s["median_drift"] > 0 else "faster"
+        lines.append(f"step time predicted from the pieces re-timed in each launch (now): "
+                     f"median |error| {s['median_abs_now_error']:.1%}, worst "
+                     f"{s['worst_abs_now_error']:.1%}; the machine computed "
+                     f"{abs(s['median_drift']):.1%} {pace} than when profiled (median drift)")
+    lines.append(f"chosen (*) {s['chosen']}: measured {s['chosen_measured_step_s']:.3f} s, "
+                 f"{s['chosen_vs_best']:+.1%} against the best measured ({s['best_measured']}, "
+                 f"{s['best_measured_step_s']:.3f} s)")
     if s["budget_bytes"] is not None:
         lines.append(f"budget {s['budget_bytes'] / 2**30:.3f} GiB: the chosen plan's measured "
                      f"peak is {'under' if s['chosen_peak_under_budget'] else 'OVER'} it")
