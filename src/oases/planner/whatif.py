@@ -35,6 +35,7 @@ from oases.planner.clusters import Cluster, get_cluster, load_cluster
 from oases.planner.hardware import HardwareCosts
 from oases.planner.search import candidate_degrees, solve_plan, with_zero
 from oases.planner.simulate import BatchShape, BatchSplitError, PlanResult, simulate_plan
+from oases.planner.uncertainty import Range, input_bounds, simulate_ranges
 from oases.schedule.program import SPECS
 from oases.schedule.timeline import Timeline
 
@@ -132,6 +133,8 @@ class Report:
     budget: Budget
     rows: list[Row]
     planning_s: float
+    ranges: list[Range] | None = None  # --uncertainty: each row's range (planner.uncertainty)
+    bounds: dict[str, tuple[float, float]] | None = None
 
     @property
     def budget_bytes(self) -> float:
@@ -141,12 +144,15 @@ class Report:
 def simulate_cluster(cfg: ModelConfig, cluster: Cluster, entries: list[tuple[str, PlanSpec]],
                      batch: BatchSpec | BatchShape, budget: Budget | float, *, n_sub: int = 2,
                      max_tp: int | None = None, dtype: str = "fp32",
-                     model_name: str = "") -> Report:
+                     model_name: str = "", uncertainty: bool = False,
+                     bounds: dict[str, tuple[float, float]] | None = None) -> Report:
     """Simulate every (schedule, plan) entry; the first is the speedups' baseline. An auto
     entry searches every sub-batch count (1, 2, 4 and ``n_sub``), then also the degrees every
     other auto entry's search found, so no schedule's plan is missed by another's search.
     ``batch``: a ``BatchSpec`` (or a ``BatchShape``: that cluster micro-batch for every row);
-    ``budget``: a ``Budget`` (or bytes)."""
+    ``budget``: a ``Budget`` (or bytes). ``uncertainty``: each row's range over the uncertain
+    inputs (``planner.uncertainty``; ``bounds`` replaces some of their bounds), its plan held
+    fixed."""
     if dtype not in ("fp32", "tf32"):  # the planner's sizes are 4-byte elements
         raise ValueError(f"dtype={dtype!r}: the planner sizes fp32 elements; use fp32 or tf32")
     if n_sub < 1:
@@ -174,8 +180,12 @@ def simulate_cluster(cfg: ModelConfig, cluster: Cluster, entries: list[tuple[str
     planning_s = time.perf_counter() - start
     for row in rows:
         row.speedup = rows[0].result.step_s / row.result.step_s
-    return Report(cfg, model_name, cluster, costs, batch, global_batch, budget, rows,
-                  planning_s)
+    rep = Report(cfg, model_name, cluster, costs, batch, global_batch, budget, rows, planning_s)
+    if uncertainty:
+        rep.bounds = input_bounds(cluster, bounds)
+        rep.ranges = simulate_ranges(cfg, cluster, [(r.plan, r.batch) for r in rows], dtype,
+                                     rep.bounds)
+    return rep
 
 
 def _n_subs(name: str, n_sub: int) -> tuple[int, ...]:
