@@ -400,3 +400,9 @@ def collective(
                 "two_level", "+".join(c.protocol for c in parts), seconds, choice.bus_bytes_per_s
             )
     return choice
+
+
+def bus_factor(op: str, ranks: int) -> float:
+    """nccl-tests' bus bandwidth over algorithm bandwidth: all-reduce 2(n-1)/n, all-gather and
+    reduce-scatter (n-1)/n (so a figure's time is ``bus_factor * bytes / busbw``)."""
+    return (2 if op == "all_reduce" else 1) * (ranks - 1) / ranks
