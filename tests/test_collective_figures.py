@@ -20,10 +20,10 @@ from oases.planner.collectives import OPS, bus_factor, collective
 FIGURES = json.loads((REPO_ROOT / "tests" / "data" / "collective_figures.json").read_text())
 
 
-def errors(preset: str, held_out_only: bool = False) -> list[float]:
+def errors(preset: str, held_out_only: bool = False, op: str | None = None) -> list[float]:
     out = []
     for s in FIGURES["sets"]:
-        if s["preset"] != preset:
+        if s["preset"] != preset or op not in (None, s["op"]):
             continue
         cluster = (
             get_cluster(s["cluster"])
@@ -44,8 +44,11 @@ def test_every_figure_names_its_source_and_fits_the_grid():
     for s in FIGURES["sets"]:
         assert s["source"] and s["op"] in OPS and s["busbw_GBps"]
         assert set(s["sets_preset"]) <= set(s["busbw_GBps"])
+        latency = s.get("latency_sizes", [])
+        assert all(int(size) < (1 << 20) for size in latency)
         for size in s["busbw_GBps"]:
-            assert size in s["sets_preset"] or (1 << 20) <= int(size) <= (1 << 30)
+            in_grid = (1 << 20) <= int(size) <= (1 << 30)
+            assert size in s["sets_preset"] or size in latency or in_grid
 
 
 def test_host_staged_pcie_within_15_percent():
@@ -66,9 +69,27 @@ def test_the_papers_world_all_reduces():
 
 
 def test_nvswitch_a100_misses_15_percent_below_64_mib():
-    """8x A100 (NCCL 2.7-2.8, one process driving 8 GPUs: 34 us at 0 bytes): NCCL's tuner
-    model is optimistic below 64 MiB (all-gather and reduce-scatter most), within 15% from
-    256 MiB. Median 26%: a known miss (benchmarks/2026-12-02-collectives), guarded here."""
+    """8x A100 in one process, one thread driving all 8 GPUs (nccl-tests -g 8, NCCL 2.8-2.10:
+    34 us at 0 bytes): NCCL's tuner model is optimistic below 64 MiB, all-gather and
+    reduce-scatter most (medians 41% and 35%, all-reduce 18%), within 15% from 256 MiB.
+    Median 25.8%: a known miss (benchmarks/2026-12-02-collectives says why), guarded here."""
     errs = errors("a100-nvlink")
-    assert statistics.median(abs(e) for e in errs) <= 0.30
+    assert statistics.median(abs(e) for e in errs) <= 0.26
+    assert max(abs(e) for e in errs) <= 0.71
     assert all(e < 0 for e in errs)  # optimistic everywhere, never slower than measured
+    assert statistics.median(abs(e) for e in errors("a100-nvlink", op="all_reduce")) <= 0.19
+
+
+def test_nvswitch_a100_miss_repeats_over_729_nodes_in_the_same_mode():
+    """The same all-reduce, same single-process mode, averaged over 729 Azure NDm A100 v4 nodes
+    (SuperBench v0.4 golden data): the same miss, so it is the mode, not one machine."""
+    errs = errors("a100-nvlink-azure-729")
+    assert statistics.median(abs(e) for e in errs) <= 0.19
+    assert all(e < 0 for e in errs)
+
+
+def test_nvswitch_a100_one_process_per_gpu_within_15_percent():
+    """8x A100-80GB, one process per GPU (as torch.distributed runs), NCCL 2.17.1: all-gather and
+    all-reduce at 1 KiB (latency) and 1 GiB (bandwidth), held out, every one within 15%."""
+    errs = errors("a100-nvlink-nccl2.17")
+    assert len(errs) == 4 and max(abs(e) for e in errs) <= 0.15
