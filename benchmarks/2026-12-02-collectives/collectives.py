@@ -5,7 +5,8 @@
 For every preset, collective (all-reduce, all-gather, reduce-scatter), group of 2, 4 and 8
 GPUs and message of 1 MiB to 1 GiB: the predicted bus bandwidth, the algorithm and protocol
 NCCL's tuner picks, and where a public figure exists (tests/data/collective_figures.json, each
-with its source) the figure and the error of the predicted time. Writes collectives.md and
+with its source and the mode it was run in) the figure and the error of the predicted time, with
+the median and worst error per figure set and per collective. Writes collectives.md and
 collectives.json beside this script.
 """
 
@@ -59,17 +60,21 @@ def compare(figures: dict) -> list[dict]:
                     "algorithm": choice.algorithm,
                     "protocol": choice.protocol,
                     "held_out": size not in s["sets_preset"],
+                    "latency": size in s.get("latency_sizes", []),
                     "source": s["source"],
+                    "mode": s.get("mode", ""),
                 }
             )
     return out
 
 
-def summary(rows: list[dict]) -> dict[str, dict]:
-    """Median and worst |time error| per preset, over every figure and over held-out ones."""
+def summary(rows: list[dict], by_op: bool = False) -> dict[str, dict]:
+    """Median and worst |time error| per figure set (``preset``; per preset and collective,
+    keyed "preset op", with ``by_op``), over every figure and over held-out ones."""
     out = {}
-    for preset in dict.fromkeys(r["preset"] for r in rows):
-        mine = [r for r in rows if r["preset"] == preset]
+    key = (lambda r: f"{r['preset']} {r['op']}") if by_op else (lambda r: r["preset"])
+    for preset in dict.fromkeys(key(r) for r in rows):
+        mine = [r for r in rows if key(r) == preset]
         held = [abs(r["error"]) for r in mine if r["held_out"]]
         every = [abs(r["error"]) for r in mine]
         out[preset] = {
@@ -106,20 +111,28 @@ def grid() -> list[dict]:
 
 
 def fmt_size(nbytes: int) -> str:
-    return f"{nbytes >> 30} GiB" if nbytes >= 1 << 30 else f"{nbytes >> 20} MiB"
+    for shift, unit in ((30, "GiB"), (20, "MiB"), (10, "KiB")):
+        if nbytes >= 1 << shift:
+            return f"{nbytes >> shift} {unit}"
+    return f"{nbytes} B"
+
+
+def fmt_gbps(gbps: float) -> str:
+    return f"{gbps:.2f}" if gbps >= 1 else f"{gbps:.4f}"
 
 
 def main() -> None:
     figures = json.loads(FIGURES.read_text())
     rows, table = compare(figures), grid()
-    summ = summary(rows)
+    summ, summ_op = summary(rows), summary(rows, by_op=True)
     every = [abs(r["error"]) for r in rows]
     held = [abs(r["error"]) for r in rows if r["held_out"]]
     md = [
         "## Predictions beside the public figures",
         "",
         "Error = predicted time / figure's time - 1 (time = bus factor x bytes / busbw). "
-        "'set' marks a figure a preset's efficiency was taken from.",
+        "'set' marks a figure a preset's efficiency was taken from, 'latency' a figure below "
+        "the 1 MiB-1 GiB grid kept as a latency check.",
         "",
         "| preset | op | GPUs | size | figure busbw GB/s | predicted | error | NCCL's pick |",
         "|---|---|---|---|---|---|---|---|",
@@ -127,8 +140,9 @@ def main() -> None:
     for r in rows:
         md.append(
             f"| {r['preset']} | {r['op']} | {r['ranks']} | {fmt_size(r['bytes'])} | "
-            f"{r['figure_busbw_GBps']:.2f} | {r['predicted_busbw_GBps']:.2f} | "
-            f"{r['error']:+.0%}{'' if r['held_out'] else ' (set)'} | "
+            f"{fmt_gbps(r['figure_busbw_GBps'])} | {fmt_gbps(r['predicted_busbw_GBps'])} | "
+            f"{r['error']:+.0%}{'' if r['held_out'] else ' (set)'}"
+            f"{' (latency)' if r['latency'] else ''} | "
             f"{r['algorithm']}/{r['protocol']} |"
         )
     md += [
@@ -142,6 +156,21 @@ def main() -> None:
             f"| {preset} | {s['figures']} | {s['median']:.1%} | {s['worst']:.1%} | "
             f"{s['held_out']} | {ho} |"
         )
+    md += [
+        "",
+        "| preset | collective | figures | median error | worst |",
+        "|---|---|---|---|---|",
+    ]
+    for key, s in summ_op.items():
+        preset, op = key.split(" ")
+        md.append(
+            f"| {preset} | {op} | {s['figures']} | {s['median']:.1%} | {s['worst']:.1%} |"
+        )
+    md += ["", "How each figure set was run:", ""]
+    for preset in summ:
+        modes = dict.fromkeys(r["mode"] for r in rows if r["preset"] == preset and r["mode"])
+        if modes:
+            md.append(f"- {preset}: " + "; ".join(modes))
     md += [
         "",
         f"All {len(every)} figures: median {statistics.median(every):.1%}; the "
@@ -181,6 +210,7 @@ def main() -> None:
             {
                 "figures": rows,
                 "summary": summ,
+                "summary_by_collective": summ_op,
                 "grid": table,
                 "median_all": statistics.median(every),
                 "median_held_out": statistics.median(held),
