@@ -233,35 +233,39 @@ def test_chain_solvers_agree_with_brute_force(monkeypatch):
 # ------------------------------------------------------------------ collectives by topology
 
 def test_tp_and_dp_groups_are_priced_for_the_8x4_topology():
-    """paper-3090-pcie-32: a TP group of 4 is a ring over one server's PCIe; of 8, hierarchical
-    over two servers; a DP group (strided: one rank per server at tp=4) crosses all 8 servers
-    while the server's other 3 GPUs do the same in their DP groups, so 4 share each port."""
+    """paper-3090-pcie-32: a TP group of 4 is NCCL's ring over one server's host-staged PCIe
+    (every GPU's link both ways); of 8, a ring over two servers bound by the server's port; a
+    DP group (strided: one rank per server at tp=4) crosses all 8 servers while the server's
+    other 3 GPUs do the same in their DP groups, so 4 share each port. Each is NCCL's Simple
+    ring at these sizes: latency (base + per-step hardware latencies, network steps 14 us,
+    x1.4 across servers) + bytes x steps / ranks / bus bandwidth."""
     cluster = get_cluster("paper-3090-pcie-32")
     costs = HardwareCosts(cluster, MODELS["paper-h2048-l24"])
     n = 32 * 2**20
-    pcie = cluster.server.link.effective_bytes_per_s
-    nic = cluster.inter_link.effective_bytes_per_s
-    lat_pcie, lat_nic = cluster.server.link.latency_s, cluster.inter_link.latency_s
+    staged = cluster.server.link.duplex_bytes_per_s
+    port = cluster.inter_link.effective_bytes_per_s
 
-    def ring(p: int, nbytes: float, bw: float, lat: float, steps: int = 2) -> float:
-        return steps * (p - 1) / p * nbytes / bw + steps * (p - 1) * lat
+    def ring(p: int, nodes: int, nbytes: float, bus: float, steps: int = 2) -> float:
+        total, crossing = steps * (p - 1), (steps * (nodes - 1))
+        lat = 8.4 + (total - crossing) * 5.7 + crossing * 14.0
+        return lat * (1.4 if nodes > 1 else 1.0) * 1e-6 + total / p * nbytes / bus
 
     assert costs.collective_ranks_s("all_reduce", range(4), n) == pytest.approx(
-        ring(4, n, pcie, lat_pcie))
+        ring(4, 1, n, staged))
     assert costs.collective_ranks_s("all_reduce", range(8), n) == pytest.approx(
-        ring(4, n, pcie, lat_pcie, 1) * 2 + ring(2, n / 4, nic / 4, lat_nic))
+        ring(8, 2, n, min(staged, port)))
     dp = range(0, 32, 4)
     assert costs.collective_ranks_s("all_reduce", dp, n) == pytest.approx(
-        ring(8, n, nic / 4, lat_nic))
+        ring(8, 8, n, port / 4))
     assert costs.collective_ranks_s("all_reduce", range(0, 32, 2), n) == pytest.approx(
-        ring(2, n, pcie, lat_pcie, 1) * 2 + ring(8, n / 2, nic / 4, lat_nic))
+        ring(16, 8, n, port / 2))
     # the simulator prices a plan's groups by rank 0's: TP contiguous, DP strided
     cfg = dataclasses.replace(MODELS["paper-h2048-l24"], n_layers=1)
     res = simulate_plan(cfg, ParallelPlan.uniform(cfg, 32, 4, schedule="megatron", n_sub=1),
                         costs, 32, BatchShape(32, 32))
     tp_events = [e for e in res.timeline.events if e.phase == "fwd" and e.name == "fwd AR 1"]
     assert tp_events[0].end_s - tp_events[0].start_s == pytest.approx(
-        ring(4, 4 * 1024 * 2048 * 4, pcie, lat_pcie))
+        ring(4, 1, 4 * 1024 * 2048 * 4, staged))
     dp_s = sum(e.end_s - e.start_s for e in res.timeline.events if e.phase == "dp")
     grads = sum(costs.collective_ranks_s("all_reduce", dp, region_param_count(cfg, k, 4) * 4)
                 for k in ("embed", "attn", "mlp", "head"))

@@ -281,6 +281,11 @@ def _simulate_parser(commands: argparse._SubParsersAction) -> None:
                      help="replace the nominal rate of the link between servers (Gb/s)")
     sim.add_argument("--dtype", default="fp32", choices=("fp32", "tf32"),
                      help="matmul precision (weights and activations stay fp32)")
+    sim.add_argument("--uncertainty", action="store_true",
+                     help="each row's tokens/s and speedup range over the uncertain inputs "
+                     "(link efficiencies, the rate between servers, matmul efficiency, at their "
+                     "stated bounds), and which input moves it most; in the table and "
+                     "simulate.json")
     sim.add_argument("--out", default="runs/simulate", help="output folder")
 
 
@@ -303,7 +308,7 @@ def _simulate(ns: argparse.Namespace, overrides: list[str]) -> int:
     budget = memory_budget(ns.memory_gb, cluster.memory_bytes, cluster.server.gpu.name)
     report = simulate_cluster(cfg, cluster, parse_entries(ns.schedules, ns.plan), batch,
                               budget, n_sub=ns.n_sub, max_tp=ns.max_tp, dtype=ns.dtype,
-                              model_name=ns.model)
+                              model_name=ns.model, uncertainty=ns.uncertainty)
     print(format_report(report))
     paths = write_report(report, Path(ns.out))
     print("wrote " + ", ".join(map(str, paths)))

@@ -45,9 +45,11 @@ _LINK_REFERENCES = {
 
 def link_presets() -> dict[str, LinkPreset]:
     """The link presets, derived from the hardware presets (one place for hardware numbers):
-    rtx3090-pcie comes out at about 2.46, the measured ratio the Oases paper (Li et al., IEEE
-    TPDS 2025, arXiv 2305.16121) publishes for its RTX 3090 servers at H=2048, t=4: a 7.29 ms
-    block all-reduce over a mean(3.24, 2.69) ms attention and MLP forward."""
+    rtx3090-pcie comes out at about 1.57 (a 4.6 ms all-reduce of the H=2048 block output on a
+    PCIe 4.0 host-staged ring over a mean(3.24, 2.69) ms attention and MLP forward, the
+    compute the Oases paper, Li et al., IEEE TPDS 2025, measured). Until 2026-12-02 it was
+    2.46, from the paper's 7.29 ms all-reduce, which its prototype timed over all 32 GPUs of
+    the cluster, not over the 4 of a TP group (``planner.hardware``)."""
     presets = {}
     for name, (cluster, tp, dtype) in _LINK_REFERENCES.items():
         ratio = comm_to_compute(CLUSTERS[cluster], PAPER_REFERENCE_MODEL, tp, 4, dtype)

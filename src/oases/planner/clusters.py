@@ -1,11 +1,12 @@
 """What the hardware is: GPUs, links, servers and clusters, named presets, cluster files.
 
-Every number comes from a public specification named in its ``source``; efficiencies (the part
-of a peak that real kernels and collectives reach) are calibrated where the Oases paper (Li et
-al., IEEE TPDS 2025) publishes measured figures (its RTX 3090 servers) and stated as assumptions
-elsewhere. ``planner.hardware`` turns a
-cluster and a model into seconds. A user describes their own cluster in a TOML or JSON file
-with the same fields (``load_cluster``); a GPU or link may be given by preset name.
+Every number comes from a public specification or a public microbenchmark named in its
+``source`` (nccl-tests bus bandwidths, CUDA's p2pBandwidthLatencyTest, NCCL's own topology
+constants); none is fitted to end-to-end training results, which are what the simulator is
+checked against (``benchmarks/2026-12-02-collectives``). ``planner.collectives`` turns the
+links into collective times the way NCCL's tuner does, ``planner.hardware`` a cluster and a
+model into seconds. A user describes their own cluster in a TOML or JSON file with the same
+fields (``load_cluster``); a GPU or link may be given by preset name.
 
     # my-cluster.toml
     name = "lab"
@@ -14,7 +15,7 @@ with the same fields (``load_cluster``); a GPU or link may be given by preset na
     [server]
     gpus_per_server = 4
     gpu = "rtx3090"
-    link = "pcie3-x16-geforce"
+    link = "pcie4-x16-geforce"
 """
 
 from __future__ import annotations
@@ -35,7 +36,8 @@ class GPU:
     """One accelerator. ``peak_flops`` maps a dtype ("fp32", "tf32", "bf16", "fp16") to the
     dense peak in flop/s; ``matmul_efficiency`` and ``elementwise_efficiency`` are the fractions
     of peak flops and of memory bandwidth that large matmuls and streaming kernels reach;
-    ``launch_overhead_s`` is charged once per scheduled compute piece."""
+    ``launch_overhead_s`` is charged once per scheduled compute piece; ``compute_capability``
+    picks the row of NCCL's tuning tables (8.x Ampere, 9.0 Hopper)."""
 
     name: str
     peak_flops: dict[str, float]
@@ -45,23 +47,48 @@ class GPU:
     elementwise_efficiency: float
     source: str
     launch_overhead_s: float = 20e-6
+    compute_capability: float = 8.0
+
+
+LINK_KINDS = ("nvlink", "pcie", "net")  # the rows of NCCL's hardware latency table
 
 
 @dataclass(frozen=True)
 class Link:
-    """A link as ring collectives see it: ``bandwidth_bytes_per_s`` per direction per GPU (the
-    nominal figure of the specification), ``efficiency`` the fraction of it a ring collective
-    reaches (its bus bandwidth), ``latency_s`` per ring step."""
+    """A path between GPUs as NCCL's ring sees it.
+
+    ``bandwidth_bytes_per_s``: the nominal rate per direction (the specification);
+    ``efficiency``: the fraction of it a ring's Simple protocol reaches as bus bandwidth on
+    this path at large messages (nccl-tests' busbw), with each GPU's link carrying the ring's
+    traffic one way (a ring whose neighbouring hop is another path). ``host_staged``: GeForce
+    cards without PCIe peer-to-peer, where NCCL copies every chunk through host memory (its SHM
+    transport); ``duplex_efficiency`` is then the fraction reached when each GPU's link carries
+    staged traffic both ways at once (a ring of host-staged hops only), 0 = ``efficiency``.
+    ``kind`` selects NCCL's latency row; ``latency_s`` is added to NCCL's per-step latency (0
+    unless a measurement says more); ``channels``: the rings NCCL builds on the path (its
+    per-channel bandwidth caps); ``nvls_bus_bytes_per_s``: NVLink SHARP's all-reduce bus
+    bandwidth on NVSwitch (Hopper), 0 = none."""
 
     name: str
     latency_s: float
     bandwidth_bytes_per_s: float
     source: str
     efficiency: float = 1.0
+    kind: str = "pcie"
+    host_staged: bool = False
+    duplex_efficiency: float = 0.0
+    channels: int = 2
+    nvls_bus_bytes_per_s: float = 0.0
 
     @property
     def effective_bytes_per_s(self) -> float:
+        """Bus bandwidth with each GPU's link carrying the ring one way."""
         return self.bandwidth_bytes_per_s * self.efficiency
+
+    @property
+    def duplex_bytes_per_s(self) -> float:
+        """Bus bandwidth of a ring of these hops only (each GPU's link both ways)."""
+        return self.bandwidth_bytes_per_s * (self.duplex_efficiency or self.efficiency)
 
 
 @dataclass(frozen=True)
@@ -127,120 +154,32 @@ def check_cluster(c: Cluster) -> None:
         if link is not None:
             positive(f"{c.name}: {where}.bandwidth_bytes_per_s", link.bandwidth_bytes_per_s)
             positive(f"{c.name}: {where}.efficiency", link.efficiency)
-            if link.latency_s < 0:
-                raise ValueError(f"{c.name}: {where}.latency_s={link.latency_s} must be >= 0")
+            positive(f"{c.name}: {where}.channels", link.channels)
+            for key in ("latency_s", "duplex_efficiency", "nvls_bus_bytes_per_s"):
+                if getattr(link, key) < 0:
+                    raise ValueError(f"{c.name}: {where}.{key}={getattr(link, key)} must be "
+                                     ">= 0")
+            if link.kind not in LINK_KINDS:
+                raise ValueError(f"{c.name}: {where}.kind={link.kind!r}; valid: "
+                                 f"{', '.join(LINK_KINDS)}")
     if c.servers > 1 and c.inter_link is None:
         raise ValueError(f"{c.name}: {c.servers} servers need an inter_link")
 
 
-_AMPERE = "NVIDIA Ampere GA102 GPU architecture whitepaper v2.1, table 9 (GeForce RTX 3090)"
-GPUS: dict[str, GPU] = {
-    "rtx3090": GPU(
-        "NVIDIA GeForce RTX 3090", {"fp32": 35.58e12, "tf32": 35.6e12, "bf16": 71e12,
-                                    "fp16": 71e12},
-        24e9, 936e9, 0.90, 0.82,
-        f"{_AMPERE}: 35.6 TFLOP/s fp32 and tf32 dense, 71 bf16/fp16 with fp32 accumulate, "
-        "24 GB GDDR6X at 936 GB/s. Efficiencies calibrated on the profile the Oases paper (Li et "
-        "al., IEEE TPDS 2025) publishes (H=2048, t=4: attention forward 3.24 ms, MLP forward "
-        "2.69 ms), see planner.hardware"),
-    "a100": GPU(
-        "NVIDIA A100 SXM4 80GB", {"fp32": 19.5e12, "tf32": 156e12, "bf16": 312e12,
-                                  "fp16": 312e12},
-        80e9, 2039e9, 0.80, 0.85,
-        "NVIDIA A100 Tensor Core GPU datasheet: 19.5 TFLOP/s fp32, 156 tf32, 312 bf16/fp16 "
-        "dense, 80 GB HBM2e at 2039 GB/s. Efficiencies assumed (typical large cuBLAS GEMMs, "
-        "STREAM-like copies), not calibrated here"),
-    "h100": GPU(
-        "NVIDIA H100 SXM5 80GB", {"fp32": 67e12, "tf32": 494.7e12, "bf16": 989.4e12,
-                                  "fp16": 989.4e12},
-        80e9, 3.35e12, 0.70, 0.85,
-        "NVIDIA H100 Tensor Core GPU datasheet (SXM5): 67 TFLOP/s fp32, 989 tf32 and 1979 "
-        "bf16/fp16 with sparsity (half dense), 80 GB HBM3 at 3.35 TB/s. Efficiencies assumed"),
-    "h200": GPU(
-        "NVIDIA H200 SXM 141GB", {"fp32": 67e12, "tf32": 494.7e12, "bf16": 989.4e12,
-                                  "fp16": 989.4e12},
-        141e9, 4.8e12, 0.70, 0.85,
-        "NVIDIA H200 Tensor Core GPU datasheet (SXM): H100's compute (67 TFLOP/s fp32, 989 "
-        "tf32 and 1979 bf16 with sparsity, half dense), 141 GB HBM3e at 4.8 TB/s. "
-        "Efficiencies assumed"),
-}
+def __getattr__(name: str) -> Any:
+    """``CLUSTERS``, ``GPUS`` and ``LINKS``: the named presets of ``planner.presets`` (which
+    builds them from the classes above, so it is imported on first use)."""
+    if name in ("CLUSTERS", "GPUS", "LINKS"):
+        from oases.planner import presets
 
-_PCIE = "PCI-SIG base specification: {gt} GT/s x16 with 128b/130b coding = {gbs} GB/s per direction"
-LINKS: dict[str, Link] = {
-    # in-server
-    "pcie3-x16-geforce": Link(
-        "PCIe 3.0 x16, GeForce (no peer-to-peer)", 5e-6, 15.75e9,
-        _PCIE.format(gt=8, gbs=15.75) + "; efficiency 0.44 calibrated on the Oases paper's "
-        "(Li et al., IEEE TPDS 2025) measured 4-GPU all-reduce of the H=2048 block output (32 "
-        "MiB fp32, 7.29 ms): GeForce cards have no "
-        "PCIe peer-to-peer, so NCCL stages every transfer through host memory", 0.44),
-    "pcie4-x16": Link("PCIe 4.0 x16", 5e-6, 31.5e9,
-                      _PCIE.format(gt=16, gbs=31.5) + "; efficiency 0.8 assumed", 0.8),
-    "nvlink-bridge-3090": Link(
-        "NVLink bridge (RTX 3090 pair)", 3e-6, 56.25e9,
-        "NVIDIA GeForce RTX 3090 specifications: NVLink 112.5 GB/s total, 56.25 GB/s per "
-        "direction; efficiency 0.8 assumed (as NCCL reaches on DGX NVLink)", 0.8),
-    "nvswitch-a100": Link(
-        "NVLink 3 + NVSwitch (DGX A100)", 2e-6, 300e9,
-        "NVIDIA A100 datasheet: NVLink 600 GB/s total per GPU (300 per direction); "
-        "efficiency 0.78 = nccl-tests all_reduce bus bandwidth ~235 GB/s on DGX A100", 0.78),
-    "nvswitch-h100": Link(
-        "NVLink 4 + NVSwitch (DGX H100/H200)", 2e-6, 450e9,
-        "NVIDIA H100/H200 datasheets: NVLink 900 GB/s total per GPU (450 per direction); "
-        "efficiency 0.8 = nccl-tests all_reduce bus bandwidth ~360 GB/s without NVLS", 0.8),
-    # between servers (per port)
-    "10gbe": Link("10 Gb Ethernet", 30e-6, 1.25e9,
-                  "IEEE 802.3ae: 10 Gb/s = 1.25 GB/s; TCP sockets, efficiency 0.9 assumed", 0.9),
-    "25gbe": Link("25 Gb Ethernet", 30e-6, 3.125e9,
-                  "IEEE 802.3by: 25 Gb/s = 3.125 GB/s; TCP sockets, efficiency 0.9 assumed", 0.9),
-    "100gbe": Link("100 Gb Ethernet", 20e-6, 12.5e9,
-                   "IEEE 802.3ba/bj: 100 Gb/s = 12.5 GB/s; efficiency 0.8 assumed", 0.8),
-    "ib-edr": Link("InfiniBand EDR 4x", 5e-6, 12.5e9,
-                   "InfiniBand Trade Association roadmap: EDR 4x port 100 Gb/s = 12.5 GB/s; "
-                   "efficiency 0.9 assumed (RDMA)", 0.9),
-    "ib-hdr": Link("InfiniBand HDR 4x", 5e-6, 25e9,
-                   "InfiniBand Trade Association roadmap: HDR 4x port 200 Gb/s = 25 GB/s; "
-                   "efficiency 0.9 assumed (RDMA)", 0.9),
-    "ib-ndr": Link("InfiniBand NDR 4x", 5e-6, 50e9,
-                   "InfiniBand Trade Association roadmap: NDR 4x port 400 Gb/s = 50 GB/s; "
-                   "efficiency 0.9 assumed (RDMA)", 0.9),
-}
-
-_3090_PCIE = Server(4, GPUS["rtx3090"], LINKS["pcie3-x16-geforce"])
-_3090_NVLINK = Server(4, GPUS["rtx3090"], LINKS["pcie3-x16-geforce"], LINKS["nvlink-bridge-3090"])
-_OASES = "the Oases paper (Li et al., IEEE TPDS 2025), its evaluation"
-_PAPER = (f"{_OASES}: 8 servers of 4 RTX 3090; the paper does not name the network between "
-          "servers, 100 Gb Ethernet (one port per server) is assumed")
-_DGX = "DGX {gpu} server: 8 GPUs on NVSwitch"
-CLUSTERS: dict[str, Cluster] = {
-    "rtx3090-pcie": Cluster("rtx3090-pcie", 1, _3090_PCIE,
-                            source=f"{_OASES}: a server of 4 RTX 3090 over PCIe 3.0"),
-    "rtx3090-nvlink": Cluster("rtx3090-nvlink", 1, _3090_NVLINK,
-                              source=f"{_OASES}: 4 RTX 3090, NVLink bridges between pairs"),
-    "a100-nvlink": Cluster("a100-nvlink", 1, Server(8, GPUS["a100"], LINKS["nvswitch-a100"]),
-                           source=_DGX.format(gpu="A100")),
-    "h100-nvlink": Cluster("h100-nvlink", 1, Server(8, GPUS["h100"], LINKS["nvswitch-h100"]),
-                           source=_DGX.format(gpu="H100")),
-    "h200-nvlink": Cluster("h200-nvlink", 1, Server(8, GPUS["h200"], LINKS["nvswitch-h100"]),
-                           source=_DGX.format(gpu="H200")),
-    "paper-3090-pcie-32": Cluster("paper-3090-pcie-32", 8, _3090_PCIE, LINKS["100gbe"],
-                                  source=_PAPER),
-    "paper-3090-nvlink-32": Cluster("paper-3090-nvlink-32", 8, _3090_NVLINK, LINKS["100gbe"],
-                                    source=_PAPER),
-    "a100-ib-64": Cluster("a100-ib-64", 8, Server(8, GPUS["a100"], LINKS["nvswitch-a100"]),
-                          LINKS["ib-hdr"], 8,
-                          "8 DGX A100, one 200 Gb/s HDR port per GPU (8 per server)"),
-    "h100-ib-64": Cluster("h100-ib-64", 8, Server(8, GPUS["h100"], LINKS["nvswitch-h100"]),
-                          LINKS["ib-ndr"], 8,
-                          "8 DGX H100, one 400 Gb/s NDR port per GPU (8 per server)"),
-    "h200-ib-64": Cluster("h200-ib-64", 8, Server(8, GPUS["h200"], LINKS["nvswitch-h100"]),
-                          LINKS["ib-ndr"], 8,
-                          "8 DGX H200, one 400 Gb/s NDR port per GPU (8 per server)"),
-}
+        return getattr(presets, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 def get_cluster(name: str) -> Cluster:
     """The preset ``name``, or ValueError listing the presets."""
+    from oases.planner.presets import CLUSTERS
+
     if name not in CLUSTERS:
         raise ValueError(f"unknown cluster preset {name!r}; valid: {', '.join(CLUSTERS)}")
     return CLUSTERS[name]
@@ -257,6 +196,8 @@ def describe_shape(cluster: Cluster) -> str:
 def check_world_size(cluster: Cluster, world_size: int) -> None:
     """ValueError when ``world_size`` ranks do not fit on ``cluster``, naming the cluster
     presets that have that many GPUs (a plan for fewer ranks uses the first servers)."""
+    from oases.planner.presets import CLUSTERS
+
     if 1 <= world_size <= cluster.world_size:
         return
     if world_size < 1:
@@ -316,6 +257,8 @@ def _build(cls: type, data: Any, where: str, presets: dict[str, Any] | None = No
             pass  # JSON null: no such link
         elif tp in (GPU, Link, Server, Link | None):
             sub = GPU if tp is GPU else Server if tp is Server else Link
+            from oases.planner.presets import GPUS, LINKS
+
             pre = GPUS if sub is GPU else LINKS if sub is Link else None
             value = _build(sub, value, key, pre)
         elif tp == dict[str, float]:

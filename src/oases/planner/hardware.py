@@ -5,7 +5,7 @@ collective, the interface the simulator calls (a profile measured on this machin
 same methods)::
 
     compute_s(region, phase, piece, tp, rows)     seconds on one GPU of the cluster
-    collective_s(op, group_size, nbytes)          seconds of a ring collective over the group
+    collective_s(op, group_size, nbytes)          seconds of the collective as NCCL runs it
 
 Compute is a roofline sum over a piece's kernels: matmul flops / (peak[dtype] x
 matmul_efficiency) + bytes that elementwise and norm kernels move / (memory bandwidth x
@@ -19,21 +19,26 @@ S x S, and the [b, A/t, S, S] scores written by QK^T, masked and softmaxed in pl
 passes), dropped out, and read by AV; ``attention="fused"`` prices a flash-style kernel instead
 (causal: half the flops, no score traffic).
 
-Calibration, RTX 3090 (the profile table of the Oases paper, Li et al., IEEE TPDS 2025: GPT
-layer H=2048, 32 heads, S=1024, 4 sequences per TP group, t=4, fp32, dropout 0.1; milliseconds,
-measured -> this model, see tests)::
+Calibration, RTX 3090 compute (the profile table of the Oases paper, Li et al., IEEE TPDS
+2025: GPT layer H=2048, 32 heads, S=1024, 4 sequences per TP group, t=4, fp32, dropout 0.1;
+milliseconds, measured -> this model, see tests)::
 
     attention forward   3.24 -> 3.23      attention backward  5.18 -> 4.98
     MLP forward         2.69 -> 2.68      MLP backward        5.08 -> 4.93
-    all-reduce of the block output (32 MiB over 4 GPUs)        7.29 -> 7.29
 
 with matmul_efficiency 0.90 and elementwise_efficiency 0.82 (32.0 TFLOP/s, 768 GB/s), solved
-from the two forward times, and a PCIe efficiency of 0.44 (6.9 GB/s bus bandwidth of 15.75
-nominal) from the all-reduce; the backward times are predictions. The other compute rows of
-that table (H=1024, H=4096 at t=4 and 16) come out within 17%, the H=1024 and H=4096 t=4
-all-reduces within 19%. (The t=16 all-reduce, 18.09 ms, is not reproduced: like the t=4 ones
-it looks timed over all 32 GPUs: the authors' prototype times all-reduces over the whole
-world instead of the TP group.)
+from the two forward times; the backward times are predictions. The other compute rows of that
+table (H=1024, H=4096 at t=4 and 16) come out within 17%.
+
+Collectives are no longer calibrated on that table (until 2026-12-02 its all-reduce column set
+the PCIe efficiency to 0.44, a 6.9 GB/s bus bandwidth for a 4-GPU ring): the paper's prototype
+times its all-reduces over the whole world, not the TP group (the t=16 row, 18.09 ms, is the
+t=4 row's 17.95 ms again), so those are 32-GPU all-reduces across the 8 servers. They are now
+a check (``benchmarks/2026-12-02-collectives``): NCCL's ring over 32 GPUs, bound by the
+100 GbE port (9.4 GB/s), predicts 4.1 / 7.6 / 14.5 ms for 3.49 / 7.29 / 17.95. Collective
+costs come from ``planner.collectives`` with public microbenchmarks per path
+(``planner.presets``); a 4-GPU all-reduce of the H=2048 block output (32 MiB) went from 7.29
+to 4.63 ms (PCIe 4.0 host-staged ring, 11.0 GB/s), 2.34 ms with bridged pairs.
 
 Shape legend: b rows (sequences of the sub-batch), S sequence, T = b*S tokens, H hidden, F ffn,
 A heads, K kv heads, D head dim, V vocabulary (padded to a multiple of t), t TP degree, e bytes
@@ -43,7 +48,7 @@ per element of the dtype.
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 
 from oases.config import ModelConfig
 from oases.planner.clusters import (
@@ -62,6 +67,7 @@ from oases.planner.clusters import (
     load_cluster,
     save_cluster,
 )
+from oases.planner.collectives import ALGORITHMS, NCCL_ALGORITHMS, OPS, Choice, collective
 
 __all__ = ["CLUSTERS", "DTYPE_BYTES", "GPU", "GPUS", "LINKS", "PAPER_REFERENCE_MODEL", "Cluster",
            "HardwareCosts", "Link", "Server", "cluster_from_dict", "comm_to_compute",
@@ -71,7 +77,6 @@ REGIONS = ("embed", "attn", "mlp", "head")
 _FORWARD_PIECES = ("body", "body-commfree", "epi")
 PIECES = {"forward": _FORWARD_PIECES, "recompute": _FORWARD_PIECES,
           "backward": ("norm", "epi", "tp")}
-OPS = ("all_reduce", "all_gather", "reduce_scatter")
 
 # Passes over a tensor (one read or one write of each element) of the kernels of each piece.
 NORM_FWD_PASSES = 2  # read x, write y
@@ -92,7 +97,8 @@ class HardwareCosts:
     ("fp32" | "tf32" | "bf16" | "fp16"; the dtype of matmuls and activations)."""
 
     def __init__(self, cluster: Cluster, model: ModelConfig, dtype: str = "fp32", *,
-                 attention: str = "materialized") -> None:
+                 attention: str = "materialized",
+                 algorithms: Sequence[str] = NCCL_ALGORITHMS) -> None:
         gpu = cluster.server.gpu
         if dtype not in DTYPE_BYTES:
             raise ValueError(f"dtype={dtype!r}; valid: {', '.join(DTYPE_BYTES)}")
@@ -101,7 +107,11 @@ class HardwareCosts:
                              f"{', '.join(gpu.peak_flops)}")
         if attention not in ("materialized", "fused"):
             raise ValueError(f"attention={attention!r}; valid: materialized, fused")
+        unknown = [a for a in algorithms if a not in ALGORITHMS]
+        if unknown or not algorithms:
+            raise ValueError(f"algorithms={list(algorithms)}; valid: {', '.join(ALGORITHMS)}")
         self.cluster, self.model, self.dtype, self.attention = cluster, model, dtype, attention
+        self.algorithms = tuple(algorithms)
         self.elem_bytes = DTYPE_BYTES[dtype]
         self.matmul_flops_per_s = gpu.peak_flops[dtype] * gpu.matmul_efficiency
         self.memory_bytes_per_s = gpu.memory_bandwidth_bytes_per_s * gpu.elementwise_efficiency
@@ -231,45 +241,43 @@ class HardwareCosts:
 
     def collective_s(self, op: str, group_size: int, nbytes: int, *,
                      spans_servers: bool | None = None) -> float:
-        """Seconds of a ring ``op`` over ``group_size`` ranks; ``nbytes`` is the full (output)
-        tensor. A group is guessed to be contiguous ranks (a TP group): inside one server when
-        it fits (a group of 2 on bridged pairs uses the bridge), else whole servers.
-        ``spans_servers=True`` says the group is strided over servers (a DP group: spread over
-        as many servers as it has ranks, at most all); ``False`` that it is inside a server.
-        ``collective_ranks_s`` prices a group from its actual ranks."""
+        """Seconds of ``op`` over ``group_size`` ranks as NCCL runs it (``planner.collectives``);
+        ``nbytes`` is the full (output) tensor. The group is taken to be contiguous ranks from
+        rank 0 (a TP group: inside one server when it fits, a bridged pair at 2, else whole
+        servers); ``spans_servers=True``: strided over the servers (a DP group, one rank per
+        server while servers last); ``False``: inside one server. ``collective_ranks_s``
+        prices a group from its actual ranks."""
         c, gps = self.cluster, self.cluster.server.gpus_per_server
         self._check_collective(op, group_size, nbytes)
         if group_size == 1:
             return 0.0
-        strided = spans_servers is True
-        if spans_servers is None:
-            spans_servers = group_size > gps
-        if not spans_servers:
-            if group_size > gps:
-                raise ValueError(f"a group of {group_size} does not fit in one server of "
-                                 f"{c.name} ({gps} GPUs)")
-            return self._intra_s(op, group_size, nbytes, paired=True)
-        if c.servers == 1:
-            raise ValueError(f"{c.name} has one server: no group spans servers")
-        if strided:  # one rank per server while servers last
-            n_servers = min(group_size, c.servers)
-            per_server = math.ceil(group_size / n_servers)
-        else:  # contiguous: whole servers
-            per_server, n_servers = gps, math.ceil(group_size / gps)
-        return self._hierarchical_s(op, per_server, n_servers, nbytes, paired=False)
+        if spans_servers is False and group_size > gps:
+            raise ValueError(f"a group of {group_size} does not fit in one server of "
+                             f"{c.name} ({gps} GPUs)")
+        if spans_servers is True:
+            if c.servers == 1:
+                raise ValueError(f"{c.name} has one server: no group spans servers")
+            if c.world_size % group_size == 0:
+                ranks = list(range(0, c.world_size, c.world_size // group_size))
+            else:
+                per_server = math.ceil(group_size / c.servers)
+                step = max(1, gps // per_server)
+                ranks = [s * gps + j * step for s in range(c.servers)
+                         for j in range(per_server)][:group_size]
+        else:
+            ranks = list(range(group_size))
+        return self.collective_ranks_s(op, ranks, nbytes)
 
     def collective_ranks_s(self, op: str, ranks: Iterable[int], nbytes: int) -> float:
         """``collective_s`` for the group of these global ranks (rank r on server r // gpus
         per server; a bridge joins ranks 2i and 2i+1)."""
+        return self.collective_choice(op, ranks, nbytes).seconds
+
+    def collective_choice(self, op: str, ranks: Iterable[int], nbytes: int) -> Choice:
+        """The algorithm, protocol and seconds NCCL's tuner picks for ``op`` over ``ranks``."""
         ranks = sorted(set(ranks))
         self._check_collective(op, len(ranks), nbytes)
-        per_server, per = group_layout(self.cluster, ranks)
-        paired = all(r ^ 1 in ranks for r in ranks)  # the group is whole bridged pairs
-        if len(ranks) == 1:
-            return 0.0
-        if len(per) == 1:
-            return self._intra_s(op, len(ranks), nbytes, paired)
-        return self._hierarchical_s(op, per_server, len(per), nbytes, paired)
+        return collective(self.cluster, op, ranks, nbytes, self.algorithms)
 
     def _check_collective(self, op: str, group_size: int, nbytes: int) -> None:
         if op not in OPS:
@@ -280,56 +288,21 @@ class HardwareCosts:
         if nbytes < 0:
             raise ValueError(f"nbytes={nbytes} must be >= 0")
 
-    @staticmethod
-    def _ring_s(op: str, p: int, nbytes: float, latency_s: float,
-                bandwidth_bytes_per_s: float) -> float:
-        """Ring: all-reduce 2(p-1)/p n / bw + 2(p-1) latency; all-gather and reduce-scatter
-        half of that."""
-        if p <= 1:
-            return 0.0
-        steps = (2 if op == "all_reduce" else 1) * (p - 1)
-        return steps / p * nbytes / bandwidth_bytes_per_s + steps * latency_s
-
-    def _intra_s(self, op: str, p: int, nbytes: float, paired: bool) -> float:
-        s = self.cluster.server
-        link = s.pair_link if p == 2 and paired and s.pair_link is not None else s.link
-        return self._ring_s(op, p, nbytes, link.latency_s, link.effective_bytes_per_s)
-
-    def _hierarchical_s(self, op: str, per_server: int, n_servers: int, nbytes: float,
-                        paired: bool) -> float:
-        """Reduce-scatter inside each server, ``op`` across servers on 1/per_server of the data
-        (each local rank on its share of the server's ports, at most its own server link's
-        rate), all-gather inside.
-
-        Every rank runs the same program, so while this group crosses servers every other GPU
-        of the server does the same in its own group (the TP groups of a degree, the DP
-        groups, the merge groups partition the ranks): the server's ports are shared by all
-        of its GPUs, not only by this group's ``per_server`` ranks. A DP group of one rank per
-        server on 4-GPU servers with one port gets a quarter of the port."""
-        c = self.cluster
-        inter = c.inter_link
-        assert inter is not None  # check_cluster: several servers have an inter_link
-        gps = c.server.gpus_per_server
-        share = inter.effective_bytes_per_s * min(c.nics_per_server, gps) / gps
-        # what leaves a GPU crosses its own server link first (PCIe staging on GeForce cards)
-        share = min(share, c.server.link.effective_bytes_per_s)
-        cross = self._ring_s(op, n_servers, nbytes / per_server, inter.latency_s, share)
-        if op == "all_reduce":
-            return (self._intra_s("reduce_scatter", per_server, nbytes, paired) + cross
-                    + self._intra_s("all_gather", per_server, nbytes, paired))
-        return self._intra_s(op, per_server, nbytes, paired) + cross
-
     # -- summary ---------------------------------------------------------------------------
 
     def describe(self) -> str:
         """One paragraph of the assumptions behind these costs."""
         c, s, g = self.cluster, self.cluster.server, self.cluster.server.gpu
+        link = s.link
+        both = (f" one way, {link.duplex_bytes_per_s / 1e9:.1f} both ways"
+                if link.duplex_bytes_per_s != link.effective_bytes_per_s else "")
         pair = (f", pairs bridged by {s.pair_link.name} "
                 f"({s.pair_link.effective_bytes_per_s / 1e9:.1f} GB/s)" if s.pair_link else "")
         inter = (f"; servers joined by {c.inter_link.name} "
-                 f"({c.inter_link.effective_bytes_per_s / 1e9:.2f} GB/s effective per port, "
-                 f"{c.nics_per_server} port(s) per server), hierarchical collectives across "
-                 "servers" if c.inter_link is not None and c.servers > 1 else "")
+                 f"({c.inter_link.effective_bytes_per_s / 1e9:.2f} GB/s bus bandwidth per port, "
+                 f"{c.nics_per_server} port(s) per server, shared by the server's GPUs' groups)"
+                 if c.inter_link is not None and c.servers > 1 else "")
+        algos = "/".join(self.algorithms)
         return (f"{c.name}: {c.servers} server(s) x {s.gpus_per_server} {g.name} "
                 f"({g.memory_bytes / 1e9:.0f} GB); {self.dtype} matmuls at "
                 f"{self.matmul_flops_per_s / 1e12:.1f} TFLOP/s ({g.matmul_efficiency:.0%} of "
@@ -337,10 +310,10 @@ class HardwareCosts:
                 f"{self.memory_bytes_per_s / 1e9:.0f} GB/s ({g.elementwise_efficiency:.0%} of "
                 f"{g.memory_bandwidth_bytes_per_s / 1e9:.0f}), "
                 f"{g.launch_overhead_s * 1e6:.0f} us launch overhead per piece, "
-                f"{self.attention} attention; ring collectives inside a server over "
-                f"{s.link.name} ({s.link.effective_bytes_per_s / 1e9:.1f} GB/s effective, "
-                f"{s.link.latency_s * 1e6:.0f} us per step){pair}{inter}. "
-                f"Sources: {g.source}; {s.link.source}.")
+                f"{self.attention} attention; collectives as NCCL's tuner picks them ({algos} x "
+                f"LL/LL128/Simple), inside a server over {link.name} "
+                f"({link.effective_bytes_per_s / 1e9:.1f} GB/s bus bandwidth{both}){pair}{inter}. "
+                f"Sources: {g.source}; {link.source}.")
 
 
 def comm_to_compute(cluster: Cluster, model: ModelConfig, tp: int, rows: int,

@@ -23,6 +23,7 @@ from oases.config import Config
 from oases.planner.budget import Budget
 from oases.planner.search import Candidate
 from oases.planner.simulate import PlanResult
+from oases.planner.uncertainty import INPUTS
 from oases.schedule.program import SPECS
 
 if TYPE_CHECKING:
@@ -199,15 +200,19 @@ def format_report(rep: Report) -> str:
              f"  {'schedule':<20}{'plan':<30}{'micro x n':>11}{'step ' + unit.name:>10}"
              f"{'tokens/s':>11}"
              f"{'peak GiB':>10}{'vs ' + base:>24}{parts_header()}"]
-    for row in rep.rows:
+    if rep.ranges is not None:
+        lines[-1] += f"{'tokens/s range':>20}{'vs ' + base + ' range':>30}  moves it most"
+    for i, row in enumerate(rep.rows):
         over = "" if row.fits else "  over budget"
         micro = f"{row.batch.micro_rows} x {row.batch.n_micro()}"
         lines.append(f"  {row.schedule:<20}{plan_label(row):<30}{micro:>11}"
                      f"{unit.cell(row.result.step_s)}{row.tokens_per_s:>11,.0f}"
                      f"{row.result.peak_mem_bytes / 2**30:>10.2f}{row.speedup:>23.2f}x"
-                     f"{parts_cells(row.result, unit)}{over}")
+                     f"{parts_cells(row.result, unit)}{range_cells(rep, i)}{over}")
     lines += ["", f"micro x n: sequences per micro-batch across the cluster x micro-batches per "
               f"step. {parts_note(unit)}."]
+    if rep.ranges is not None:
+        lines.append(uncertainty_note(rep))
     if any(row.result.bound() == "DP comm" for row in rep.rows):
         lines.append(f"{DP_NOTE}.")
     for row in rep.rows:
@@ -217,6 +222,26 @@ def format_report(rep: Report) -> str:
                          f"{row.plan.degree_runs()}")
     lines.append(f"simulated and planned in {rep.planning_s:.2f} s")
     return "\n".join(lines)
+
+
+def range_cells(rep: Report, i: int) -> str:
+    """A row's tokens/s and speedup ranges and the input that moves it most (--uncertainty)."""
+    if rep.ranges is None:
+        return ""
+    r = rep.ranges[i]
+    tokens = f"{r.tokens_per_s[0]:,.0f}-{r.tokens_per_s[1]:,.0f}"
+    speed = f"{r.speedup[0]:.2f}-{r.speedup[1]:.2f}x"
+    return f"{tokens:>20}{speed:>30}  {r.most_sensitive}"
+
+
+def uncertainty_note(rep: Report) -> str:
+    """What the ranges are (--uncertainty)."""
+    bounds = ", ".join(f"{name} x{lo:.3g}-{hi:.3g}" for name, (lo, hi) in
+                       (rep.bounds or {}).items())
+    return ("ranges: each row's plan re-simulated with every uncertain input at each bound "
+            f"and all at once at both ends ({bounds}; planner/uncertainty.py says why); "
+            "'moves it most': the input whose bounds are furthest apart in the row's speedup "
+            "(the first row: in its tokens/s)")
 
 
 def simulate_json(rep: Report) -> dict:
@@ -239,6 +264,11 @@ def simulate_json(rep: Report) -> dict:
                   "micro_rows": r.batch.micro_rows, "n_micro": r.batch.n_micro(),
                   "tokens_per_s": r.tokens_per_s, "peak_mem_bytes": r.result.peak_mem_bytes,
                   "fits": r.fits, "speedup": r.speedup, "found_by": r.found_by,
-                  **parts_json(r.result), "breakdown": r.result.breakdown}
-                 for r in rep.rows],
+                  **parts_json(r.result), "breakdown": r.result.breakdown,
+                  **({} if rep.ranges is None else {"uncertainty": rep.ranges[i].to_json()})}
+                 for i, r in enumerate(rep.rows)],
+        **({} if rep.bounds is None else {"uncertain_inputs": {
+            name: {"low": lo, "high": hi, "why": next(inp.why for inp in INPUTS
+                                                      if inp.name == name)}
+            for name, (lo, hi) in rep.bounds.items()}}),
     }

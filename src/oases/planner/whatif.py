@@ -13,10 +13,12 @@ memory per GPU and the speedup over the first schedule listed. Entries look like
 
 "auto" searches the powers of two up to the GPUs of one server (``max_tp``), doubling that cap
 while no plan fits, and 1, 2, 4 (and ``--n-sub``) sub-batches; then also the degrees every other
-auto row's search found. Collectives are priced by their groups' ranks (ring inside a server,
-hierarchical across servers; TP groups are contiguous ranks, DP groups strided). The batch is
-given in training's terms (``planner.batch``: micro-batch per model replica); each row says
-what bounds its step (``PlanResult.step_parts``); ``planner.report`` prints the rows.
+auto row's search found. Collectives are priced by their groups' ranks as NCCL runs them
+(``planner.collectives``; TP groups are contiguous ranks, DP groups strided); with
+``uncertainty`` every row gets its range over the uncertain inputs (``planner.uncertainty``).
+The batch is given in training's terms (``planner.batch``: micro-batch per model replica);
+each row says what bounds its step (``PlanResult.step_parts``); ``planner.report`` prints the
+rows.
 """
 
 from __future__ import annotations
@@ -35,6 +37,7 @@ from oases.planner.clusters import Cluster, get_cluster, load_cluster
 from oases.planner.hardware import HardwareCosts
 from oases.planner.search import candidate_degrees, solve_plan, with_zero
 from oases.planner.simulate import BatchShape, BatchSplitError, PlanResult, simulate_plan
+from oases.planner.uncertainty import Range, input_bounds, simulate_ranges
 from oases.schedule.program import SPECS
 from oases.schedule.timeline import Timeline
 
@@ -132,6 +135,8 @@ class Report:
     budget: Budget
     rows: list[Row]
     planning_s: float
+    ranges: list[Range] | None = None  # --uncertainty: each row's range (planner.uncertainty)
+    bounds: dict[str, tuple[float, float]] | None = None
 
     @property
     def budget_bytes(self) -> float:
@@ -141,12 +146,15 @@ class Report:
 def simulate_cluster(cfg: ModelConfig, cluster: Cluster, entries: list[tuple[str, PlanSpec]],
                      batch: BatchSpec | BatchShape, budget: Budget | float, *, n_sub: int = 2,
                      max_tp: int | None = None, dtype: str = "fp32",
-                     model_name: str = "") -> Report:
+                     model_name: str = "", uncertainty: bool = False,
+                     bounds: dict[str, tuple[float, float]] | None = None) -> Report:
     """Simulate every (schedule, plan) entry; the first is the speedups' baseline. An auto
     entry searches every sub-batch count (1, 2, 4 and ``n_sub``), then also the degrees every
     other auto entry's search found, so no schedule's plan is missed by another's search.
     ``batch``: a ``BatchSpec`` (or a ``BatchShape``: that cluster micro-batch for every row);
-    ``budget``: a ``Budget`` (or bytes)."""
+    ``budget``: a ``Budget`` (or bytes). ``uncertainty``: each row's range over the uncertain
+    inputs (``planner.uncertainty``; ``bounds`` replaces some of their bounds), its plan held
+    fixed."""
     if dtype not in ("fp32", "tf32"):  # the planner's sizes are 4-byte elements
         raise ValueError(f"dtype={dtype!r}: the planner sizes fp32 elements; use fp32 or tf32")
     if n_sub < 1:
@@ -174,8 +182,12 @@ def simulate_cluster(cfg: ModelConfig, cluster: Cluster, entries: list[tuple[str
     planning_s = time.perf_counter() - start
     for row in rows:
         row.speedup = rows[0].result.step_s / row.result.step_s
-    return Report(cfg, model_name, cluster, costs, batch, global_batch, budget, rows,
-                  planning_s)
+    rep = Report(cfg, model_name, cluster, costs, batch, global_batch, budget, rows, planning_s)
+    if uncertainty:
+        rep.bounds = input_bounds(cluster, bounds)
+        rep.ranges = simulate_ranges(cfg, cluster, [(r.plan, r.batch) for r in rows], dtype,
+                                     rep.bounds)
+    return rep
 
 
 def _n_subs(name: str, n_sub: int) -> tuple[int, ...]:
@@ -307,7 +319,7 @@ def help_text() -> str:
 A cluster preset names a whole machine room: servers x GPUs per server, the GPU (peak flops,
 memory, bandwidth, efficiencies), the link inside a server (PCIe, NVLink bridges, NVSwitch) and
 the link between servers (Ethernet, InfiniBand; ports per server). Every number comes from a
-public specification, efficiencies calibrated where the paper measured them (RTX 3090).
+public specification or microbenchmark named in the preset (nccl-tests, p2pBandwidthLatencyTest).
   cluster presets: {', '.join(CLUSTERS)}
   model presets:   {', '.join(MODELS)} (or a TOML run file: its [model] table)
 
@@ -327,12 +339,16 @@ preset name or a table of its fields:
   # matmul_efficiency, elementwise_efficiency):
   # [server.link]
   # name = "PCIe 4.0 x16"
-  # latency_s = 5e-6
+  # latency_s = 0                    # added to NCCL's per-step latency
   # bandwidth_bytes_per_s = 31.5e9   # nominal, per direction per GPU
-  # efficiency = 0.8                 # the fraction a ring collective reaches
+  # efficiency = 0.86                # the fraction NCCL's ring reaches (nccl-tests busbw)
+  # kind = "pcie"                    # nvlink | pcie | net: NCCL's latency row
+  # host_staged = false              # GeForce without P2P: staged through host memory, with
+  # duplex_efficiency = 0.0          #   this fraction when every GPU stages both ways
 
-Collectives are priced for the topology: a ring inside a server, hierarchical (reduce-scatter
-inside, ring across servers on the server's share of its ports, all-gather inside) across
-servers; TP groups are contiguous ranks, DP groups strided. Schedules may carry their own plan:
+Collectives are priced as NCCL's tuner picks them (ring, tree, NVLS x LL/LL128/Simple) on the
+paths a group uses (host-staged PCIe, bridged pairs, NVSwitch; across servers, the server's
+share of its ports); TP groups are contiguous ranks, DP groups strided. --uncertainty adds each
+row's range over the uncertain inputs. Schedules may carry their own plan:
 "megatron-recompute@tp=4+,merak@tp=4+,oases@auto" (tp=N+: the smallest degree >= N that fits).
 """
