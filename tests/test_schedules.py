@@ -457,3 +457,42 @@ def test_oases_timeline_trace_and_png(spawn_ranks, tmp_path):
 def test_tp2_dp2_oases_with_gradient_accumulation(spawn_ranks):
     results = spawn_ranks(_rank_tp2_dp2, 4)
     assert all(r == results[0] for r in results)  # every rank saw the same global losses
+
+
+@pytest.mark.parametrize("arch", ("gpt2", "llama"))
+def test_the_forward_keeps_no_reduced_partial_sum_of_a_glue_it_keeps_a_graph_for(arch):
+    """Without recompute the executor keeps each glue's graph from forward to backward with
+    its reduced input r_i as a leaf, for r_i's gradient; no backward reads r_i's values (the
+    bias and residual adds keep nothing, dropout keeps its mask), so its storage is freed in
+    the forward, as plain autograd would free it. After every forward instruction of a
+    megatron step (tp=1, in this process) every kept r_i holds no memory, except where the
+    glue is the identity (llama's embedding: x_1 *is* r_0), and the step's gradients stay
+    those of the single-device model."""
+    ctx = init_distributed(tp=1)
+    cfg = _cfg(arch, 1, dropout=0.1)
+    ref = _build(cfg, 5, fp64=True).train()
+    model = parallelize(copy.deepcopy(ref), ctx)
+    sched = build_schedule("megatron")
+    tokens, targets = _tokens(6), _tokens(7)
+    ex = sched.executor(model)
+    kept, identity, backward = {}, set(), ex._bwd_epi
+
+    def first_backward(i: int, j: int) -> None:  # the forward is over: look at what it kept
+        if not kept:
+            for key, (_, rl, out) in ex.eg.items():
+                kept[key] = rl.untyped_storage().nbytes()
+                if rl.untyped_storage().data_ptr() == out.untyped_storage().data_ptr():
+                    identity.add(key)
+        backward(i, j)
+
+    ex._bwd_epi = first_backward
+    torch.manual_seed(8)
+    loss = sched.step(model, tokens, targets)
+    assert len(kept) == len(ex.chain) - 1
+    assert all(n == 0 for key, n in kept.items() if key not in identity), kept
+    assert identity <= {(0, 0)}
+    torch.manual_seed(8)
+    ref_loss = ref(tokens, targets)
+    ref_loss.backward()
+    torch.testing.assert_close(loss, ref_loss.detach(), **EXACT64)
+    _assert_grads_match_single_device(model, ref, ctx, f"{arch} megatron tp=1")

@@ -276,6 +276,14 @@ class Executor:
             self.x[i + 1, j] = out.detach()
         if grad:
             self.eg[i, j] = (xl, rl, out)
+            ptr = rl.untyped_storage().data_ptr()
+            if (not recompute and (i, j) not in self.saved
+                    and out.untyped_storage().data_ptr() != ptr):  # (an identity glue: r is x')
+                # r_i = the reduced p_i: the glue's backward reads none of its values (bias add
+                # and residual add keep nothing, dropout keeps its mask), only rl.grad is
+                # wanted, yet the leaf rl would keep its [b, S, H] alive until the backward
+                # (one activation per region that plain autograd frees at once)
+                rl.untyped_storage().resize_(0)
 
     def _rng_devices(self) -> list:
         return [self.ctx.device] if self.ctx.device.type == "cuda" else []
