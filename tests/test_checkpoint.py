@@ -229,3 +229,15 @@ def test_checkpoints_hold_the_runs_dtype_and_resume_at_another_precision(root):
     assert down["start_step"] == 5 and math.isfinite(down["loss"])
     model32 = read_full_tensors(folder / "step_000006", "model.")
     assert {v.dtype for v in model32.values()} == {torch.float32}
+    # bf16 (autocast, bf16 activations) resumes the fp32 checkpoint and keeps fp32 master
+    # weights in its own; its first loss is the saved weights' loss to bf16's rounding
+    # (activations with 8 bits of mantissa over 2 layers: 1e-2 relative, as the parity tests)
+    bf16 = run(cfg1(root, "a", "--train.steps=7", quick, "--checkpoint.resume=auto",
+                    "--train.precision=bf16"))
+    assert bf16["start_step"] == 6
+    again = run(cfg1(root, "b", "--train.steps=7", quick, "--train.precision=fp32",
+                     f"--checkpoint.resume={folder / 'step_000006'}"))
+    assert bf16["losses"][0] == pytest.approx(again["losses"][0], rel=1e-2)
+    assert bf16["losses"][0] != again["losses"][0]  # computed in bf16
+    assert {v.dtype for v in read_full_tensors(folder / "step_000007", "model.").values()} == {
+        torch.float32}

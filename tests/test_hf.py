@@ -532,3 +532,12 @@ def test_export_a_run_directory_with_its_tokenizer(tmp_path, tokenizer):
             (out / "model.safetensors").read_bytes()
     with pytest.raises(ValueError, match=r"no complete checkpoint \(looked in "):
         export_checkpoint(tmp_path, tmp_path / "nothing")
+    # --dtype bf16: the fp32 export's weights rounded to bf16, named so in config.json
+    half = export_checkpoint(tmp_path / "run", tmp_path / "bf16", "bf16")
+    assert json.loads((half / "config.json").read_text())["dtype"] == "bfloat16"
+    st = pytest.importorskip("safetensors.torch")
+    full, low = st.load_file(out / "model.safetensors"), st.load_file(half / "model.safetensors")
+    assert set(full) == set(low)
+    for k, v in full.items():
+        assert low[k].dtype == torch.bfloat16 and torch.equal(low[k], v.to(torch.bfloat16))
+    assert transformers.AutoModelForCausalLM.from_pretrained(half).dtype == torch.bfloat16

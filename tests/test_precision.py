@@ -26,14 +26,32 @@ def test_names_map_to_dtypes_and_autocast():
         assert (p64.param_dtype, p64.autocast_dtype) == (torch.float64, None)
     with auto_cpu.autocast():  # no autocast on CPU: fp32 stays fp32
         assert (torch.ones(2, 2) @ torch.ones(2, 2)).dtype == torch.float32
-    with pytest.raises(ValueError, match="train.precision='fp16' must be one of auto, fp32, fp64"):
+    for device in (cpu, cuda):  # bf16: autocast wherever it runs, fp32 master weights
+        bf16 = resolve_precision("bf16", device)
+        assert (bf16.param_dtype, bf16.autocast_dtype) == (torch.float32, torch.bfloat16)
+        assert bf16.compute_dtype == torch.bfloat16
+        assert bf16.grad_reduce_dtype == torch.float32  # DP reduction in fp32 by default
+        assert resolve_precision("bf16", device, "bf16").grad_reduce_dtype == torch.bfloat16
+    assert resolve_precision("fp64", cpu).grad_reduce_dtype == torch.float64  # the master dtype
+    assert resolve_precision("bf16", cpu).describe() == {"compute": "bf16", "grad_reduce": "fp32",
+                                                         "master": "fp32"}
+    with resolve_precision("bf16", cpu).autocast():
+        assert (torch.ones(2, 2) @ torch.ones(2, 2)).dtype == torch.bfloat16
+    with pytest.raises(ValueError,
+                       match="train.precision='fp16' must be one of auto, fp32, bf16, fp64"):
         resolve_precision("fp16", cpu)
-    assert set(PRECISIONS) == {"auto", "fp32", "fp64"}
+    with pytest.raises(ValueError, match="parallel.grad_reduce_dtype='fp16' must be one of"):
+        resolve_precision("bf16", cpu, "fp16")
+    assert set(PRECISIONS) == {"auto", "fp32", "bf16", "fp64"}
 
 
 def test_config_checks_the_name():
     assert load_config(None, []).train.precision == "auto"
     assert load_config(None, ["--train.precision=fp64"]).train.precision == "fp64"
+    assert load_config(None, ["--train.precision=bf16"]).train.precision == "bf16"
+    assert load_config(None, []).parallel.grad_reduce_dtype == "fp32"
+    with pytest.raises(ValueError, match="parallel.grad_reduce_dtype='fp16' must be fp32 or bf16"):
+        load_config(None, ["--parallel.grad_reduce_dtype=fp16"])
     with pytest.raises(ValueError, match=r"train.precision='double' must be one of auto, fp32"):
         load_config(None, ["--train.precision=double"])
 
@@ -78,3 +96,38 @@ def test_a_float64_model_computes_in_float64(arch):
         loss32 = model32(tokens, tokens)
     assert loss32.dtype == torch.float32
     assert 0 < abs(loss32.item() - loss64.item()) < 1e-5
+
+
+@pytest.mark.parametrize("arch", ("gpt2", "llama"))
+def test_bf16_keeps_activations_in_bf16_and_master_state_in_fp32(arch):
+    """Under bf16 autocast every module's activation output is bf16 (the residual stream, the
+    norms, the partial sums), the loss and the gradients of the fp32 weights fp32; outside
+    autocast ``to_activation`` changes nothing (fp32 computes exactly as before)."""
+    from oases.precision import to_activation
+
+    cfg = ModelConfig(arch=arch, n_layers=1, dim=32, n_heads=4, vocab_size=50, seq_len=8)
+    torch.manual_seed(0)
+    model = build_model(cfg)
+    tokens = torch.randint(0, 50, (2, 8), generator=torch.Generator().manual_seed(1))
+    seen = {}
+
+    def note(name: str):
+        def hook(_m, _i, out) -> None:  # returns None: the output stays the module's
+            if torch.is_tensor(out) and out.is_floating_point():
+                seen.setdefault(name, out.dtype)
+        return hook
+
+    hooks = [m.register_forward_hook(note(n)) for n, m in model.named_modules()
+             if n not in ("", "embed", "loss_fn")]
+    with resolve_precision("bf16", torch.device("cpu")).autocast():
+        loss = model(tokens, tokens)
+        assert to_activation(torch.ones(2)).dtype == torch.bfloat16
+        assert to_activation(torch.ones(2, dtype=torch.long)).dtype == torch.long
+    for h in hooks:
+        h.remove()
+    assert set(seen.values()) == {torch.bfloat16}, seen  # the loss: loss_fn's output, below
+    assert loss.dtype == torch.float32
+    loss.backward()
+    assert {p.grad.dtype for p in model.parameters()} == {torch.float32}
+    x = torch.ones(3)
+    assert to_activation(x) is x

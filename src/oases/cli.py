@@ -223,6 +223,9 @@ def _parser() -> argparse.ArgumentParser:
                         help="a checkpoint (.../step_000123), a folder of them or a run "
                         "directory (its newest checkpoint)")
     export.add_argument("--out", required=True, metavar="HF_DIR", help="output directory")
+    export.add_argument("--dtype", default="fp32", choices=("fp32", "bf16", "fp16"),
+                        help="the weights' dtype in model.safetensors (cast from the "
+                        "checkpoint's master weights)")
     return parser
 
 
@@ -318,7 +321,7 @@ def _simulate(ns: argparse.Namespace, overrides: list[str]) -> int:
 def _export(ns: argparse.Namespace, overrides: list[str]) -> int:
     from oases.hf import export_checkpoint
 
-    out = export_checkpoint(ns.checkpoint, ns.out)
+    out = export_checkpoint(ns.checkpoint, ns.out, ns.dtype)
     print(f"wrote {out}")
     return 0
 

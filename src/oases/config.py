@@ -130,6 +130,10 @@ class ParallelConfig:
     may give their own (``"zero"``; absent: this value). ``reshard_after_forward`` (stage 3):
     free gathered weights between forward and backward (else keep them: fewer gathers, more
     memory). See ``oases.parallel.shard``.
+
+    ``grad_reduce_dtype``: the dtype of the data-parallel gradient reduction (the gradient
+    all-reduces and ZeRO's reduce-scatters): "fp32" (the master weights' dtype; default) or
+    "bf16" (half the bytes). See ``oases.precision``.
     """
 
     tp: int = 1
@@ -140,6 +144,7 @@ class ParallelConfig:
     memory_gb: float = 0.0
     zero: int = 0
     reshard_after_forward: bool = True
+    grad_reduce_dtype: str = "fp32"
 
     def __post_init__(self) -> None:
         _check(
@@ -149,6 +154,8 @@ class ParallelConfig:
         _positive("parallel", self, "tp", "timeout_s")
         _check(self.memory_gb >= 0, f"parallel.memory_gb={self.memory_gb} must be >= 0")
         _check(self.zero in (0, 1, 2, 3), f"parallel.zero={self.zero} must be 0, 1, 2 or 3")
+        _check(self.grad_reduce_dtype in ("fp32", "bf16"),
+               f"parallel.grad_reduce_dtype={self.grad_reduce_dtype!r} must be fp32 or bf16")
         _check(self.plan == "auto" or not self.profile,
                'parallel.profile is used only with parallel.plan = "auto"')
 
@@ -199,7 +206,8 @@ class TrainConfig:
     eval_batches: int = 4  # validation global batches per evaluation
     sample_tokens: int = 200  # tokens sampled from the model at the end of a run; 0 = none
     tensorboard: bool = False  # also write the metrics as TensorBoard events
-    precision: str = "auto"  # oases.precision.PRECISIONS: auto (bf16 autocast on CUDA), fp32, fp64
+    # oases.precision.PRECISIONS: auto (bf16 on CUDA, fp32 on CPU), fp32, bf16, fp64
+    precision: str = "auto"
 
     def __post_init__(self) -> None:
         _positive("train", self, "steps", "global_batch", "micro_batch", "lr", "log_every")

@@ -29,11 +29,21 @@ from torch import Tensor, nn
 from torch.utils.checkpoint import checkpoint, set_checkpoint_early_stop
 
 from oases.config import ModelConfig
-from oases.precision import upcast
+from oases.precision import to_activation, upcast
+
+
+class LayerNorm(nn.LayerNorm):
+    """``nn.LayerNorm`` whose output is an activation (``to_activation``): under bf16
+    autocast the statistics run in fp32 (autocast's rule for layer_norm) and the output is
+    bf16, as the next matmul would cast it anyway; elsewhere ``nn.LayerNorm`` itself."""
+
+    def forward(self, x: Tensor) -> Tensor:
+        return to_activation(super().forward(x))
 
 
 class RMSNorm(nn.Module):
-    """Root-mean-square norm (LLaMA): ``x / rms(x) * weight``, computed in at least fp32."""
+    """Root-mean-square norm (LLaMA): ``x / rms(x) * weight``, computed in at least fp32; the
+    output an activation (``to_activation``)."""
 
     def __init__(self, dim: int, eps: float = 1e-5) -> None:
         super().__init__()
@@ -43,7 +53,7 @@ class RMSNorm(nn.Module):
     def forward(self, x: Tensor) -> Tensor:
         xf = upcast(x)
         xf = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + self.eps)
-        return xf.type_as(x) * self.weight
+        return to_activation(xf.type_as(x) * self.weight)
 
 
 def rope_tables(seq_len: int, head_dim: int, theta: float) -> tuple[Tensor, Tensor]:
@@ -138,7 +148,7 @@ class Block(nn.Module):
 
     def __init__(self, cfg: ModelConfig) -> None:
         super().__init__()
-        norm = nn.LayerNorm if cfg.arch == "gpt2" else RMSNorm
+        norm = LayerNorm if cfg.arch == "gpt2" else RMSNorm
         self.attn_norm = norm(cfg.dim, eps=cfg.norm_eps)
         self.attn = Attention(cfg)
         self.mlp_norm = norm(cfg.dim, eps=cfg.norm_eps)
@@ -174,7 +184,7 @@ class Transformer(nn.Module):
         self.pos_embed = nn.Embedding(cfg.seq_len, cfg.dim) if cfg.arch == "gpt2" else None
         self.drop = nn.Dropout(cfg.dropout)
         self.blocks = nn.ModuleList(Block(cfg) for _ in range(cfg.n_layers))
-        self.norm = nn.LayerNorm(cfg.dim, eps=cfg.norm_eps) if cfg.arch == "gpt2" else RMSNorm(
+        self.norm = LayerNorm(cfg.dim, eps=cfg.norm_eps) if cfg.arch == "gpt2" else RMSNorm(
             cfg.dim, eps=cfg.norm_eps
         )
         self.head = nn.Linear(cfg.dim, cfg.vocab_size, bias=False)
@@ -204,13 +214,15 @@ class Transformer(nn.Module):
                 nn.init.normal_(p, 0.0, std)
 
     def embed_tokens(self, tokens: Tensor) -> Tensor:
-        """tokens [B, S] -> x [B, S, H]: token (+ learned position) embedding, dropout."""
+        """tokens [B, S] -> x [B, S, H]: token (+ learned position) embedding, dropout; an
+        activation (``to_activation``: bf16 under bf16 autocast), each term cast before the
+        sum, as the vocab-parallel embedding's partial sums are."""
         S = tokens.shape[1]
         if self.cfg.seq_len < S:
             raise ValueError(f"sequence length {S} exceeds model.seq_len={self.cfg.seq_len}")
-        x = self.embed(tokens)
+        x = to_activation(self.embed(tokens))
         if self.pos_embed is not None:
-            x = x + self.pos_embed.weight[:S]
+            x = x + to_activation(self.pos_embed.weight[:S])
         return self.drop(x)
 
     def forward(self, tokens: Tensor, targets: Tensor | None = None) -> Tensor:

@@ -7,22 +7,46 @@ import json
 import sys
 from collections.abc import Callable
 from pathlib import Path
+from typing import NamedTuple
 
 # The schedules of ``oases bench`` that are other libraries' training steps, not Oases programs
 # (no compute-only, comm-only or predicted time): PyTorch tensor parallelism, PyTorch FSDP2.
 PEERS = ("torch-tp", "fsdp2")
 
 
-def parse_entry(entry: str) -> tuple[str, int]:
-    """A bench entry -> (schedule, ZeRO stage): ``oases`` -> ("oases", 0), ``oases@zero=3`` ->
-    ("oases", 3) (sharded data parallelism, ``oases.parallel.shard``). ValueError otherwise."""
-    name, _, opts = entry.partition("@")
-    if not opts:
-        return name, 0
-    key, _, value = opts.partition("=")
-    if key != "zero" or value not in ("0", "1", "2", "3") or name in PEERS:
-        raise ValueError(f"bench entry {entry!r}: expected SCHEDULE or SCHEDULE@zero=0|1|2|3")
-    return name, int(value)
+class Entry(NamedTuple):
+    """One column of ``oases bench``: a schedule (or peer), its ZeRO stage, its precision
+    ("" = the run's ``train.precision``)."""
+
+    name: str
+    zero: int = 0
+    precision: str = ""
+
+    def stem(self) -> str:
+        """A file-name stem: ``oases_zero3``, ``oases_bf16``, ``fsdp2``."""
+        return "_".join([self.name, *([f"zero{self.zero}"] if self.zero else []),
+                         *([self.precision] if self.precision else [])])
+
+
+ENTRY_SYNTAX = "SCHEDULE[@zero=0|1|2|3][,precision=fp32|bf16] (peers: PEER[@precision=...])"
+
+
+def parse_entry(entry: str) -> Entry:
+    """A bench entry: ``oases`` -> Entry("oases"), ``oases@zero=3`` (sharded data parallelism,
+    ``oases.parallel.shard``), ``oases@precision=bf16`` (``oases.precision``),
+    ``megatron@zero=1,precision=bf16``. ValueError naming the syntax otherwise."""
+    name, at, opts = entry.partition("@")
+    values: dict[str, str] = {}
+    for opt in filter(None, opts.split(",")):
+        key, _, value = opt.partition("=")
+        if key in values or not (
+                (key == "zero" and value in ("0", "1", "2", "3") and name not in PEERS)
+                or (key == "precision" and value in ("fp32", "bf16"))):
+            raise ValueError(f"bench entry {entry!r}: expected {ENTRY_SYNTAX}")
+        values[key] = value
+    if not name or (at and not values):
+        raise ValueError(f"bench entry {entry!r}: expected {ENTRY_SYNTAX}")
+    return Entry(name, int(values.get("zero", 0)), values.get("precision", ""))
 
 
 def run_rank_spec(run: Callable[[dict], None]) -> None:

@@ -36,12 +36,13 @@ from __future__ import annotations
 import torch
 from torch import Tensor, nn
 from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
-from torch.distributed.fsdp import fully_shard
+from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 from torch.distributed.tensor import DTensor
 
 from oases.config import TrainConfig
 from oases.model import Transformer
 from oases.parallel.context import ParallelContext
+from oases.precision import Precision
 from oases.train.optim import lr_at
 
 __all__ = ["FSDP2Schedule", "build_world_mesh", "fsdp2_optimizer_step", "shard_fsdp2"]
@@ -52,19 +53,28 @@ def build_world_mesh(ctx: ParallelContext) -> DeviceMesh:
     return init_device_mesh(ctx.device.type, (ctx.world_size,), mesh_dim_names=("dp",))
 
 
-def shard_fsdp2(model: Transformer, mesh: DeviceMesh) -> Transformer:
+def shard_fsdp2(model: Transformer, mesh: DeviceMesh, precision: Precision | None = None
+                ) -> Transformer:
     """``fully_shard`` every block of ``model``, then the root, over ``mesh``, in place.
 
     ``model`` is the full single-device model, identical on every rank (same seed) and already
     on the mesh's device. Returns it (its class becomes an ``FSDPModule`` subclass). A tied
-    embedding/head weight stays one parameter (checked).
+    embedding/head weight stays one parameter (checked). With a ``precision`` that computes in
+    another dtype than its master weights (bf16), FSDP2's own mixed precision, as torchtitan
+    sets it: the shards stay fp32, the weights are gathered and used in bf16
+    (``MixedPrecisionPolicy.param_dtype``), the gradients reduced in the precision's
+    ``grad_reduce_dtype`` (fp32 by default).
     """
     if mesh.ndim != 1:
         raise ValueError(f"fsdp2 shards over a 1-D mesh, got {mesh}")
     tied = model.cfg.tie_embeddings
+    policy = MixedPrecisionPolicy()
+    if precision is not None and precision.compute_dtype != precision.param_dtype:
+        policy = MixedPrecisionPolicy(param_dtype=precision.compute_dtype,
+                                      reduce_dtype=precision.grad_reduce_dtype)
     for block in model.blocks:
-        fully_shard(block, mesh=mesh)
-    fully_shard(model, mesh=mesh)
+        fully_shard(block, mesh=mesh, mp_policy=policy)
+    fully_shard(model, mesh=mesh, mp_policy=policy)
     if tied and model.head.weight is not model.embed.weight:
         raise RuntimeError("fully_shard untied the embedding and head weights")
     return model

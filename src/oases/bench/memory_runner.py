@@ -37,6 +37,7 @@ from oases.parallel import comm
 from oases.parallel.apply import parallelize
 from oases.parallel.context import init_distributed
 from oases.parallel.shard import shard_model
+from oases.precision import resolve_precision
 from oases.schedule import build_schedule
 from oases.train.optim import build_optimizer, clip_grad_norm_, model_state_bytes
 
@@ -66,7 +67,9 @@ def run(spec: dict) -> None:
     cfg.validate(ctx.world_size)
     torch.set_num_threads(1)
     entry: str = spec["entry"]
-    name, zero = parse_entry(entry)
+    name, zero, precision_name = parse_entry(entry)
+    precision = resolve_precision(precision_name or cfg.train.precision, ctx.device,
+                                  cfg.parallel.grad_reduce_dtype)
     rows, seq = cfg.train.micro_batch, cfg.model.seq_len
     gen = torch.Generator().manual_seed(cfg.train.seed + ctx.dp_rank)
     tokens = torch.randint(0, cfg.model.vocab_size, (rows, seq), generator=gen).to(ctx.device)
@@ -89,14 +92,16 @@ def run(spec: dict) -> None:
 
         share = fsdp2_rows(rows, ctx.tp, ctx.tp_rank)
         tokens, targets = tokens[share], targets[share]
-        model = shard_fsdp2(build_model(cfg.model).to(ctx.device), build_world_mesh(ctx))
+        model = shard_fsdp2(build_model(cfg.model).to(ctx.device), build_world_mesh(ctx),
+                            precision)
         schedule = FSDP2Schedule()
     else:
         model = parallelize(build_model(cfg.model), ctx)
         if zero:
             shard_model(model, zero, cfg.parallel.reshard_after_forward)
         schedule = build_schedule(name, n_sub=cfg.schedule.n_sub,
-                                  max_inflight=cfg.schedule.max_inflight)
+                                  max_inflight=cfg.schedule.max_inflight,
+                                  grad_reduce_dtype=precision.grad_reduce_dtype)
     optimizer = build_optimizer(model, cfg.train)
 
     state: dict[str, int] = {}
@@ -105,7 +110,8 @@ def run(spec: dict) -> None:
         if it == warmup:
             comm.barrier(ctx.world_group)
             reset_peak_memory(ctx.device)
-        schedule.step(model, tokens, targets)
+        with precision.autocast():
+            schedule.step(model, tokens, targets)
         if name == "fsdp2":
             state = fsdp2_state_bytes(model, optimizer)  # moments exist from step 2 on
             fsdp2_optimizer_step(model, optimizer, it, cfg.train)
@@ -123,8 +129,7 @@ def run(spec: dict) -> None:
                   **dict(zip(state, (int(v) for v in r[2:])))} for r in every]
         out = Path(spec["out"])
         out.mkdir(parents=True, exist_ok=True)
-        stem = entry.replace("@", "_").replace("=", "")
-        (out / f"memory-{stem}.json").write_text(json.dumps(
+        (out / f"memory-{parse_entry(entry).stem()}.json").write_text(json.dumps(
             {"entry": entry, "world_size": ctx.world_size, "tp": ctx.tp, "dp": ctx.dp,
              "rows": rows, "seq_len": seq, "steps": n_steps, "ranks": ranks}, indent=1))
     comm.barrier(ctx.world_group)  # nobody exits while a peer still talks

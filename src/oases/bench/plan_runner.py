@@ -30,6 +30,7 @@ from oases.parallel.context import ParallelContext, init_distributed
 from oases.parallel.shard import shard_model
 from oases.plan import ParallelPlan
 from oases.planner import batch_shape
+from oases.precision import Precision, resolve_precision
 from oases.schedule import build_schedule
 from oases.schedule.program import SPECS, sub_batches
 from oases.train.optim import build_optimizer
@@ -54,8 +55,10 @@ def run(spec: dict) -> None:
     micro_rows = int(plan.notes.get("micro_rows") or batch_shape(cfg, ctx.world_size).micro_rows)
     local_micro = micro_rows * embed_tp // ctx.world_size
     local_rows = cfg.train.global_batch * embed_tp // ctx.world_size
+    precision = resolve_precision(cfg.train.precision, ctx.device, cfg.parallel.grad_reduce_dtype)
     schedule = build_schedule(plan.schedule, n_sub=plan.n_sub, micro_batch=local_micro,
-                              max_inflight=cfg.schedule.max_inflight)
+                              max_inflight=cfg.schedule.max_inflight,
+                              grad_reduce_dtype=precision.grad_reduce_dtype)
     gen = torch.Generator().manual_seed(cfg.train.seed + ctx.rank // embed_tp)
     tokens = torch.randint(0, cfg.model.vocab_size, (local_rows, cfg.model.seq_len),
                            generator=gen).to(ctx.device)
@@ -66,7 +69,8 @@ def run(spec: dict) -> None:
         optimizer.zero_grad(set_to_none=True)
         comm.barrier(ctx.world_group)
         start = time.perf_counter()
-        loss = float(schedule.step(model, tokens, targets))
+        with precision.autocast():
+            loss = float(schedule.step(model, tokens, targets))
         mid = time.perf_counter()
         if not spec.get("no_optimizer"):
             optimizer.step()
@@ -79,7 +83,8 @@ def run(spec: dict) -> None:
     retimed: dict = {}
     if spec.get("retime"):
         del model, optimizer, schedule
-        retimed = retime(cfg, ctx, plan, local_micro, int(spec.get("retime_repeats", 2)))
+        retimed = retime(cfg, ctx, plan, local_micro, int(spec.get("retime_repeats", 2)),
+                         precision)
     if ctx.rank == 0:
         Path(spec["out"]).write_text(json.dumps({
             "median_step_s": statistics.median(times), "steps_s": times,
@@ -89,8 +94,8 @@ def run(spec: dict) -> None:
     comm.barrier(ctx.world_group)  # nobody exits while a peer still talks
 
 
-def retime(cfg: Config, ctx: ParallelContext, plan: ParallelPlan, rows: int, repeats: int
-           ) -> dict:
+def retime(cfg: Config, ctx: ParallelContext, plan: ParallelPlan, rows: int, repeats: int,
+           precision: Precision) -> dict:
     """The plan's pieces and optimizer step timed now, in this launch, the way ``oases
     profile`` times them (``profile_runner.measure_compute``: an unsharded copy of the plan's
     model, collectives skipped, forward and backward pieces from the schedule's twin without
@@ -104,7 +109,7 @@ def retime(cfg: Config, ctx: ParallelContext, plan: ParallelPlan, rows: int, rep
     model = parallelize(build_model(cfg.model), ctx, plan)
     model.train()
     pieces, _, opt_s = measure_compute(model, ctx, rows, sub_batches(plan.schedule, plan.n_sub),
-                                       repeats, cfg.train, schedules)
+                                       repeats, cfg.train, schedules, precision)
     n_params = sum(p.numel() for p in model.parameters())
     return {"pieces": pieces, "optimizer": [{"n_params": n_params,
                                              "s": statistics.median(opt_s)}]}

@@ -29,6 +29,7 @@ Per piece the profile keeps the median over layers and repeats.
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import datetime
 import statistics
@@ -47,6 +48,7 @@ from oases.plan import ParallelPlan
 from oases.planner import batch_shape
 from oases.planner.profile import Profile
 from oases.planner.search import candidate_degrees
+from oases.precision import Precision, resolve_precision
 from oases.schedule import build_schedule, record_timeline
 from oases.schedule.program import Compute, Instr
 from oases.train.optim import build_optimizer
@@ -113,7 +115,8 @@ OVERLAPPED = ("overlap", "overlap-recompute", "oases")
 
 
 def measure_compute(model: torch.nn.Module, ctx: ParallelContext, rows: int, k: int,
-                    repeats: int, train: TrainConfig, schedules: tuple[str, ...] | None = None
+                    repeats: int, train: TrainConfig, schedules: tuple[str, ...] | None = None,
+                    precision: Precision | None = None
                     ) -> tuple[list[dict], list[dict], list[float]]:
     """Per-piece compute times of ``model`` (each region at its plan's degree) running steps of
     ``rows`` local sequences (the embedding's layout) cut into k sub-batches: ``schedules``,
@@ -122,7 +125,8 @@ def measure_compute(model: torch.nn.Module, ctx: ParallelContext, rows: int, k: 
     its own; the simulator adds the contention of the collectives beside it. Forward and
     backward pieces are taken from the schedules without recompute, recompute pieces from the
     others. With k == 1 also the activations each region keeps, per recompute mode (exact,
-    from the executor).
+    from the executor, in bytes: bf16 activations under a bf16 ``precision``, whose autocast
+    every step runs in).
 
     Between steps the optimizer steps as in training (``build_optimizer``'s groups, at lr 0 so
     the weights stay put), on the gradients the step made; the third list is its seconds per
@@ -139,6 +143,7 @@ def measure_compute(model: torch.nn.Module, ctx: ParallelContext, rows: int, k: 
     for group in optimizer.param_groups:
         group["lr"] = 0.0
     optimizer_s: list[float] = []
+    autocast = contextlib.nullcontext() if precision is None else precision.autocast()
     for name in schedules or (SYNC if k == 1 else OVERLAPPED):
         sched = build_schedule(name, n_sub=k)
         mode = sched.spec.recompute
@@ -151,7 +156,7 @@ def measure_compute(model: torch.nn.Module, ctx: ParallelContext, rows: int, k: 
             ex.track_memory = rep == 0 and k == 1
             ex.saved_bytes = {}
             comm.barrier(ctx.world_group)
-            with record_timeline() as tl:
+            with record_timeline() as tl, autocast:
                 ex.run(program, list(tokens.chunk(k)), list(tokens.chunk(k)), 1.0 / k)
             start = time.perf_counter()
             optimizer.step()
@@ -186,9 +191,11 @@ def measure_compute(model: torch.nn.Module, ctx: ParallelContext, rows: int, k: 
 
 
 def measure_contention(ctx: ParallelContext, cfg, rows: int,  # noqa: ANN001 (ModelConfig)
-                       repeats: int = 4) -> tuple[dict[str, float], dict[str, float]]:
+                       repeats: int = 4, dtype: torch.dtype = torch.float32
+                       ) -> tuple[dict[str, float], dict[str, float]]:
     """How compute and each kind of collective slow each other down when they run at once,
-    over the world: a matmul of the model's MLP shape (``rows`` sequences) runs in a loop while
+    over the world: a matmul of the model's MLP shape (``rows`` sequences, in the run's compute
+    ``dtype``, as are the collectives' buffers) runs in a loop while
     the collective runs (issued ``repeats`` times in a row, the same count on every rank).
     Returns ``(compute, comm)``: per op, the matmul's median time beside the collective over
     its median alone, and the collective's median time beside the matmuls (issue to completion,
@@ -201,8 +208,8 @@ def measure_contention(ctx: ParallelContext, cfg, rows: int,  # noqa: ANN001 (Mo
     if group.size <= 1:
         return {}, {}
     dev = ctx.device
-    x = torch.randn(max(rows, 1) * cfg.seq_len, cfg.dim, device=dev)
-    w = torch.randn(cfg.ffn_dim, cfg.dim, device=dev)
+    x = torch.randn(max(rows, 1) * cfg.seq_len, cfg.dim, device=dev, dtype=dtype)
+    w = torch.randn(cfg.ffn_dim, cfg.dim, device=dev, dtype=dtype)
 
     def matmul() -> float:
         start = time.perf_counter()
@@ -216,7 +223,7 @@ def measure_contention(ctx: ParallelContext, cfg, rows: int,  # noqa: ANN001 (Mo
     comm.barrier(group)
     alone = statistics.median(matmul() for _ in range(8))
     n = group.size * max(1, -(-16 * x.numel() // group.size))  # ~16 activations, divisible
-    buf = torch.randn(n, device=dev)
+    buf = torch.randn(n, device=dev, dtype=dtype)
     starts = {
         "all_reduce": lambda: comm.all_reduce_async(buf, group, tag="contention"),
         "all_gather": lambda: comm.all_gather_into_async(torch.empty_like(buf),
@@ -252,36 +259,48 @@ def measure_contention(ctx: ParallelContext, cfg, rows: int,  # noqa: ANN001 (Mo
 
 
 def measure_collectives(ctx: ParallelContext, t: int, sizes: list[int], repeats: int,
-                        dp_only: bool = False) -> list[dict]:
+                        dp_only: bool = False, precision: Precision | None = None) -> list[dict]:
     """All-reduce and reduce-scatter over the TP group of degree t and all-gather (along the
     batch, as a reshard does) over the merge group of degrees 1 and t, at each byte size (the
     size of the full tensor: the all-reduce's buffer, the gather's output, the scatter's
-    input). ``dp_only``: the DP group of degree t instead (size world / t, a group size no TP
-    degree has): its gradient all-reduce and ZeRO's reduce-scatter and all-gather."""
+    input), in the dtype the run moves activations in (``precision.compute_dtype``).
+    ``dp_only``: the DP group of degree t instead (size world / t, a group size no TP degree
+    has): its gradient all-reduce and ZeRO's reduce-scatter (``grad_reduce_dtype``) and weight
+    all-gather (master weights, ``param_dtype``)."""
     tp_group, dp_group = ctx.groups_for(t)
     gather_group = None if dp_only else ctx.merge_group(1, t)
+    act = torch.float32 if precision is None else precision.compute_dtype
+    grad = torch.float32 if precision is None else precision.grad_reduce_dtype
+    weight = torch.float32 if precision is None else precision.param_dtype
+
+    def zeros(nbytes: int, dtype: torch.dtype, parts: int = 1, divisible: bool = False
+              ) -> torch.Tensor:
+        n = max(1, nbytes // dtype.itemsize)
+        n = max(parts, n - n % parts) if divisible else max(1, n // parts)
+        return torch.zeros(n, dtype=dtype, device=ctx.device)
+
     out = []
     for nbytes in sizes:
-        n = max(1, nbytes // 4)
         if dp_only:
             d = dp_group.size
-            ops = {"all_reduce": (lambda buf: comm.all_reduce_(buf, dp_group), torch.zeros(n)),
+            ops = {"all_reduce": (lambda buf: comm.all_reduce_(buf, dp_group), zeros(nbytes, grad)),
                    # ZeRO's collectives over the DP group: gradient scatters, weight gathers
                    "reduce_scatter": (lambda buf: comm.reduce_scatter(buf, dp_group),
-                                      torch.zeros(max(d, n - n % d))),
+                                      zeros(nbytes, grad, d, divisible=True)),
                    "all_gather": (lambda buf: comm.all_gather_into_async(
                        buf.new_empty(buf.numel() * dp_group.size), buf, dp_group).wait(),
-                                  torch.zeros(max(1, n // d)))}
+                                  zeros(nbytes, weight, d))}
         else:
             ops = {
-                "all_reduce": (lambda buf: comm.all_reduce_(buf, tp_group), torch.zeros(n)),
+                "all_reduce": (lambda buf: comm.all_reduce_(buf, tp_group), zeros(nbytes, act)),
                 "all_gather": (lambda buf: comm.reshard_batch(buf, 1, t, gather_group),
-                               torch.zeros(max(1, n // t))),
+                               zeros(nbytes, act, t)),
                 "reduce_scatter": (lambda buf: comm.reduce_scatter(buf, tp_group),
-                                   torch.zeros(max(t, n - n % t))),
+                                   zeros(nbytes, act, t, divisible=True)),
             }
         for op, (fn, buf) in ops.items():
-            buf = buf.to(ctx.device)
+            full = buf.numel() * (dp_group.size if dp_only else t) if op == "all_gather" else (
+                buf.numel())
             samples = []
             for _ in range(repeats + 1):
                 comm.barrier(ctx.world_group)
@@ -290,7 +309,7 @@ def measure_collectives(ctx: ParallelContext, t: int, sizes: list[int], repeats:
                     fn(buf)
                 samples.append(time.perf_counter() - start)
             size = ctx.world_size // t if dp_only else t
-            out.append({"op": op, "group_size": size, "nbytes": n * 4,
+            out.append({"op": op, "group_size": size, "nbytes": full * buf.element_size(),
                         "s": statistics.median(samples[1:])})
     return out
 
@@ -310,6 +329,7 @@ def run(spec: dict) -> None:
     degrees = candidate_degrees(cfg.model, world_size)
     repeats = int(spec.get("repeats", 3))
     ctx = init_distributed(tp=1, timeout_s=cfg.parallel.timeout_s, degrees=tuple(degrees))
+    precision = resolve_precision(cfg.train.precision, ctx.device, cfg.parallel.grad_reduce_dtype)
     comm.barrier(ctx.world_group)
     baseline = runtime_baseline_bytes()
     torch.manual_seed(cfg.train.seed)
@@ -318,7 +338,8 @@ def run(spec: dict) -> None:
     memory: list[dict] = []
     collectives: list[dict] = []
     models = []
-    act = cfg.model.seq_len * cfg.model.dim * 4  # bytes of one sequence's [S, H] activation
+    # bytes of one sequence's [S, H] activation
+    act = cfg.model.seq_len * cfg.model.dim * precision.compute_dtype.itemsize
     optimizer: list[dict] = []  # one AdamW step per model size (one per degree)
     for t in degrees:
         optimizer_s: list[float] = []
@@ -327,7 +348,8 @@ def run(spec: dict) -> None:
         model.train()
         rows = profile_rows(cfg, world_size, t)
         for k in [k for k in spec.get("n_subs", (1, 2, 4)) if rows >= k and rows % k == 0]:
-            c, m, o = measure_compute(model, ctx, rows, k, repeats, cfg.train)
+            c, m, o = measure_compute(model, ctx, rows, k, repeats, cfg.train,
+                                      precision=precision)
             compute += c
             memory += m
             optimizer_s += o
@@ -337,7 +359,8 @@ def run(spec: dict) -> None:
         if t > 1 and rows > 0:
             sizes = sorted({max(act // 4, 1024), act, rows * act // 2, rows * act,
                             4 * rows * act, 16 * rows * act})
-            collectives += measure_collectives(ctx, t, sizes, repeats + 2)
+            collectives += measure_collectives(ctx, t, sizes, repeats + 2,
+                                               precision=precision)
         models.append(model)
         if optimizer_s:
             optimizer.append({"n_params": sum(p.numel() for p in model.parameters()),
@@ -347,11 +370,13 @@ def run(spec: dict) -> None:
         if world_size // t > 1 and world_size // t not in tp_sizes:
             rows = max(1, profile_rows(cfg, world_size, t))
             sizes = sorted({act, rows * act, 16 * rows * act, 64 * rows * act})
-            collectives += measure_collectives(ctx, t, sizes, repeats + 2, dp_only=True)
+            collectives += measure_collectives(ctx, t, sizes, repeats + 2, dp_only=True,
+                                               precision=precision)
             tp_sizes.add(world_size // t)
     workspace = workspace_bytes(baseline, [base, *models])
     contention, comm_contention = measure_contention(ctx, cfg.model,
-                                                     profile_rows(cfg, world_size, 1))
+                                                     profile_rows(cfg, world_size, 1),
+                                                     dtype=precision.compute_dtype)
     if ctx.rank == 0:
         from oases.bench.suite import machine_info
 

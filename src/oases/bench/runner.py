@@ -6,9 +6,11 @@ median step time (forward + backward + data-parallel gradient sync, after warm-u
 memory of a step, and for Oases-executor schedules without ZeRO the compute-only time (same
 program, collectives skipped) and communication-only time (the program's collectives alone, on
 buffers of the same sizes). An entry ``NAME@zero=Z`` runs schedule NAME on its own copy of the
-model sharded at ZeRO stage Z (``oases.parallel.shard``). Rank 0 writes ``raw.json``; with
-``timeline`` set, also the timeline of one step of ``oases`` and of every ``NAME@zero=Z``,
-gathered from every rank.
+model sharded at ZeRO stage Z (``oases.parallel.shard``); ``NAME@precision=P`` (or
+``NAME@zero=Z,precision=P``) runs it at precision P (``oases.precision``: under bf16 autocast,
+bf16 activations and TP collectives) instead of the run's ``train.precision``. Rank 0 writes
+``raw.json``; with ``timeline`` set, also the timeline of one step of ``oases`` (at every
+precision) and of every ZeRO entry, gathered from every rank.
 """
 
 from __future__ import annotations
@@ -29,6 +31,7 @@ from oases.parallel import comm
 from oases.parallel.apply import parallelize
 from oases.parallel.context import ParallelContext, init_distributed
 from oases.parallel.shard import shard_model
+from oases.precision import Precision, resolve_precision
 from oases.schedule import Schedule, build_schedule, record_timeline
 from oases.schedule.program import Start, Wait, label
 from oases.schedule.timeline import Timeline
@@ -44,17 +47,21 @@ def _timed(ctx: ParallelContext, fn) -> float:  # noqa: ANN001
 
 
 def comm_only_step(schedule: Schedule, model: torch.nn.Module, rows: int, seq: int,
-                   ctx: ParallelContext) -> None:
-    """Issue exactly the program's collectives, in its order, on same-sized dummy buffers."""
+                   ctx: ParallelContext, precision: Precision) -> None:
+    """Issue exactly the program's collectives, in its order, on same-sized dummy buffers (in
+    the dtypes ``precision`` moves them in)."""
     ex = schedule.executor(model)
     n_micro, k = schedule.split(rows)
-    act = torch.zeros(rows // (n_micro * k), seq, model.cfg.dim, device=ctx.device)  # [b, S, H]
+    act = torch.zeros(rows // (n_micro * k), seq, model.cfg.dim, device=ctx.device,
+                      dtype=precision.compute_dtype)  # [b, S, H]
     dp_sizes = {i: sum(p.numel() for p in ps) for i, ps in ex.buckets.items()}
     handles = {}
     for ins in schedule.program(model, rows):
         if isinstance(ins, Start):
             if ins.kind == "dp":
-                buf, group = torch.zeros(dp_sizes[ins.index], device=ctx.device), ctx.dp_group
+                buf = torch.zeros(dp_sizes[ins.index], device=ctx.device,
+                                  dtype=precision.grad_reduce_dtype)
+                group = ctx.dp_group
             else:
                 buf, group = act.clone(), ctx.tp_group
             handles[ins.kind, ins.index, ins.sub] = comm.all_reduce_async(buf, group)
@@ -101,9 +108,10 @@ def fit_allreduce(ctx: ParallelContext, rows: int, seq: int, dim: int) -> dict:
 
 
 def predict_step(sched: Schedule, model: torch.nn.Module, rows: int, seq: int,
-                 profile: Timeline, ar_fit: dict) -> float:
+                 profile: Timeline, ar_fit: dict, precision: Precision) -> float:
     """The simulator's step time for this schedule: compute from this machine's measured
-    compute-only timeline (median per instruction), collectives from the all-reduce fit."""
+    compute-only timeline (median per instruction), collectives from the all-reduce fit, at
+    the bytes ``precision`` moves."""
     from oases.planner.simulate import StepCosts, simulate_program
 
     per: dict[tuple[str, str], list[float]] = {}
@@ -112,11 +120,13 @@ def predict_step(sched: Schedule, model: torch.nn.Module, rows: int, seq: int,
             per.setdefault((e.phase, e.name), []).append(e.end_s - e.start_s)
     med = {k: statistics.median(v) for k, v in per.items()}
     n_micro, k = sched.split(rows)
-    nbytes = rows // (n_micro * k) * seq * model.cfg.dim * 4
+    act_elem = precision.compute_dtype.itemsize
+    nbytes = rows // (n_micro * k) * seq * model.cfg.dim * act_elem
 
     def collective_s(kind: str, index: int) -> float:
         if kind == "dp":
-            size = sum(p.numel() for p in sched.executor(model).buckets[index]) * 4
+            size = (sum(p.numel() for p in sched.executor(model).buckets[index])
+                    * precision.grad_reduce_dtype.itemsize)
         else:
             size = nbytes
         return ar_fit["latency_s"] + size / ar_fit["bandwidth_bytes_per_s"]
@@ -148,28 +158,34 @@ def run(spec: dict) -> None:
     tokens = torch.randint(0, cfg.model.vocab_size, (rows, seq), generator=gen).to(ctx.device)
     targets = torch.randint(0, cfg.model.vocab_size, (rows, seq), generator=gen).to(ctx.device)
     steps = {}  # name -> (model, schedule, this rank's tokens, targets)
-    if "torch-tp" in names:
+    precisions = {e: resolve_precision(parse_entry(e).precision or cfg.train.precision,
+                                       ctx.device, cfg.parallel.grad_reduce_dtype)
+                  for e in names}
+    for entry in [n for n in names if parse_entry(n).name == "torch-tp"]:
         from oases.bench.torch_tp import TorchTPSchedule, parallelize_torch_tp
 
-        steps["torch-tp"] = (parallelize_torch_tp(copy.deepcopy(base), ctx), TorchTPSchedule(),
-                             tokens, targets)
-    if "fsdp2" in names:  # pure DP over the world: each rank of a TP group takes its share
+        steps[entry] = (parallelize_torch_tp(copy.deepcopy(base), ctx), TorchTPSchedule(),
+                        tokens, targets)
+    for entry in [n for n in names if parse_entry(n).name == "fsdp2"]:
+        # pure DP over the world: each rank of a TP group takes its share
         from oases.bench.fsdp2 import FSDP2Schedule, build_world_mesh, shard_fsdp2
 
         share = fsdp2_rows(rows, ctx.tp, ctx.tp_rank)
-        steps["fsdp2"] = (shard_fsdp2(copy.deepcopy(base).to(ctx.device), build_world_mesh(ctx)),
-                          FSDP2Schedule(), tokens[share], targets[share])
+        steps[entry] = (shard_fsdp2(copy.deepcopy(base).to(ctx.device), build_world_mesh(ctx),
+                                    precisions[entry]),
+                        FSDP2Schedule(), tokens[share], targets[share])
     with_opt = bool(spec.get("with_optimizer"))
     pristine = copy.deepcopy(base)
     model = parallelize(base, ctx)
-    for entry in [n for n in names if n not in PEERS]:
-        name, zero = parse_entry(entry)
+    for entry in [n for n in names if parse_entry(n).name not in PEERS]:
+        name, zero, _ = parse_entry(entry)
         own = zero or with_opt  # an optimizer per entry: each on its own model
         m = parallelize(copy.deepcopy(pristine), ctx) if own else model
         if zero:
             shard_model(m, zero)
         steps[entry] = (m, build_schedule(name, n_sub=cfg.schedule.n_sub,
-                                          max_inflight=cfg.schedule.max_inflight),
+                                          max_inflight=cfg.schedule.max_inflight,
+                                          grad_reduce_dtype=precisions[entry].grad_reduce_dtype),
                         tokens, targets)
     optimizers = {}
     if with_opt:
@@ -178,15 +194,16 @@ def run(spec: dict) -> None:
 
     def train_step(entry: str) -> None:
         m, sched, x, y = steps[entry]
-        sched.step(m, x, y)
+        with precisions[entry].autocast():
+            sched.step(m, x, y)
         if entry not in optimizers:
             return
-        if entry == "fsdp2":
+        if parse_entry(entry).name == "fsdp2":
             from oases.bench.fsdp2 import fsdp2_optimizer_step
 
             fsdp2_optimizer_step(m, optimizers[entry], 0, cfg.train)
             return
-        if entry != "torch-tp":
+        if parse_entry(entry).name != "torch-tp":
             clip_grad_norm_(m.parameters(), cfg.train.grad_clip, ctx.tp_group, None,
                             getattr(m, "zero_shards", None), ctx.world_group)
         optimizers[entry].step()
@@ -217,18 +234,24 @@ def run(spec: dict) -> None:
     comm_only: dict[str, float] = {}
     predicted: dict[str, float] = {}
     ar_fit = fit_allreduce(ctx, rows, seq, cfg.model.dim)
-    for name in [n for n in names if n not in PEERS and not parse_entry(n)[1]]:
+    for name in [n for n in names if parse_entry(n).name not in PEERS and not parse_entry(n).zero]:
         m, sched, _, _ = steps[name]
         ex = sched.executor(m)
         ex.skip_comm = True
-        with record_timeline() as profile_tl:
-            _timed(ctx, lambda m=m, sched=sched: sched.step(m, tokens, targets))
-        predicted[name] = predict_step(sched, m, rows, seq, profile_tl, ar_fit)
-        def step(m: torch.nn.Module = m, sched: Schedule = sched) -> None:
-            sched.step(m, tokens, targets)
+        precision = precisions[name]
 
-        def comm_step(m: torch.nn.Module = m, sched: Schedule = sched) -> None:
-            comm_only_step(sched, m, rows, seq, ctx)
+        def step(m: torch.nn.Module = m, sched: Schedule = sched,
+                 precision: Precision = precision) -> None:
+            with precision.autocast():
+                sched.step(m, tokens, targets)
+
+        with record_timeline() as profile_tl:
+            _timed(ctx, step)
+        predicted[name] = predict_step(sched, m, rows, seq, profile_tl, ar_fit, precision)
+
+        def comm_step(m: torch.nn.Module = m, sched: Schedule = sched,
+                      precision: Precision = precision) -> None:
+            comm_only_step(sched, m, rows, seq, ctx, precision)
 
         c = [_timed(ctx, step) for _ in range(1 + n_steps)]
         ex.skip_comm = False
@@ -237,8 +260,8 @@ def run(spec: dict) -> None:
         comm_only[name] = statistics.median(o[1:])
 
     merged = {}
-    drawn = [n for n in names if n not in PEERS and (parse_entry(n)[0] == "oases"
-                                                     or parse_entry(n)[1])]
+    drawn = [n for n in names if parse_entry(n).name not in PEERS
+             and (parse_entry(n).name == "oases" or parse_entry(n).zero)]
     for name in drawn if spec.get("timeline") else []:
         with record_timeline() as tl:
             _timed(ctx, lambda name=name: train_step(name))
@@ -256,7 +279,7 @@ def run(spec: dict) -> None:
         }
         (out / "raw.json").write_text(json.dumps(result, indent=1))
         for name, tl in merged.items():
-            stem = name.replace("@", "_").replace("=", "")  # oases_zero3
+            stem = parse_entry(name).stem()  # oases_zero3, oases_bf16
             tl.save_chrome_trace(out / f"{stem}_trace.json")
             tl.plot(out / f"{stem}_timeline.png",
                     title=f"{name}, tp={ctx.tp}, dp={ctx.dp}, {spec.get('link_label', '')}")

@@ -78,11 +78,11 @@ def run_bench(config: str | None, overrides: list[str], schedules: list[str], li
     cfg = load_config(config, overrides)  # fail fast, before any rank starts
     cfg.validate(nproc)
     valid = (*SCHEDULES, *BASELINES, *PEERS)
-    unknown = [s for s in schedules if parse_entry(s)[0] not in valid]
+    unknown = [s for s in schedules if parse_entry(s).name not in valid]
     if unknown:
         raise ValueError(f"unknown schedule(s) {unknown}; valid: "
                          f"{', '.join(valid)}")
-    if "fsdp2" in schedules:
+    if any(parse_entry(s).name == "fsdp2" for s in schedules):
         from oases.bench.runner import fsdp2_rows
 
         fsdp2_rows(cfg.train.micro_batch, cfg.parallel.tp, 0)  # the batch splits over all ranks
@@ -92,7 +92,7 @@ def run_bench(config: str | None, overrides: list[str], schedules: list[str], li
     with tempfile.TemporaryDirectory() as tmp:
         _launch({**base, "schedules": schedules, "steps": steps, "warmup": warmup,
                  "link_label": label,
-                 "timeline": any(parse_entry(s)[0] == "oases" or parse_entry(s)[1]
+                 "timeline": any(parse_entry(s).name == "oases" or parse_entry(s).zero
                                  for s in schedules),
                  "with_optimizer": with_optimizer}, nproc, rate, Path(tmp))
     raw = json.loads((out / "raw.json").read_text())
@@ -280,12 +280,12 @@ def run_memory(config: str | None, overrides: list[str], entries: list[str], ste
             launch_ranks("oases.bench.memory_runner",
                          {"config": config, "overrides": overrides, "out": str(out),
                           "entry": e, "steps": steps, "warmup": warmup}, nproc, None, Path(tmp))
-            stem = e.replace("@", "_").replace("=", "")
-            raw = json.loads((out / f"memory-{stem}.json").read_text())
+            entry = parse_entry(e)
+            raw = json.loads((out / f"memory-{entry.stem()}.json").read_text())
             row = {"tp": raw["tp"], "dp": raw["dp"], "ranks": raw["ranks"]}
-            name, zero = parse_entry(e)
-            if name not in PEERS:
-                row["predicted"] = predicted_peak_bytes(cfg, name, zero, nproc, costs)
+            if entry.name not in PEERS:
+                row["predicted"] = predicted_peak_bytes(cfg, entry.name, entry.zero, nproc,
+                                                        costs)
             rows[e] = row
     result = {"world_size": nproc, "tp": cfg.parallel.tp, "entries": rows}
     (out / "memory.json").write_text(json.dumps(result, indent=1))

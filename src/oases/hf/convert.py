@@ -120,8 +120,13 @@ def config_from_hf(
     )
 
 
-def config_to_hf(cfg: ModelConfig, doc_sep_id: int = 0) -> dict[str, Any]:
-    """The ``config.json`` transformers reads back as the same model (fp32 weights).
+# ``oases export --dtype`` -> the name config.json gives the weights' dtype
+HF_DTYPES = {"fp32": "float32", "bf16": "bfloat16", "fp16": "float16"}
+
+
+def config_to_hf(cfg: ModelConfig, doc_sep_id: int = 0, dtype: str = "fp32") -> dict[str, Any]:
+    """The ``config.json`` transformers reads back as the same model (weights in ``dtype``,
+    a key of ``HF_DTYPES``).
 
     ``doc_sep_id``: the token between documents in training (byte 0 for the byte tokenizer,
     ``Tokenizer.doc_sep_id`` otherwise), the begin and end of every text the model saw: it is
@@ -146,7 +151,7 @@ def config_to_hf(cfg: ModelConfig, doc_sep_id: int = 0) -> dict[str, Any]:
             "embd_pdrop": cfg.dropout,
             "attn_pdrop": 0.0,
             "tie_word_embeddings": cfg.tie_embeddings,
-            "dtype": "float32",
+            "dtype": HF_DTYPES[dtype],
         }
     return special | {
         "architectures": ["LlamaForCausalLM"],
@@ -167,7 +172,7 @@ def config_to_hf(cfg: ModelConfig, doc_sep_id: int = 0) -> dict[str, Any]:
         "mlp_bias": False,
         "attention_dropout": 0.0,
         "tie_word_embeddings": cfg.tie_embeddings,
-        "dtype": "float32",
+        "dtype": HF_DTYPES[dtype],
     }
 
 

@@ -1,6 +1,7 @@
 """``save_hf`` / ``export_checkpoint``: an Oases model or checkpoint -> a directory that
 transformers loads (``config.json`` in the HF format, ``model.safetensors`` with HF names and
-layouts, fp32). ``export_checkpoint`` adds the run's tokenizer (``tokenizer.json`` and a
+layouts, fp32 or the dtype asked for: ``dtype`` "fp32" | "bf16" | "fp16", from the fp32 master
+weights). ``export_checkpoint`` adds the run's tokenizer (``tokenizer.json`` and a
 ``tokenizer_config.json`` for ``AutoTokenizer``: the byte tokenizer as a byte-level BPE without
 merges, or the run's BPE), and ``config.json``'s ``bos_token_id``/``eos_token_id`` are the
 tokenizer's document separator. Files get the usual permissions (0666 less the umask).
@@ -22,7 +23,7 @@ import torch
 from torch import Tensor
 
 from oases.config import ModelConfig
-from oases.hf.convert import config_to_hf, hf_pieces
+from oases.hf.convert import HF_DTYPES, config_to_hf, hf_pieces
 from oases.hf.load import SINGLE_FILE, safetensors_module, user_input_errors
 from oases.model import Transformer
 from oases.parallel import comm
@@ -84,15 +85,18 @@ def _umask() -> int:
 
 def write_hf_dir(
     cfg: ModelConfig, full: dict[str, Tensor], out_dir: str | os.PathLike[str],
-    doc_sep_id: int = 0,
+    doc_sep_id: int = 0, dtype: str = "fp32",
 ) -> Path:
-    """Write ``config.json`` and ``model.safetensors`` for ``cfg`` into ``out_dir``
-    (``doc_sep_id``: see ``config_to_hf``)."""
+    """Write ``config.json`` and ``model.safetensors`` for ``cfg`` into ``out_dir``, the
+    weights cast to ``dtype`` (a key of ``HF_DTYPES``; ``doc_sep_id``: see ``config_to_hf``)."""
+    if dtype not in HF_DTYPES:
+        raise ValueError(f"dtype={dtype!r} must be one of {', '.join(HF_DTYPES)}")
     save_file = safetensors_module("safetensors.torch").save_file
-    hf_config = config_to_hf(cfg, doc_sep_id)
+    hf_config = config_to_hf(cfg, doc_sep_id, dtype)
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
-    tensors = hf_state_dict(cfg, full)
+    torch_dtype = getattr(torch, HF_DTYPES[dtype])
+    tensors = {k: v.to(torch_dtype) for k, v in hf_state_dict(cfg, full).items()}
     tmp = out / (SINGLE_FILE + ".part")
     save_file(tensors, str(tmp), metadata={"format": "pt"})
     os.chmod(tmp, 0o666 & ~_umask())  # safetensors creates it 0600, as a private temp file
@@ -115,16 +119,18 @@ def write_tokenizer_files(tok: Tokenizer, doc_sep_id: int, max_length: int,
 
 
 def save_hf(
-    model: Transformer, out_dir: str | os.PathLike[str], ctx: ParallelContext | None = None
+    model: Transformer, out_dir: str | os.PathLike[str], ctx: ParallelContext | None = None,
+    dtype: str = "fp32",
 ) -> Path:
-    """Export ``model`` (single-device or parallelized at any tp) as a HF directory.
+    """Export ``model`` (single-device or parallelized at any tp) as a HF directory, its
+    weights in ``dtype``.
 
     Under TP every rank must call it; global rank 0 writes and the others return at once
     (call ``comm.barrier`` before reading the files from another rank)."""
     ctx = ctx if ctx is not None else model.parallel_ctx
     full = full_state_dict(model, ctx)
     if ctx is None or ctx.rank == 0:
-        write_hf_dir(model.cfg, full, out_dir)
+        write_hf_dir(model.cfg, full, out_dir, dtype=dtype)
     return Path(out_dir)
 
 
@@ -149,12 +155,13 @@ def _full_from_checkpoint(saved: dict[str, Tensor], name: str, shape: torch.Size
 
 @user_input_errors
 def export_checkpoint(
-    checkpoint_dir: str | os.PathLike[str], out_dir: str | os.PathLike[str]
+    checkpoint_dir: str | os.PathLike[str], out_dir: str | os.PathLike[str], dtype: str = "fp32"
 ) -> Path:
-    """Write the HF directory of an Oases checkpoint (saved at any tp), in this process alone
-    (no process group). ``checkpoint_dir`` is a checkpoint (``.../step_000123``), a folder of
-    them or a run directory (the newest complete one: ``resume.find_checkpoint``). The
-    run's tokenizer goes with it (``write_tokenizer_files``)."""
+    """Write the HF directory of an Oases checkpoint (saved at any tp and precision), in this
+    process alone (no process group), its weights in ``dtype`` ("fp32" | "bf16" | "fp16", cast
+    from the checkpoint's master weights). ``checkpoint_dir`` is a checkpoint
+    (``.../step_000123``), a folder of them or a run directory (the newest complete one:
+    ``resume.find_checkpoint``). The run's tokenizer goes with it (``write_tokenizer_files``)."""
     from oases.train.checkpoint import read_full_tensors, read_manifest
     from oases.train.resume import find_checkpoint
 
@@ -169,7 +176,7 @@ def export_checkpoint(
     with torch.device("meta"):
         shapes = {n: p.shape for n, p in Transformer(cfg).named_parameters()}
     full = {n: _full_from_checkpoint(saved, n, s).float() for n, s in shapes.items()}
-    out = write_hf_dir(cfg, full, out_dir, doc_sep_id)
+    out = write_hf_dir(cfg, full, out_dir, doc_sep_id, dtype)
     write_tokenizer_files(tok, doc_sep_id, cfg.seq_len, out)
     return out
 

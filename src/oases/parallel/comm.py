@@ -38,7 +38,8 @@ from oases.parallel.context import Group
 
 @dataclass(frozen=True)
 class CollectiveRecord:
-    """One collective as issued: what, over which group, how big, in which pass."""
+    """One collective as issued: what, over which group, how big (bytes of the tensor it
+    reduces or gathers, in ``dtype``), in which pass."""
 
     seq: int
     op: str  # "all_reduce" | "all_gather" | "reduce_scatter"
@@ -49,6 +50,7 @@ class CollectiveRecord:
     tag: str
     is_async: bool
     issued_ns: int
+    dtype: str = ""  # e.g. "torch.bfloat16"
 
 
 # Instrumentation only (like a profiler): the callbacks called with every collective as it is
@@ -87,7 +89,7 @@ def _issue(op: str, group: Group, t: Tensor, direction: str, tag: str, is_async:
     if _HOOKS:
         rec = CollectiveRecord(
             next(_SEQ), op, group.name, group.size, t.numel() * t.element_size(),
-            direction, tag, is_async, time.perf_counter_ns(),
+            direction, tag, is_async, time.perf_counter_ns(), str(t.dtype),
         )
         for hook in tuple(_HOOKS):  # a hook may remove itself
             hook(rec)
@@ -346,9 +348,12 @@ class GradientMean(Handle):
 
 
 def gradient_mean_async(params: Iterable[torch.nn.Parameter], group: Group, *,
-                        divisor: float | None = None, tag: str = "dp-grads") -> GradientMean:
+                        divisor: float | None = None, tag: str = "dp-grads",
+                        dtype: torch.dtype | None = None) -> GradientMean:
     """Start averaging the gradients of ``params`` (those that require grad) over ``group``.
-    A parameter without a gradient contributes zeros, so every rank sends the same layout."""
+    A parameter without a gradient contributes zeros, so every rank sends the same layout.
+    ``dtype``: reduce in this dtype (e.g. bf16: half the bytes; the mean is copied back into
+    the gradients' own dtype); None: in the gradients' dtype."""
     params = [p for p in params if p.requires_grad]
     divisor = float(group.size if divisor is None else divisor)
     if group.size == 1 or not params:  # nothing to exchange; still scale (mixed-degree plans)
@@ -362,6 +367,8 @@ def gradient_mean_async(params: Iterable[torch.nn.Parameter], group: Group, *,
             p.grad = torch.zeros_like(p)
     grads = [p.grad for p in params]
     flat = torch.cat([g.reshape(-1) for g in grads])
+    if dtype is not None and dtype != flat.dtype:
+        flat = flat.to(dtype)
     _issue("all_reduce", group, flat, "backward", tag, True)
     work = dist.all_reduce(flat, group=group.pg, async_op=True)
     return GradientMean(grads, flat, work, divisor)

@@ -24,7 +24,7 @@ from torch import Tensor, nn
 
 from oases.parallel import comm
 from oases.parallel.context import Group
-from oases.precision import upcast
+from oases.precision import to_activation, upcast
 
 
 @dataclass(frozen=True)
@@ -129,7 +129,8 @@ class RowParallelLinear(nn.Module):
         return F.linear(x, self.weight)
 
     def add_bias(self, y: Tensor) -> Tensor:
-        return y if self.bias is None else y + self.bias
+        """y + b in y's dtype (under bf16 autocast the reduced sum is bf16 and stays so)."""
+        return y if self.bias is None else y + self.bias.to(y.dtype)
 
     def backward_partial(self, x: Tensor, grad_partial: Tensor) -> Tensor:
         """Backward of ``partial`` without its forward output: accumulates the weight gradient
@@ -166,7 +167,7 @@ class VocabParallelEmbedding(nn.Module):
         local = tokens - self.vocab_start
         outside = (local < 0) | (local >= self.weight.shape[0])
         out = F.embedding(local.masked_fill(outside, 0), self.weight)
-        return out.masked_fill(outside.unsqueeze(-1), 0.0)
+        return to_activation(out.masked_fill(outside.unsqueeze(-1), 0.0))  # bf16 under autocast
 
     def forward(self, tokens: Tensor) -> Tensor:
         return comm.reduce_from_tp(self.partial(tokens), self.group)

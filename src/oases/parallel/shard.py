@@ -105,10 +105,11 @@ class ZeroShards:
         return id(p) in self._sharded_ids
 
     # ------------------------------------------------------------------------- gradients
-    def start_grad_reduce(self, index: int, tag: str) -> comm.Handle:
+    def start_grad_reduce(self, index: int, tag: str, dtype: torch.dtype | None = None
+                          ) -> comm.Handle:
         """Flatten unit ``index``'s gradients (a missing one is zeros), free them, and start
-        the reduce-scatter of the sum over the DP group; ``finish_grad_reduce`` takes the
-        result."""
+        the reduce-scatter of the sum over the DP group (in ``dtype``, e.g. bf16 for half the
+        bytes; None: the gradients' own); ``finish_grad_reduce`` takes the result."""
         u = self.units[index]
         parts = [(p.grad if p.grad is not None else torch.zeros_like(p)).reshape(-1)
                  for p in u.params]
@@ -116,14 +117,19 @@ class ZeroShards:
         if pad:
             parts.append(parts[0].new_zeros(pad))
         flat = torch.cat(parts)
+        if dtype is not None and dtype != flat.dtype:
+            flat = flat.to(dtype)
         for p in u.params:
             p.grad = None
         return comm.reduce_scatter_async(flat, u.group, direction="backward", tag=tag)
 
     def finish_grad_reduce(self, index: int, summed: Tensor, divisor: float) -> None:
         """Add this rank's shard of the reduced gradient, divided by ``divisor`` (the number of
-        distinct loss terms), into ``grad_shard``."""
+        distinct loss terms), into ``grad_shard`` (in the weights' dtype, whatever the dtype
+        the reduction moved)."""
         u = self.units[index]
+        if summed.dtype != u.flat.dtype:
+            summed = summed.to(u.flat.dtype)
         summed.div_(divisor)  # a buffer of its own (the collective's output or the flat copy)
         if u.grad_shard is None:
             u.grad_shard = summed

@@ -34,7 +34,7 @@ class Schedule:
     """A named schedule, ready to step any parallelized model (one executor per model)."""
 
     def __init__(self, name: str, n_sub: int = 2, micro_batch: int | None = None,
-                 max_inflight: int = 1) -> None:
+                 max_inflight: int = 1, grad_reduce_dtype: torch.dtype | None = None) -> None:
         if name not in SPECS:
             raise ValueError(f"unknown schedule {name!r}; valid: {', '.join(SPECS)}")
         if n_sub < 1 or max_inflight < 1 or (micro_batch is not None and micro_batch < 1):
@@ -42,6 +42,7 @@ class Schedule:
                              f"train.micro_batch={micro_batch} must be at least 1")
         self.name, self.spec = name, SPECS[name]
         self.n_sub, self.micro_batch, self.max_inflight = n_sub, micro_batch, max_inflight
+        self.grad_reduce_dtype = grad_reduce_dtype  # None: the gradients' own dtype
         # per model, dropped with the model
         self._executors: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
         self._programs: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
@@ -54,7 +55,7 @@ class Schedule:
         if model.parallel_ctx is None:
             raise ValueError("a schedule steps a parallelized model: call oases.parallelize first")
         if model not in self._executors:
-            self._executors[model] = Executor(model, self.spec)
+            self._executors[model] = Executor(model, self.spec, self.grad_reduce_dtype)
         return self._executors[model]
 
     def program(self, model: Transformer, rows: int) -> list[Instr]:
@@ -97,6 +98,9 @@ class Schedule:
 
 
 def build_schedule(name: str, n_sub: int = 2, micro_batch: int | None = None,
-                   max_inflight: int = 1) -> Schedule:
-    """The schedule called ``name`` (ValueError listing the valid names otherwise)."""
-    return Schedule(name, n_sub, micro_batch, max_inflight)
+                   max_inflight: int = 1, grad_reduce_dtype: torch.dtype | None = None
+                   ) -> Schedule:
+    """The schedule called ``name`` (ValueError listing the valid names otherwise).
+    ``grad_reduce_dtype``: the dtype of the data-parallel gradient reduction (None: the
+    gradients' own; ``Precision.grad_reduce_dtype``)."""
+    return Schedule(name, n_sub, micro_batch, max_inflight, grad_reduce_dtype)

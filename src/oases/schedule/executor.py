@@ -70,8 +70,10 @@ from oases.schedule.timeline import Event, active_timelines
 class Executor:
     """Runs programs for one parallelized model. Build once, call ``run`` every step."""
 
-    def __init__(self, model: Transformer, spec: ScheduleSpec) -> None:
+    def __init__(self, model: Transformer, spec: ScheduleSpec,
+                 grad_reduce_dtype: torch.dtype | None = None) -> None:
         self.model, self.spec = model, spec
+        self.grad_reduce_dtype = grad_reduce_dtype  # of the "dp" and "rs" collectives
         self.ctx = model.parallel_ctx
         self.chain = build_chain(model)
         self.degrees = tuple(r.tp for r in self.chain)
@@ -325,7 +327,7 @@ class Executor:
         issued = time.perf_counter()
         handles: list[tuple[comm.Handle, bool]] = []  # (handle, moves data between ranks)
         if ins.kind == "rs":  # ZeRO: this rank's shard of region i's gradient
-            handles.append((self.zero.start_grad_reduce(i, tag),
+            handles.append((self.zero.start_grad_reduce(i, tag, self.grad_reduce_dtype),
                             self.zero.units[i].group.size > 1))
         elif ins.kind == "ag":  # ZeRO stage 3: region i's weights, before a pass
             handles.append((self.zero.start_gather(i, tag), self.zero.units[i].group.size > 1))
@@ -333,6 +335,7 @@ class Executor:
             for group, params in self.bucket_groups[i]:
                 handles.append((comm.Handle(None, None) if self.skip_comm else
                                 comm.gradient_mean_async(params, group, divisor=self.dp_head,
+                                                         dtype=self.grad_reduce_dtype,
                                                          tag=tag), group.size > 1))
         elif ins.kind in ("rsf", "rsb"):
             a, b = self.chain[i - 1].tp, self.chain[i].tp

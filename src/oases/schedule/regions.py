@@ -30,6 +30,7 @@ from torch import Tensor, nn
 from oases.model import Transformer
 from oases.parallel.context import Group
 from oases.parallel.layers import RowParallelLinear
+from oases.precision import to_activation
 
 
 @dataclass
@@ -68,8 +69,8 @@ def build_chain(model: Transformer) -> list[Region]:
 
     def embed_epilogue(x: Tensor | None, r: Tensor) -> Tensor:
         S = r.shape[1]
-        if model.pos_embed is not None:
-            r = r + model.pos_embed.weight[:S]
+        if model.pos_embed is not None:  # in r's dtype, as the single-device model adds it
+            r = r + to_activation(model.pos_embed.weight[:S])
         return model.drop(r)
 
     chain = [

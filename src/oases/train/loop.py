@@ -12,9 +12,10 @@ groups of every degree are built, the batch is dealt out in the embedding's layo
 of the embedding), the schedule reshards between regions, the gradient norm sums each degree's
 shards over that degree's TP group, and losses are averaged over the head's DP group.
 
-``train.precision`` (``oases.precision``) sets the dtypes: "auto" runs the step under bf16
-autocast on CUDA (fp32 master weights) and in fp32 on CPU; "fp32" and "fp64" run everything
-(parameters, gradients, AdamW state, collectives, checkpoints) in that dtype.
+``train.precision`` (``oases.precision``) sets the dtypes: "bf16" runs the step under bf16
+autocast with bf16 activations and TP collectives (fp32 master weights, gradients, AdamW state
+and checkpoints; the DP gradient reduction in ``parallel.grad_reduce_dtype``), "auto" is bf16 on
+CUDA and fp32 on CPU; "fp32" and "fp64" run everything in that dtype.
 
 ``parallel.zero`` (or a plan region's ``zero``) shards regions over data parallelism
 (``oases.parallel.shard``): the schedule then reduce-scatters their gradients (and at stage 3
@@ -124,7 +125,7 @@ def train(
     # with a plan, its degrees' groups are built once every rank has read it
     ctx = init_distributed(tp=1 if cfg.parallel.plan else cfg.parallel.tp, **groups)
     t, S = cfg.train, cfg.model.seq_len
-    precision = resolve_precision(t.precision, ctx.device)
+    precision = resolve_precision(t.precision, ctx.device, cfg.parallel.grad_reduce_dtype)
     is_main = ctx.rank == 0
     end = t.steps if stop_after is None else min(t.steps, stop_after)
     console = Console(is_main, log)  # a bar on a terminal, plain lines elsewhere
@@ -216,6 +217,7 @@ def train(
         n_sub=cfg.schedule.n_sub,
         micro_batch=t.micro_batch,
         max_inflight=cfg.schedule.max_inflight,
+        grad_reduce_dtype=precision.grad_reduce_dtype,
     )
     meshes = {d: build_tp_mesh(ctx, d) for d in plan.degrees()}  # checkpoints' DTensors
     tp_groups = {pid: ctx.groups_for(d)[0] for pid, d in parameter_degrees(model).items()}
@@ -254,6 +256,10 @@ def train(
         f" ({len(corpus.train_files)} + {len(corpus.val_files)} files, fingerprint"
         f" {fingerprint})"
     )
+    dtypes = precision.describe()
+    say(f"precision: {t.precision} = {dtypes['compute']} compute and activations, "
+        f"{dtypes['master']} weights, gradients and optimizer state, gradients reduced in "
+        f"{dtypes['grad_reduce']}")
     if cfg.parallel.plan:  # the plan's schedule runs it (apply_plan_knobs)
         layout = (f"every region tp={plan.degrees()[0]}" if plan.is_uniform() else
                   ", ".join(f"{r.name} tp={r.tp}" for r in plan.regions))
