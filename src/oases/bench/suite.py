@@ -181,8 +181,9 @@ def summarize(raw: dict, schedules: list[str], label: str, rate: float | None,
 
 
 def format_table(result: dict) -> str:
+    w = max([20, *(len(n) + 1 for n in result["schedules"])])  # the entry column
     lines = [f"link: {result['link']['label']}   tp={result['tp']} dp={result['dp']}",
-             f"{'schedule':<20}{'step s':>9}{'tok/s':>10}{'peak MB':>9}{'compute s':>10}"
+             f"{'schedule':<{w}}{'step s':>9}{'tok/s':>10}{'peak MB':>9}{'compute s':>10}"
              f"{'comm s':>9}{'exposed':>9}{'vs meg':>8}{'vs m-rc':>8}{'vs t-tp':>8}"
              f"{'predict':>9}{'err':>7}"]
     for name, r in result["schedules"].items():
@@ -193,7 +194,7 @@ def format_table(result: dict) -> str:
             v = result[table].get(name)
             return f"{v:.2f}x" if v is not None else "-"
 
-        lines.append(f"{name:<20}{r['median_step_s']:>9.3f}{r['tokens_per_s']:>10.0f}"
+        lines.append(f"{name:<{w}}{r['median_step_s']:>9.3f}{r['tokens_per_s']:>10.0f}"
                      f"{r['peak_mem_mb']:>9.0f}{fmt('compute_only_s'):>10}{fmt('comm_only_s'):>9}"
                      f"{fmt('exposed_comm_s'):>9}{sp('speedup_vs_megatron'):>8}"
                      f"{sp('speedup_vs_megatron_recompute'):>8}{sp('speedup_vs_torch_tp'):>8}"
