@@ -23,7 +23,6 @@ import pytest
 import torch
 
 from oases import record_collectives
-from oases.config import ModelConfig
 from oases.model import build_model
 from oases.parallel.apply import parallelize, shard_spec, shard_tensor
 from oases.parallel.context import init_distributed
