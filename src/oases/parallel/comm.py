@@ -249,6 +249,67 @@ class _ReduceScatter(_Keep):
         return out
 
 
+class _SeqHandle(_Keep):
+    """A gather or reduce-scatter run on the [s, b, ...] transpose of a [b, s, ...] tensor
+    (the sequence made dim 0, so rank chunks are contiguous); ``wait`` returns [b, s', ...]."""
+
+    def __init__(self, inner: Handle) -> None:
+        super().__init__(inner.result, None, None)
+        self._inner = inner
+
+    def on_complete(self, fn: Callable[[], None]) -> None:
+        self._inner.on_complete(fn)
+
+    def is_completed(self) -> bool:
+        return self._inner.is_completed()
+
+    def wait(self) -> Tensor:
+        return _batch_first(self._inner.wait())
+
+
+def _seq_first(x: Tensor) -> Tensor:
+    """[b, s, ...] -> contiguous [s, b, ...] (no copy for one row)."""
+    return x.transpose(0, 1).contiguous()
+
+
+def _batch_first(x: Tensor) -> Tensor:
+    """[s, b, ...] -> [b, s, ...], contiguous (a view for one row)."""
+    return x.transpose(0, 1).contiguous()
+
+
+def seq_gather_async(x: Tensor, group: Group, *, direction: str = "forward",
+                     tag: str = "") -> Handle:
+    """Start gathering every rank's slice [b, s, ...] of the sequence (dim 1) into
+    [b, s * size, ...], rank order (sequence parallelism's "gf"/"gb"/"gr"; no autograd)."""
+    if group.size == 1:
+        return Handle(x, None)
+    xt = _seq_first(x)
+    out = xt.new_empty((xt.shape[0] * group.size, *xt.shape[1:]))
+    _issue("all_gather", group, xt, direction, tag, True)
+    work = dist.all_gather(list(out.chunk(group.size)), xt, group=group.pg, async_op=True)
+    return _SeqHandle(_Keep(out, work, xt))
+
+
+def seq_reduce_scatter_async(t: Tensor, group: Group, *, direction: str = "forward",
+                             tag: str = "") -> Handle:
+    """Start the sum over the group of [b, S, ...] partial sums, keeping this rank's slice
+    [b, S / size, ...] of the sequence (dim 1): sequence parallelism's "fwd"/"bwd", in place
+    of the all-reduce (no autograd)."""
+    if group.size == 1:
+        return Handle(t, None)
+    if t.shape[1] % group.size:
+        raise ValueError(f"a sequence of {t.shape[1]} does not split over {group.size} ranks")
+    tt = _seq_first(t)
+    out = tt.new_empty((tt.shape[0] // group.size, *tt.shape[1:]))
+    _issue("reduce_scatter", group, tt, direction, tag, True)
+    return _SeqHandle(_ReduceScatter(out, tt, group))
+
+
+def seq_slice(x: Tensor, group: Group) -> Tensor:
+    """This rank's slice of the sequence (dim 1) of a replicated [b, S, ...] tensor."""
+    return _local_chunk(x, group, 1)
+
+
 def _all_gather(x: Tensor, group: Group, dim: int, direction: str) -> Tensor:
     x = x.contiguous()
     _issue("all_gather", group, x, direction, "", False)
