@@ -134,6 +134,15 @@ class ParallelConfig:
     ``grad_reduce_dtype``: the dtype of the data-parallel gradient reduction (the gradient
     all-reduces and ZeRO's reduce-scatters): "fp32" (the master weights' dtype; default) or
     "bf16" (half the bytes). See ``oases.precision``.
+
+    ``sequence_parallel``: Megatron-LM's sequence parallelism inside every schedule: norms,
+    dropout and residuals run on this rank's 1/tp slice of the sequence, each TP all-reduce
+    becomes a reduce-scatter plus a gather along the sequence (the same bytes).
+    ``sp_recompute``: what a communication-free recompute (oases, commfree-recompute) keeps
+    under it: "gathered" (each region's gathered input: no collective in the recompute) or
+    "shards" (only slices: one gather per region in the recompute, less memory). Needs one TP
+    degree for every region and ``zero = 0`` for now; ``schedule.oases`` etc. run it with
+    ``schedule.n_sub >= 3`` to hide every collective (``schedule.program._staggered``).
     """
 
     tp: int = 1
@@ -145,6 +154,8 @@ class ParallelConfig:
     zero: int = 0
     reshard_after_forward: bool = True
     grad_reduce_dtype: str = "fp32"
+    sequence_parallel: bool = False
+    sp_recompute: str = "gathered"
 
     def __post_init__(self) -> None:
         _check(
@@ -158,6 +169,14 @@ class ParallelConfig:
                f"parallel.grad_reduce_dtype={self.grad_reduce_dtype!r} must be fp32 or bf16")
         _check(self.plan == "auto" or not self.profile,
                'parallel.profile is used only with parallel.plan = "auto"')
+        _check(self.sp_recompute in ("gathered", "shards"),
+               f"parallel.sp_recompute={self.sp_recompute!r} must be gathered or shards")
+        _check(not (self.sequence_parallel and self.zero),
+               "parallel.sequence_parallel with parallel.zero > 0 is not supported yet")
+
+    def sp(self) -> str | None:
+        """The schedules' sequence-parallel mode (``build_schedule(sp=...)``): None when off."""
+        return self.sp_recompute if self.sequence_parallel else None
 
 
 @dataclass
@@ -309,6 +328,10 @@ class Config:
             _check(sub * d % tp == 0,
                    f"a sub-batch of train.micro_batch / schedule.n_sub = {sub} rows at the "
                    f"embedding's tp={tp} has no whole share at the plan's tp={d}")
+        if self.parallel.sequence_parallel:
+            _check(len(set(degrees or (tp,))) == 1, "parallel.sequence_parallel needs one TP "
+                   f"degree for every region; the plan has {sorted(set(degrees or ()))}")
+            _divisible("model.seq_len", m.seq_len, "the TP degree (sequence parallelism)", tp)
         dp = world_size // tp
         _check(
             t.global_batch % (t.micro_batch * dp) == 0,

@@ -218,6 +218,7 @@ def train(
         micro_batch=t.micro_batch,
         max_inflight=cfg.schedule.max_inflight,
         grad_reduce_dtype=precision.grad_reduce_dtype,
+        sp=cfg.parallel.sp(),
     )
     meshes = {d: build_tp_mesh(ctx, d) for d in plan.degrees()}  # checkpoints' DTensors
     tp_groups = {pid: ctx.groups_for(d)[0] for pid, d in parameter_degrees(model).items()}

@@ -83,6 +83,7 @@ def check_config(cfg: Config, world_size: int) -> ParallelPlan | None:
         n_sub=cfg.schedule.n_sub,
         micro_batch=cfg.train.micro_batch,
         max_inflight=cfg.schedule.max_inflight,
+        sp=cfg.parallel.sp(),
     )
     check_tokenizer_name(cfg.data.tokenizer)
     want = {"byte": BYTE_VOCAB, "bpe": cfg.data.vocab_size or cfg.model.vocab_size}.get(
