@@ -194,6 +194,11 @@ def _parser() -> argparse.ArgumentParser:
                       help="ZeRO stage of every plan (default: search 0-3, one per plan)")
     plan.add_argument("--max-tp", type=int, default=None, metavar="T",
                       help="search TP degrees up to T only (default: every candidate degree)")
+    plan.add_argument("--sequence-parallel", default="auto",
+                      choices=("auto", "off", "gathered", "shards"),
+                      help="sequence parallelism: auto searches both recompute modes beside "
+                      "plans without it (default); off: none; gathered/shards: only that mode "
+                      "beside plans without it")
     plan.add_argument("--fixed-micro-batch", action="store_true",
                       help="keep train.micro_batch (default: also search 2^j times it, "
                       "|j| <= 3, under the same train.global_batch)")
@@ -377,9 +382,11 @@ def _plan(ns: argparse.Namespace, overrides: list[str]) -> int:
     budget = costs_budget(ns.memory_gb, costs)
     schedules = tuple(s for s in ns.schedules.split(",") if s) if ns.schedules else None
     zeros = (0, 1, 2, 3) if ns.zero is None else (ns.zero,)
+    sps = {"auto": ("gathered", "shards"), "off": ()}.get(ns.sequence_parallel,
+                                                           (ns.sequence_parallel,))
     best, candidates = plan_model(cfg, ns.world_size, costs, budget.bytes, schedules,
                                   zeros=zeros, search_micro_batch=not ns.fixed_micro_batch,
-                                  max_tp=ns.max_tp)
+                                  max_tp=ns.max_tp, sps=sps)
     best.plan.save(ns.out)
     text = "\n".join([
         plan_header(ns.config, cfg, costs, ns.profile, ns.world_size, budget,

@@ -75,17 +75,33 @@ def _prices_zero(costs: Costs, world_size: int, degrees: list[int]) -> bool:
     return True
 
 
+def _prices_sp(costs: Costs, degrees: list[int]) -> bool:
+    """Can ``costs`` price sequence parallelism's pieces (a profile measures them since
+    ``oases profile`` runs sequence-parallel programs) at every degree above 1?"""
+    try:
+        for t in degrees:
+            if t > 1:
+                costs.compute_s("attn", "forward", "sp-core", t, 1)
+                costs.compute_s("attn", "backward", "sp-norm", t, 1)
+    except (ValueError, KeyError):
+        return False
+    return True
+
+
 def plan_model(cfg: Config, world_size: int, costs: Costs, budget_bytes: float,
                schedules: tuple[str, ...] | None = None,
                n_subs: tuple[int, ...] = (1, 2, 4), zeros: tuple[int, ...] = (0, 1, 2, 3),
                search_micro_batch: bool = True,
-               max_tp: int | None = None) -> tuple[Candidate, list[Candidate]]:
+               max_tp: int | None = None,
+               sps: tuple[str, ...] = ("gathered", "shards")
+               ) -> tuple[Candidate, list[Candidate]]:
     """Plan ``cfg`` for ``world_size`` ranks: every schedule, sub-batch count, ZeRO stage of
-    ``zeros`` and (``search_micro_batch``) micro-batch of ``micro_batch_options`` under the
-    config's global batch (``solve_plan``), TP degrees up to ``max_tp`` (default: all). Costs
-    that cannot price ZeRO's collectives (a profile from before ``oases profile`` measured
-    reduce-scatters) plan without it. Every candidate's plan notes the batch it assumed, so a
-    run reproduces it."""
+    ``zeros``, sequence-parallel mode of ``sps`` and (``search_micro_batch``) micro-batch of
+    ``micro_batch_options`` under the config's global batch (``solve_plan``), TP degrees up to
+    ``max_tp`` (default: all). Costs that cannot price ZeRO's collectives (a profile from
+    before ``oases profile`` measured reduce-scatters) plan without it, and costs that cannot
+    price sequence parallelism's pieces (a profile from before it measured them) without that.
+    Every candidate's plan notes the batch it assumed, so a run reproduces it."""
     from oases.planner.search import candidate_degrees
     from oases.schedule.program import SPECS
 
@@ -114,10 +130,13 @@ def plan_model(cfg: Config, world_size: int, costs: Costs, budget_bytes: float,
     if not _prices_zero(costs, world_size, kw.get("degrees") or candidate_degrees(
             cfg.model, world_size)):
         zeros = tuple(z for z in zeros if z == 0) or (0,)  # an older profile: no ZeRO
+    if sps and not _prices_sp(costs, kw.get("degrees") or candidate_degrees(cfg.model,
+                                                                            world_size)):
+        sps = ()  # an older profile: no sequence parallelism
     batch = batch_shape(cfg, world_size)
     best, candidates = solve_plan(
         cfg.model, costs, world_size, batch, budget_bytes, n_subs=n_subs,
-        max_inflight=cfg.schedule.max_inflight, zeros=zeros,
+        max_inflight=cfg.schedule.max_inflight, zeros=zeros, sps=sps,
         micro_batches=micro_batch_options(batch) if search_micro_batch else (), **kw)
     for c in candidates:  # what the prediction assumed, so a run reproduces it
         shape = c.batch or batch

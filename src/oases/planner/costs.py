@@ -34,6 +34,15 @@ class Costs(Protocol):
     def collective_s(self, op: str, group_size: int, nbytes: int) -> float: ...
 
 
+def sp_mode(mode: str, sp: str | None) -> str:
+    """The saved-activation mode of recompute ``mode`` under sequence parallelism ``sp``
+    (None: off): "commfree" -> "sp-commfree-gathered" or "sp-commfree-shards", else "sp-"
+    + mode."""
+    if sp is None:
+        return mode
+    return f"sp-commfree-{sp}" if mode == "commfree" else f"sp-{mode}"
+
+
 def region_kind(name: str) -> str:
     """``blocks.3.mlp`` -> ``mlp``; ``embed`` and ``head`` are their own kinds."""
     return name.rsplit(".", 1)[-1]
@@ -72,14 +81,20 @@ def region_param_count(cfg: ModelConfig, kind: str, tp: int) -> int:
 
 def analytic_saved_bytes(cfg: ModelConfig, kind: str, mode: str, tp: int, rows: int) -> float:
     """Activations region ``kind`` keeps from forward to backward for one sub-batch of ``rows``
-    under recompute ``mode`` ("none" | "block" | "commfree"), from the shapes (an estimate of
-    what autograd saves; a measured profile replaces it). Region i owns the glue before it
-    (epi:i-1), as the executor counts."""
+    under recompute ``mode`` ("none" | "block" | "commfree"; under sequence parallelism
+    ``sp_mode(mode, keep)``: "sp-none" | "sp-block" | "sp-commfree-gathered" |
+    "sp-commfree-shards"), from the shapes (an estimate of what autograd saves; a measured
+    profile replaces it). Region i owns the glue before it (epi:i-1), as the executor counts.
+
+    Sequence parallelism keeps the norm's input, the dropout mask and the post-collective
+    (x, r) on a 1/t slice; the TP matmuls still keep their gathered input h [b, S, H]."""
     H, S, F = cfg.dim, cfg.seq_len, cfg.ffn_dim
     tok = rows * S
     mask = 0.25 if cfg.dropout > 0 else 0.0  # a bool dropout mask per element, in fp32 units
     if kind == "embed":
         return 0.0
+    if mode.startswith("sp-"):
+        return _sp_saved_bytes(cfg, kind, mode, tp, tok, mask)
     if kind == "head":  # never recomputed: norm in/out, logits and the CE's softmax
         return tok * BYTES * (2 * H + 2 * padded_vocab(cfg, tp) / tp + mask * H)
     if mode == "commfree":
@@ -92,3 +107,24 @@ def analytic_saved_bytes(cfg: ModelConfig, kind: str, mode: str, tp: int, rows: 
         return tok * BYTES * (3 * H + mask * H + qkv + rope + 2 * H / tp)
     fc1 = F * (3 if cfg.arch == "llama" else 2) / tp  # fc1 out (+ gate act), act out
     return tok * BYTES * (3 * H + mask * H + fc1)
+
+
+def _sp_saved_bytes(cfg: ModelConfig, kind: str, mode: str, tp: int, tok: int,
+                    mask: float) -> float:
+    """``analytic_saved_bytes`` under sequence parallelism (see there)."""
+    H, F = cfg.dim, cfg.ffn_dim
+    if kind == "head":  # norm in on a slice, its gathered output, logits and the CE's softmax
+        return tok * BYTES * (H / tp + H + 2 * padded_vocab(cfg, tp) / tp + mask * H / tp)
+    if mode == "sp-commfree-shards":
+        return tok * BYTES * 2 * H / tp  # the (x, r) slices of the glue before it
+    if mode == "sp-commfree-gathered":
+        return tok * BYTES * (2 * H / tp + H)  # ... and the gathered input h
+    if mode == "sp-block":
+        return tok * BYTES * H / tp if kind == "attn" else 0.0  # the block input's slice
+    glue = 2 * H / tp + H + mask * H / tp  # norm in, residual slices; gathered h; mask
+    if kind == "attn":
+        qkv = (cfg.n_heads + 2 * cfg.n_kv_heads) * cfg.head_dim / tp
+        rope = qkv * 2 / 3 if cfg.arch == "llama" else 0.0
+        return tok * BYTES * (glue + qkv + rope + 2 * H / tp)
+    fc1 = F * (3 if cfg.arch == "llama" else 2) / tp
+    return tok * BYTES * (glue + fc1)

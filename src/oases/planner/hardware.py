@@ -74,9 +74,13 @@ __all__ = ["CLUSTERS", "DTYPE_BYTES", "GPU", "GPUS", "LINKS", "PAPER_REFERENCE_M
            "get_cluster", "group_layout", "group_spans_servers", "load_cluster", "save_cluster"]
 
 REGIONS = ("embed", "attn", "mlp", "head")
-_FORWARD_PIECES = ("body", "body-commfree", "epi")
+# sequence parallelism's pieces (``schedule.program._sp_chain``): the norm and the glue on a
+# 1/t slice of the sequence ("sp-norm", "sp-epi"), the TP matmuls on the gathered sequence
+# ("sp-core": a body without its norm; "sp-core-commfree": without the last matmul too)
+SP_FORWARD_PIECES = ("sp-norm", "sp-core", "sp-core-commfree", "sp-epi")
+_FORWARD_PIECES = ("body", "body-commfree", "epi", *SP_FORWARD_PIECES)
 PIECES = {"forward": _FORWARD_PIECES, "recompute": _FORWARD_PIECES,
-          "backward": ("norm", "epi", "tp")}
+          "backward": ("norm", "epi", "tp", "sp-norm", "sp-epi")}
 
 # Passes over a tensor (one read or one write of each element) of the kernels of each piece.
 NORM_FWD_PASSES = 2  # read x, write y
@@ -143,9 +147,27 @@ class HardwareCosts:
             raise ValueError(f"phase={phase!r} piece={piece!r}; valid pieces: {valid}")
         if tp < 1 or rows < 1:
             raise ValueError(f"tp={tp} and rows={rows} must be >= 1")
+        if piece.startswith("sp-"):
+            return self._sequence_parallel(region, phase, piece, tp, rows)
         if phase == "backward":
             return self._backward(region, piece, tp, rows)
         return self._forward(region, piece, tp, rows)
+
+    def _sequence_parallel(self, region: str, phase: str, piece: str, tp: int,
+                           rows: int) -> tuple[float, float]:
+        """A sequence-parallel piece: the non-sequence-parallel one's work, the norm's and the
+        glue's on 1/tp of the tokens, the matmuls' without the norm's passes."""
+        norm_passes = NORM_BWD_PASSES if phase == "backward" else NORM_FWD_PASSES
+        norm = 0.0 if region == "embed" else norm_passes * self._shapes(tp, rows)["THe"]
+        if piece == "sp-norm":
+            return 0.0, norm / tp
+        if piece == "sp-epi":
+            flops, nbytes = (self._backward if phase == "backward" else self._forward)(
+                region, "epi", tp, rows)
+            return flops / tp, nbytes / tp
+        flops, nbytes = self._forward(region, piece.removeprefix("sp-").replace("core", "body"),
+                                      tp, rows)
+        return flops, max(0.0, nbytes - norm)
 
     def _shapes(self, tp: int, rows: int) -> dict[str, float]:
         m, e = self.model, self.elem_bytes

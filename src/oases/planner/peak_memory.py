@@ -73,17 +73,21 @@ def saved_bytes(costs: Costs, cfg: ModelConfig, kind: str, mode: str, t: int,
 def peak_memory(cfg: ModelConfig, program: list[Instr], kinds: list[str], degrees: list[int],
                 rows: list[int], mode: str, costs: Costs, state: ModelState,
                 uses: tuple[tuple[int, ...], ...], bucket_bytes: dict[int, float],
-                repeats: int = 1) -> dict[str, float]:
+                repeats: int = 1, graph_mode: str = "none") -> dict[str, float]:
     """Walk ``program`` (one micro-batch run ``repeats`` times back to back, or a whole step)
     and return the peak and its parts in bytes. ``uses[i]``: the regions whose parameters
     region i's TP backward makes gradients for; ``bucket_bytes[t]``: the flat copy of DP bucket
     t (stage 0). With ``repeats > 1`` the walk is done twice: as the first micro-batch and as a
-    later one, which finds every accumulated gradient (stages 0-1) or shard (2-3) there."""
+    later one, which finds every accumulated gradient (stages 0-1) or shard (2-3) there.
+    ``mode``/``graph_mode``: the saved-activation modes of what a region keeps and of its full
+    graph (under sequence parallelism "sp-..." modes, ``costs.sp_mode``; a region's TP
+    matmuls are then its "core" piece)."""
     n = len(kinds)
     by_kind = state.bytes_by_kind()
     static = by_kind["weights"] + by_kind["optimizer"]
     kept = [saved_bytes(costs, cfg, kinds[i], mode, degrees[i], rows[i]) for i in range(n)]
-    graph = [saved_bytes(costs, cfg, kinds[i], "none", degrees[i], rows[i]) for i in range(n)]
+    graph = [saved_bytes(costs, cfg, kinds[i], graph_mode, degrees[i], rows[i])
+             for i in range(n)]
     full = [state.numel[i] * BYTES for i in range(n)]
     shard = [state.shard(i) * BYTES for i in range(n)]
     padded = [state.padded(i) * BYTES for i in range(n)]
@@ -109,10 +113,10 @@ def peak_memory(cfg: ModelConfig, program: list[Instr], kinds: list[str], degree
         for ins in program:
             if isinstance(ins, Compute):
                 for piece, i in ins.pieces:
-                    if ins.phase == "forward" and piece == "body":
+                    if ins.phase == "forward" and piece in ("body", "core"):
                         alive[i, ins.sub] = alive.get((i, ins.sub), 0.0) + kept[i]
                         act += kept[i]
-                    elif ins.phase == "recompute" and piece == "body":
+                    elif ins.phase == "recompute" and piece in ("body", "core"):
                         alive[i, ins.sub] = alive.get((i, ins.sub), 0.0) + graph[i] - kept[i]
                         act += graph[i] - kept[i]
                     elif ins.phase == "backward" and piece == "tp":

@@ -181,6 +181,8 @@ def plan_label(row: Row) -> str:
     k = f", n_sub={row.plan.n_sub}" if SPECS[row.schedule].overlapped else ""
     zero = max(row.plan.zero_stages())
     searched = f", zero={zero}" if zero and row.spec.zero is None else ""
+    if row.plan.sequence_parallel and row.spec.sp is None:
+        searched += f", sp={row.plan.sequence_parallel}"
     return f"{row.spec}: {layout}{k}{searched}"
 
 

@@ -55,6 +55,8 @@ class Candidate:
                   "mixed tp " + "/".join(str(d) for d in degrees))
         zero = max(self.plan.zero_stages())
         extra = f", zero={zero}" if zero else ""
+        if self.plan.sequence_parallel:
+            extra += f", sp={self.plan.sequence_parallel}"
         if self.micro_label and self.batch is not None:
             extra += f", n_micro={self.batch.n_micro()}"  # micro-batches per step
         return f"{layout}, {self.plan.schedule}, n_sub={self.plan.n_sub}{extra}"
@@ -181,7 +183,7 @@ def solve_plan(cfg: ModelConfig, costs: Costs, world_size: int, batch: BatchShap
                n_subs: tuple[int, ...] = (1, 2, 4), degrees: list[int] | None = None,
                max_inflight: int = 1,
                seeds: tuple[tuple[int, ...], ...] = (), zeros: tuple[int, ...] = (0,),
-               micro_batches: tuple[BatchShape, ...] = ()
+               micro_batches: tuple[BatchShape, ...] = (), sps: tuple[str, ...] = ()
                ) -> tuple[Candidate, list[Candidate]]:
     """The fastest predicted plan under ``budget_bytes`` per device, and every candidate.
 
@@ -201,6 +203,13 @@ def solve_plan(cfg: ModelConfig, costs: Costs, world_size: int, batch: BatchShap
     micro-batch, and stages 2 and 3, only while memory binds at the one before (the fastest
     uniform plan of a chain does not fit): where it fits, they would only add time.
 
+    Sequence parallelism (``sps``: the modes searched, "gathered" and/or "shards") is one per
+    plan as well, and uniform for now (``ParallelPlan.check``): beside each uniform plan of
+    ZeRO stage 0 and degree t > 1 (t dividing the sequence) the same plan with each mode is
+    simulated ("shards" only for the communication-free recompute schedules, where it differs
+    from "gathered": it keeps slices instead of gathered inputs, and gathers again in the
+    recompute).
+
     The ZeRO stage is one per plan: it trades memory for traffic on the DP links, which every
     region's gradients cross on one stream, so a region's share of the step is not its own
     (the chain's additive time model cannot price a stage per region); the plan file still
@@ -218,7 +227,8 @@ def solve_plan(cfg: ModelConfig, costs: Costs, world_size: int, batch: BatchShap
 
     def known(plan: ParallelPlan, shape: BatchShape) -> bool:
         return any(c.plan.regions == plan.regions and c.plan.schedule == plan.schedule
-                   and c.plan.n_sub == plan.n_sub and c.batch == shape for c in candidates)
+                   and c.plan.n_sub == plan.n_sub and c.batch == shape
+                   and c.plan.sequence_parallel == plan.sequence_parallel for c in candidates)
 
     def add(cand: Candidate | None, shape: BatchShape) -> bool:
         """Keep ``cand`` (simulated with ``shape``) unless it is None or known; True if kept."""
@@ -244,6 +254,13 @@ def solve_plan(cfg: ModelConfig, costs: Costs, world_size: int, batch: BatchShap
             if res is not None:
                 uniform[t] = res
                 add(Candidate(plan, res, res.peak_mem_bytes <= budget_bytes, "uniform"), shape)
+                for mode in (m for m in sps if not zero and t > 1 and cfg.seq_len % t == 0
+                             and (m == "gathered" or SPECS[schedule].recompute == "commfree")):
+                    sp_plan = dataclasses.replace(plan, sequence_parallel=mode, notes={})
+                    sp_res = _simulate(cfg, sp_plan, costs, world_size, shape, max_inflight)
+                    if sp_res is not None:
+                        add(Candidate(sp_plan, sp_res, sp_res.peak_mem_bytes <= budget_bytes,
+                                      "uniform"), shape)
         if len(uniform) >= 2:
             model = _ChainModel(cfg, costs, world_size, shape, schedule, n_sub, degrees,
                                 uniform, max_inflight, zero)

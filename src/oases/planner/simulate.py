@@ -35,7 +35,7 @@ from dataclasses import dataclass, field, replace
 
 from oases.config import ModelConfig
 from oases.plan import ParallelPlan
-from oases.planner.costs import BYTES, Costs, region_kind, region_param_count
+from oases.planner.costs import BYTES, Costs, region_kind, region_param_count, sp_mode
 from oases.planner.peak_memory import ModelState, peak_memory
 from oases.schedule.program import (
     Compute,
@@ -85,12 +85,30 @@ class StepCosts:
 
 
 # the collective each program kind runs (what a profile measures its contention by)
+# (under sequence parallelism "fwd" and "bwd" are reduce-scatters: ``collective_op``)
 COLLECTIVE_OP = {"fwd": "all_reduce", "bwd": "all_reduce", "dp": "all_reduce",
                  "rs": "reduce_scatter", "ag": "all_gather", "rsf": "all_gather",
-                 "rsb": "all_gather"}
+                 "rsb": "all_gather", "gf": "all_gather", "gb": "all_gather",
+                 "gr": "all_gather", "sg": "all_reduce"}
 # what a collective kind is, in a step's breakdown: TP all-reduces, reshards, DP all-reduces
 COMM_CLASS = {"fwd": "tp", "bwd": "tp", "rsf": "reshard", "rsb": "reshard", "dp": "dp",
-              "rs": "dp", "ag": "dp"}
+              "rs": "dp", "ag": "dp", "gf": "tp", "gb": "tp", "gr": "tp", "sg": "tp"}
+
+
+def collective_op(kind: str, sp: bool) -> str:
+    """The collective a program kind runs: ``COLLECTIVE_OP``, but "fwd"/"bwd" reduce-scatter
+    under sequence parallelism."""
+    return "reduce_scatter" if sp and kind in ("fwd", "bwd") else COLLECTIVE_OP[kind]
+
+
+def glue_param_count(cfg: ModelConfig) -> int:
+    """Parameters of the glue and norms (each norm, the biases added after the row-parallel
+    matmuls, GPT-2's positions): what sequence parallelism's "sg" sums over the TP group."""
+    norm = 2 * cfg.dim if cfg.arch == "gpt2" else cfg.dim
+    n = (2 * cfg.n_layers + 1) * norm
+    if cfg.arch == "gpt2":
+        n += 2 * cfg.n_layers * cfg.dim + cfg.seq_len * cfg.dim
+    return n
 
 
 @dataclass(frozen=True)
@@ -382,7 +400,8 @@ def plan_program(cfg: ModelConfig, plan: ParallelPlan, world_size: int, batch: B
                          max_inflight=max_inflight, dp_tasks=tuple(sorted(buckets)),
                          degrees=None if len(set(degrees)) == 1 else degrees,
                          zero=zero_layout(cfg, stages, reshard_after_forward,
-                                          gather_updated=first, ends_step=dp))
+                                          gather_updated=first, ends_step=dp),
+                         sp=plan.sp())
 
 
 def simulate_plan(cfg: ModelConfig, plan: ParallelPlan, costs: Costs, world_size: int,
@@ -449,7 +468,18 @@ def simulate_plan(cfg: ModelConfig, plan: ParallelPlan, costs: Costs, world_size
             return by_ranks(op, ranks, int(nbytes))
         return costs.collective_s(op, len(ranks), int(nbytes))
 
+    sp = plan.sp()
+
     def collective_s(kind: str, index: int) -> float:
+        if kind in ("gf", "gb", "gr"):  # sequence parallelism: [b, S, H] gathered
+            return priced("all_gather", _group_ranks("tp", degrees[index], 0, world_size),
+                          act_bytes[index])
+        if kind == "sg":
+            return priced("all_reduce", _group_ranks("tp", degrees[0], 0, world_size),
+                          glue_param_count(cfg) * BYTES)
+        if sp and kind in ("fwd", "bwd"):
+            return priced("reduce_scatter", _group_ranks("tp", degrees[index], 0, world_size),
+                          act_bytes[index])
         if kind == "dp":
             return sum(priced("all_reduce", _group_ranks("dp", world_size // dp, 0, world_size),
                               numel * BYTES) for dp, numel in buckets[index])
@@ -476,9 +506,19 @@ def simulate_plan(cfg: ModelConfig, plan: ParallelPlan, costs: Costs, world_size
     def piece_s(phase: str, piece: str, i: int) -> float:
         """A piece as the profile timed it beside collectives like its own: an overlapped
         schedule cut into one sub-batch overlaps no TP collective, and runs the synchronous
-        one's program (its pieces timed at these very rows)."""
+        one's program (its pieces timed at these very rows). Sequence parallelism's pieces are
+        the costs' "sp-" ones (a recompute of a norm or glue is priced as its forward)."""
         if phase == "recompute" and piece == "body" and commfree:
             piece = "body-commfree"
+        if sp and piece != "tp":
+            if piece == "core" and i == 0:
+                piece = "body"  # the embedding's lookup
+            elif phase == "recompute" and piece == "core" and commfree:
+                piece = "sp-core-commfree"
+            else:
+                piece = "sp-" + piece
+                if phase == "recompute" and piece != "sp-core-commfree":
+                    phase = "forward"
         if overlap_aware:
             return costs.compute_s(kinds[i], phase, piece, degrees[i], rows[i],
                                    overlapped=k > 1)
@@ -486,10 +526,10 @@ def simulate_plan(cfg: ModelConfig, plan: ParallelPlan, costs: Costs, world_size
 
     contention = getattr(costs, "contention", None)  # a profile's measured slowdowns
     slowdown = None if contention is None else functools.cache(
-        lambda kind: contention(COLLECTIVE_OP[kind]))
+        lambda kind: contention(collective_op(kind, bool(sp))))
     comm_contention = getattr(costs, "comm_contention", None)
     comm_slowdown = None if comm_contention is None else functools.cache(
-        lambda kind: comm_contention(COLLECTIVE_OP[kind]))
+        lambda kind: comm_contention(collective_op(kind, bool(sp))))
     step = StepCosts(piece_s=functools.cache(piece_s), collective_s=functools.cache(collective_s),
                      stream_of=functools.cache(stream_of), slowdown=slowdown,
                      comm_slowdown=comm_slowdown)
@@ -507,10 +547,10 @@ def simulate_plan(cfg: ModelConfig, plan: ParallelPlan, costs: Costs, world_size
     optimizer = getattr(costs, "optimizer_s", None)
     n = len(degrees)
     opt_s = optimizer(sum(state.updated(i) for i in range(n))) if optimizer is not None else 0.0
-    mem = peak_memory(cfg, program, kinds, degrees, rows, spec.recompute, costs, state,
-                      region_uses(cfg, n), {t: sum(numel for _, numel in parts) * BYTES
-                                    for t, parts in buckets.items()},
-                      repeats=1 if whole else n_micro)
+    mem = peak_memory(cfg, program, kinds, degrees, rows, sp_mode(spec.recompute, sp), costs,
+                      state, region_uses(cfg, n), {t: sum(numel for _, numel in parts) * BYTES
+                                                   for t, parts in buckets.items()},
+                      repeats=1 if whole else n_micro, graph_mode=sp_mode("none", sp))
     events = sim.timeline
     if timeline:
         end = sim.step_s

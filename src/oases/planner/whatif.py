@@ -10,6 +10,10 @@ memory per GPU and the speedup over the first schedule listed. Entries look like
     oases@auto             the planner: a degree per region and a ZeRO stage, under the budget
     oases@tp=4,zero=3      uniform tp=4, every region's weights, gradients and moments sharded
                            over its data-parallel group (ZeRO stage 3; auto,zero=Z fixes it)
+    oases@tp=4,sp=shards   uniform tp=4 with sequence parallelism, its communication-free
+                           recompute keeping slices (sp=gathered: gathered inputs; auto searches
+                           both beside plans without it unless sp=MODE or sp=off fixes it)
+    megatron-sp@tp=4       Megatron-LM with --sequence-parallel (no overlap)
 
 "auto" searches the powers of two up to the GPUs of one server (``max_tp``), doubling that cap
 while no plan fits, and 1, 2, 4 (and ``--n-sub``) sub-batches; then also the degrees every other
@@ -45,42 +49,58 @@ from oases.schedule.timeline import Timeline
 @dataclass(frozen=True)
 class PlanSpec:
     """"auto", or a uniform degree ``tp`` (``at_least``: the smallest fitting degree >= tp);
-    ``zero``: the ZeRO stage of every region (None: auto searches 0-3, a degree takes 0)."""
+    ``zero``: the ZeRO stage of every region (None: auto searches 0-3, a degree takes 0);
+    ``sp``: sequence parallelism ("gathered" | "shards" | "off"; None: auto searches it
+    beside plans without it, a degree takes "off")."""
 
     auto: bool
     tp: int = 0
     at_least: bool = False
     zero: int | None = None
+    sp: str | None = None
 
     def __str__(self) -> str:
         zero = "" if self.zero is None else f",zero={self.zero}"
-        return ("auto" if self.auto else f"tp={self.tp}{'+' if self.at_least else ''}") + zero
+        sp = "" if self.sp is None or (self.sp == "off" and not self.auto) else f",sp={self.sp}"
+        return ("auto" if self.auto else f"tp={self.tp}{'+' if self.at_least else ''}") + zero + sp
+
+    def sp_modes(self) -> tuple[str, ...]:
+        """The sequence-parallel modes an auto row searches."""
+        if self.sp is None:
+            return ("gathered", "shards")
+        return () if self.sp == "off" else (self.sp,)
 
 
 def parse_plan(text: str) -> PlanSpec:
-    """"auto", "tp=N" or "tp=N+", each optionally followed by ",zero=Z" (ValueError
-    otherwise)."""
-    head, _, tail = text.partition(",")
-    zero = None
-    if tail:
-        if not (tail.startswith("zero=") and tail[5:] in ("0", "1", "2", "3")):
-            raise ValueError(f"plan {text!r}: after the degree, give zero=Z (Z = 0, 1, 2 or 3)")
-        zero = int(tail[5:])
+    """"auto", "tp=N" or "tp=N+", each optionally followed by ",zero=Z" and ",sp=MODE" (MODE:
+    gathered, shards or off; ValueError otherwise)."""
+    head, *tails = text.split(",")
+    zero, sp = None, None
+    for tail in tails:
+        if tail.startswith("zero=") and tail[5:] in ("0", "1", "2", "3") and zero is None:
+            zero = int(tail[5:])
+        elif tail.startswith("sp=") and tail[3:] in ("gathered", "shards", "off") and sp is None:
+            sp = tail[3:]
+        else:
+            raise ValueError(f"plan {text!r}: after the degree, give zero=Z (Z = 0, 1, 2 or 3) "
+                             "and/or sp=gathered|shards|off")
+    if sp not in (None, "off") and zero:
+        raise ValueError(f"plan {text!r}: sequence parallelism with ZeRO is not supported yet")
     if head == "auto":
-        return PlanSpec(True, zero=zero)
+        return PlanSpec(True, zero=zero, sp=sp)
     body = head[3:].removesuffix("+") if head.startswith("tp=") else ""
     if not body.isdigit() or int(body) < 1:
         raise ValueError(f"plan {text!r}: give auto, tp=N or tp=N+ (N >= 1), then optionally "
-                         ",zero=Z")
-    return PlanSpec(False, int(body), head.endswith("+"), zero)
+                         ",zero=Z and ,sp=MODE")
+    return PlanSpec(False, int(body), head.endswith("+"), zero, sp)
 
 
 def parse_entries(text: str, default: str) -> list[tuple[str, PlanSpec]]:
     """"a,b@tp=4,c@auto,d@tp=2,zero=1" -> [(schedule, plan)], the default plan where none is
-    given (a ",zero=Z" belongs to the entry before it)."""
+    given (a ",zero=Z" or ",sp=MODE" belongs to the entry before it)."""
     items: list[str] = []
     for item in (s.strip() for s in text.split(",")):
-        if item.startswith("zero=") and items:
+        if (item.startswith("zero=") or item.startswith("sp=")) and items:
             items[-1] += "," + item
         elif item:
             items.append(item)
@@ -204,7 +224,8 @@ def _row(cfg: ModelConfig, costs: HardwareCosts, world: int, spec_batch: BatchSp
         batch = spec_batch.shape(world, global_batch)
         plan, allowed = _auto(cfg, costs, world, batch, budget_bytes, name,
                               _n_subs(name, n_sub), degrees, max_tp,
-                              (0, 1, 2, 3) if spec.zero is None else (spec.zero,))
+                              (0, 1, 2, 3) if spec.zero is None else (spec.zero,),
+                              spec.sp_modes())
         found = {"degrees": tuple(r.tp for r in plan.regions), "allowed": allowed,
                  "batch": batch}
     else:
@@ -215,8 +236,9 @@ def _row(cfg: ModelConfig, costs: HardwareCosts, world: int, spec_batch: BatchSp
         plan = None
         for t in tried:
             batch = spec_batch.shape(world, global_batch, t)
-            plan = with_zero(ParallelPlan.uniform(cfg, world, t, schedule=name, n_sub=k),
-                             spec.zero or 0)
+            plan = with_zero(ParallelPlan.uniform(
+                cfg, world, t, schedule=name, n_sub=k,
+                sequence_parallel="" if spec.sp in (None, "off") else spec.sp), spec.zero or 0)
             peak = simulate_plan(cfg, plan, costs, world, batch, timeline=False).peak_mem_bytes
             if not spec.at_least or peak <= budget_bytes:
                 break
@@ -237,16 +259,17 @@ def _make_row(cfg: ModelConfig, costs: HardwareCosts, world: int, batch: BatchSh
 
 def _auto(cfg: ModelConfig, costs: HardwareCosts, world: int, batch: BatchShape,
           budget_bytes: float, name: str, n_subs: tuple[int, ...], degrees: list[int],
-          max_tp: int | None, zeros: tuple[int, ...] = (0,)) -> tuple[ParallelPlan, list[int]]:
+          max_tp: int | None, zeros: tuple[int, ...] = (0,), sps: tuple[str, ...] = ()
+          ) -> tuple[ParallelPlan, list[int]]:
     """The planner's plan for this schedule, its degrees capped at ``max_tp`` (default: one
     server's GPUs, doubled while nothing fits), and the degrees it allowed; ``zeros``: the
-    ZeRO stages searched."""
+    ZeRO stages searched; ``sps``: the sequence-parallel modes."""
     cap = max_tp or costs.cluster.server.gpus_per_server
     while True:
         allowed = [t for t in degrees if t <= cap]
         try:
             best, _ = solve_plan(cfg, costs, world, batch, budget_bytes, schedules=(name,),
-                                 n_subs=n_subs, degrees=allowed, zeros=zeros)
+                                 n_subs=n_subs, degrees=allowed, zeros=zeros, sps=sps)
             return best.plan, allowed
         except ValueError:
             if max_tp is not None or cap >= max(degrees):

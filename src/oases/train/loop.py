@@ -264,7 +264,8 @@ def train(
     if cfg.parallel.plan:  # the plan's schedule runs it (apply_plan_knobs)
         layout = (f"every region tp={plan.degrees()[0]}" if plan.is_uniform() else
                   ", ".join(f"{r.name} tp={r.tp}" for r in plan.regions))
-        say(f"plan ({cfg.parallel.plan}): {plan.schedule}, n_sub={plan.n_sub}; {layout}")
+        sp = f", sequence-parallel ({plan.sequence_parallel})" if plan.sequence_parallel else ""
+        say(f"plan ({cfg.parallel.plan}): {plan.schedule}, n_sub={plan.n_sub}{sp}; {layout}")
     if resume_from is not None:
         saved_degrees = sorted(set(manifest.get("degrees", {}).values()) | {manifest["tp"]})
         say(f"resumed from {resume_from} at step {start_step} (saved at tp="
