@@ -140,9 +140,9 @@ class ParallelConfig:
     becomes a reduce-scatter plus a gather along the sequence (the same bytes).
     ``sp_recompute``: what a communication-free recompute (oases, commfree-recompute) keeps
     under it: "gathered" (each region's gathered input: no collective in the recompute) or
-    "shards" (only slices: one gather per region in the recompute, less memory). Needs one TP
-    degree for every region and ``zero = 0`` for now; ``schedule.oases`` etc. run it with
-    ``schedule.n_sub >= 3`` to hide every collective (``schedule.program._staggered``).
+    "shards" (only slices: one gather per region in the recompute, less memory). Every TP
+    degree must divide ``model.seq_len``; needs ``zero = 0`` for now. The overlapped schedules
+    hide every collective with ``schedule.n_sub >= 3`` (``schedule.program._staggered``).
     """
 
     tp: int = 1
@@ -329,9 +329,8 @@ class Config:
                    f"a sub-batch of train.micro_batch / schedule.n_sub = {sub} rows at the "
                    f"embedding's tp={tp} has no whole share at the plan's tp={d}")
         if self.parallel.sequence_parallel:
-            _check(len(set(degrees or (tp,))) == 1, "parallel.sequence_parallel needs one TP "
-                   f"degree for every region; the plan has {sorted(set(degrees or ()))}")
-            _divisible("model.seq_len", m.seq_len, "the TP degree (sequence parallelism)", tp)
+            for d in sorted(set(degrees or (tp,))):
+                _divisible("model.seq_len", m.seq_len, "a TP degree (sequence parallelism)", d)
         dp = world_size // tp
         _check(
             t.global_batch % (t.micro_batch * dp) == 0,

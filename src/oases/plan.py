@@ -7,8 +7,8 @@ consecutive regions differ, the activations are resharded along the batch betwee
 ``n_sub``, ``schedule``, ``predicted_step_s``, ``predicted_peak_mem_bytes``; a region may add
 ``zero`` (its ZeRO stage, 0-3; absent: the run's ``parallel.zero``). ``sequence_parallel``
 ("" off; "gathered" or "shards": Megatron's sequence parallelism, naming what a
-communication-free recompute keeps, ``schedule.program._sp_chain``) is per plan: it needs one
-TP degree for every region (for now) and no ZeRO.
+communication-free recompute keeps, ``schedule.program._sp_chain``) is per plan: every degree
+must divide the sequence, and no region may be sharded by ZeRO (for now).
 """
 
 from __future__ import annotations
@@ -121,12 +121,10 @@ class ParallelPlan:
             if self.sp() not in ("gathered", "shards"):
                 raise ValueError(f"plan sequence_parallel={self.sequence_parallel!r} must be "
                                  '"", "gathered" or "shards"')
-            if not self.is_uniform():
-                raise ValueError("sequence parallelism needs one TP degree for every region; "
-                                 f"the plan has {list(self.degrees())}")
-            if cfg.seq_len % self.regions[0].tp:
-                raise ValueError(f"sequence parallelism: model.seq_len={cfg.seq_len} is not "
-                                 f"divisible by tp={self.regions[0].tp}")
+            for t in self.degrees():
+                if cfg.seq_len % t:
+                    raise ValueError(f"sequence parallelism: model.seq_len={cfg.seq_len} is "
+                                     f"not divisible by tp={t}")
             if any(self.zero_stages()):
                 raise ValueError("sequence parallelism with ZeRO is not supported yet")
         if cfg.tie_embeddings and self.tp_of("embed") != self.tp_of("head"):

@@ -305,6 +305,50 @@ def seq_reduce_scatter_async(t: Tensor, group: Group, *, direction: str = "forwa
     return _SeqHandle(_ReduceScatter(out, tt, group))
 
 
+class _Relayout(Handle):
+    """A started all-gather of every rank's [b, s, ...] piece over the larger degree's TP
+    group; ``wait`` assembles the group's whole [R, S, ...] and keeps this rank's piece of the
+    target layout (``reshard_seq_async``)."""
+
+    def __init__(self, parts: list[Tensor], work: dist.Work | None, from_tp: int, to_tp: int,
+                 group: Group, keep: Tensor) -> None:
+        super().__init__(parts[0], work)
+        self._parts, self._keep = parts, keep
+        self._from, self._to, self._group = from_tp, to_tp, group
+
+    def wait(self) -> Tensor:
+        super().wait()
+        T, a, b = self._group.size, self._from, self._to
+        # rank w of the group holds rows chunk w // a (of T / a) and sequence chunk w % a (of a)
+        rows = [torch.cat(self._parts[g * a:(g + 1) * a], dim=1) for g in range(T // a)]
+        whole = torch.cat(rows, dim=0)  # [R, S, ...], the group's rows in chunk order
+        w = self._group.rank
+        mine = whole.chunk(T // b, dim=0)[w // b].chunk(b, dim=1)[w % b]
+        self._parts = self._keep = None
+        return mine.contiguous()
+
+
+def reshard_seq_async(x: Tensor, from_tp: int, to_tp: int, group: Group, *,
+                      direction: str = "forward", tag: str = "") -> Handle:
+    """Move sequence-parallel activations between TP degrees (no autograd): at degree d a TP
+    group holds a chunk of the rows, each of its ranks a 1/d slice of their sequence. Over
+    ``group``, the TP group of the larger degree T (contiguous ranks, its groups at the
+    smaller degree nested in it), every rank's piece is all-gathered, the group's whole
+    [R, S, ...] assembled and this rank's piece at ``to_tp`` kept: [R d / T, S / d, ...] at
+    degree d. Both directions move data (a slice of the sequence comes from other ranks), so
+    the backward reshard of a gradient is this same call with the degrees swapped."""
+    if from_tp == to_tp:
+        return Handle(x, None)
+    if group.size != max(from_tp, to_tp):
+        raise ValueError(f"a sequence-parallel reshard between tp={from_tp} and tp={to_tp} "
+                         f"runs over the TP group of the larger degree, not one of {group.size}")
+    x = x.contiguous()
+    parts = [torch.empty_like(x) for _ in range(group.size)]
+    _issue("all_gather", group, x, direction, tag, True)
+    work = dist.all_gather(parts, x, group=group.pg, async_op=True)
+    return _Relayout(parts, work, from_tp, to_tp, group, x)
+
+
 def seq_slice(x: Tensor, group: Group) -> Tensor:
     """This rank's slice of the sequence (dim 1) of a replicated [b, S, ...] tensor."""
     return _local_chunk(x, group, 1)

@@ -179,7 +179,7 @@ def sub_batch_counts(schedule: str, n_subs: tuple[int, ...],
 
 
 def solve_plan(cfg: ModelConfig, costs: Costs, world_size: int, batch: BatchShape,
-               budget_bytes: float, *, schedules: tuple[str, ...] = tuple(SPECS),
+               budget_bytes: float, *, schedules: tuple[str, ...] | None = None,
                n_subs: tuple[int, ...] = (1, 2, 4), degrees: list[int] | None = None,
                max_inflight: int = 1,
                seeds: tuple[tuple[int, ...], ...] = (), zeros: tuple[int, ...] = (0,),
@@ -220,6 +220,8 @@ def solve_plan(cfg: ModelConfig, costs: Costs, world_size: int, batch: BatchShap
     again under it (``_least_memory``); neither depends on the budget, so at a budget of that
     least peak they find the plan that has it. If still nothing fits, ValueError names it."""
     degrees = degrees or candidate_degrees(cfg, world_size)
+    if schedules is None:  # megatron-sp is megatron with sequence parallelism (``sps``)
+        schedules = tuple(n for n, s in SPECS.items() if not s.sequence_parallel)
     names = region_names(cfg)
     candidates: list[Candidate] = []
     split_errors: list[str] = []

@@ -371,6 +371,13 @@ def region_uses(cfg: ModelConfig, n: int, tied: bool = True) -> tuple[tuple[int,
     return tuple(uses)
 
 
+def plan_sp(plan: ParallelPlan) -> str | None:
+    """The sequence parallelism a plan is simulated with (``ParallelPlan.sp``): none where
+    every region has degree 1 (megatron-sp at tp=1 runs megatron's program: nothing to
+    slice)."""
+    return plan.sp() if max(r.tp for r in plan.regions) > 1 else None
+
+
 def model_state(cfg: ModelConfig, plan: ParallelPlan, world_size: int) -> ModelState:
     """Every region's own parameter count, DP degree and ZeRO stage under ``plan``."""
     return ModelState(tuple(region_param_count(cfg, region_kind(r.name), r.tp)
@@ -401,7 +408,7 @@ def plan_program(cfg: ModelConfig, plan: ParallelPlan, world_size: int, batch: B
                          degrees=None if len(set(degrees)) == 1 else degrees,
                          zero=zero_layout(cfg, stages, reshard_after_forward,
                                           gather_updated=first, ends_step=dp),
-                         sp=plan.sp())
+                         sp=plan_sp(plan))
 
 
 def simulate_plan(cfg: ModelConfig, plan: ParallelPlan, costs: Costs, world_size: int,
@@ -452,10 +459,14 @@ def simulate_plan(cfg: ModelConfig, plan: ParallelPlan, costs: Costs, world_size
                            reshard_after_forward=reshard_after_forward)
 
     def reshard(i: int, backward: bool) -> tuple[int, tuple[int, ...]]:
-        """(bytes, rank 0's group) of the all-gather a reshard into region i moves."""
+        """(bytes, rank 0's group) of the all-gather a reshard into region i moves. Under
+        sequence parallelism both directions gather over the larger degree's TP group (its
+        whole [rows, S, H]: ``comm.reshard_seq_async``)."""
         a, b = degrees[i - 1], degrees[i]
         grows = b > a
         lo, hi = min(a, b), max(a, b)
+        if sp:
+            return act_bytes[i if grows else i - 1], _group_ranks("tp", hi, 0, world_size)
         if grows == backward:  # the slicing direction moves nothing
             return 0, (0,)
         return act_bytes[i if grows else i - 1], _group_ranks("merge", lo, hi, world_size)
@@ -468,7 +479,7 @@ def simulate_plan(cfg: ModelConfig, plan: ParallelPlan, costs: Costs, world_size
             return by_ranks(op, ranks, int(nbytes))
         return costs.collective_s(op, len(ranks), int(nbytes))
 
-    sp = plan.sp()
+    sp = plan_sp(plan)
 
     def collective_s(kind: str, index: int) -> float:
         if kind in ("gf", "gb", "gr"):  # sequence parallelism: [b, S, H] gathered
@@ -497,7 +508,8 @@ def simulate_plan(cfg: ModelConfig, plan: ParallelPlan, costs: Costs, world_size
             return "dp"
         if kind in ("rsf", "rsb"):
             lo, hi = sorted((degrees[index - 1], degrees[index]))
-            return _group_ranks("merge", lo, hi, world_size)
+            return (_group_ranks("tp", hi, 0, world_size) if sp
+                    else _group_ranks("merge", lo, hi, world_size))
         return _group_ranks("tp", degrees[index], 0, world_size)
 
     commfree = spec.recompute == "commfree"

@@ -100,18 +100,23 @@ class Executor:
         self.saved_bytes: dict[int, int] = {}  # region -> bytes kept from forward to backward
         self._param_ptrs = {p.untyped_storage().data_ptr() for p in model.parameters()}
         if sp is not None:
-            if len(set(self.degrees)) > 1:
-                raise ValueError("sequence parallelism needs one TP degree for every region "
-                                 f"(this plan has {sorted(set(self.degrees))})")
             # this rank's own dropout stream for the glue on its slice of the sequence
             gen = torch.Generator(self.ctx.device)
             gen.manual_seed(torch.initial_seed() + 1_000_003 * (1 + self.chain[0].tp_group.rank))
             self._sp_rng = gen.get_state()
-            seen: dict[int, torch.nn.Parameter] = {}
-            for r in self.chain:  # what runs on slices: norms, biases after the TP matmuls,
-                for p in (*r.norm_params, *r.epi_params):  # positions
-                    seen.setdefault(id(p), p)
-            self._sp_glue_params = list(seen.values())
+            # what runs on slices (norms, biases after the TP matmuls, positions), by the TP
+            # group of the region that uses it
+            seen: dict[int, tuple[int, torch.nn.Parameter]] = {}
+            for r in self.chain:
+                for p in (*r.norm_params, *r.epi_params):
+                    seen.setdefault(id(p), (r.index, p))
+            self._sp_glue_params = [p for _, p in seen.values()]
+            self._sp_glue_groups: list[tuple[object, list[torch.nn.Parameter]]] = []
+            for t in sorted(set(self.degrees)):
+                params = [p for i, p in seen.values() if self.chain[i].tp == t]
+                group = next(r.tp_group for r in self.chain if r.tp == t)
+                if params:
+                    self._sp_glue_groups.append((group, params))
 
     # ----------------------------------------------------------------------------------- setup
     def _in_segment(self, kind: str, i: int) -> bool:
@@ -289,7 +294,8 @@ class Executor:
         commfree_recompute = recompute and self.spec.recompute == "commfree"
         if recompute and self._saves_input(i):
             x = self.inputs.pop((i, j))
-            self.x[i, j] = x  # the block's recompute re-runs epi:i too
+            if not commfree_recompute:  # the block's recompute re-runs epi:i too
+                self.x[i, j] = x
         elif commfree_recompute or region.kind == "head":
             x = self.x.pop((i, j))
         else:
@@ -431,20 +437,29 @@ class Executor:
             group = self.ctx.merge_group(a, b)
             x, src, dst, direction = ((self.x.pop((i, j)), a, b, "forward") if ins.kind == "rsf"
                                       else (self.gx.pop((i, j)), b, a, "backward"))
-            if self.skip_comm:  # the right shape, wrong numbers
+            if self.sp is not None:  # rows and sequence slices both move
+                big = self.chain[i if b > a else i - 1].tp_group
+                if self.skip_comm:
+                    out = x.repeat(dst // src, 1, 1)[:, : x.shape[1] * src // dst] if dst > src \
+                        else x[: x.shape[0] * dst // src].repeat(1, src // dst, 1)
+                    handles.append((comm.Handle(out.contiguous(), None), False))
+                else:
+                    handles.append((comm.reshard_seq_async(x, src, dst, big,
+                                                           direction=direction, tag=tag), True))
+            elif self.skip_comm:  # the right shape, wrong numbers
                 out = x.repeat(dst // src, *[1] * (x.dim() - 1)) if dst > src else x[
                     : x.shape[0] * dst // src]
                 handles.append((comm.Handle(out, None), False))
             else:
                 handles.append((comm.reshard_batch_async(x, src, dst, group, direction=direction,
                                                          tag=tag), dst > src))
-        elif ins.kind == "sg":  # sp: the glue's gradients, summed over the TP group
-            group = self.chain[0].tp_group
-            grads = [p.grad for p in self._sp_glue_params if p.grad is not None]
-            if grads and group.size > 1 and not self.skip_comm:
-                flat = torch.cat([g.reshape(-1) for g in grads])
-                handle = comm.all_reduce_async(flat, group, direction="backward", tag=tag)
-                handles.append((_Unflatten(handle, grads), True))
+        elif ins.kind == "sg":  # sp: the glue's gradients, summed over their TP groups
+            for group, params in self._sp_glue_groups:
+                grads = [p.grad for p in params if p.grad is not None]
+                if grads and group.size > 1 and not self.skip_comm:
+                    flat = torch.cat([g.reshape(-1) for g in grads])
+                    handle = comm.all_reduce_async(flat, group, direction="backward", tag=tag)
+                    handles.append((_Unflatten(handle, grads), True))
         elif ins.kind in ("gf", "gr", "gb"):  # sp: gather h_i (or dr_i) along the sequence
             group = self.chain[i].tp_group
             x, direction = ((self.dr[i, j], "backward") if ins.kind == "gb" else

@@ -351,9 +351,6 @@ def build_program(
     if sp is not None and zero is not None and any(zero.stages):
         raise ValueError("sequence parallelism with ZeRO is not supported yet: use "
                          "parallel.zero = 0")
-    if sp is not None and degrees is not None and len(set(degrees)) > 1:
-        raise ValueError("sequence parallelism with regions of different TP degrees is not "
-                         f"supported yet (degrees {sorted(set(degrees))}): use one degree")
     program = _build_program(spec, k, n_regions, n_micro, max_inflight, tuple(dp_tasks),
                              degrees, sp)
     if zero is not None and any(zero.stages):
@@ -374,7 +371,8 @@ def _build_program(spec: ScheduleSpec, k: int, n_regions: int, n_micro: int, max
     for m in range(n_micro):
         subs = range(m * k, (m + 1) * k)
         if sp is not None:
-            tasks = _staggered([_sp_chain(n_regions, j, spec.recompute, sp) for j in subs])
+            tasks = _staggered([_sp_chain(n_regions, j, spec.recompute, sp, changes)
+                                for j in subs])
         else:
             tasks = (_forward_tasks(n_regions, subs, changes)
                      + _backward_tasks(n_regions, subs, spec.recompute, changes))
@@ -391,7 +389,8 @@ def _build_program(spec: ScheduleSpec, k: int, n_regions: int, n_micro: int, max
     return tuple(program)
 
 
-def _sp_chain(n_regions: int, j: int, recompute: str, keep: str) -> list[Task]:
+def _sp_chain(n_regions: int, j: int, recompute: str, keep: str,
+              changes: frozenset[int] = frozenset()) -> list[Task]:
     """Sub-batch ``j``'s tasks of one micro-batch under sequence parallelism, in order.
 
     Forward, per region i (the embedding's region 0 is its lookup alone)::
@@ -402,26 +401,47 @@ def _sp_chain(n_regions: int, j: int, recompute: str, keep: str) -> list[Task]:
 
         [tp R-1] -bwd-> [norm R-1 + epi R-2] -gb(R-2)-> [tp R-2] -bwd-> ... -gb(0)-> [tp 0]
 
+    A degree change at region i (``changes``) splits the tasks that cross it, as without
+    sequence parallelism: [epi i-1] rsf(i) [norm i] forward, [norm i] rsb(i) [epi i-1]
+    backward (a reshard moves rows and sequence slices: ``comm.reshard_seq_async``).
+
     Recompute of region i (0 < i < R-1) before its backward ``tp:i``:
       commfree, ``keep="gathered"``: [epi i-1, norm i, core i] from the saved post-collective
-        (x, r) slices and the saved gathered h_i: no collective.
+        (x, r) slices and the saved gathered h_i: no collective ([norm i, core i] from the
+        saved post-reshard x_i at a degree change).
       commfree, ``keep="shards"``: [epi i-1, norm i] -gr(i)-> [core i]: h_i gathered again.
       block: the block (attention i-1, MLP i) from its saved input slice, repeating its
-        forward gathers and reduce-scatters, before the MLP's backward.
+        forward gathers and reduce-scatters (and a reshard at its MLP), before the MLP's
+        backward.
     The recompute runs while the gather ``gb(i)`` is in flight."""
     last = n_regions - 1
+
+    def glue_norm(phase: str, i: int, needs: list[CollKey]) -> list[Task]:
+        """[epi i-1 + norm i] -gf(i)->, or [epi i-1] -rsf(i)-> [norm i] -gf(i)->."""
+        if i in changes:
+            return [Task(Compute(phase, (("epi", i - 1),), j), needs=needs,
+                         produces=("rsf", i, j)),
+                    Task(Compute(phase, (("norm", i),), j), needs=[("rsf", i, j)],
+                         produces=("gf", i, j))]
+        return [Task(Compute(phase, (("epi", i - 1), ("norm", i)), j), needs=needs,
+                     produces=("gf", i, j))]
+
     tasks = [Task(Compute("forward", (("core", 0),), j), produces=("fwd", 0, j))]
     for i in range(1, n_regions):
-        tasks.append(Task(Compute("forward", (("epi", i - 1), ("norm", i)), j),
-                          needs=[("fwd", i - 1, j)], produces=("gf", i, j)))
+        tasks += glue_norm("forward", i, [("fwd", i - 1, j)])
         tasks.append(Task(Compute("forward", (("core", i),), j), needs=[("gf", i, j)],
                           produces=("fwd", i, j) if i < last else None))
 
     def backward(i: int) -> list[Task]:  # [norm i+1 + epi i] gb(i) [tp i] bwd(i)
+        tail = Task(Compute("backward", (("tp", i),), j), needs=[("gb", i, j)],
+                    produces=("bwd", i, j) if i > 0 else None)
+        if i + 1 in changes:
+            return [Task(Compute("backward", (("norm", i + 1),), j), needs=[("bwd", i + 1, j)],
+                         produces=("rsb", i + 1, j)),
+                    Task(Compute("backward", (("epi", i),), j), needs=[("rsb", i + 1, j)],
+                         produces=("gb", i, j)), tail]
         return [Task(Compute("backward", (("norm", i + 1), ("epi", i)), j),
-                     needs=[("bwd", i + 1, j)], produces=("gb", i, j)),
-                Task(Compute("backward", (("tp", i),), j), needs=[("gb", i, j)],
-                     produces=("bwd", i, j) if i > 0 else None)]
+                     needs=[("bwd", i + 1, j)], produces=("gb", i, j)), tail]
 
     tasks.append(Task(Compute("backward", (("tp", last),), j), produces=("bwd", last, j)))
     i = last - 1
@@ -432,8 +452,7 @@ def _sp_chain(n_regions: int, j: int, recompute: str, keep: str) -> list[Task]:
                 Task(Compute("recompute", (("norm", attn),), j), produces=("gf", attn, j)),
                 Task(Compute("recompute", (("core", attn),), j), needs=[("gf", attn, j)],
                      produces=("fwd", attn, j)),
-                Task(Compute("recompute", (("epi", attn), ("norm", mlp)), j),
-                     needs=[("fwd", attn, j)], produces=("gf", mlp, j)),
+                *glue_norm("recompute", mlp, [("fwd", attn, j)]),
                 Task(Compute("recompute", (("core", mlp),), j), needs=[("gf", mlp, j)],
                      produces=("fwd", mlp, j)),
                 Task(Compute("recompute", (("epi", mlp),), j), needs=[("fwd", mlp, j)]),
@@ -441,15 +460,14 @@ def _sp_chain(n_regions: int, j: int, recompute: str, keep: str) -> list[Task]:
             tasks += backward(mlp) + backward(attn)
             i -= 2
             continue
-        first, second = backward(i)
-        tasks.append(first)
+        *first, second = backward(i)
+        tasks += first
         if recompute == "commfree" and 0 < i < last:
+            head = (("norm", i),) if i in changes else (("epi", i - 1), ("norm", i))
             if keep == "gathered":
-                tasks.append(Task(Compute("recompute", (("epi", i - 1), ("norm", i),
-                                                        ("core", i)), j)))
+                tasks.append(Task(Compute("recompute", (*head, ("core", i)), j)))
             else:
-                tasks += [Task(Compute("recompute", (("epi", i - 1), ("norm", i)), j),
-                               produces=("gr", i, j)),
+                tasks += [Task(Compute("recompute", head, j), produces=("gr", i, j)),
                           Task(Compute("recompute", (("core", i),), j), needs=[("gr", i, j)])]
         tasks.append(second)
         i -= 1
