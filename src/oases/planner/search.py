@@ -25,6 +25,7 @@ from oases.planner.costs import (
     Costs,
     region_kind,
     region_param_count,
+    sp_mode,
 )
 from oases.planner.peak_memory import saved_bytes
 from oases.planner.simulate import (
@@ -107,7 +108,7 @@ def _simulate(cfg: ModelConfig, plan: ParallelPlan, costs: Costs, world_size: in
 
 def _node_costs(cfg: ModelConfig, costs: Costs, world_size: int, batch: BatchShape,
                 schedule: str, n_sub: int, degrees: list[int], uniform: dict[int, PlanResult],
-                max_inflight: int, zero: int = 0
+                max_inflight: int, zero: int = 0, sp: str = ""
                 ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
     """Per-region seconds and bytes at each degree, reshard edge seconds, and per-region
     parameter bytes (fp32, ``inf`` where a degree does not split the batch), for the chain
@@ -115,7 +116,8 @@ def _node_costs(cfg: ModelConfig, costs: Costs, world_size: int, batch: BatchSha
     L-1), so overlap, exposed collectives and DP synchronization are priced as the schedule
     runs them; the layer is split between attention and MLP by their compute. A region's bytes
     are its parameters, gradients and Adam moments (``state_factors`` at ZeRO stage ``zero``)
-    and the activations it keeps."""
+    and the activations it keeps. ``sp``: sequence parallelism's mode ("" off): its pieces,
+    saved activations, and reshards that gather over the larger degree's group both ways."""
     names = region_names(cfg)
     n, k = len(names), len(degrees)
     node_s = np.full((n, k), np.inf)
@@ -123,23 +125,26 @@ def _node_costs(cfg: ModelConfig, costs: Costs, world_size: int, batch: BatchSha
     param_bytes = np.full((n, k), np.inf)
     edge_s = np.zeros((max(n - 1, 0), k, k))
     shorter = dataclasses.replace(cfg, n_layers=cfg.n_layers - 1) if cfg.n_layers > 1 else None
-    mode = SPECS[schedule].recompute
+    mode = sp_mode(SPECS[schedule].recompute, sp or None)
     subs = n_sub if SPECS[schedule].overlapped else 1
+    whole = (("forward", "body"), ("backward", "tp"), ("backward", "norm"))
+    sliced = (("forward", "sp-core"), ("forward", "sp-norm"), ("backward", "tp"),
+              ("backward", "sp-norm"))
     for d, t in enumerate(degrees):
         full = uniform.get(t)
         if full is None:
             continue
         plan = with_zero(ParallelPlan.uniform(cfg, world_size, t, schedule=schedule,
-                                              n_sub=n_sub), zero)
+                                              n_sub=n_sub, sequence_parallel=sp), zero)
         rows = region_rows(plan, world_size, batch, subs)
         part = {}
+        pieces = sliced if sp and t > 1 else whole  # (at degree 1 nothing is sliced)
         for kind in ("attn", "mlp"):
-            part[kind] = sum(costs.compute_s(kind, ph, pc, t, rows[1]) for ph, pc in
-                             (("forward", "body"), ("backward", "tp"), ("backward", "norm")))
+            part[kind] = sum(costs.compute_s(kind, ph, pc, t, rows[1]) for ph, pc in pieces)
         if shorter is not None:
             less = _simulate(shorter, with_zero(ParallelPlan.uniform(
-                shorter, world_size, t, schedule=schedule, n_sub=n_sub), zero),
-                costs, world_size, batch, max_inflight)
+                shorter, world_size, t, schedule=schedule, n_sub=n_sub,
+                sequence_parallel=sp), zero), costs, world_size, batch, max_inflight)
             layer_s = full.step_s - less.step_s if less is not None else 0.0
         else:
             layer_s = full.step_s / 2
@@ -159,8 +164,12 @@ def _node_costs(cfg: ModelConfig, costs: Costs, world_size: int, batch: BatchSha
             if ta != tb:
                 lo, hi = sorted((ta, tb))
                 gathered = act * hi // world_size  # rows a rank holds at the larger degree
-                edge_s[:, a, b] = batch.n_micro() * costs.collective_s("all_gather", hi // lo,
-                                                                       gathered)
+                if sp:  # both directions gather the whole over the larger degree's group
+                    edge_s[:, a, b] = 2 * batch.n_micro() * costs.collective_s(
+                        "all_gather", hi, gathered)
+                else:
+                    edge_s[:, a, b] = batch.n_micro() * costs.collective_s(
+                        "all_gather", hi // lo, gathered)
     return node_s, node_bytes, edge_s, param_bytes
 
 
@@ -204,11 +213,11 @@ def solve_plan(cfg: ModelConfig, costs: Costs, world_size: int, batch: BatchShap
     uniform plan of a chain does not fit): where it fits, they would only add time.
 
     Sequence parallelism (``sps``: the modes searched, "gathered" and/or "shards") is one per
-    plan as well, and uniform for now (``ParallelPlan.check``): beside each uniform plan of
-    ZeRO stage 0 and degree t > 1 (t dividing the sequence) the same plan with each mode is
-    simulated ("shards" only for the communication-free recompute schedules, where it differs
-    from "gathered": it keeps slices instead of gathered inputs, and gathers again in the
-    recompute).
+    plan as well: beside each uniform plan of ZeRO stage 0 (degree t dividing the sequence)
+    the same plan with each mode is simulated ("shards" only for the communication-free
+    recompute schedules, where it differs from "gathered": it keeps slices instead of gathered
+    inputs, and gathers again in the recompute), and each mode's chain is solved as another
+    chain (its pieces, saved activations and two-way reshards, ``_node_costs``).
 
     The ZeRO stage is one per plan: it trades memory for traffic on the DP links, which every
     region's gradients cross on one stream, so a region's share of the step is not its own
@@ -247,6 +256,9 @@ def solve_plan(cfg: ModelConfig, costs: Costs, world_size: int, batch: BatchShap
         binds (the fastest uniform plan does not fit, or none splits the batch) and the least
         step time of its uniform plans less their optimizer step (fitting or not)."""
         uniform = {}
+        sp_uniform: dict[str, dict[int, PlanResult]] = {}
+        modes = () if zero else [m for m in sps if m == "gathered"
+                                 or SPECS[schedule].recompute == "commfree"]
         for t in degrees:
             if zero and t == world_size:
                 continue  # no data parallelism to shard over
@@ -256,18 +268,21 @@ def solve_plan(cfg: ModelConfig, costs: Costs, world_size: int, batch: BatchShap
             if res is not None:
                 uniform[t] = res
                 add(Candidate(plan, res, res.peak_mem_bytes <= budget_bytes, "uniform"), shape)
-                for mode in (m for m in sps if not zero and t > 1 and cfg.seq_len % t == 0
-                             and (m == "gathered" or SPECS[schedule].recompute == "commfree")):
+                for mode in (m for m in modes if cfg.seq_len % t == 0):
                     sp_plan = dataclasses.replace(plan, sequence_parallel=mode, notes={})
                     sp_res = _simulate(cfg, sp_plan, costs, world_size, shape, max_inflight)
                     if sp_res is not None:
-                        add(Candidate(sp_plan, sp_res, sp_res.peak_mem_bytes <= budget_bytes,
-                                      "uniform"), shape)
-        if len(uniform) >= 2:
-            model = _ChainModel(cfg, costs, world_size, shape, schedule, n_sub, degrees,
-                                uniform, max_inflight, zero)
-            models.append(model)
-            add(model.fastest(budget_bytes), shape)
+                        sp_uniform.setdefault(mode, {})[t] = sp_res
+                        if t > 1:  # at degree 1 it is the plan without it
+                            add(Candidate(sp_plan, sp_res,
+                                          sp_res.peak_mem_bytes <= budget_bytes, "uniform"),
+                                shape)
+        for mode, results in (("", uniform), *sp_uniform.items()):
+            if len(results) >= 2:
+                model = _ChainModel(cfg, costs, world_size, shape, schedule, n_sub, degrees,
+                                    results, max_inflight, zero, mode)
+                models.append(model)
+                add(model.fastest(budget_bytes), shape)
         for seed in seeds:
             if len(seed) != len(names) or len(set(seed)) == 1 or not set(seed) <= set(uniform):
                 continue  # uniform seeds are simulated above; a degree that does not split
@@ -340,10 +355,10 @@ def solve_plan(cfg: ModelConfig, costs: Costs, world_size: int, batch: BatchShap
 
 
 def _plan_of(cfg: ModelConfig, choice: tuple[int, ...], degrees: list[int], world_size: int,
-             schedule: str, n_sub: int) -> ParallelPlan:
+             schedule: str, n_sub: int, sp: str = "") -> ParallelPlan:
     return ParallelPlan([RegionPlan(name, degrees[d], world_size // degrees[d])
                          for name, d in zip(region_names(cfg), choice)],
-                        n_sub=n_sub, schedule=schedule)
+                        n_sub=n_sub, schedule=schedule, sequence_parallel=sp)
 
 
 def _least_memory(candidates: list[Candidate], models: list[_ChainModel],
@@ -376,13 +391,13 @@ class _ChainModel:
 
     def __init__(self, cfg: ModelConfig, costs: Costs, world_size: int, batch: BatchShape,
                  schedule: str, n_sub: int, degrees: list[int], uniform: dict[int, PlanResult],
-                 max_inflight: int, zero: int = 0) -> None:
+                 max_inflight: int, zero: int = 0, sp: str = "") -> None:
         self.cfg, self.costs, self.world_size, self.batch = cfg, costs, world_size, batch
         self.schedule, self.n_sub, self.degrees = schedule, n_sub, degrees
-        self.max_inflight, self.zero = max_inflight, zero
+        self.max_inflight, self.zero, self.sp = max_inflight, zero, sp
         self.node_s, self.node_bytes, self.edge_s, params = _node_costs(
             cfg, costs, world_size, batch, schedule, n_sub, degrees, uniform, max_inflight,
-            zero)
+            zero, sp)
         # what the additive memory model leaves out (baseline, transients), from the uniform
         # plans
         self.extra = min(res.peak_mem_bytes - self.node_bytes[:, degrees.index(t)].sum()
@@ -411,7 +426,7 @@ class _ChainModel:
     def _candidate(self, choice: tuple[int, ...], budget_bytes: float,
                    kind: str) -> Candidate | None:
         plan = with_zero(_plan_of(self.cfg, choice, self.degrees, self.world_size,
-                                  self.schedule, self.n_sub), self.zero)
+                                  self.schedule, self.n_sub, self.sp), self.zero)
         res = _simulate(self.cfg, plan, self.costs, self.world_size, self.batch,
                         self.max_inflight)
         return None if res is None else Candidate(plan, res, res.peak_mem_bytes <= budget_bytes,

@@ -522,7 +522,11 @@ def simulate_plan(cfg: ModelConfig, plan: ParallelPlan, costs: Costs, world_size
         the costs' "sp-" ones (a recompute of a norm or glue is priced as its forward)."""
         if phase == "recompute" and piece == "body" and commfree:
             piece = "body-commfree"
-        if sp and piece != "tp":
+        if sp and degrees[i] == 1 and piece in ("norm", "core") and phase != "backward":
+            if piece == "norm":  # a degree-1 region's slice is the whole sequence: its norm
+                return 0.0  # and core are the body (priced whole with the core)
+            piece = "body-commfree" if phase == "recompute" and commfree else "body"
+        elif sp and degrees[i] > 1 and piece != "tp":
             if piece == "core" and i == 0:
                 piece = "body"  # the embedding's lookup
             elif phase == "recompute" and piece == "core" and commfree:
