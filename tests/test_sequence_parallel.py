@@ -436,3 +436,83 @@ def test_sequence_parallel_programs_and_config_checks():
         cfg.validate(2)
     assert ParallelConfig(sequence_parallel=True, sp_recompute="shards").sp() == "shards"
     assert ParallelConfig().sp() is None
+
+
+# --------------------------------------------------------------------------------------------
+# the simulator and the planner
+
+
+def _sim_setup():  # noqa: ANN202
+    from oases.planner.clusters import get_cluster
+    from oases.planner.hardware import HardwareCosts
+
+    cfg = ModelConfig(arch="gpt2", n_layers=4, dim=1024, n_heads=16, vocab_size=50304,
+                      seq_len=1024)
+    return cfg, HardwareCosts(get_cluster("paper-3090-pcie-32"), cfg)
+
+
+@pytest.mark.parametrize("name", ALL)
+def test_simulated_sequence_parallel_steps_add_up_and_keep_less(name):
+    """A sequence-parallel plan's step is its parts; its TP traffic is the all-reduce
+    version's (every gather and reduce-scatter priced, none free); it keeps less."""
+    from oases.plan import ParallelPlan
+    from oases.planner.simulate import BatchShape, simulate_plan
+
+    cfg, costs = _sim_setup()
+    batch = BatchShape(32, 16)
+    for sp in SP_MODES:
+        plan = ParallelPlan.uniform(cfg, 32, 4, schedule=name, n_sub=2, sequence_parallel=sp)
+        res = simulate_plan(cfg, plan, costs, 32, batch)
+        assert sum(res.step_parts().values()) == pytest.approx(res.step_s, rel=1e-12)
+        names = {e.name.split()[0] for e in res.timeline.events if e.lane == "comm"}
+        assert {"gf", "gb", "sg"} <= names
+        assert ("gr" in names) == (sp == "shards" and name in ("oases", "commfree-recompute"))
+        if name != "megatron-sp":
+            plain = simulate_plan(cfg, ParallelPlan.uniform(cfg, 32, 4, schedule=name,
+                                                            n_sub=2), costs, 32, batch)
+            assert res.breakdown["activations_peak_bytes"] < \
+                plain.breakdown["activations_peak_bytes"]
+            assert res.breakdown["compute_s"] < plain.breakdown["compute_s"]  # glue on S/t
+
+
+def test_simulated_sequence_parallel_reshards_move_both_ways():
+    from oases.plan import ParallelPlan, RegionPlan, region_names
+    from oases.planner.simulate import BatchShape, simulate_plan
+
+    cfg, costs = _sim_setup()
+    degrees = [2, 2, 2, 4, 4, 4, 4, 4, 4, 2]
+    plan = ParallelPlan([RegionPlan(n, t, 32 // t) for n, t in zip(region_names(cfg), degrees)],
+                        schedule="oases", n_sub=2, sequence_parallel="gathered")
+    res = simulate_plan(cfg, plan, costs, 32, BatchShape(64, 64))
+    moved = {(e.name, e.phase) for e in res.timeline.events if e.lane == "comm"
+             and e.phase in ("rsf", "rsb") and e.end_s > e.start_s}
+    assert moved == {("rsf 3", "rsf"), ("rsb 3", "rsb"), ("rsf 9", "rsf"), ("rsb 9", "rsb")}
+
+
+def test_the_planner_turns_to_sequence_parallelism_when_memory_binds():
+    from oases.planner.search import solve_plan
+    from oases.planner.simulate import BatchShape
+
+    cfg, costs = _sim_setup()
+    batch = BatchShape(32, 32)
+    free, cands = solve_plan(cfg, costs, 32, batch, 1e15, schedules=("oases",), n_subs=(2,),
+                             sps=SP_MODES)
+    assert {c.plan.sequence_parallel for c in cands} == {"", "gathered", "shards"}
+    leanest = min(c.result.peak_mem_bytes for c in cands if not c.plan.sequence_parallel)
+    tight, _ = solve_plan(cfg, costs, 32, batch, 0.98 * leanest, schedules=("oases",),
+                          n_subs=(2,), sps=SP_MODES)
+    assert tight.plan.sequence_parallel and tight.result.peak_mem_bytes <= 0.98 * leanest
+
+
+def test_simulate_plan_specs_take_sequence_parallelism():
+    from oases.planner.whatif import parse_entries, parse_plan
+
+    assert parse_plan("tp=4,sp=shards").sp == "shards"
+    assert parse_plan("auto").sp_modes() == ("gathered", "shards")
+    assert parse_plan("auto,sp=off").sp_modes() == ()
+    assert [str(s) for _, s in parse_entries("oases@tp=4,sp=gathered,megatron-sp@tp=4",
+                                             "auto")] == ["tp=4,sp=gathered", "tp=4"]
+    with pytest.raises(ValueError, match="sp=gathered"):
+        parse_plan("tp=4,sp=all")
+    with pytest.raises(ValueError, match="ZeRO"):
+        parse_plan("tp=4,zero=1,sp=shards")
