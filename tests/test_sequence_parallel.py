@@ -427,8 +427,6 @@ def test_sequence_parallel_programs_and_config_checks():
         build_program("oases", n, 2, sp="x")
     with pytest.raises(ValueError, match="sp_recompute"):
         ParallelConfig(sequence_parallel=True, sp_recompute="all")
-    with pytest.raises(ValueError, match="zero"):
-        ParallelConfig(sequence_parallel=True, zero=1)
     cfg = Config()
     cfg.parallel = ParallelConfig(tp=2, sequence_parallel=True)
     cfg.model.seq_len = 15
@@ -514,5 +512,19 @@ def test_simulate_plan_specs_take_sequence_parallelism():
                                              "auto")] == ["tp=4,sp=gathered", "tp=4"]
     with pytest.raises(ValueError, match="sp=gathered"):
         parse_plan("tp=4,sp=all")
-    with pytest.raises(ValueError, match="ZeRO"):
-        parse_plan("tp=4,zero=1,sp=shards")
+    assert parse_plan("tp=4,zero=1,sp=shards") == parse_plan("tp=4,sp=shards,zero=1")
+
+
+@pytest.mark.exact
+def test_sequence_parallelism_with_every_zero_stage_equals_the_single_device_model(
+        spawn_ranks):
+    """tp2 x dp2 (4 ranks) and a mixed plan on 2 ranks, ZeRO stages 1-3 (and one per region),
+    megatron / megatron-recompute / oases, both modes, 2 micro-batches, clipping, 3 AdamW
+    steps (``test_zero``'s cases): the glue's gradient parts in the shards are summed over TP."""
+    from test_zero import MIXED as ZERO_MIXED
+    from test_zero import PER_REGION, _rank_parity
+
+    out = spawn_ranks(_rank_parity, 4, [2], [1, 2, 3], SP_MODES, timeout_s=600)
+    assert len(out[0]) == 3 * 3 * len(SP_MODES)
+    out = spawn_ranks(_rank_parity, 2, [ZERO_MIXED], [3, PER_REGION], SP_MODES, timeout_s=600)
+    assert len(out[0]) == 3 * 2 * len(SP_MODES)

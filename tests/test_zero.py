@@ -90,10 +90,10 @@ def _check_grads(model, want: dict, rank: int, plan: ParallelPlan, where: str) -
 
 
 def _train(model, ctx, name: str, batches: list, rank: int, world: int, plan: ParallelPlan,
-           want_grads: dict, where: str) -> list:
+           want_grads: dict, where: str, sp: str | None = None) -> list:
     tp = plan.tp_of("embed")  # the batch's layout
     rows = B * tp // world
-    sched = build_schedule(name, n_sub=2, micro_batch=rows // 2)  # 2 micro-batches
+    sched = build_schedule(name, n_sub=2, micro_batch=rows // 2, sp=sp)  # 2 micro-batches
     opt = build_optimizer(model, TRAIN)
     tp_groups = {pid: ctx.groups_for(d)[0] for pid, d in parameter_degrees(model).items()}
     losses = []
@@ -112,10 +112,11 @@ def _train(model, ctx, name: str, batches: list, rank: int, world: int, plan: Pa
     return losses
 
 
-def _rank_parity(rank: int, world: int, layouts: list, stage_sets: list) -> dict:
+def _rank_parity(rank: int, world: int, layouts: list, stage_sets: list,
+                 sps: tuple = (None,)) -> dict:
     """Every (degrees, schedule, stages) case against the reference; ``layouts`` holds one
     TP degree (uniform) or a degree per region (mixed), ``stage_sets`` one stage for every
-    region or one per region."""
+    region or one per region; ``sps``: sequence parallelism's modes (None: off)."""
     cfg = _cfg()
     degrees = sorted({d for lay in layouts for d in ((lay,) if isinstance(lay, int) else lay)})
     ctx = oases.init_distributed(tp=1, degrees=tuple(degrees))
@@ -128,14 +129,15 @@ def _rank_parity(rank: int, world: int, layouts: list, stage_sets: list) -> dict
         plan = (ParallelPlan.uniform(cfg, world, lay) if isinstance(lay, int) else
                 ParallelPlan([RegionPlan(n, t, world // t)
                               for n, t in zip(region_names(cfg), lay)]))
-        for name in SCHEDULES:
-            for stages in stage_sets:
-                where = f"degrees={lay} world={world} {name} zero={stages} rank {rank}"
+        for name, stages, sp in [(n, z, sp) for n in SCHEDULES for z in stage_sets
+                                 for sp in sps]:
+            if True:
+                where = f"degrees={lay} world={world} {name} zero={stages} sp={sp} rank {rank}"
                 model = oases.parallelize(copy.deepcopy(base), ctx, plan)
                 shard_model(model, stages)
                 assert (stages == 0) != isinstance(build_optimizer(model, TRAIN), ZeroAdamW)
                 losses = _train(model, ctx, name, batches, rank, world, plan, want_grads,
-                                where)
+                                where, sp)
                 for step, (got, want) in enumerate(zip(losses, want_losses)):
                     torch.testing.assert_close(got, want, **EXACT64,
                                                msg=lambda m, w=where, s=step: f"{w} step {s}: {m}")

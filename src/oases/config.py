@@ -141,7 +141,7 @@ class ParallelConfig:
     ``sp_recompute``: what a communication-free recompute (oases, commfree-recompute) keeps
     under it: "gathered" (each region's gathered input: no collective in the recompute) or
     "shards" (only slices: one gather per region in the recompute, less memory). Every TP
-    degree must divide ``model.seq_len``; needs ``zero = 0`` for now. The overlapped schedules
+    degree must divide ``model.seq_len``; works with every ZeRO stage. The overlapped schedules
     hide every collective with ``schedule.n_sub >= 3`` (``schedule.program._staggered``).
     """
 
@@ -171,8 +171,6 @@ class ParallelConfig:
                'parallel.profile is used only with parallel.plan = "auto"')
         _check(self.sp_recompute in ("gathered", "shards"),
                f"parallel.sp_recompute={self.sp_recompute!r} must be gathered or shards")
-        _check(not (self.sequence_parallel and self.zero),
-               "parallel.sequence_parallel with parallel.zero > 0 is not supported yet")
 
     def sp(self) -> str | None:
         """The schedules' sequence-parallel mode (``build_schedule(sp=...)``): None when off."""

@@ -8,7 +8,7 @@ consecutive regions differ, the activations are resharded along the batch betwee
 ``zero`` (its ZeRO stage, 0-3; absent: the run's ``parallel.zero``). ``sequence_parallel``
 ("" off; "gathered" or "shards": Megatron's sequence parallelism, naming what a
 communication-free recompute keeps, ``schedule.program._sp_chain``) is per plan: every degree
-must divide the sequence, and no region may be sharded by ZeRO (for now).
+must divide the sequence.
 """
 
 from __future__ import annotations
@@ -125,8 +125,6 @@ class ParallelPlan:
                 if cfg.seq_len % t:
                     raise ValueError(f"sequence parallelism: model.seq_len={cfg.seq_len} is "
                                      f"not divisible by tp={t}")
-            if any(self.zero_stages()):
-                raise ValueError("sequence parallelism with ZeRO is not supported yet")
         if cfg.tie_embeddings and self.tp_of("embed") != self.tp_of("head"):
             raise ValueError(f"tied embeddings need one degree for embed and head, got "
                              f"{self.tp_of('embed')} and {self.tp_of('head')}")

@@ -56,9 +56,6 @@ def parse_entry(entry: str) -> Entry:
         values[key] = value
     if not name or (at and not values):
         raise ValueError(f"bench entry {entry!r}: expected {ENTRY_SYNTAX}")
-    if values.get("sp") and values.get("zero", "0") != "0":
-        raise ValueError(f"bench entry {entry!r}: sequence parallelism with ZeRO is not "
-                         "supported yet")
     return Entry(name, int(values.get("zero", 0)), values.get("precision", ""),
                  values.get("sp", ""))
 

@@ -213,7 +213,7 @@ def solve_plan(cfg: ModelConfig, costs: Costs, world_size: int, batch: BatchShap
     uniform plan of a chain does not fit): where it fits, they would only add time.
 
     Sequence parallelism (``sps``: the modes searched, "gathered" and/or "shards") is one per
-    plan as well: beside each uniform plan of ZeRO stage 0 (degree t dividing the sequence)
+    plan as well: beside each uniform plan (degree t dividing the sequence, any ZeRO stage)
     the same plan with each mode is simulated ("shards" only for the communication-free
     recompute schedules, where it differs from "gathered": it keeps slices instead of gathered
     inputs, and gathers again in the recompute), and each mode's chain is solved as another
@@ -257,8 +257,7 @@ def solve_plan(cfg: ModelConfig, costs: Costs, world_size: int, batch: BatchShap
         step time of its uniform plans less their optimizer step (fitting or not)."""
         uniform = {}
         sp_uniform: dict[str, dict[int, PlanResult]] = {}
-        modes = () if zero else [m for m in sps if m == "gathered"
-                                 or SPECS[schedule].recompute == "commfree"]
+        modes = [m for m in sps if m == "gathered" or SPECS[schedule].recompute == "commfree"]
         for t in degrees:
             if zero and t == world_size:
                 continue  # no data parallelism to shard over

@@ -84,8 +84,6 @@ def parse_plan(text: str) -> PlanSpec:
         else:
             raise ValueError(f"plan {text!r}: after the degree, give zero=Z (Z = 0, 1, 2 or 3) "
                              "and/or sp=gathered|shards|off")
-    if sp not in (None, "off") and zero:
-        raise ValueError(f"plan {text!r}: sequence parallelism with ZeRO is not supported yet")
     if head == "auto":
         return PlanSpec(True, zero=zero, sp=sp)
     body = head[3:].removesuffix("+") if head.startswith("tp=") else ""

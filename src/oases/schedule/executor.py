@@ -455,7 +455,7 @@ class Executor:
                                                          tag=tag), dst > src))
         elif ins.kind == "sg":  # sp: the glue's gradients, summed over their TP groups
             for group, params in self._sp_glue_groups:
-                grads = [p.grad for p in params if p.grad is not None]
+                grads = self._glue_grads(params)
                 if grads and group.size > 1 and not self.skip_comm:
                     flat = torch.cat([g.reshape(-1) for g in grads])
                     handle = comm.all_reduce_async(flat, group, direction="backward", tag=tag)
@@ -491,6 +491,22 @@ class Executor:
                 if moves:
                     handle.on_complete(done)
         self.handles[ins.kind, i, j] = [h for h, _ in handles]
+
+    def _glue_grads(self, params: list) -> list[Tensor]:
+        """The gradients of ``params`` as this rank holds them: ``.grad``, or for a ZeRO
+        unit's parameter the part of it in this rank's gradient shard (the same offsets on
+        every TP rank: their units have the same shapes)."""
+        out = []
+        for p in params:
+            if self.zero is not None and self.zero.is_sharded(p):
+                for u in self.zero.units.values():
+                    if u.grad_shard is None:
+                        continue
+                    out += [u.grad_shard[s.offset:s.offset + s.size] for s in u.segments
+                            if s.param is p]
+            elif p.grad is not None:
+                out.append(p.grad)
+        return out
 
     def _wait(self, ins: Wait) -> None:
         i, j = ins.index, ins.sub

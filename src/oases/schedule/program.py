@@ -36,7 +36,8 @@ along the sequence join them (the other half)::
                 (``sp="shards"``; ``sp="gathered"`` keeps the gathered h_i and gathers nothing)
     "sg", 0     the sum over the TP group of the gradients of the parameters the glue and norms
                 use (each rank's come from its slice of the sequence): one all-reduce at the
-                end of the step, as Megatron-LM's all-reduce of its layernorm gradients
+                end of the step (after ZeRO's reduce-scatters: it sums their shards' parts
+                of those parameters), as Megatron-LM's all-reduce of its layernorm gradients
 
 and the forward piece "body" splits into ("norm", i) on the slice and ("core", i) on the
 gathered sequence::
@@ -348,13 +349,12 @@ def build_program(
         sp = "gathered"
     if sp is not None and sp not in SP_MODES:
         raise ValueError(f"sp={sp!r}; valid: {', '.join(SP_MODES)} (or None: off)")
-    if sp is not None and zero is not None and any(zero.stages):
-        raise ValueError("sequence parallelism with ZeRO is not supported yet: use "
-                         "parallel.zero = 0")
     program = _build_program(spec, k, n_regions, n_micro, max_inflight, tuple(dp_tasks),
                              degrees, sp)
     if zero is not None and any(zero.stages):
         program = _insert_zero(program, zero, k)
+    if sp is not None:  # after every gradient is final (ZeRO's scatters waited too)
+        program += (Start("sg", 0), Wait("sg", 0))
     return list(program)
 
 
@@ -384,8 +384,6 @@ def _build_program(spec: ScheduleSpec, k: int, n_regions: int, n_micro: int, max
         if m == n_micro - 1 and dp_tasks:
             body = _insert_dp(body, set(dp_tasks), subs[-1])
         program.extend(body)
-    if sp is not None:
-        program += [Start("sg", 0), Wait("sg", 0)]
     return tuple(program)
 
 
