@@ -373,7 +373,8 @@ def _plan(ns: argparse.Namespace, overrides: list[str]) -> int:
     cfg = load_config(ns.config, overrides)
     if ns.world_size < 1:
         raise ValueError(f"--world-size={ns.world_size} must be >= 1")
-    costs = load_costs(ns.profile or f"hw:{ns.hardware}", cfg.model)
+    costs = load_costs(ns.profile or f"hw:{ns.hardware}", cfg.model, cfg.train.precision,
+                       cfg.parallel.grad_reduce_dtype)
     budget = costs_budget(ns.memory_gb, costs)
     schedules = tuple(s for s in ns.schedules.split(",") if s) if ns.schedules else None
     zeros = (0, 1, 2, 3) if ns.zero is None else (ns.zero,)
