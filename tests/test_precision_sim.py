@@ -254,10 +254,12 @@ def test_simulate_bf16_works_for_every_preset(tmp_path, capsys):
         assert 0 < row["mfu"] < 1 and row["tokens_per_s_per_gpu"] > 0, name
         assert data["peak_flops_per_gpu"] == CLUSTERS[name].server.gpu.peak_flops["bf16"]
     code = main(["simulate", "--model", str(model), "--cluster", "a100-nvlink", "--dtype",
-                 "bf16", "--grad-reduce-dtype", "bf16", "--out", str(tmp_path / "gr")])
+                 "bf16", "--grad-reduce-dtype", "bf16", "--attention", "fused", "--out",
+                 str(tmp_path / "gr")])
     assert code == 0
     data = json.loads((tmp_path / "gr" / "simulate.json").read_text())
     assert data["precision"] == {"compute": "bf16", "grad_reduce": "bf16", "master": "fp32"}
+    assert data["attention"] == "fused" and "fused attention" in data["costs"]
     capsys.readouterr()
 
 

@@ -289,6 +289,10 @@ def _simulate_parser(commands: argparse._SubParsersAction) -> None:
     sim.add_argument("--grad-reduce-dtype", default="fp32", choices=("fp32", "bf16"),
                      help="dtype of the DP gradient all-reduce and ZeRO's reduce-scatter, as "
                      "parallel.grad_reduce_dtype (default: %(default)s)")
+    sim.add_argument("--attention", default="materialized", choices=("materialized", "fused"),
+                     help="attention as the paper's prototype ran it (scores materialized) or "
+                     "a flash-style fused kernel (causal, no score traffic), as PyTorch's SDPA "
+                     "runs it on GPUs (default: %(default)s)")
     sim.add_argument("--uncertainty", action="store_true",
                      help="each row's tokens/s and speedup range over the uncertain inputs "
                      "(link efficiencies, the rate between servers, matmul efficiency, at their "
@@ -316,7 +320,8 @@ def _simulate(ns: argparse.Namespace, overrides: list[str]) -> int:
     budget = memory_budget(ns.memory_gb, cluster.memory_bytes, cluster.server.gpu.name)
     report = simulate_cluster(cfg, cluster, parse_entries(ns.schedules, ns.plan), batch,
                               budget, n_sub=ns.n_sub, max_tp=ns.max_tp, dtype=ns.dtype,
-                              grad_reduce=ns.grad_reduce_dtype, model_name=ns.model,
+                              grad_reduce=ns.grad_reduce_dtype, attention=ns.attention,
+                              model_name=ns.model,
                               uncertainty=ns.uncertainty)
     print(format_report(report))
     paths = write_report(report, Path(ns.out))

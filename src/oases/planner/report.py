@@ -259,7 +259,7 @@ def simulate_json(rep: Report) -> dict:
         "cluster": dataclasses.asdict(rep.cluster),
         "costs": rep.costs.describe(),
         "dtype": rep.costs.dtype,
-        "precision": rep.costs.precision.describe(),
+        "precision": rep.costs.precision.describe(), "attention": rep.costs.attention,
         "peak_flops_per_gpu": rep.cluster.server.gpu.peak_flops[rep.costs.dtype],
         "mfu_formula": "(6 N tokens + 12 L H S tokens) / (step_s x world_size x peak_flops)",
         "batch": {"global_batch": rep.global_batch, "micro_batch": b.micro_batch,

@@ -180,6 +180,7 @@ def simulate_ranges(
     dtype: str = "fp32",
     bounds: dict[str, tuple[float, float]] | None = None,
     grad_reduce: str = "fp32",
+    attention: str = "materialized",
 ) -> list[Range]:
     """The range of every row (a fixed plan and batch; the first is the speedups' baseline)
     over the inputs' bounds (``input_bounds(cluster)`` unless given)."""
@@ -189,7 +190,7 @@ def simulate_ranges(
     world = cluster.world_size
 
     def steps(c: Cluster) -> list[float]:
-        costs = HardwareCosts(c, cfg, dtype, grad_reduce)
+        costs = HardwareCosts(c, cfg, dtype, grad_reduce, attention=attention)
         return [
             simulate_plan(cfg, plan, costs, world, batch, timeline=False).step_s
             for plan, batch in rows

@@ -162,7 +162,8 @@ class Report:
 def simulate_cluster(cfg: ModelConfig, cluster: Cluster, entries: list[tuple[str, PlanSpec]],
                      batch: BatchSpec | BatchShape, budget: Budget | float, *, n_sub: int = 2,
                      max_tp: int | None = None, dtype: str = "fp32", grad_reduce: str = "fp32",
-                     model_name: str = "", uncertainty: bool = False,
+                     attention: str = "materialized", model_name: str = "",
+                     uncertainty: bool = False,
                      bounds: dict[str, tuple[float, float]] | None = None) -> Report:
     """Simulate every (schedule, plan) entry; the first is the speedups' baseline. An auto
     entry searches every sub-batch count (1, 2, 4 and ``n_sub``), then also the degrees every
@@ -170,14 +171,16 @@ def simulate_cluster(cfg: ModelConfig, cluster: Cluster, entries: list[tuple[str
     ``batch``: a ``BatchSpec`` (or a ``BatchShape``: that cluster micro-batch for every row);
     ``budget``: a ``Budget`` (or bytes). ``uncertainty``: each row's range over the uncertain
     inputs (``planner.uncertainty``; ``bounds`` replaces some of their bounds), its plan held
-    fixed. ``dtype``, ``grad_reduce``: the precision (see the module docstring)."""
+    fixed. ``dtype``, ``grad_reduce``: the precision (see the module docstring);
+    ``attention``: how attention is priced (``planner.hardware``: "materialized" scores as the
+    paper's prototype, or "fused", a flash-style kernel as SDPA runs on GPUs)."""
     if n_sub < 1:
         raise ValueError(f"--n-sub={n_sub} must be >= 1")
     if isinstance(batch, BatchShape):  # a fixed cluster micro-batch: micro_batch_tp = GPUs
         batch = BatchSpec(batch.global_batch, batch.micro_rows, cluster.world_size)
     if not isinstance(budget, Budget):
         budget = Budget(budget, f"{budget / 2**30:.2f} GiB per device")
-    costs = HardwareCosts(cluster, cfg, dtype, grad_reduce)
+    costs = HardwareCosts(cluster, cfg, dtype, grad_reduce, attention=attention)
     world = cluster.world_size
     degrees = candidate_degrees(cfg, world)
     global_batch = batch.global_batch or max(
@@ -203,7 +206,7 @@ def simulate_cluster(cfg: ModelConfig, cluster: Cluster, entries: list[tuple[str
     if uncertainty:
         rep.bounds = input_bounds(cluster, bounds)
         rep.ranges = simulate_ranges(cfg, cluster, [(r.plan, r.batch) for r in rows], dtype,
-                                     rep.bounds, grad_reduce)
+                                     rep.bounds, grad_reduce, attention)
     return rep
 
 
