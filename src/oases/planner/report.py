@@ -22,6 +22,7 @@ from typing import TYPE_CHECKING
 from oases.config import Config
 from oases.planner.budget import Budget
 from oases.planner.costs import matmul_params
+from oases.planner.precision import precision_of
 from oases.planner.search import Candidate
 from oases.planner.simulate import PlanResult
 from oases.planner.uncertainty import INPUTS
@@ -152,7 +153,8 @@ def plan_header(config: str, cfg: Config, costs: object, profile: str | None, wo
         m = getattr(costs, "machine", {}) or {}
         where = (f"profile {profile}: measured on {m.get('world_size', '?')} "
                  f"{m.get('device', 'cpu')} ranks ({m.get('cpu', 'unknown CPU')}), "
-                 f"{m.get('backend', '?')}, link {m.get('link', 'unknown')}")
+                 f"{m.get('backend', '?')}, link {m.get('link', 'unknown')}, "
+                 f"{precision_of(costs).label()}")
     batch = config_batch(cfg).describe(world_size, cfg.train.global_batch, every_plan=True,
                                        searched=searched_micro_batch)
     return "\n".join([f"model    {config}: {describe_model(cfg.model)}", f"costs    {where}",
