@@ -277,3 +277,25 @@ def test_plan_in_bf16_prices_the_run_precision(tmp_path, capsys):
         out = capsys.readouterr().out
         assert code == 0, name
         assert "bf16 matmuls" in out and "bf16 compute, fp32 grad reduce" in out, name
+
+
+def test_a_cluster_file_may_give_a_dtype_efficiency(tmp_path):
+    from oases.planner.clusters import load_cluster, save_cluster
+
+    path = tmp_path / "lab.toml"
+    gpu = ("name = 'g'\npeak_flops = {fp32 = 20e12, bf16 = 300e12}\nmemory_bytes = 40e9\n"
+           "memory_bandwidth_bytes_per_s = 1.5e12\nmatmul_efficiency = 0.8\n"
+           "elementwise_efficiency = 0.8\n")
+    path.write_text("name = 'lab'\nservers = 1\n[server]\ngpus_per_server = 4\n"
+                    "link = 'pcie4-x16'\n[server.gpu]\n" + gpu
+                    + "dtype_efficiency = {bf16 = 0.7}\n")
+    lab = load_cluster(path)
+    assert HardwareCosts(lab, SMALL, "bf16").matmul_flops_per_s == pytest.approx(0.7 * 300e12)
+    assert HardwareCosts(lab, SMALL, "fp32").matmul_flops_per_s == pytest.approx(0.8 * 20e12)
+    save_cluster(lab, tmp_path / "lab.json")
+    assert load_cluster(tmp_path / "lab.json") == lab
+    path.write_text(path.read_text().replace("{bf16 = 0.7}", "{fp16 = 0.7}"))
+    with pytest.raises(ValueError, match="dtype_efficiency has 'fp16'"):
+        load_cluster(path)
+    path.write_text(path.read_text().replace("dtype_efficiency = {fp16 = 0.7}\n", ""))
+    assert load_cluster(path).server.gpu.matmul_efficiency_at("bf16") == 0.8  # the default

@@ -363,8 +363,9 @@ preset name or a table of its fields:
   gpu = "rtx3090"              # {', '.join(GPUS)}
   link = "pcie4-x16"           # {', '.join(k for k in LINKS if not ('gbe' in k or 'ib' in k))}
   # or, instead of link = "...", a link of your own (same for gpu: a [server.gpu] table with
-  # name, peak_flops = {{fp32 = 35.6e12}}, memory_bytes, memory_bandwidth_bytes_per_s,
-  # matmul_efficiency, elementwise_efficiency):
+  # name, peak_flops = {{fp32 = 35.6e12, bf16 = 71e12}}, memory_bytes,
+  # memory_bandwidth_bytes_per_s, matmul_efficiency, elementwise_efficiency, and optionally
+  # dtype_efficiency = {{bf16 = 0.87}} where a dtype's matmuls reach another fraction):
   # [server.link]
   # name = "PCIe 4.0 x16"
   # latency_s = 0                    # added to NCCL's per-step latency
