@@ -49,6 +49,7 @@ from oases.parallel.context import ParallelContext, init_distributed
 from oases.plan import ParallelPlan
 from oases.planner import batch_shape
 from oases.planner.costs import sp_mode
+from oases.planner.precision import PlanPrecision
 from oases.planner.profile import Profile
 from oases.planner.search import candidate_degrees
 from oases.precision import Precision, resolve_precision
@@ -422,7 +423,7 @@ def run(spec: dict) -> None:
                      "global_batch": cfg.train.global_batch, "tp": cfg.parallel.tp}
         profile = Profile(config_to_dict(cfg)["model"], machine, compute, collectives, memory,
                           optimizer, baseline, created, made_from, workspace, contention,
-                          comm_contention)
+                          comm_contention, PlanPrecision.from_record(precision.describe()))
         profile.save(spec["out"])
     comm.barrier(ctx.world_group)  # nobody exits while a peer still talks
 

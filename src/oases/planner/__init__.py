@@ -1,12 +1,14 @@
 """The planner: predict a plan's step time by simulating its schedule program on costs, and
 choose every region's TP degree and the schedule knobs under a memory budget.
 
-    costs     = load_costs("profile.json" | "hw:PRESET" | "hw:cluster.toml", cfg.model)
+    costs     = load_costs("profile.json" | "hw:PRESET" | "hw:cluster.toml", cfg.model,
+                           cfg.train.precision, cfg.parallel.grad_reduce_dtype)
     budget    = costs_budget(memory_gb, costs)      # GB in, GiB out; 0: the default
     best, all = plan_model(cfg, world_size, costs, budget.bytes)
     print(format_candidates(best, all, budget.bytes))
 
-Modules: ``costs`` (the interface, parameter and activation sizes), ``profile`` (a measured
+Modules: ``costs`` (the interface, parameter and activation sizes), ``precision`` (bytes per
+tensor kind by dtype), ``profile`` (a measured
 profile; ``bench.profile_runner`` measures it), ``hardware``/``clusters`` (presets), ``models``
 (the paper's models), ``simulate`` (programs on costs), ``chain`` (the chain solvers),
 ``search`` (the plan search), ``batch`` (a step's batch and what a micro-batch counts),
@@ -29,18 +31,38 @@ __all__ = ["auto_plan", "batch_shape", "costs_budget", "format_candidates", "loa
            "plan_model"]
 
 
-def load_costs(source: str, model: ModelConfig) -> Costs:
+def load_costs(source: str, model: ModelConfig, precision: str | None = None,
+               grad_reduce: str = "fp32") -> Costs:
     """A profile file (checked against the model's shape), or ``hw:PRESET`` / ``hw:FILE`` for
-    a named or described cluster (analytic compute and links)."""
+    a named or described cluster (analytic compute and links).
+
+    ``precision``: the run's ``train.precision`` (with ``parallel.grad_reduce_dtype``
+    ``grad_reduce``). A preset prices it as the run would resolve it on GPUs
+    (``planner.precision.resolve_plan_precision``: "auto" is bf16); a profile must have been
+    measured in it (``Profile.check_precision``: an error otherwise, not a silent reuse of
+    another dtype's compute times), except for "auto", which takes the profile's own (the
+    dtype "auto" resolved to where it was measured). None: fp32 for a preset, the profile's
+    own for a profile."""
+    from oases.planner.precision import resolve_plan_precision
+
     if source.startswith("hw:"):
         from oases.planner.hardware import HardwareCosts
         from oases.planner.whatif import load_any_cluster
 
-        return HardwareCosts(load_any_cluster(source[3:]), model)
+        cluster = load_any_cluster(source[3:])
+        if precision is None:
+            return HardwareCosts(cluster, model)
+        wanted = resolve_plan_precision(precision, grad_reduce, gpu=True)
+        if wanted.compute == "fp64":
+            raise ValueError(f"train.precision={precision}: the hardware presets price fp32 "
+                             "and bf16 (and tf32/fp16 in oases simulate), not fp64")
+        return HardwareCosts(cluster, model, wanted.compute, wanted.grad_reduce)
     from oases.planner.profile import Profile
 
     profile = Profile.load(source)
     profile.check_model(model)
+    if precision is not None and precision != "auto":
+        profile.check_precision(resolve_plan_precision(precision, grad_reduce))
     return profile
 
 
@@ -152,7 +174,7 @@ def auto_plan(cfg: Config, world_size: int):  # noqa: ANN201 - ParallelPlan
     if not source:
         raise ValueError('parallel.plan = "auto" needs parallel.profile: a file written by '
                          "`oases profile`, or hw:PRESET")
-    costs = load_costs(source, cfg.model)
+    costs = load_costs(source, cfg.model, cfg.train.precision, cfg.parallel.grad_reduce_dtype)
     best, _ = plan_model(cfg, world_size, costs, costs_budget(cfg.parallel.memory_gb,
                                                               costs).bytes)
     return best.plan

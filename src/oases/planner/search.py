@@ -19,15 +19,9 @@ import numpy as np
 from oases.config import ModelConfig
 from oases.plan import ParallelPlan, RegionPlan, region_names
 from oases.planner.chain import solve_chain, solve_chain_minmax
-from oases.planner.costs import (
-    BYTES,
-    OPTIMIZER_STATES,
-    Costs,
-    region_kind,
-    region_param_count,
-    sp_mode,
-)
+from oases.planner.costs import Costs, region_kind, region_param_count, sp_mode
 from oases.planner.peak_memory import saved_bytes
+from oases.planner.precision import OPTIMIZER_STATES, precision_of
 from oases.planner.simulate import (
     BatchShape,
     BatchSplitError,
@@ -77,7 +71,7 @@ BOUND_SLACK = 0.9  # a mixed plan may beat its chain's fastest uniform one by a 
 
 
 def state_factors(zero: int, dp: int) -> tuple[float, float, float]:
-    """Bytes per fp32 parameter byte of a region at ZeRO stage ``zero`` over ``dp`` ranks:
+    """Bytes per master-weight byte of a region at ZeRO stage ``zero`` over ``dp`` ranks:
     (held through the passes, of which gradients, held at the optimizer step with its
     temporaries) — ``planner.peak_memory``'s table: weights 1 (stage 3: 1/dp), gradients 1
     (stages 2-3: 1/dp; stage 1 accumulates whole ones), Adam moments 2 (from stage 1: 2/dp), a
@@ -111,7 +105,7 @@ def _node_costs(cfg: ModelConfig, costs: Costs, world_size: int, batch: BatchSha
                 max_inflight: int, zero: int = 0, sp: str = ""
                 ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
     """Per-region seconds and bytes at each degree, reshard edge seconds, and per-region
-    parameter bytes (fp32, ``inf`` where a degree does not split the batch), for the chain
+    parameter bytes (master dtype, ``inf`` where a degree does not split the batch), for the chain
     solver. A layer's seconds are its marginal in the simulated uniform plan (L layers minus
     L-1), so overlap, exposed collectives and DP synchronization are priced as the schedule
     runs them; the layer is split between attention and MLP by their compute. A region's bytes
@@ -120,6 +114,7 @@ def _node_costs(cfg: ModelConfig, costs: Costs, world_size: int, batch: BatchSha
     saved activations, and reshards that gather over the larger degree's group both ways."""
     names = region_names(cfg)
     n, k = len(names), len(degrees)
+    prec = precision_of(costs)
     node_s = np.full((n, k), np.inf)
     node_bytes = np.full((n, k), np.inf)
     param_bytes = np.full((n, k), np.inf)
@@ -154,11 +149,12 @@ def _node_costs(cfg: ModelConfig, costs: Costs, world_size: int, batch: BatchSha
             kind = region_kind(name)
             node_s[i, d] = {"attn": layer_s * share, "mlp": layer_s * (1 - share)}.get(kind,
                                                                                         ends)
-            param_bytes[i, d] = region_param_count(cfg, kind, t) * BYTES
+            param_bytes[i, d] = region_param_count(cfg, kind, t) * prec.master_bytes
             kept = saved_bytes(costs, cfg, kind, mode, t, rows[i])
             node_bytes[i, d] = (param_bytes[i, d] * state_factors(zero, world_size // t)[0]
                                 + subs * kept)
-    act = batch.micro_rows * cfg.seq_len * cfg.dim * BYTES  # [M, S, H] of the whole world
+    # [M, S, H] of the whole world, in the compute dtype
+    act = batch.micro_rows * cfg.seq_len * cfg.dim * prec.activation_bytes
     for a, ta in enumerate(degrees):
         for b, tb in enumerate(degrees):
             if ta != tb:

@@ -35,8 +35,9 @@ from dataclasses import dataclass, field, replace
 
 from oases.config import ModelConfig
 from oases.plan import ParallelPlan
-from oases.planner.costs import BYTES, Costs, region_kind, region_param_count, sp_mode
+from oases.planner.costs import Costs, region_kind, region_param_count, sp_mode
 from oases.planner.peak_memory import ModelState, peak_memory
+from oases.planner.precision import precision_of
 from oases.schedule.program import (
     Compute,
     Instr,
@@ -435,7 +436,11 @@ def simulate_plan(cfg: ModelConfig, plan: ParallelPlan, costs: Costs, world_size
 
         step = t(first) + (n_micro - 2) * t(middle) + t(last)
 
-    ``reshard_after_forward`` is stage 3's knob of that name."""
+    ``reshard_after_forward`` is stage 3's knob of that name.
+
+    Bytes by dtype (``planner.precision``, the costs' ``precision``): TP all-reduces and
+    reshards move activations in the compute dtype, DP all-reduces and ZeRO's reduce-scatters
+    gradients in ``grad_reduce``, ZeRO's all-gathers master weights."""
     from oases.schedule.program import SPECS
 
     costs = _CachedCosts(costs)
@@ -447,7 +452,9 @@ def simulate_plan(cfg: ModelConfig, plan: ParallelPlan, costs: Costs, world_size
     kinds = [region_kind(r.name) for r in plan.regions]
     rows = region_rows(plan, world_size, batch, k)
     n = len(degrees)
-    act_bytes = [rows[i] * cfg.seq_len * cfg.dim * BYTES for i in range(n)]  # [b, S, H] fp32
+    prec = precision_of(costs)
+    # [b, S, H] in the compute dtype
+    act_bytes = [rows[i] * cfg.seq_len * cfg.dim * prec.activation_bytes for i in range(n)]
 
     stages = plan.zero_stages()
     state = model_state(cfg, plan, world_size)
@@ -487,19 +494,20 @@ def simulate_plan(cfg: ModelConfig, plan: ParallelPlan, costs: Costs, world_size
                           act_bytes[index])
         if kind == "sg":
             return priced("all_reduce", _group_ranks("tp", degrees[0], 0, world_size),
-                          glue_param_count(cfg) * BYTES)
+                          glue_param_count(cfg) * prec.master_bytes)  # fp32 gradients
         if sp and kind in ("fwd", "bwd"):
             return priced("reduce_scatter", _group_ranks("tp", degrees[index], 0, world_size),
                           act_bytes[index])
         if kind == "dp":
             return sum(priced("all_reduce", _group_ranks("dp", world_size // dp, 0, world_size),
-                              numel * BYTES) for dp, numel in buckets[index])
+                              numel * prec.grad_reduce_bytes) for dp, numel in buckets[index])
         if kind in ("rsf", "rsb"):
             return priced("all_gather", *reversed(reshard(index, kind == "rsb")))
         if kind in ("rs", "ag"):  # ZeRO: region index's padded flat buffer over its DP group
             return priced("reduce_scatter" if kind == "rs" else "all_gather",
                           _group_ranks("dp", degrees[index], 0, world_size),
-                          state.padded(index) * BYTES)
+                          state.padded(index) * (prec.grad_reduce_bytes if kind == "rs"
+                                                 else prec.master_bytes))
         return priced("all_reduce", _group_ranks("tp", degrees[index], 0, world_size),
                       act_bytes[index])
 
@@ -564,8 +572,9 @@ def simulate_plan(cfg: ModelConfig, plan: ParallelPlan, costs: Costs, world_size
     n = len(degrees)
     opt_s = optimizer(sum(state.updated(i) for i in range(n))) if optimizer is not None else 0.0
     mem = peak_memory(cfg, program, kinds, degrees, rows, sp_mode(spec.recompute, sp), costs,
-                      state, region_uses(cfg, n), {t: sum(numel for _, numel in parts) * BYTES
-                                                   for t, parts in buckets.items()},
+                      state, region_uses(cfg, n),
+                      {t: sum(numel for _, numel in parts) * prec.grad_reduce_bytes
+                       for t, parts in buckets.items()},
                       repeats=1 if whole else n_micro, graph_mode=sp_mode("none", sp))
     events = sim.timeline
     if timeline:

@@ -23,6 +23,15 @@ auto row's search found. Collectives are priced by their groups' ranks as NCCL r
 The batch is given in training's terms (``planner.batch``: micro-batch per model replica);
 each row says what bounds its step (``PlanResult.step_parts``); ``planner.report`` prints the
 rows.
+
+``dtype`` is the compute dtype (fp32, tf32, bf16, fp16: matmuls at that peak, activations and
+TP collectives in its bytes), ``grad_reduce`` the DP gradient reduction's (``planner.precision``);
+master weights, gradients and AdamW stay fp32. Every row has its tokens/s per GPU and its MFU::
+
+    MFU = model_flops(cfg, tokens per step) / (step_s x world size x peak_flops[dtype])
+
+with ``planner.costs.model_flops``: 6 N tokens + 12 L H S tokens (PaLM / Megatron-LM; recompute
+not counted), the peak of the preset's GPU at the compute dtype (tf32: its tf32 peak).
 """
 
 from __future__ import annotations
@@ -38,6 +47,7 @@ from oases.plan import ParallelPlan, RegionPlan
 from oases.planner.batch import BatchSpec
 from oases.planner.budget import Budget
 from oases.planner.clusters import Cluster, get_cluster, load_cluster
+from oases.planner.costs import model_flops
 from oases.planner.hardware import HardwareCosts
 from oases.planner.search import candidate_degrees, solve_plan, with_zero
 from oases.planner.simulate import BatchShape, BatchSplitError, PlanResult, simulate_plan
@@ -140,6 +150,12 @@ class Row:
     batch: BatchShape
     speedup: float = 1.0
     found_by: str = ""  # auto: the schedule whose search found these degrees, if another's
+    mfu: float = 0.0  # model FLOPs utilization (see the module docstring)
+    world_size: int = 1
+
+    @property
+    def tokens_per_s_per_gpu(self) -> float:
+        return self.tokens_per_s / self.world_size
 
 
 @dataclass
@@ -163,8 +179,9 @@ class Report:
 
 def simulate_cluster(cfg: ModelConfig, cluster: Cluster, entries: list[tuple[str, PlanSpec]],
                      batch: BatchSpec | BatchShape, budget: Budget | float, *, n_sub: int = 2,
-                     max_tp: int | None = None, dtype: str = "fp32",
-                     model_name: str = "", uncertainty: bool = False,
+                     max_tp: int | None = None, dtype: str = "fp32", grad_reduce: str = "fp32",
+                     attention: str = "materialized", model_name: str = "",
+                     uncertainty: bool = False,
                      bounds: dict[str, tuple[float, float]] | None = None) -> Report:
     """Simulate every (schedule, plan) entry; the first is the speedups' baseline. An auto
     entry searches every sub-batch count (1, 2, 4 and ``n_sub``), then also the degrees every
@@ -172,16 +189,16 @@ def simulate_cluster(cfg: ModelConfig, cluster: Cluster, entries: list[tuple[str
     ``batch``: a ``BatchSpec`` (or a ``BatchShape``: that cluster micro-batch for every row);
     ``budget``: a ``Budget`` (or bytes). ``uncertainty``: each row's range over the uncertain
     inputs (``planner.uncertainty``; ``bounds`` replaces some of their bounds), its plan held
-    fixed."""
-    if dtype not in ("fp32", "tf32"):  # the planner's sizes are 4-byte elements
-        raise ValueError(f"dtype={dtype!r}: the planner sizes fp32 elements; use fp32 or tf32")
+    fixed. ``dtype``, ``grad_reduce``: the precision (see the module docstring);
+    ``attention``: how attention is priced (``planner.hardware``: "materialized" scores as the
+    paper's prototype, or "fused", a flash-style kernel as SDPA runs on GPUs)."""
     if n_sub < 1:
         raise ValueError(f"--n-sub={n_sub} must be >= 1")
     if isinstance(batch, BatchShape):  # a fixed cluster micro-batch: micro_batch_tp = GPUs
         batch = BatchSpec(batch.global_batch, batch.micro_rows, cluster.world_size)
     if not isinstance(budget, Budget):
         budget = Budget(budget, f"{budget / 2**30:.2f} GiB per device")
-    costs = HardwareCosts(cluster, cfg, dtype)
+    costs = HardwareCosts(cluster, cfg, dtype, grad_reduce, attention=attention)
     world = cluster.world_size
     degrees = candidate_degrees(cfg, world)
     global_batch = batch.global_batch or max(
@@ -198,14 +215,25 @@ def simulate_cluster(cfg: ModelConfig, cluster: Cluster, entries: list[tuple[str
         if row.spec.auto:
             _reseed(cfg, costs, world, budget.bytes, row, searched)
     planning_s = time.perf_counter() - start
+    peak = cluster.server.gpu.peak_flops[dtype]
     for row in rows:
         row.speedup = rows[0].result.step_s / row.result.step_s
+        row.world_size = world
+        row.mfu = mfu(cfg, row.batch.global_batch * cfg.seq_len, row.result.step_s, world, peak)
     rep = Report(cfg, model_name, cluster, costs, batch, global_batch, budget, rows, planning_s)
     if uncertainty:
         rep.bounds = input_bounds(cluster, bounds)
         rep.ranges = simulate_ranges(cfg, cluster, [(r.plan, r.batch) for r in rows], dtype,
-                                     rep.bounds)
+                                     rep.bounds, grad_reduce, attention)
     return rep
+
+
+def mfu(cfg: ModelConfig, tokens: float, step_s: float, world_size: int,
+        peak_flops: float) -> float:
+    """Model FLOPs utilization of a step of ``tokens`` tokens taking ``step_s`` on
+    ``world_size`` GPUs of ``peak_flops`` each: ``model_flops(cfg, tokens)`` (6 N tokens +
+    12 L H S tokens, without recompute) / (step_s x world_size x peak_flops)."""
+    return model_flops(cfg, tokens) / (step_s * world_size * peak_flops)
 
 
 def _n_subs(name: str, n_sub: int) -> tuple[int, ...]:
@@ -356,8 +384,9 @@ preset name or a table of its fields:
   gpu = "rtx3090"              # {', '.join(GPUS)}
   link = "pcie4-x16"           # {', '.join(k for k in LINKS if not ('gbe' in k or 'ib' in k))}
   # or, instead of link = "...", a link of your own (same for gpu: a [server.gpu] table with
-  # name, peak_flops = {{fp32 = 35.6e12}}, memory_bytes, memory_bandwidth_bytes_per_s,
-  # matmul_efficiency, elementwise_efficiency):
+  # name, peak_flops = {{fp32 = 35.6e12, bf16 = 71e12}}, memory_bytes,
+  # memory_bandwidth_bytes_per_s, matmul_efficiency, elementwise_efficiency, and optionally
+  # dtype_efficiency = {{bf16 = 0.87}} where a dtype's matmuls reach another fraction):
   # [server.link]
   # name = "PCIe 4.0 x16"
   # latency_s = 0                    # added to NCCL's per-step latency
