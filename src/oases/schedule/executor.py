@@ -469,8 +469,10 @@ class Executor:
                             group.size > 1))
         else:
             group = self.chain[i].tp_group
-            t, direction = ((self.p[i, j], "forward") if ins.kind == "fwd" else
-                            (self.dh[i, j], "backward"))
+            # (under sp the partial sums are let go at once: the scatter works on its own copy)
+            take = (lambda d, k: d.pop(k)) if self.sp is not None else (lambda d, k: d[k])
+            t, direction = ((take(self.p, (i, j)), "forward") if ins.kind == "fwd" else
+                            (take(self.dh, (i, j)), "backward"))
             if self.sp is not None:  # reduce-scatter along the sequence
                 handles.append((comm.Handle(comm.seq_slice(t, group), None) if self.skip_comm
                                 else comm.seq_reduce_scatter_async(t, group, direction=direction,
