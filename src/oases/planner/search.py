@@ -351,6 +351,8 @@ def solve_plan(cfg: ModelConfig, costs: Costs, world_size: int, batch: BatchShap
 
 def _plan_of(cfg: ModelConfig, choice: tuple[int, ...], degrees: list[int], world_size: int,
              schedule: str, n_sub: int, sp: str = "") -> ParallelPlan:
+    if all(degrees[d] == 1 for d in choice):
+        sp = ""  # nothing to slice: the plan without it
     return ParallelPlan([RegionPlan(name, degrees[d], world_size // degrees[d])
                          for name, d in zip(region_names(cfg), choice)],
                         n_sub=n_sub, schedule=schedule, sequence_parallel=sp)
