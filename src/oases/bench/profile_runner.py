@@ -46,11 +46,12 @@ from oases.parallel.apply import parallelize
 from oases.parallel.context import ParallelContext, init_distributed
 from oases.plan import ParallelPlan
 from oases.planner import batch_shape
-from oases.planner.profile import Profile
+from oases.planner.profile import Profile, check_collective_fit
 from oases.planner.search import candidate_degrees
 from oases.precision import Precision, resolve_precision
 from oases.schedule import build_schedule, record_timeline
 from oases.schedule.program import Compute, Instr
+from oases.timing import DeviceClock
 from oases.train.optim import build_optimizer
 
 MODES = {"megatron": "none", "megatron-recompute": "block", "commfree-recompute": "commfree"}
@@ -143,6 +144,7 @@ def measure_compute(model: torch.nn.Module, ctx: ParallelContext, rows: int, k: 
     for group in optimizer.param_groups:
         group["lr"] = 0.0
     optimizer_s: list[float] = []
+    clock = DeviceClock(ctx.device)
     autocast = contextlib.nullcontext() if precision is None else precision.autocast()
     for name in schedules or (SYNC if k == 1 else OVERLAPPED):
         sched = build_schedule(name, n_sub=k)
@@ -158,12 +160,9 @@ def measure_compute(model: torch.nn.Module, ctx: ParallelContext, rows: int, k: 
             comm.barrier(ctx.world_group)
             with record_timeline() as tl, autocast:
                 ex.run(program, list(tokens.chunk(k)), list(tokens.chunk(k)), 1.0 / k)
-            start = time.perf_counter()
-            optimizer.step()
-            if ctx.device.type == "cuda":
-                torch.cuda.synchronize(ctx.device)
+            step_s = clock.time_s(optimizer.step)  # CUDA: events, one sync after the step
             if rep > 0:
-                optimizer_s.append(time.perf_counter() - start)
+                optimizer_s.append(step_s)
             if rep == 0:  # warm-up; its saved-activation count is exact
                 if k == 1:
                     for region, n in zip(ex.chain, region_rows):
@@ -211,12 +210,10 @@ def measure_contention(ctx: ParallelContext, cfg, rows: int,  # noqa: ANN001 (Mo
     x = torch.randn(max(rows, 1) * cfg.seq_len, cfg.dim, device=dev, dtype=dtype)
     w = torch.randn(cfg.ffn_dim, cfg.dim, device=dev, dtype=dtype)
 
+    clock = DeviceClock(dev)
+
     def matmul() -> float:
-        start = time.perf_counter()
-        torch.nn.functional.linear(x, w)
-        if dev.type == "cuda":
-            torch.cuda.synchronize(dev)
-        return time.perf_counter() - start
+        return clock.time_s(lambda: torch.nn.functional.linear(x, w))
 
     for _ in range(3):
         matmul()
@@ -237,9 +234,7 @@ def measure_contention(ctx: ParallelContext, cfg, rows: int,  # noqa: ANN001 (Mo
         comm.barrier(group)
         by_itself = []
         for _ in range(repeats):
-            issued = time.perf_counter()
-            start().wait()
-            by_itself.append(time.perf_counter() - issued)
+            by_itself.append(clock.time_s(lambda start=start: start().wait()))
         comm.barrier(group)
         beside: list[float] = []
         spans: list[float] = []
@@ -279,6 +274,7 @@ def measure_collectives(ctx: ParallelContext, t: int, sizes: list[int], repeats:
         n = max(parts, n - n % parts) if divisible else max(1, n // parts)
         return torch.zeros(n, dtype=dtype, device=ctx.device)
 
+    clock = DeviceClock(ctx.device)
     out = []
     for nbytes in sizes:
         if dp_only:
@@ -303,14 +299,16 @@ def measure_collectives(ctx: ParallelContext, t: int, sizes: list[int], repeats:
                 buf.numel())
             samples = []
             for _ in range(repeats + 1):
-                comm.barrier(ctx.world_group)
-                start = time.perf_counter()
-                with torch.no_grad():
-                    fn(buf)
-                samples.append(time.perf_counter() - start)
+                comm.barrier(ctx.world_group)  # (on CUDA it also empties the queue)
+                with torch.no_grad():  # CUDA: events around it, read after a synchronize
+                    samples.append(clock.time_s(lambda fn=fn, buf=buf: fn(buf)))
             size = ctx.world_size // t if dp_only else t
             out.append({"op": op, "group_size": size, "nbytes": full * buf.element_size(),
                         "s": statistics.median(samples[1:])})
+    if len(sizes) > 1:  # a bandwidth of inf or <= 0 would price every byte at zero
+        for op in {e["op"] for e in out}:
+            check_collective_fit(op, out[0]["group_size"],
+                                 [(e["nbytes"], e["s"]) for e in out if e["op"] == op])
     return out
 
 

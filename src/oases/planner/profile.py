@@ -56,6 +56,22 @@ def fit_latency_bandwidth(points: list[tuple[float, float]]) -> tuple[float, flo
     return float(intercept), float(1.0 / slope)
 
 
+def check_collective_fit(op: str, group_size: int, points: list[tuple[float, float]]
+                         ) -> tuple[float, float]:
+    """``fit_latency_bandwidth`` of one collective's measured (nbytes, s) points, or ValueError
+    when the fitted bandwidth is not finite and positive: times that do not grow with size
+    were not timed to the collective's end (on CUDA, a clock read at enqueue, without events
+    or a synchronize), and a plan made from them would price every byte at zero."""
+    latency, bandwidth = fit_latency_bandwidth(points)
+    if not (np.isfinite(bandwidth) and bandwidth > 0):
+        shown = ", ".join(f"{int(n)} B: {s * 1e6:.1f} us" for n, s in sorted(points))
+        raise ValueError(f"the profile's {op} over {group_size} ranks fits a bandwidth of "
+                         f"{bandwidth} B/s: its times do not grow with size ({shown}); the "
+                         "measurement did not wait for the collectives to end (or the sizes "
+                         "are too small to tell latency from bandwidth); profile again")
+    return latency, bandwidth
+
+
 @dataclass
 class Profile:
     model: dict

@@ -54,7 +54,7 @@ import torch
 
 from oases.config import Config, config_to_dict, save_config
 from oases.memory import peak_memory_mb
-from oases.model import build_model, count_params
+from oases.model import build_model, check_batch, count_params
 from oases.parallel import comm
 from oases.parallel.apply import parallelize, parameter_degrees
 from oases.parallel.context import ParallelContext, build_tp_mesh, init_distributed
@@ -314,6 +314,7 @@ def train(
             for group in optimizer.param_groups:
                 group["lr"] = lr
             tokens, targets = train_data.next_batch()
+            check_batch(cfg.model, tokens, targets)  # on the host: no device sync
             recording = record_timeline() if step == timeline_step else contextlib.nullcontext()
             with precision.autocast(), recording as timeline:
                 local = schedule.step(model, tokens.to(ctx.device), targets.to(ctx.device))
