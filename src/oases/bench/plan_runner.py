@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import json
 import statistics
-import time
 from pathlib import Path
 
 import torch
@@ -33,6 +32,7 @@ from oases.planner import batch_shape
 from oases.precision import Precision, resolve_precision
 from oases.schedule import build_schedule
 from oases.schedule.program import SPECS, sub_batches
+from oases.timing import DeviceClock
 from oases.train.optim import build_optimizer
 
 
@@ -64,20 +64,23 @@ def run(spec: dict) -> None:
                            generator=gen).to(ctx.device)
     targets = torch.roll(tokens, -1, dims=1)
     times, opt_times, loss = [], [], float("nan")
+    clock = DeviceClock(ctx.device)  # CUDA: events, read after the closing barrier's sync
     reset_peak_memory(ctx.device)
     for it in range(int(spec.get("warmup", 2)) + int(spec["steps"])):
         optimizer.zero_grad(set_to_none=True)
         comm.barrier(ctx.world_group)
-        start = time.perf_counter()
+        start = clock.now()
         with precision.autocast():
             loss = float(schedule.step(model, tokens, targets))
-        mid = time.perf_counter()
+        mid = clock.now()
         if not spec.get("no_optimizer"):
             optimizer.step()
         comm.barrier(ctx.world_group)
+        end = clock.now()
+        clock.resolve()
         if it >= int(spec.get("warmup", 2)):
-            times.append(time.perf_counter() - start)
-            opt_times.append(time.perf_counter() - mid)
+            times.append(clock.elapsed_s(start, end))
+            opt_times.append(clock.elapsed_s(mid, end))
     peaks = comm.all_gather_objects(peak_memory_mb(ctx.device) * 2**20, ctx.world_group)
     baselines = comm.all_gather_objects(before_model, ctx.world_group)
     retimed: dict = {}

@@ -329,6 +329,8 @@ def train(
             if not math.isfinite(loss):  # the same on every rank: rank 0 reports it
                 msg = f"loss became {loss} at step {step + 1}; try a lower train.lr={t.lr}"
                 raise ValueError(msg) if is_main else PeerError(msg)
+            # host time: float(loss) above waited for the step's device work (the timeline's
+            # events come from the executor's DeviceClock, without a sync inside the step)
             dt = time.perf_counter() - t0
             losses.append(loss)
             grad_norms.append(grad_norm)
