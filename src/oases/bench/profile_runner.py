@@ -39,7 +39,7 @@ import torch
 
 from oases.bench import run_rank_spec
 from oases.config import Config, TrainConfig, config_to_dict, load_config
-from oases.memory import resident_memory_bytes
+from oases.memory import device_baseline_bytes, resident_memory_bytes
 from oases.model import build_model
 from oases.parallel import comm
 from oases.parallel.apply import parallelize
@@ -77,6 +77,25 @@ def runtime_baseline_bytes() -> float:
     (w * w).sum().backward()
     torch.optim.AdamW([w], lr=1e-4).step()
     return resident_memory_bytes()
+
+
+def device_baseline(ctx: ParallelContext) -> float:
+    """A rank's memory before any model, in the terms its peak is measured in: on CUDA the
+    device memory outside the allocator (``memory.device_baseline_bytes``: CUDA context, NCCL
+    buffers, workspaces) after every group this rank belongs to has run a collective (NCCL
+    sets a communicator's buffers up then) and a matmul has run (cuBLAS's handle); on a CPU
+    ``runtime_baseline_bytes``. Collective: every rank calls it, groups in one order."""
+    if ctx.device.type != "cuda":
+        return runtime_baseline_bytes()
+    groups = [g for d in sorted(ctx.groups) for g in ctx.groups[d]]
+    groups += [ctx.merge_groups[k] for k in sorted(ctx.merge_groups)]
+    for group in [ctx.world_group, *groups]:
+        comm.all_reduce_(torch.zeros(1, device=ctx.device), group, tag="warm-up")
+    x = torch.ones(8, 8, device=ctx.device)
+    (x @ x).sum()
+    runtime_baseline_bytes()  # autograd and AdamW's first use, as on CPU
+    comm.barrier(ctx.world_group)
+    return device_baseline_bytes(ctx.device)
 
 
 def workspace_bytes(baseline: float, modules: list[torch.nn.Module]) -> float:
@@ -329,7 +348,7 @@ def run(spec: dict) -> None:
     ctx = init_distributed(tp=1, timeout_s=cfg.parallel.timeout_s, degrees=tuple(degrees))
     precision = resolve_precision(cfg.train.precision, ctx.device, cfg.parallel.grad_reduce_dtype)
     comm.barrier(ctx.world_group)
-    baseline = runtime_baseline_bytes()
+    baseline = device_baseline(ctx)  # CPU: resident set; CUDA: context, NCCL, workspaces
     torch.manual_seed(cfg.train.seed)
     base = build_model(cfg.model)
     compute: list[dict] = []
