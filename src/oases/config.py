@@ -134,6 +134,11 @@ class ParallelConfig:
     ``grad_reduce_dtype``: the dtype of the data-parallel gradient reduction (the gradient
     all-reduces and ZeRO's reduce-scatters): "fp32" (the master weights' dtype; default) or
     "bf16" (half the bytes). See ``oases.precision``.
+
+    ``high_priority_tp``: on NCCL, the TP groups' collectives run on high-priority CUDA
+    streams (``ProcessGroupNCCL.Options.is_high_priority_stream``), so a TP all-reduce's
+    kernels are scheduled ahead of the compute kernels queued beside it; off by default
+    (whether it helps depends on the GPU and the model: measure it); gloo ignores it.
     """
 
     tp: int = 1
@@ -145,6 +150,7 @@ class ParallelConfig:
     zero: int = 0
     reshard_after_forward: bool = True
     grad_reduce_dtype: str = "fp32"
+    high_priority_tp: bool = False
 
     def __post_init__(self) -> None:
         _check(

@@ -33,6 +33,7 @@ import contextlib
 import copy
 import datetime
 import statistics
+import sys
 import time
 
 import torch
@@ -325,9 +326,19 @@ def measure_collectives(ctx: ParallelContext, t: int, sizes: list[int], repeats:
             out.append({"op": op, "group_size": size, "nbytes": full * buf.element_size(),
                         "s": statistics.median(samples[1:])})
     if len(sizes) > 1:  # a bandwidth of inf or <= 0 would price every byte at zero
-        for op in {e["op"] for e in out}:
-            check_collective_fit(op, out[0]["group_size"],
-                                 [(e["nbytes"], e["s"]) for e in out if e["op"] == op])
+        for op in sorted({e["op"] for e in out}):
+            points = [(e["nbytes"], e["s"]) for e in out if e["op"] == op]
+            try:
+                check_collective_fit(op, out[0]["group_size"], points)
+            except ValueError as exc:
+                # CUDA (event-timed): a clock that did not wait, an error. CPU ranks sharing
+                # loaded cores time small sizes within noise (measured on this 2-core machine:
+                # 1-128 KiB all-reduces of 0.35-7.4 ms in no order): the fit then prices them
+                # at their mean time (latency, no per-byte cost), with a warning
+                if ctx.device.type == "cuda":
+                    raise
+                if ctx.rank == 0:
+                    print(f"warning: {exc}", file=sys.stderr, flush=True)
     return out
 
 

@@ -57,7 +57,12 @@ from oases.memory import peak_memory_mb
 from oases.model import build_model, check_batch, count_params
 from oases.parallel import comm
 from oases.parallel.apply import parallelize, parameter_degrees
-from oases.parallel.context import ParallelContext, build_tp_mesh, init_distributed
+from oases.parallel.context import (
+    ParallelContext,
+    build_tp_mesh,
+    init_distributed,
+    release_groups,
+)
 from oases.parallel.shard import materialized, shard_model
 from oases.plan import ParallelPlan
 from oases.precision import resolve_precision, upcast
@@ -121,7 +126,8 @@ def train(
     resumed run stops at the same place), with a checkpoint, as a stopped job would; the LR
     schedule still follows ``train.steps``.
     """
-    groups = dict(timeout_s=cfg.parallel.timeout_s, backend=cfg.parallel.backend)
+    groups = dict(timeout_s=cfg.parallel.timeout_s, backend=cfg.parallel.backend,
+                  high_priority_tp=cfg.parallel.high_priority_tp)
     # with a plan, its degrees' groups are built once every rank has read it
     ctx = init_distributed(tp=1 if cfg.parallel.plan else cfg.parallel.tp, **groups)
     t, S = cfg.train, cfg.model.seq_len
@@ -146,6 +152,7 @@ def train(
     else:
         agree_on_value(ctx, zlib.crc32(plan.to_json().encode()) % (1 << 24),
                        "parallel.plan (every machine must read the same plan)")
+        release_groups(ctx)  # the first context's groups (a communicator each on NCCL)
         ctx = init_distributed(tp=plan.tp_of("embed"), degrees=plan.degrees(), **groups)
     try:  # nothing is written before every check of a resumed run has passed
         resume_from = resolve_resume(cfg, warnings)
