@@ -7,22 +7,25 @@ steps and ``oases plan --verify`` all read time through it::
            collective's end comes from its completion callback, as before)
     CUDA   a stamp is a ``torch.cuda.Event(enable_timing=True)`` recorded on the current
            stream (the one that runs the compute). A collective's end is an event recorded on
-           the clock's side stream after ``work.wait()`` there: NCCL makes the *current* stream
-           wait for the collective, so the side stream's event completes when the collective
-           does, while the compute stream runs on (a completion callback of an NCCL future
-           fires at enqueue, and a device-wide synchronize waits for the NCCL streams too).
+           the clock's side stream after that stream waited for the collective (the work's
+           CUDA-aware future: ``comm.Handle.wait_stream``), so the event completes when the
+           collective does, while the compute stream runs on (a completion callback of an NCCL
+           future fires at enqueue, and a device-wide synchronize waits for the NCCL streams
+           too).
            Nothing synchronizes while stamps are taken; ``resolve()`` synchronizes once, after
            the measured step, and turns the stamps into seconds.
 
 Seconds are absolute ``perf_counter`` seconds on both paths (timelines are normalized when drawn):
 on CUDA, the host time at which the clock's origin event was recorded plus the device time
-elapsed since that event, so the device's queue lag at the origin is not counted (the origin is
-taken with the device idle: after a barrier or a ``resolve``).
+elapsed since that event: intervals are the device's; their place on the host clock is early by
+whatever the device still had queued when the origin was recorded (nothing after a barrier or a
+``resolve``), which shifts one rank's timeline against another's, never a piece's length.
 """
 
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 import torch
@@ -47,8 +50,8 @@ class DeviceClock:
             self.restart()
 
     def restart(self) -> None:
-        """A new origin now (CUDA: an event on the current stream; call it with the device idle,
-        e.g. right after a barrier, so that origin and host time agree)."""
+        """A new origin now (CUDA: an event on the current stream; origin and host time agree
+        when the device is idle, e.g. right after a barrier)."""
         if self.cuda:
             self._origin = torch.cuda.Event(enable_timing=True)
             self._origin.record()
@@ -103,7 +106,7 @@ class DeviceClock:
                                "pending")
         return max(0.0, start.elapsed_time(end) / 1e3)
 
-    def time_s(self, fn) -> float:  # noqa: ANN001 (a callable of no arguments)
+    def time_s(self, fn: Callable[[], object]) -> float:
         """Seconds ``fn()`` keeps the device busy: stamps around it, one ``resolve`` after."""
         start = self.now()
         fn()

@@ -163,11 +163,14 @@ class Handle:
         future.then(lambda _: fn())
 
     def wait_stream(self) -> None:
-        """Make the current CUDA stream wait for the collective, without blocking the host and
-        without taking the result (``timing.DeviceClock.after`` stamps its end on a side stream
-        this way; the owner still calls ``wait``). NCCL only: a gloo work's wait blocks."""
+        """Make the current CUDA stream wait for the collective's end, without blocking the
+        host, taking the result or touching the work (``timing.DeviceClock.after`` stamps the
+        end on a side stream this way; the owner still calls ``wait``): through the work's
+        CUDA-aware future, whose events NCCL records on its stream after the collective. Not
+        ``work.wait()``: NCCL may let go of the tensors it holds for the collective at the
+        first wait, and the side stream's would come before the compute stream's. NCCL only."""
         if self._work is not None:
-            self._work.wait()
+            self._work.get_future().wait()
 
     def is_completed(self) -> bool:
         """Has the collective finished (without waiting for it)?"""
@@ -447,6 +450,6 @@ def reshard_batch_async(x: Tensor, from_tp: int, to_tp: int, group: Group, *,
     out = x.new_empty((x.shape[0] * group.size, *x.shape[1:]))  # [g * b, ...]
     _issue("all_gather", group, x, direction, tag, True)
     # into one tensor (no list of views: NCCL gathers straight into ``out``; gloo supports it
-    # too, torch 2.13)
+    # too, torch 2.13); the input is kept to the wait (the caller may hold it no longer)
     work = dist.all_gather_single(out, x, group=group.pg, async_op=True)
-    return Handle(out, work)
+    return _Keep(out, work, x)
