@@ -13,6 +13,9 @@ made for::
     memory       [{region, mode, tp, rows, saved_bytes}]     activations kept forward -> backward
     optimizer    [{n_params, s}]                             one AdamW step
     baseline_bytes                                           a rank's memory before the model
+                                                             (CPU: resident set; CUDA: device
+                                                             memory outside the allocator:
+                                                             context, NCCL buffers, workspaces)
     workspace_bytes                                          what warm steps leave resident
                                                              beyond the tensors (0: older)
     contention   {op: factor}      compute slowdown while that collective is in flight; a
