@@ -321,7 +321,8 @@ def train(
             for group in optimizer.param_groups:
                 group["lr"] = lr
             tokens, targets = train_data.next_batch()
-            check_batch(cfg.model, tokens, targets)  # on the host: no device sync
+            if ctx.device.type != "cpu":  # ids checked on the host (no device sync); the
+                check_batch(cfg.model, tokens, targets)  # schedule checks CPU batches itself
             recording = record_timeline() if step == timeline_step else contextlib.nullcontext()
             with precision.autocast(), recording as timeline:
                 local = schedule.step(model, tokens.to(ctx.device), targets.to(ctx.device))
