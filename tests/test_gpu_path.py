@@ -113,3 +113,15 @@ def _rank_groups(rank, world_size):
 def test_a_replaced_context_releases_its_groups(spawn_ranks):
     for released, x in spawn_ranks(_rank_groups, 2):
         assert released and x == [2.0, 2.0, 2.0]
+
+
+def test_token_ids_are_read_on_the_host_only():
+    from oases.config import ModelConfig
+    from oases.model import check_batch
+
+    cfg = ModelConfig(vocab_size=10, seq_len=4)
+    with pytest.raises(ValueError, match=r"ids must lie in \[0, model.vocab_size=10\), got"):
+        check_batch(cfg, torch.tensor([[1, 2, 12]]))  # a host batch: checked, clear error
+    # a device batch is not read (int(t.min()) would wait for the device every step; the
+    # training loop checks the batch on the host before moving it): "meta" stands in here
+    check_batch(cfg, torch.empty((1, 3), dtype=torch.long, device="meta"))
