@@ -37,11 +37,11 @@ TP=$NPROC
 [ "$GPUS" -ge 2 ] || echo "note: one GPU: the NCCL checks (2+ GPUs) are skipped"
 
 step "1. tests/test_gpu.py"
-timeout 300 $PY -m pytest -q -rs tests/test_gpu.py 2>&1 | tee "$OUT_DIR/test_gpu.txt" \
+timeout 210 $PY -m pytest -q -rs tests/test_gpu.py 2>&1 | tee "$OUT_DIR/test_gpu.txt" \
   || fail "tests/test_gpu.py"
 
 step "2. oases profile on $NPROC GPU(s)"
-timeout 240 $PY -m oases profile configs/tiny.toml --parallel.tp="$TP" --nproc-per-node "$NPROC" \
+timeout 120 $PY -m oases profile configs/tiny.toml --parallel.tp="$TP" --nproc-per-node "$NPROC" \
   --out "$OUT_DIR/profile.json" --repeats 3 2>&1 | tail -n 20 | tee "$OUT_DIR/profile.txt" \
   || fail "oases profile"
 $PY - "$OUT_DIR/profile.json" <<'PYCHECK' 2>&1 | tee "$OUT_DIR/profile-check.txt" \
@@ -84,7 +84,7 @@ print("profile check: ok")
 PYCHECK
 
 step "3. a short training run with its timeline"
-timeout 180 $PY -m oases train configs/tiny.toml --nproc-per-node "$NPROC" \
+timeout 90 $PY -m oases train configs/tiny.toml --nproc-per-node "$NPROC" \
   --parallel.tp="$TP" --schedule.name=oases --train.steps=4 --train.eval_every=0 \
   --checkpoint.every=0 --train.run_dir="$OUT_DIR/train" 2>&1 | tail -n 15 \
   | tee "$OUT_DIR/train.txt" || fail "oases train"
