@@ -242,5 +242,5 @@ def _rank_nccl(rank, world_size):
 
 @two_gpus
 def test_nccl_schedules_mixed_plan_dropout_bf16_timeline_and_profile(tmp_path):
-    results = run_ranks(_rank_nccl, 2, tmp_path, backend="nccl", timeout_s=300)
+    results = run_ranks(_rank_nccl, 2, tmp_path, backend="nccl", timeout_s=150)
     assert results[0] == results[1]
