@@ -11,7 +11,7 @@ import oases
 from oases.memory import device_baseline_bytes, peak_memory_mb, peak_reserved_mb
 from oases.parallel import comm
 from oases.plan import ParallelPlan, RegionPlan, region_names
-from oases.planner.costs import BYTES, region_kind
+from oases.planner.costs import region_kind
 from oases.planner.peak_memory import ModelState, peak_memory
 from oases.planner.simulate import _dp_buckets, dp_bucket_bytes
 from oases.planner.verify import predicted_peak_bytes
@@ -49,7 +49,8 @@ def test_peak_walk_counts_the_dp_bucket_copy_from_start_to_wait():
 
 def test_dp_bucket_bytes_skip_groups_of_one_rank():
     buckets = {0: [(2, 10), (1, 5)], 1: [(1, 7)]}
-    assert dp_bucket_bytes(buckets) == {0: 10 * BYTES, 1: 0.0}
+    assert dp_bucket_bytes(buckets) == {0: 10 * 4, 1: 0.0}
+    assert dp_bucket_bytes(buckets, 2) == {0: 10 * 2, 1: 0.0}  # reduced in bf16
 
 
 def test_gpu_peak_is_compared_in_allocator_terms():

@@ -285,6 +285,9 @@ def test_cli_profile_measures_every_piece_on_two_ranks(tmp_path):
     assert prof.machine["device_memory_bytes"] is None
     assert prof.config["file"] == "configs/tiny.toml" and prof.config["tp"] == 2
     assert prof.config["overrides"] == ["--model.n_layers=1"]
+    # it records the precision it measured in: train.precision=auto is fp32 on CPU ranks
+    assert json.loads(out.read_text())["precision"] == {"compute": "fp32",
+                                                        "grad_reduce": "fp32", "master": "fp32"}
     for region in ("attn", "mlp"):
         for phase, piece in PIECES:
             for t in (1, 2):

@@ -90,10 +90,10 @@ def _check_grads(model, want: dict, rank: int, plan: ParallelPlan, where: str) -
 
 
 def _train(model, ctx, name: str, batches: list, rank: int, world: int, plan: ParallelPlan,
-           want_grads: dict, where: str) -> list:
+           want_grads: dict, where: str, sp: str | None = None) -> list:
     tp = plan.tp_of("embed")  # the batch's layout
     rows = B * tp // world
-    sched = build_schedule(name, n_sub=2, micro_batch=rows // 2)  # 2 micro-batches
+    sched = build_schedule(name, n_sub=2, micro_batch=rows // 2, sp=sp)  # 2 micro-batches
     opt = build_optimizer(model, TRAIN)
     tp_groups = {pid: ctx.groups_for(d)[0] for pid, d in parameter_degrees(model).items()}
     losses = []
@@ -112,10 +112,11 @@ def _train(model, ctx, name: str, batches: list, rank: int, world: int, plan: Pa
     return losses
 
 
-def _rank_parity(rank: int, world: int, layouts: list, stage_sets: list) -> dict:
+def _rank_parity(rank: int, world: int, layouts: list, stage_sets: list,
+                 sps: tuple = (None,)) -> dict:
     """Every (degrees, schedule, stages) case against the reference; ``layouts`` holds one
     TP degree (uniform) or a degree per region (mixed), ``stage_sets`` one stage for every
-    region or one per region."""
+    region or one per region; ``sps``: sequence parallelism's modes (None: off)."""
     cfg = _cfg()
     degrees = sorted({d for lay in layouts for d in ((lay,) if isinstance(lay, int) else lay)})
     ctx = oases.init_distributed(tp=1, degrees=tuple(degrees))
@@ -128,14 +129,15 @@ def _rank_parity(rank: int, world: int, layouts: list, stage_sets: list) -> dict
         plan = (ParallelPlan.uniform(cfg, world, lay) if isinstance(lay, int) else
                 ParallelPlan([RegionPlan(n, t, world // t)
                               for n, t in zip(region_names(cfg), lay)]))
-        for name in SCHEDULES:
-            for stages in stage_sets:
-                where = f"degrees={lay} world={world} {name} zero={stages} rank {rank}"
+        for name, stages, sp in [(n, z, sp) for n in SCHEDULES for z in stage_sets
+                                 for sp in sps]:
+            if True:
+                where = f"degrees={lay} world={world} {name} zero={stages} sp={sp} rank {rank}"
                 model = oases.parallelize(copy.deepcopy(base), ctx, plan)
                 shard_model(model, stages)
                 assert (stages == 0) != isinstance(build_optimizer(model, TRAIN), ZeroAdamW)
                 losses = _train(model, ctx, name, batches, rank, world, plan, want_grads,
-                                where)
+                                where, sp)
                 for step, (got, want) in enumerate(zip(losses, want_losses)):
                     torch.testing.assert_close(got, want, **EXACT64,
                                                msg=lambda m, w=where, s=step: f"{w} step {s}: {m}")
@@ -424,14 +426,15 @@ def test_collectives_per_stage_from_the_recording_hook(spawn_ranks):
 def test_bench_entries_name_a_zero_stage_and_a_precision():
     from oases.bench import parse_entry
 
-    assert parse_entry("oases") == ("oases", 0, "")
-    assert parse_entry("megatron@zero=2") == ("megatron", 2, "")
-    assert parse_entry("oases@precision=bf16") == ("oases", 0, "bf16")
-    assert parse_entry("oases@zero=1,precision=fp32") == ("oases", 1, "fp32")
-    assert parse_entry("fsdp2@precision=bf16") == ("fsdp2", 0, "bf16")
+    assert parse_entry("oases") == ("oases", 0, "", "")
+    assert parse_entry("megatron@zero=2") == ("megatron", 2, "", "")
+    assert parse_entry("oases@precision=bf16") == ("oases", 0, "bf16", "")
+    assert parse_entry("oases@zero=1,precision=fp32") == ("oases", 1, "fp32", "")
+    assert parse_entry("fsdp2@precision=bf16") == ("fsdp2", 0, "bf16", "")
+    assert parse_entry("oases@sp=shards,zero=1").stem() == "oases_zero1_sp-shards"
     assert parse_entry("oases@zero=3,precision=bf16").stem() == "oases_zero3_bf16"
     for bad in ("oases@zero=4", "oases@tp=2", "fsdp2@zero=1", "oases@precision=fp16",
-                "oases@zero=1,zero=2", "oases@", "@zero=1"):
+                "oases@zero=1,zero=2", "oases@", "@zero=1", "oases@sp=all", "fsdp2@sp=shards"):
         with pytest.raises(ValueError, match=r"expected SCHEDULE\[@zero"):
             parse_entry(bad)
 

@@ -95,7 +95,7 @@ def test_the_planner_shards_when_memory_binds_and_not_when_it_does_not():
     """Under no budget the planner shards no further than stage 1, and only where stage 1 is
     faster than the best unsharded plan (it moves stage 0's bytes, half of them under the next
     forward); under a budget below every unsharded plan's peak, it picks a sharded plan that
-    fits it, one stage for every region."""
+    fits it, one stage for every region (sequence parallelism, the other lever, left out)."""
     from oases.config import Config
     from oases.planner import batch_shape, plan_model
     from oases.planner.search import solve_plan
@@ -105,9 +105,9 @@ def test_the_planner_shards_when_memory_binds_and_not_when_it_does_not():
     cfg.train.global_batch, cfg.train.micro_batch, cfg.parallel.tp = 64, 2, 1
     costs = HardwareCosts(get_cluster("paper-3090-pcie-32"), GPT)
     free, _ = plan_model(cfg, 32, costs, float("inf"), schedules=("oases",),
-                         search_micro_batch=False)
+                         search_micro_batch=False, sps=())
     unsharded, _ = plan_model(cfg, 32, costs, float("inf"), schedules=("oases",), zeros=(0,),
-                              search_micro_batch=False)
+                              search_micro_batch=False, sps=())
     assert max(free.plan.zero_stages()) <= 1
     assert free.result.step_s <= unsharded.result.step_s
     if max(free.plan.zero_stages()) == 1:
@@ -118,12 +118,13 @@ def test_the_planner_shards_when_memory_binds_and_not_when_it_does_not():
         for z in (0, 3)}
     assert least[3] < least[0]
     budget = (least[0] + least[3]) / 2
-    best, _ = plan_model(cfg, 32, costs, budget, schedules=("oases",), search_micro_batch=False)
+    best, _ = plan_model(cfg, 32, costs, budget, schedules=("oases",), search_micro_batch=False,
+                         sps=())
     assert best.result.peak_mem_bytes <= budget and max(best.plan.zero_stages()) >= 1
     assert len(set(best.plan.zero_stages())) == 1
     with pytest.raises(ValueError, match="no plan fits"):  # unsharded, nothing fits it
         plan_model(cfg, 32, costs, budget, schedules=("oases",), zeros=(0,),
-                   search_micro_batch=False)
+                   search_micro_batch=False, sps=())
 
 
 def test_a_smaller_micro_batch_is_searched_when_the_given_one_does_not_fit():

@@ -194,6 +194,11 @@ def _parser() -> argparse.ArgumentParser:
                       help="ZeRO stage of every plan (default: search 0-3, one per plan)")
     plan.add_argument("--max-tp", type=int, default=None, metavar="T",
                       help="search TP degrees up to T only (default: every candidate degree)")
+    plan.add_argument("--sequence-parallel", default="auto",
+                      choices=("auto", "off", "gathered", "shards"),
+                      help="sequence parallelism: auto searches both recompute modes beside "
+                      "plans without it (default); off: none; gathered/shards: only that mode "
+                      "beside plans without it")
     plan.add_argument("--fixed-micro-batch", action="store_true",
                       help="keep train.micro_batch (default: also search 2^j times it, "
                       "|j| <= 3, under the same train.global_batch)")
@@ -282,8 +287,17 @@ def _simulate_parser(commands: argparse._SubParsersAction) -> None:
                      "nothing fits)")
     sim.add_argument("--inter-gbps", type=float, default=None, metavar="GBPS",
                      help="replace the nominal rate of the link between servers (Gb/s)")
-    sim.add_argument("--dtype", default="fp32", choices=("fp32", "tf32"),
-                     help="matmul precision (weights and activations stay fp32)")
+    sim.add_argument("--dtype", default="fp32", choices=("fp32", "tf32", "bf16", "fp16"),
+                     help="compute dtype: matmuls at the GPU's peak in it; activations, saved "
+                     "tensors, TP all-reduces and reshards in its bytes (tf32: fp32 bytes); "
+                     "master weights, gradients and AdamW stay fp32 (default: %(default)s)")
+    sim.add_argument("--grad-reduce-dtype", default="fp32", choices=("fp32", "bf16"),
+                     help="dtype of the DP gradient all-reduce and ZeRO's reduce-scatter, as "
+                     "parallel.grad_reduce_dtype (default: %(default)s)")
+    sim.add_argument("--attention", default="materialized", choices=("materialized", "fused"),
+                     help="attention as the paper's prototype ran it (scores materialized) or "
+                     "a flash-style fused kernel (causal, no score traffic), as PyTorch's SDPA "
+                     "runs it on GPUs (default: %(default)s)")
     sim.add_argument("--uncertainty", action="store_true",
                      help="each row's tokens/s and speedup range over the uncertain inputs "
                      "(link efficiencies, the rate between servers, matmul efficiency, at their "
@@ -311,7 +325,9 @@ def _simulate(ns: argparse.Namespace, overrides: list[str]) -> int:
     budget = memory_budget(ns.memory_gb, cluster.memory_bytes, cluster.server.gpu.name)
     report = simulate_cluster(cfg, cluster, parse_entries(ns.schedules, ns.plan), batch,
                               budget, n_sub=ns.n_sub, max_tp=ns.max_tp, dtype=ns.dtype,
-                              model_name=ns.model, uncertainty=ns.uncertainty)
+                              grad_reduce=ns.grad_reduce_dtype, attention=ns.attention,
+                              model_name=ns.model,
+                              uncertainty=ns.uncertainty)
     print(format_report(report))
     paths = write_report(report, Path(ns.out))
     print("wrote " + ", ".join(map(str, paths)))
@@ -373,13 +389,16 @@ def _plan(ns: argparse.Namespace, overrides: list[str]) -> int:
     cfg = load_config(ns.config, overrides)
     if ns.world_size < 1:
         raise ValueError(f"--world-size={ns.world_size} must be >= 1")
-    costs = load_costs(ns.profile or f"hw:{ns.hardware}", cfg.model)
+    costs = load_costs(ns.profile or f"hw:{ns.hardware}", cfg.model, cfg.train.precision,
+                       cfg.parallel.grad_reduce_dtype)
     budget = costs_budget(ns.memory_gb, costs)
     schedules = tuple(s for s in ns.schedules.split(",") if s) if ns.schedules else None
     zeros = (0, 1, 2, 3) if ns.zero is None else (ns.zero,)
+    sps = {"auto": ("gathered", "shards"), "off": ()}.get(ns.sequence_parallel,
+                                                           (ns.sequence_parallel,))
     best, candidates = plan_model(cfg, ns.world_size, costs, budget.bytes, schedules,
                                   zeros=zeros, search_micro_batch=not ns.fixed_micro_batch,
-                                  max_tp=ns.max_tp)
+                                  max_tp=ns.max_tp, sps=sps)
     best.plan.save(ns.out)
     text = "\n".join([
         plan_header(ns.config, cfg, costs, ns.profile, ns.world_size, budget,

@@ -139,6 +139,15 @@ class ParallelConfig:
     streams (``ProcessGroupNCCL.Options.is_high_priority_stream``), so a TP all-reduce's
     kernels are scheduled ahead of the compute kernels queued beside it; off by default
     (whether it helps depends on the GPU and the model: measure it); gloo ignores it.
+
+    ``sequence_parallel``: Megatron-LM's sequence parallelism inside every schedule: norms,
+    dropout and residuals run on this rank's 1/tp slice of the sequence, each TP all-reduce
+    becomes a reduce-scatter plus a gather along the sequence (the same bytes).
+    ``sp_recompute``: what a communication-free recompute (oases, commfree-recompute) keeps
+    under it: "gathered" (each region's gathered input: no collective in the recompute) or
+    "shards" (only slices: one gather per region in the recompute, less memory). Every TP
+    degree must divide ``model.seq_len``; works with every ZeRO stage. The overlapped schedules
+    hide every collective with ``schedule.n_sub >= 3`` (``schedule.program._staggered``).
     """
 
     tp: int = 1
@@ -151,6 +160,8 @@ class ParallelConfig:
     reshard_after_forward: bool = True
     grad_reduce_dtype: str = "fp32"
     high_priority_tp: bool = False
+    sequence_parallel: bool = False
+    sp_recompute: str = "gathered"
 
     def __post_init__(self) -> None:
         _check(
@@ -164,6 +175,12 @@ class ParallelConfig:
                f"parallel.grad_reduce_dtype={self.grad_reduce_dtype!r} must be fp32 or bf16")
         _check(self.plan == "auto" or not self.profile,
                'parallel.profile is used only with parallel.plan = "auto"')
+        _check(self.sp_recompute in ("gathered", "shards"),
+               f"parallel.sp_recompute={self.sp_recompute!r} must be gathered or shards")
+
+    def sp(self) -> str | None:
+        """The schedules' sequence-parallel mode (``build_schedule(sp=...)``): None when off."""
+        return self.sp_recompute if self.sequence_parallel else None
 
 
 @dataclass
@@ -315,6 +332,9 @@ class Config:
             _check(sub * d % tp == 0,
                    f"a sub-batch of train.micro_batch / schedule.n_sub = {sub} rows at the "
                    f"embedding's tp={tp} has no whole share at the plan's tp={d}")
+        if self.parallel.sequence_parallel:
+            for d in sorted(set(degrees or (tp,))):
+                _divisible("model.seq_len", m.seq_len, "a TP degree (sequence parallelism)", d)
         dp = world_size // tp
         _check(
             t.global_batch % (t.micro_batch * dp) == 0,

@@ -5,7 +5,10 @@ A plan lists the regions in chain order (``embed``, ``blocks.{l}.attn``, ``block
 consecutive regions differ, the activations are resharded along the batch between them (see
 ``oases.parallel.comm.reshard_batch``). JSON keys: ``regions`` (a list of ``{name, tp, dp}``),
 ``n_sub``, ``schedule``, ``predicted_step_s``, ``predicted_peak_mem_bytes``; a region may add
-``zero`` (its ZeRO stage, 0-3; absent: the run's ``parallel.zero``).
+``zero`` (its ZeRO stage, 0-3; absent: the run's ``parallel.zero``). ``sequence_parallel``
+("" off; "gathered" or "shards": Megatron's sequence parallelism, naming what a
+communication-free recompute keeps, ``schedule.program._sp_chain``) is per plan: every degree
+must divide the sequence.
 """
 
 from __future__ import annotations
@@ -40,6 +43,16 @@ class ParallelPlan:
     predicted_step_s: float | None = None
     predicted_peak_mem_bytes: int | None = None
     notes: dict = field(default_factory=dict)
+    sequence_parallel: str = ""  # "" | "gathered" | "shards"
+
+    def sp(self) -> str | None:
+        """``build_schedule``'s ``sp``: None when off (a schedule that is always
+        sequence-parallel, megatron-sp, is "gathered" without it)."""
+        from oases.schedule.program import SPECS
+
+        spec = SPECS.get(self.schedule)
+        return self.sequence_parallel or (
+            "gathered" if spec is not None and spec.sequence_parallel else None)
 
     @staticmethod
     def uniform(cfg: ModelConfig, world_size: int, tp: int, **kw: object) -> ParallelPlan:
@@ -104,6 +117,14 @@ class ParallelPlan:
             if max(a.tp, b.tp) % min(a.tp, b.tp):
                 raise ValueError(f"plan regions {a.name} (tp={a.tp}) and {b.name} (tp={b.tp}): "
                                  "neighbouring degrees must divide one another")
+        if self.sp():
+            if self.sp() not in ("gathered", "shards"):
+                raise ValueError(f"plan sequence_parallel={self.sequence_parallel!r} must be "
+                                 '"", "gathered" or "shards"')
+            for t in self.degrees():
+                if cfg.seq_len % t:
+                    raise ValueError(f"sequence parallelism: model.seq_len={cfg.seq_len} is "
+                                     f"not divisible by tp={t}")
         if cfg.tie_embeddings and self.tp_of("embed") != self.tp_of("head"):
             raise ValueError(f"tied embeddings need one degree for embed and head, got "
                              f"{self.tp_of('embed')} and {self.tp_of('head')}")

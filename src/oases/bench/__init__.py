@@ -16,37 +16,48 @@ PEERS = ("torch-tp", "fsdp2")
 
 class Entry(NamedTuple):
     """One column of ``oases bench``: a schedule (or peer), its ZeRO stage, its precision
-    ("" = the run's ``train.precision``)."""
+    ("" = the run's ``train.precision``), its sequence parallelism ("" = off, or what a
+    communication-free recompute keeps: "gathered" | "shards"; megatron-sp always has it)."""
 
     name: str
     zero: int = 0
     precision: str = ""
+    sp: str = ""
 
     def stem(self) -> str:
-        """A file-name stem: ``oases_zero3``, ``oases_bf16``, ``fsdp2``."""
+        """A file-name stem: ``oases_zero3``, ``oases_bf16``, ``oases_sp-gathered``, ``fsdp2``."""
         return "_".join([self.name, *([f"zero{self.zero}"] if self.zero else []),
-                         *([self.precision] if self.precision else [])])
+                         *([self.precision] if self.precision else []),
+                         *([f"sp-{self.sp}"] if self.sp else [])])
+
+    def sp_mode(self) -> str | None:
+        """``build_schedule``'s ``sp``: None when off."""
+        return self.sp or None
 
 
-ENTRY_SYNTAX = "SCHEDULE[@zero=0|1|2|3][,precision=fp32|bf16] (peers: PEER[@precision=...])"
+ENTRY_SYNTAX = ("SCHEDULE[@zero=0|1|2|3][,precision=fp32|bf16][,sp=gathered|shards] "
+                "(peers: PEER[@precision=...])")
 
 
 def parse_entry(entry: str) -> Entry:
     """A bench entry: ``oases`` -> Entry("oases"), ``oases@zero=3`` (sharded data parallelism,
     ``oases.parallel.shard``), ``oases@precision=bf16`` (``oases.precision``),
-    ``megatron@zero=1,precision=bf16``. ValueError naming the syntax otherwise."""
+    ``megatron@zero=1,precision=bf16``, ``oases@sp=gathered`` (sequence parallelism,
+    ``schedule.program._sp_chain``). ValueError naming the syntax otherwise."""
     name, at, opts = entry.partition("@")
     values: dict[str, str] = {}
     for opt in filter(None, opts.split(",")):
         key, _, value = opt.partition("=")
         if key in values or not (
                 (key == "zero" and value in ("0", "1", "2", "3") and name not in PEERS)
-                or (key == "precision" and value in ("fp32", "bf16"))):
+                or (key == "precision" and value in ("fp32", "bf16"))
+                or (key == "sp" and value in ("gathered", "shards") and name not in PEERS)):
             raise ValueError(f"bench entry {entry!r}: expected {ENTRY_SYNTAX}")
         values[key] = value
     if not name or (at and not values):
         raise ValueError(f"bench entry {entry!r}: expected {ENTRY_SYNTAX}")
-    return Entry(name, int(values.get("zero", 0)), values.get("precision", ""))
+    return Entry(name, int(values.get("zero", 0)), values.get("precision", ""),
+                 values.get("sp", ""))
 
 
 def run_rank_spec(run: Callable[[dict], None]) -> None:

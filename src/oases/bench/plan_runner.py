@@ -60,7 +60,7 @@ def run(spec: dict) -> None:
     precision = resolve_precision(cfg.train.precision, ctx.device, cfg.parallel.grad_reduce_dtype)
     schedule = build_schedule(plan.schedule, n_sub=plan.n_sub, micro_batch=local_micro,
                               max_inflight=cfg.schedule.max_inflight,
-                              grad_reduce_dtype=precision.grad_reduce_dtype)
+                              grad_reduce_dtype=precision.grad_reduce_dtype, sp=plan.sp())
     gen = torch.Generator().manual_seed(cfg.train.seed + ctx.rank // embed_tp)
     tokens = torch.randint(0, cfg.model.vocab_size, (local_rows, cfg.model.seq_len),
                            generator=gen).to(ctx.device)
@@ -116,7 +116,7 @@ def retime(cfg: Config, ctx: ParallelContext, plan: ParallelPlan, rows: int, rep
     model = parallelize(build_model(cfg.model), ctx, plan)
     model.train()
     pieces, _, opt_s = measure_compute(model, ctx, rows, sub_batches(plan.schedule, plan.n_sub),
-                                       repeats, cfg.train, schedules, precision)
+                                       repeats, cfg.train, schedules, precision, sp=plan.sp())
     n_params = sum(p.numel() for p in model.parameters())
     return {"pieces": pieces, "optimizer": [{"n_params": n_params,
                                              "s": statistics.median(opt_s)}]}

@@ -14,6 +14,8 @@ ffn)::
         commfree-recompute   recompute body-commfree (without the last row-parallel matmul)
         overlap, overlap-recompute, oases: the same pieces inside overlapped programs, at every
                              sub-batch count (the planner uses these for overlapped schedules)
+        SP_RUNS (t > 1)      sequence parallelism's pieces (sp-norm, sp-core, sp-epi,
+                             sp-core-commfree) and saved activations per sp mode
     saved activations per region and recompute mode; collectives: all-reduce, all-gather and
     reduce-scatter over groups of size t, sizes around the activations, and the all-reduce over
     every DP group size no TP degree has;
@@ -47,6 +49,8 @@ from oases.parallel.apply import parallelize
 from oases.parallel.context import ParallelContext, init_distributed
 from oases.plan import ParallelPlan
 from oases.planner import batch_shape
+from oases.planner.costs import sp_mode
+from oases.planner.precision import PlanPrecision
 from oases.planner.profile import Profile, check_collective_fit
 from oases.planner.search import candidate_degrees
 from oases.precision import Precision, resolve_precision
@@ -135,9 +139,30 @@ SYNC = ("megatron", "megatron-recompute", "commfree-recompute")
 OVERLAPPED = ("overlap", "overlap-recompute", "oases")
 
 
+# sequence-parallel programs a profile also runs at one sub-batch (``measure_compute``'s
+# ``sp_runs``): forward and backward pieces, block recompute, and the communication-free
+# recompute keeping gathered inputs or slices (each its saved activations)
+SP_RUNS = (("megatron-sp", "gathered"), ("megatron-recompute", "gathered"),
+           ("commfree-recompute", "gathered"), ("commfree-recompute", "shards"))
+
+
+def sp_piece(piece: str, phase: str, index: int, commfree: bool) -> str:
+    """The costs' name of a sequence-parallel program's piece: "sp-norm", "sp-epi",
+    "sp-core" ("sp-core-commfree" in a communication-free recompute), the backward "tp" and
+    the embedding's lookup ("core" of region 0) as without it ("tp", "body")."""
+    if piece == "tp":
+        return piece
+    if piece == "core" and index == 0:
+        return "body"
+    if piece == "core" and phase == "recompute" and commfree:
+        return "sp-core-commfree"
+    return "sp-" + piece
+
+
 def measure_compute(model: torch.nn.Module, ctx: ParallelContext, rows: int, k: int,
                     repeats: int, train: TrainConfig, schedules: tuple[str, ...] | None = None,
-                    precision: Precision | None = None
+                    precision: Precision | None = None, sp: str | None = None,
+                    sp_runs: bool = False
                     ) -> tuple[list[dict], list[dict], list[float]]:
     """Per-piece compute times of ``model`` (each region at its plan's degree) running steps of
     ``rows`` local sequences (the embedding's layout) cut into k sub-batches: ``schedules``,
@@ -147,7 +172,9 @@ def measure_compute(model: torch.nn.Module, ctx: ParallelContext, rows: int, k: 
     backward pieces are taken from the schedules without recompute, recompute pieces from the
     others. With k == 1 also the activations each region keeps, per recompute mode (exact,
     from the executor, in bytes: bf16 activations under a bf16 ``precision``, whose autocast
-    every step runs in).
+    every step runs in). ``sp``: run ``schedules`` sequence-parallel in that mode (their
+    pieces named as ``sp_piece`` says); ``sp_runs``: with k == 1, also the programs of
+    ``SP_RUNS`` (saved activations under the modes ``costs.sp_mode`` names).
 
     Between steps the optimizer steps as in training (``build_optimizer``'s groups, at lr 0 so
     the weights stay put), on the gradients the step made; the third list is its seconds per
@@ -166,9 +193,13 @@ def measure_compute(model: torch.nn.Module, ctx: ParallelContext, rows: int, k: 
     optimizer_s: list[float] = []
     clock = DeviceClock(ctx.device)
     autocast = contextlib.nullcontext() if precision is None else precision.autocast()
-    for name in schedules or (SYNC if k == 1 else OVERLAPPED):
-        sched = build_schedule(name, n_sub=k)
+    runs = [(name, sp) for name in schedules or (SYNC if k == 1 else OVERLAPPED)]
+    if sp_runs and k == 1:
+        runs += [run for run in SP_RUNS if run not in runs]
+    for name, run_sp in runs:
+        sched = build_schedule(name, n_sub=k, sp=run_sp)
         mode = sched.spec.recompute
+        saved_mode = sp_mode(mode, sched.sp)
         ex = sched.executor(model)
         ex.skip_comm = True  # a piece alone; the simulator adds the contention of collectives
         program = split_pieces(sched.program(model, rows))
@@ -186,7 +217,7 @@ def measure_compute(model: torch.nn.Module, ctx: ParallelContext, rows: int, k: 
             if rep == 0:  # warm-up; its saved-activation count is exact
                 if k == 1:
                     for region, n in zip(ex.chain, region_rows):
-                        saved.setdefault((region.kind, mode, region.tp, n), []).append(
+                        saved.setdefault((region.kind, saved_mode, region.tp, n), []).append(
                             ex.saved_bytes.get(region.index, 0))
                 continue
             for e in tl.events:
@@ -196,6 +227,8 @@ def measure_compute(model: torch.nn.Module, ctx: ParallelContext, rows: int, k: 
                 region = ex.chain[int(index)]
                 if e.phase == "recompute" and piece == "body" and mode == "commfree":
                     piece = "body-commfree"
+                if sched.sp is not None:
+                    piece = sp_piece(piece, e.phase, int(index), mode == "commfree")
                 key = (region.kind, e.phase, piece, region.tp, region_rows[region.index] // k)
                 times.setdefault(key, []).append(e.end_s - e.start_s)
         ex.track_memory = False
@@ -377,7 +410,8 @@ def run(spec: dict) -> None:
         rows = profile_rows(cfg, world_size, t)
         for k in [k for k in spec.get("n_subs", (1, 2, 4)) if rows >= k and rows % k == 0]:
             c, m, o = measure_compute(model, ctx, rows, k, repeats, cfg.train,
-                                      precision=precision)
+                                      precision=precision,
+                                      sp_runs=t > 1 and cfg.model.seq_len % t == 0)
             compute += c
             memory += m
             optimizer_s += o
@@ -417,7 +451,7 @@ def run(spec: dict) -> None:
                      "global_batch": cfg.train.global_batch, "tp": cfg.parallel.tp}
         profile = Profile(config_to_dict(cfg)["model"], machine, compute, collectives, memory,
                           optimizer, baseline, created, made_from, workspace, contention,
-                          comm_contention)
+                          comm_contention, PlanPrecision.from_record(precision.describe()))
         profile.save(spec["out"])
     comm.barrier(ctx.world_group)  # nobody exits while a peer still talks
 

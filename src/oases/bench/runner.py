@@ -60,16 +60,25 @@ def comm_only_step(schedule: Schedule, model: torch.nn.Module, rows: int, seq: i
     act = torch.zeros(rows // (n_micro * k), seq, model.cfg.dim, device=ctx.device,
                       dtype=precision.compute_dtype)  # [b, S, H]
     dp_sizes = {i: sum(p.numel() for p in ps) for i, ps in ex.buckets.items()}
+    glue = sum(p.numel() for p in getattr(ex, "_sp_glue_params", ()))
     handles = {}
     for ins in schedule.program(model, rows):
         if isinstance(ins, Start):
+            key = ins.kind, ins.index, ins.sub
             if ins.kind == "dp":
                 buf = torch.zeros(dp_sizes[ins.index], device=ctx.device,
                                   dtype=precision.grad_reduce_dtype)
-                group = ctx.dp_group
+                handles[key] = comm.all_reduce_async(buf, ctx.dp_group)
+            elif ins.kind == "sg":  # sequence parallelism: the glue's gradients
+                handles[key] = comm.all_reduce_async(torch.zeros(glue, device=ctx.device),
+                                                     ctx.tp_group)
+            elif ins.kind in ("gf", "gb", "gr"):  # sequence parallelism: gathers
+                handles[key] = comm.seq_gather_async(comm.seq_slice(act, ctx.tp_group),
+                                                     ctx.tp_group)
+            elif ex.sp is not None:  # "fwd"/"bwd" reduce-scatter along the sequence
+                handles[key] = comm.seq_reduce_scatter_async(act.clone(), ctx.tp_group)
             else:
-                buf, group = act.clone(), ctx.tp_group
-            handles[ins.kind, ins.index, ins.sub] = comm.all_reduce_async(buf, group)
+                handles[key] = comm.all_reduce_async(act.clone(), ctx.tp_group)
         elif isinstance(ins, Wait):
             handles.pop((ins.kind, ins.index, ins.sub)).wait()
 
@@ -128,10 +137,16 @@ def predict_step(sched: Schedule, model: torch.nn.Module, rows: int, seq: int,
     act_elem = precision.compute_dtype.itemsize
     nbytes = rows // (n_micro * k) * seq * model.cfg.dim * act_elem
 
+    ex = sched.executor(model)
+
     def collective_s(kind: str, index: int) -> float:
         if kind == "dp":
-            size = (sum(p.numel() for p in sched.executor(model).buckets[index])
+            size = (sum(p.numel() for p in ex.buckets[index])
                     * precision.grad_reduce_dtype.itemsize)
+        elif kind == "sg":
+            size = sum(p.numel() * p.element_size() for p in ex._sp_glue_params)
+        elif ex.sp is not None:  # a gather or a reduce-scatter: half an all-reduce's traffic
+            size = nbytes / 2
         else:
             size = nbytes
         return ar_fit["latency_s"] + size / ar_fit["bandwidth_bytes_per_s"]
@@ -183,14 +198,15 @@ def run(spec: dict) -> None:
     pristine = copy.deepcopy(base)
     model = parallelize(base, ctx)
     for entry in [n for n in names if parse_entry(n).name not in PEERS]:
-        name, zero, _ = parse_entry(entry)
+        name, zero, _, _ = parse_entry(entry)
         own = zero or with_opt  # an optimizer per entry: each on its own model
         m = parallelize(copy.deepcopy(pristine), ctx) if own else model
         if zero:
             shard_model(m, zero)
         steps[entry] = (m, build_schedule(name, n_sub=cfg.schedule.n_sub,
                                           max_inflight=cfg.schedule.max_inflight,
-                                          grad_reduce_dtype=precisions[entry].grad_reduce_dtype),
+                                          grad_reduce_dtype=precisions[entry].grad_reduce_dtype,
+                                          sp=parse_entry(entry).sp_mode()),
                         tokens, targets)
     optimizers = {}
     if with_opt:

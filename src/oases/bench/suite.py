@@ -286,7 +286,7 @@ def run_memory(config: str | None, overrides: list[str], entries: list[str], ste
             row = {"tp": raw["tp"], "dp": raw["dp"], "ranks": raw["ranks"]}
             if entry.name not in PEERS:
                 row["predicted"] = predicted_peak_bytes(cfg, entry.name, entry.zero, nproc,
-                                                        costs)
+                                                        costs, entry.sp)
             rows[e] = row
     result = {"world_size": nproc, "tp": cfg.parallel.tp, "entries": rows}
     (out / "memory.json").write_text(json.dumps(result, indent=1))
@@ -302,19 +302,20 @@ def run_memory(config: str | None, overrides: list[str], entries: list[str], ste
 
 
 def predicted_peak_bytes(cfg, schedule: str, zero: int, world: int,  # noqa: ANN001
-                         costs: object | None = None) -> dict:
+                         costs: object | None = None, sp: str = "") -> dict:
     """The simulator's memory walk (``planner.peak_memory``) of ``schedule`` at ZeRO stage
     ``zero`` on this config's uniform layout, for the batch ``bench.memory_runner`` feeds (one
     micro-batch of ``train.micro_batch`` sequences per model replica), with ``costs``' measured
-    activation sizes (a profile of this machine, ``oases profile``), else the analytic ones:
-    {"model_state": bytes by kind, "peak": bytes over the baseline}."""
+    activation sizes (a profile of this machine, ``oases profile``), else the analytic ones;
+    ``sp``: sequence parallelism's mode ("" off): {"model_state": bytes by kind, "peak": bytes
+    over the baseline}."""
     from oases.plan import ParallelPlan
     from oases.planner.search import with_zero
     from oases.planner.simulate import BatchShape, model_state, simulate_plan
 
     tp = cfg.parallel.tp
     plan = with_zero(ParallelPlan.uniform(cfg.model, world, tp, schedule=schedule,
-                                          n_sub=cfg.schedule.n_sub), zero)
+                                          n_sub=cfg.schedule.n_sub, sequence_parallel=sp), zero)
     rows = cfg.train.micro_batch * world // tp
     res = simulate_plan(cfg.model, plan, _NoTime(costs), world, BatchShape(rows, rows),
                         max_inflight=cfg.schedule.max_inflight, timeline=False,

@@ -260,6 +260,114 @@ class _ReduceScatter(_Keep):
         return out
 
 
+class _SeqHandle(_Keep):
+    """A gather or reduce-scatter run on the [s, b, ...] transpose of a [b, s, ...] tensor
+    (the sequence made dim 0, so rank chunks are contiguous); ``wait`` returns [b, s', ...]."""
+
+    def __init__(self, inner: Handle) -> None:
+        super().__init__(inner.result, None, None)
+        self._inner = inner
+
+    def on_complete(self, fn: Callable[[], None]) -> None:
+        self._inner.on_complete(fn)
+
+    def wait_stream(self) -> None:
+        self._inner.wait_stream()
+
+    def is_completed(self) -> bool:
+        return self._inner.is_completed()
+
+    def wait(self) -> Tensor:
+        return _batch_first(self._inner.wait())
+
+
+def _seq_first(x: Tensor) -> Tensor:
+    """[b, s, ...] -> contiguous [s, b, ...] (no copy for one row)."""
+    return x.transpose(0, 1).contiguous()
+
+
+def _batch_first(x: Tensor) -> Tensor:
+    """[s, b, ...] -> [b, s, ...], contiguous (a view for one row)."""
+    return x.transpose(0, 1).contiguous()
+
+
+def seq_gather_async(x: Tensor, group: Group, *, direction: str = "forward",
+                     tag: str = "") -> Handle:
+    """Start gathering every rank's slice [b, s, ...] of the sequence (dim 1) into
+    [b, s * size, ...], rank order (sequence parallelism's "gf"/"gb"/"gr"; no autograd)."""
+    if group.size == 1:
+        return Handle(x, None)
+    xt = _seq_first(x)
+    out = xt.new_empty((xt.shape[0] * group.size, *xt.shape[1:]))
+    _issue("all_gather", group, xt, direction, tag, True)
+    work = dist.all_gather(list(out.chunk(group.size)), xt, group=group.pg, async_op=True)
+    return _SeqHandle(_Keep(out, work, xt))
+
+
+def seq_reduce_scatter_async(t: Tensor, group: Group, *, direction: str = "forward",
+                             tag: str = "") -> Handle:
+    """Start the sum over the group of [b, S, ...] partial sums, keeping this rank's slice
+    [b, S / size, ...] of the sequence (dim 1): sequence parallelism's "fwd"/"bwd", in place
+    of the all-reduce (no autograd)."""
+    if group.size == 1:
+        return Handle(t, None)
+    if t.shape[1] % group.size:
+        raise ValueError(f"a sequence of {t.shape[1]} does not split over {group.size} ranks")
+    tt = _seq_first(t)
+    out = tt.new_empty((tt.shape[0] // group.size, *tt.shape[1:]))
+    _issue("reduce_scatter", group, tt, direction, tag, True)
+    return _SeqHandle(_ReduceScatter(out, tt, group))
+
+
+class _Relayout(Handle):
+    """A started all-gather of every rank's [b, s, ...] piece over the larger degree's TP
+    group; ``wait`` assembles the group's whole [R, S, ...] and keeps this rank's piece of the
+    target layout (``reshard_seq_async``)."""
+
+    def __init__(self, parts: list[Tensor], work: dist.Work | None, from_tp: int, to_tp: int,
+                 group: Group, keep: Tensor) -> None:
+        super().__init__(parts[0], work)
+        self._parts, self._keep = parts, keep
+        self._from, self._to, self._group = from_tp, to_tp, group
+
+    def wait(self) -> Tensor:
+        super().wait()
+        T, a, b = self._group.size, self._from, self._to
+        # rank w of the group holds rows chunk w // a (of T / a) and sequence chunk w % a (of a)
+        rows = [torch.cat(self._parts[g * a:(g + 1) * a], dim=1) for g in range(T // a)]
+        whole = torch.cat(rows, dim=0)  # [R, S, ...], the group's rows in chunk order
+        w = self._group.rank
+        mine = whole.chunk(T // b, dim=0)[w // b].chunk(b, dim=1)[w % b]
+        self._parts = self._keep = None
+        return mine.contiguous()
+
+
+def reshard_seq_async(x: Tensor, from_tp: int, to_tp: int, group: Group, *,
+                      direction: str = "forward", tag: str = "") -> Handle:
+    """Move sequence-parallel activations between TP degrees (no autograd): at degree d a TP
+    group holds a chunk of the rows, each of its ranks a 1/d slice of their sequence. Over
+    ``group``, the TP group of the larger degree T (contiguous ranks, its groups at the
+    smaller degree nested in it), every rank's piece is all-gathered, the group's whole
+    [R, S, ...] assembled and this rank's piece at ``to_tp`` kept: [R d / T, S / d, ...] at
+    degree d. Both directions move data (a slice of the sequence comes from other ranks), so
+    the backward reshard of a gradient is this same call with the degrees swapped."""
+    if from_tp == to_tp:
+        return Handle(x, None)
+    if group.size != max(from_tp, to_tp):
+        raise ValueError(f"a sequence-parallel reshard between tp={from_tp} and tp={to_tp} "
+                         f"runs over the TP group of the larger degree, not one of {group.size}")
+    x = x.contiguous()
+    parts = [torch.empty_like(x) for _ in range(group.size)]
+    _issue("all_gather", group, x, direction, tag, True)
+    work = dist.all_gather(parts, x, group=group.pg, async_op=True)
+    return _Relayout(parts, work, from_tp, to_tp, group, x)
+
+
+def seq_slice(x: Tensor, group: Group) -> Tensor:
+    """This rank's slice of the sequence (dim 1) of a replicated [b, S, ...] tensor."""
+    return _local_chunk(x, group, 1)
+
+
 def _all_gather(x: Tensor, group: Group, dim: int, direction: str) -> Tensor:
     """Every rank's ``x`` concatenated along ``dim``, in rank order: gathered into one tensor
     (``all_gather_single``, NCCL's all-gather into a flat buffer, on gloo too), so that along

@@ -1,12 +1,14 @@
 """The planner: predict a plan's step time by simulating its schedule program on costs, and
 choose every region's TP degree and the schedule knobs under a memory budget.
 
-    costs     = load_costs("profile.json" | "hw:PRESET" | "hw:cluster.toml", cfg.model)
+    costs     = load_costs("profile.json" | "hw:PRESET" | "hw:cluster.toml", cfg.model,
+                           cfg.train.precision, cfg.parallel.grad_reduce_dtype)
     budget    = costs_budget(memory_gb, costs)      # GB in, GiB out; 0: the default
     best, all = plan_model(cfg, world_size, costs, budget.bytes)
     print(format_candidates(best, all, budget.bytes))
 
-Modules: ``costs`` (the interface, parameter and activation sizes), ``profile`` (a measured
+Modules: ``costs`` (the interface, parameter and activation sizes), ``precision`` (bytes per
+tensor kind by dtype), ``profile`` (a measured
 profile; ``bench.profile_runner`` measures it), ``hardware``/``clusters`` (presets), ``models``
 (the paper's models), ``simulate`` (programs on costs), ``chain`` (the chain solvers),
 ``search`` (the plan search), ``batch`` (a step's batch and what a micro-batch counts),
@@ -29,18 +31,38 @@ __all__ = ["auto_plan", "batch_shape", "costs_budget", "format_candidates", "loa
            "plan_model"]
 
 
-def load_costs(source: str, model: ModelConfig) -> Costs:
+def load_costs(source: str, model: ModelConfig, precision: str | None = None,
+               grad_reduce: str = "fp32") -> Costs:
     """A profile file (checked against the model's shape), or ``hw:PRESET`` / ``hw:FILE`` for
-    a named or described cluster (analytic compute and links)."""
+    a named or described cluster (analytic compute and links).
+
+    ``precision``: the run's ``train.precision`` (with ``parallel.grad_reduce_dtype``
+    ``grad_reduce``). A preset prices it as the run would resolve it on GPUs
+    (``planner.precision.resolve_plan_precision``: "auto" is bf16); a profile must have been
+    measured in it (``Profile.check_precision``: an error otherwise, not a silent reuse of
+    another dtype's compute times), except for "auto", which takes the profile's own (the
+    dtype "auto" resolved to where it was measured). None: fp32 for a preset, the profile's
+    own for a profile."""
+    from oases.planner.precision import resolve_plan_precision
+
     if source.startswith("hw:"):
         from oases.planner.hardware import HardwareCosts
         from oases.planner.whatif import load_any_cluster
 
-        return HardwareCosts(load_any_cluster(source[3:]), model)
+        cluster = load_any_cluster(source[3:])
+        if precision is None:
+            return HardwareCosts(cluster, model)
+        wanted = resolve_plan_precision(precision, grad_reduce, gpu=True)
+        if wanted.compute == "fp64":
+            raise ValueError(f"train.precision={precision}: the hardware presets price fp32 "
+                             "and bf16 (and tf32/fp16 in oases simulate), not fp64")
+        return HardwareCosts(cluster, model, wanted.compute, wanted.grad_reduce)
     from oases.planner.profile import Profile
 
     profile = Profile.load(source)
     profile.check_model(model)
+    if precision is not None and precision != "auto":
+        profile.check_precision(resolve_plan_precision(precision, grad_reduce))
     return profile
 
 
@@ -75,17 +97,33 @@ def _prices_zero(costs: Costs, world_size: int, degrees: list[int]) -> bool:
     return True
 
 
+def _prices_sp(costs: Costs, degrees: list[int]) -> bool:
+    """Can ``costs`` price sequence parallelism's pieces (a profile measures them since
+    ``oases profile`` runs sequence-parallel programs) at every degree above 1?"""
+    try:
+        for t in degrees:
+            if t > 1:
+                costs.compute_s("attn", "forward", "sp-core", t, 1)
+                costs.compute_s("attn", "backward", "sp-norm", t, 1)
+    except (ValueError, KeyError):
+        return False
+    return True
+
+
 def plan_model(cfg: Config, world_size: int, costs: Costs, budget_bytes: float,
                schedules: tuple[str, ...] | None = None,
                n_subs: tuple[int, ...] = (1, 2, 4), zeros: tuple[int, ...] = (0, 1, 2, 3),
                search_micro_batch: bool = True,
-               max_tp: int | None = None) -> tuple[Candidate, list[Candidate]]:
+               max_tp: int | None = None,
+               sps: tuple[str, ...] = ("gathered", "shards")
+               ) -> tuple[Candidate, list[Candidate]]:
     """Plan ``cfg`` for ``world_size`` ranks: every schedule, sub-batch count, ZeRO stage of
-    ``zeros`` and (``search_micro_batch``) micro-batch of ``micro_batch_options`` under the
-    config's global batch (``solve_plan``), TP degrees up to ``max_tp`` (default: all). Costs
-    that cannot price ZeRO's collectives (a profile from before ``oases profile`` measured
-    reduce-scatters) plan without it. Every candidate's plan notes the batch it assumed, so a
-    run reproduces it."""
+    ``zeros``, sequence-parallel mode of ``sps`` and (``search_micro_batch``) micro-batch of
+    ``micro_batch_options`` under the config's global batch (``solve_plan``), TP degrees up to
+    ``max_tp`` (default: all). Costs that cannot price ZeRO's collectives (a profile from
+    before ``oases profile`` measured reduce-scatters) plan without it, and costs that cannot
+    price sequence parallelism's pieces (a profile from before it measured them) without that.
+    Every candidate's plan notes the batch it assumed, so a run reproduces it."""
     from oases.planner.search import candidate_degrees
     from oases.schedule.program import SPECS
 
@@ -114,10 +152,13 @@ def plan_model(cfg: Config, world_size: int, costs: Costs, budget_bytes: float,
     if not _prices_zero(costs, world_size, kw.get("degrees") or candidate_degrees(
             cfg.model, world_size)):
         zeros = tuple(z for z in zeros if z == 0) or (0,)  # an older profile: no ZeRO
+    if sps and not _prices_sp(costs, kw.get("degrees") or candidate_degrees(cfg.model,
+                                                                            world_size)):
+        sps = ()  # an older profile: no sequence parallelism
     batch = batch_shape(cfg, world_size)
     best, candidates = solve_plan(
         cfg.model, costs, world_size, batch, budget_bytes, n_subs=n_subs,
-        max_inflight=cfg.schedule.max_inflight, zeros=zeros,
+        max_inflight=cfg.schedule.max_inflight, zeros=zeros, sps=sps,
         micro_batches=micro_batch_options(batch) if search_micro_batch else (), **kw)
     for c in candidates:  # what the prediction assumed, so a run reproduces it
         shape = c.batch or batch
@@ -133,7 +174,7 @@ def auto_plan(cfg: Config, world_size: int):  # noqa: ANN201 - ParallelPlan
     if not source:
         raise ValueError('parallel.plan = "auto" needs parallel.profile: a file written by '
                          "`oases profile`, or hw:PRESET")
-    costs = load_costs(source, cfg.model)
+    costs = load_costs(source, cfg.model, cfg.train.precision, cfg.parallel.grad_reduce_dtype)
     best, _ = plan_model(cfg, world_size, costs, costs_budget(cfg.parallel.memory_gb,
                                                               costs).bytes)
     return best.plan

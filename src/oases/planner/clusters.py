@@ -24,11 +24,11 @@ import dataclasses
 import json
 import tomllib
 import typing
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-DTYPE_BYTES = {"fp32": 4, "tf32": 4, "bf16": 2, "fp16": 2}
+from oases.planner.precision import DTYPE_BYTES
 
 
 @dataclass(frozen=True)
@@ -36,6 +36,8 @@ class GPU:
     """One accelerator. ``peak_flops`` maps a dtype ("fp32", "tf32", "bf16", "fp16") to the
     dense peak in flop/s; ``matmul_efficiency`` and ``elementwise_efficiency`` are the fractions
     of peak flops and of memory bandwidth that large matmuls and streaming kernels reach;
+    ``dtype_efficiency`` gives the matmul efficiency of a dtype where a microbenchmark says it
+    differs (bf16 tensor-core matmuls: ``matmul_efficiency_at``);
     ``launch_overhead_s`` is charged once per scheduled compute piece; ``compute_capability``
     picks the row of NCCL's tuning tables (8.x Ampere, 9.0 Hopper)."""
 
@@ -48,6 +50,11 @@ class GPU:
     source: str
     launch_overhead_s: float = 20e-6
     compute_capability: float = 8.0
+    dtype_efficiency: dict[str, float] = field(default_factory=dict)
+
+    def matmul_efficiency_at(self, dtype: str) -> float:
+        """The fraction of ``peak_flops[dtype]`` large matmuls in ``dtype`` reach."""
+        return self.dtype_efficiency.get(dtype, self.matmul_efficiency)
 
 
 LINK_KINDS = ("nvlink", "pcie", "net")  # the rows of NCCL's hardware latency table
@@ -148,6 +155,11 @@ def check_cluster(c: Cluster) -> None:
             raise ValueError(f"{c.name}: gpu.peak_flops has unknown dtype {dtype!r}; "
                              f"valid: {', '.join(DTYPE_BYTES)}")
         positive(f"{c.name}: gpu.peak_flops.{dtype}", flops)
+    for dtype, eff in g.dtype_efficiency.items():
+        if dtype not in g.peak_flops:
+            raise ValueError(f"{c.name}: gpu.dtype_efficiency has {dtype!r}, which "
+                             f"gpu.peak_flops lacks ({', '.join(g.peak_flops)})")
+        positive(f"{c.name}: gpu.dtype_efficiency.{dtype}", eff)
     for where, link in (("server.link", c.server.link), ("server.pair_link",
                                                          c.server.pair_link),
                         ("inter_link", c.inter_link)):
@@ -246,8 +258,8 @@ def _build(cls: type, data: Any, where: str, presets: dict[str, Any] | None = No
     if unknown:
         raise ValueError(f"{where}: unknown key(s) {', '.join(unknown)}; valid keys: "
                          f"{', '.join(fields)}")
-    missing = [n for n, f in fields.items() if n not in data
-               and f.default is dataclasses.MISSING and n != "source"]
+    missing = [n for n, f in fields.items() if n not in data and f.default is dataclasses.MISSING
+               and f.default_factory is dataclasses.MISSING and n != "source"]
     if missing:
         raise ValueError(f"{where}: missing key(s) {', '.join(missing)}")
     kwargs: dict[str, Any] = {}

@@ -23,15 +23,22 @@ from __future__ import annotations
 from typing import Protocol
 
 from oases.config import ModelConfig
-
-BYTES = 4  # fp32 everywhere (parameters, gradients, Adam moments, activations)
-OPTIMIZER_STATES = 2  # AdamW: exp_avg and exp_avg_sq per parameter
+from oases.planner.precision import FP32, PlanPrecision
 
 
 class Costs(Protocol):
     def compute_s(self, region: str, phase: str, piece: str, tp: int, rows: int) -> float: ...
 
     def collective_s(self, op: str, group_size: int, nbytes: int) -> float: ...
+
+
+def sp_mode(mode: str, sp: str | None) -> str:
+    """The saved-activation mode of recompute ``mode`` under sequence parallelism ``sp``
+    (None: off): "commfree" -> "sp-commfree-gathered" or "sp-commfree-shards", else "sp-"
+    + mode."""
+    if sp is None:
+        return mode
+    return f"sp-commfree-{sp}" if mode == "commfree" else f"sp-{mode}"
 
 
 def region_kind(name: str) -> str:
@@ -70,25 +77,81 @@ def region_param_count(cfg: ModelConfig, kind: str, tp: int) -> int:
     return sum(region_params(cfg, kind, tp))
 
 
-def analytic_saved_bytes(cfg: ModelConfig, kind: str, mode: str, tp: int, rows: int) -> float:
+def analytic_saved_bytes(cfg: ModelConfig, kind: str, mode: str, tp: int, rows: int,
+                         precision: PlanPrecision = FP32) -> float:
     """Activations region ``kind`` keeps from forward to backward for one sub-batch of ``rows``
-    under recompute ``mode`` ("none" | "block" | "commfree"), from the shapes (an estimate of
-    what autograd saves; a measured profile replaces it). Region i owns the glue before it
-    (epi:i-1), as the executor counts."""
+    under recompute ``mode`` ("none" | "block" | "commfree"; under sequence parallelism
+    ``sp_mode(mode, keep)``: "sp-none" | "sp-block" | "sp-commfree-gathered" |
+    "sp-commfree-shards"), from the shapes (an estimate of what autograd saves; a measured
+    profile replaces it), in the compute dtype's bytes (``precision.activation_bytes``: 2 under
+    bf16) plus a one-byte dropout mask per element. Region i owns the glue before it
+    (epi:i-1), as the executor counts.
+
+    Sequence parallelism keeps the norm's input, the dropout mask and the post-collective
+    (x, r) on a 1/t slice; the TP matmuls still keep their gathered input h [b, S, H]."""
     H, S, F = cfg.dim, cfg.seq_len, cfg.ffn_dim
     tok = rows * S
-    mask = 0.25 if cfg.dropout > 0 else 0.0  # a bool dropout mask per element, in fp32 units
+    e = precision.activation_bytes
+    mask = 1.0 if cfg.dropout > 0 else 0.0  # a bool dropout mask per element, bytes
     if kind == "embed":
         return 0.0
+    if mode.startswith("sp-"):
+        return _sp_saved_bytes(cfg, kind, mode, tp, tok, mask, e)
     if kind == "head":  # never recomputed: norm in/out, logits and the CE's softmax
-        return tok * BYTES * (2 * H + 2 * padded_vocab(cfg, tp) / tp + mask * H)
+        return tok * (e * (2 * H + 2 * padded_vocab(cfg, tp) / tp) + mask * H)
     if mode == "commfree":
-        return tok * BYTES * 2 * H  # the post-collective (x, r) of the glue before it
+        return tok * e * 2 * H  # the post-collective (x, r) of the glue before it
     if mode == "block":
-        return tok * BYTES * H if kind == "attn" else 0.0  # the block input
+        return tok * e * H if kind == "attn" else 0.0  # the block input
     if kind == "attn":
         qkv = (cfg.n_heads + 2 * cfg.n_kv_heads) * cfg.head_dim / tp
         rope = qkv * 2 / 3 if cfg.arch == "llama" else 0.0
-        return tok * BYTES * (3 * H + mask * H + qkv + rope + 2 * H / tp)
+        return tok * (e * (3 * H + qkv + rope + 2 * H / tp) + mask * H)
     fc1 = F * (3 if cfg.arch == "llama" else 2) / tp  # fc1 out (+ gate act), act out
-    return tok * BYTES * (3 * H + mask * H + fc1)
+    return tok * (e * (3 * H + fc1) + mask * H)
+
+
+def matmul_params(cfg: ModelConfig) -> int:
+    """The parameters a matmul multiplies by, N of ``model_flops``: every block's weights and
+    the output head's V x H (tied or not); not the embedding lookup, the position table, the
+    norms or the biases."""
+    H, F = cfg.dim, cfg.ffn_dim
+    qkv = (cfg.n_heads + 2 * cfg.n_kv_heads) * cfg.head_dim
+    fc1 = 2 * F if cfg.arch == "llama" else F
+    return cfg.n_layers * (H * qkv + cfg.n_heads * cfg.head_dim * H + H * fc1 + F * H) + (
+        cfg.vocab_size * H)
+
+
+def model_flops(cfg: ModelConfig, tokens: float) -> float:
+    """Model FLOPs of a training step over ``tokens`` tokens (forward and backward, without
+    recompute), the PaLM / Megatron-LM formula MFU divides by::
+
+        6 * N * tokens + 12 * L * H * S * tokens
+
+    N: ``matmul_params`` (the blocks' matmul weights and the output head's), L layers, H
+    hidden, S sequence; the second term is attention's QK^T and AV (2 x 2 x S x H flops a token
+    and layer forward, x 3 with the backward), over the full S x S."""
+    return (6 * matmul_params(cfg) * tokens
+            + 12 * cfg.n_layers * cfg.dim * cfg.seq_len * tokens)
+
+
+def _sp_saved_bytes(cfg: ModelConfig, kind: str, mode: str, tp: int, tok: int,
+                    mask: float, e: float) -> float:
+    """``analytic_saved_bytes`` under sequence parallelism (see there): ``e`` bytes an
+    activation element, ``mask`` bytes a dropout mask element."""
+    H, F = cfg.dim, cfg.ffn_dim
+    if kind == "head":  # norm in on a slice, its gathered output, logits and the CE's softmax
+        return tok * (e * (H / tp + H + 2 * padded_vocab(cfg, tp) / tp) + mask * H / tp)
+    if mode == "sp-commfree-shards":
+        return tok * e * 2 * H / tp  # the (x, r) slices of the glue before it
+    if mode == "sp-commfree-gathered":
+        return tok * e * (2 * H / tp + H)  # ... and the gathered input h
+    if mode == "sp-block":
+        return tok * e * H / tp if kind == "attn" else 0.0  # the block input's slice
+    glue = 2 * H / tp + H  # norm in, residual slices; the gathered h
+    if kind == "attn":
+        qkv = (cfg.n_heads + 2 * cfg.n_kv_heads) * cfg.head_dim / tp
+        rope = qkv * 2 / 3 if cfg.arch == "llama" else 0.0
+        return tok * (e * (glue + qkv + rope + 2 * H / tp) + mask * H / tp)
+    fc1 = F * (3 if cfg.arch == "llama" else 2) / tp
+    return tok * (e * (glue + fc1) + mask * H / tp)

@@ -1,14 +1,14 @@
 """Named hardware and cluster presets for planning without the hardware: what things cost.
 
-``HardwareCosts(cluster, model, dtype)`` prices one sub-batch's piece of one region and one
-collective, the interface the simulator calls (a profile measured on this machine offers the
-same methods)::
+``HardwareCosts(cluster, model, dtype, grad_reduce)`` prices one sub-batch's piece of one
+region and one collective, the interface the simulator calls (a profile measured on this
+machine offers the same methods)::
 
     compute_s(region, phase, piece, tp, rows)     seconds on one GPU of the cluster
     collective_s(op, group_size, nbytes)          seconds of the collective as NCCL runs it
 
 Compute is a roofline sum over a piece's kernels: matmul flops / (peak[dtype] x
-matmul_efficiency) + bytes that elementwise and norm kernels move / (memory bandwidth x
+matmul efficiency at dtype) + bytes that elementwise and norm kernels move / (memory bandwidth x
 elementwise_efficiency) + one launch overhead per piece. Matmul flops are divided by the TP
 degree; elementwise work on the replicated [b, S, H] activations is not. Bytes are counted in
 *passes* over a tensor (one read or one write of every element); a dropout costs 2 passes plus a
@@ -43,6 +43,11 @@ to 4.63 ms (PCIe 4.0 host-staged ring, 11.0 GB/s), 2.34 ms with bridged pairs.
 Shape legend: b rows (sequences of the sub-batch), S sequence, T = b*S tokens, H hidden, F ffn,
 A heads, K kv heads, D head dim, V vocabulary (padded to a multiple of t), t TP degree, e bytes
 per element of the dtype.
+
+Precision (``planner.precision``): ``dtype`` is the compute dtype (matmuls at its peak and
+efficiency, ``GPU.matmul_efficiency_at``; activations, elementwise traffic and TP collectives
+in its bytes); ``grad_reduce`` the dtype of the DP gradient reduction; master weights, their
+gradients and AdamW's moments stay fp32 (``precision``, which the simulator prices bytes by).
 """
 
 from __future__ import annotations
@@ -68,15 +73,20 @@ from oases.planner.clusters import (
     save_cluster,
 )
 from oases.planner.collectives import ALGORITHMS, NCCL_ALGORITHMS, OPS, Choice, collective
+from oases.planner.precision import PlanPrecision
 
 __all__ = ["CLUSTERS", "DTYPE_BYTES", "GPU", "GPUS", "LINKS", "PAPER_REFERENCE_MODEL", "Cluster",
            "HardwareCosts", "Link", "Server", "cluster_from_dict", "comm_to_compute",
            "get_cluster", "group_layout", "group_spans_servers", "load_cluster", "save_cluster"]
 
 REGIONS = ("embed", "attn", "mlp", "head")
-_FORWARD_PIECES = ("body", "body-commfree", "epi")
+# sequence parallelism's pieces (``schedule.program._sp_chain``): the norm and the glue on a
+# 1/t slice of the sequence ("sp-norm", "sp-epi"), the TP matmuls on the gathered sequence
+# ("sp-core": a body without its norm; "sp-core-commfree": without the last matmul too)
+SP_FORWARD_PIECES = ("sp-norm", "sp-core", "sp-core-commfree", "sp-epi")
+_FORWARD_PIECES = ("body", "body-commfree", "epi", *SP_FORWARD_PIECES)
 PIECES = {"forward": _FORWARD_PIECES, "recompute": _FORWARD_PIECES,
-          "backward": ("norm", "epi", "tp")}
+          "backward": ("norm", "epi", "tp", "sp-norm", "sp-epi")}
 
 # Passes over a tensor (one read or one write of each element) of the kernels of each piece.
 NORM_FWD_PASSES = 2  # read x, write y
@@ -94,14 +104,19 @@ PAPER_REFERENCE_MODEL = ModelConfig(arch="gpt2", n_layers=24, dim=2048, n_heads=
 
 class HardwareCosts:
     """Seconds of compute and communication of ``model`` on ``cluster`` in ``dtype``
-    ("fp32" | "tf32" | "bf16" | "fp16"; the dtype of matmuls and activations)."""
+    ("fp32" | "tf32" | "bf16" | "fp16"; the dtype of matmuls and activations) with the DP
+    gradient reduction in ``grad_reduce`` ("fp32" | "bf16"); ``precision`` says the bytes of
+    each kind of tensor."""
 
-    def __init__(self, cluster: Cluster, model: ModelConfig, dtype: str = "fp32", *,
-                 attention: str = "materialized",
+    def __init__(self, cluster: Cluster, model: ModelConfig, dtype: str = "fp32",
+                 grad_reduce: str = "fp32", *, attention: str = "materialized",
                  algorithms: Sequence[str] = NCCL_ALGORITHMS) -> None:
         gpu = cluster.server.gpu
-        if dtype not in DTYPE_BYTES:
-            raise ValueError(f"dtype={dtype!r}; valid: {', '.join(DTYPE_BYTES)}")
+        if dtype not in DTYPE_BYTES or dtype == "fp64":
+            raise ValueError(f"dtype={dtype!r}; valid: "
+                             f"{', '.join(d for d in DTYPE_BYTES if d != 'fp64')}")
+        if grad_reduce not in ("fp32", "bf16"):
+            raise ValueError(f"grad_reduce={grad_reduce!r}; valid: fp32, bf16")
         if dtype not in gpu.peak_flops:
             raise ValueError(f"{gpu.name} has no {dtype} peak; it has "
                              f"{', '.join(gpu.peak_flops)}")
@@ -112,8 +127,11 @@ class HardwareCosts:
             raise ValueError(f"algorithms={list(algorithms)}; valid: {', '.join(ALGORITHMS)}")
         self.cluster, self.model, self.dtype, self.attention = cluster, model, dtype, attention
         self.algorithms = tuple(algorithms)
-        self.elem_bytes = DTYPE_BYTES[dtype]
-        self.matmul_flops_per_s = gpu.peak_flops[dtype] * gpu.matmul_efficiency
+        # tf32 is a matmul mode: activations, weights and collectives are fp32
+        self.precision = PlanPrecision("fp32" if dtype == "tf32" else dtype, grad_reduce)
+        self.elem_bytes = self.precision.activation_bytes
+        self.matmul_efficiency = gpu.matmul_efficiency_at(dtype)
+        self.matmul_flops_per_s = gpu.peak_flops[dtype] * self.matmul_efficiency
         self.memory_bytes_per_s = gpu.memory_bandwidth_bytes_per_s * gpu.elementwise_efficiency
 
     @property
@@ -143,9 +161,27 @@ class HardwareCosts:
             raise ValueError(f"phase={phase!r} piece={piece!r}; valid pieces: {valid}")
         if tp < 1 or rows < 1:
             raise ValueError(f"tp={tp} and rows={rows} must be >= 1")
+        if piece.startswith("sp-"):
+            return self._sequence_parallel(region, phase, piece, tp, rows)
         if phase == "backward":
             return self._backward(region, piece, tp, rows)
         return self._forward(region, piece, tp, rows)
+
+    def _sequence_parallel(self, region: str, phase: str, piece: str, tp: int,
+                           rows: int) -> tuple[float, float]:
+        """A sequence-parallel piece: the non-sequence-parallel one's work, the norm's and the
+        glue's on 1/tp of the tokens, the matmuls' without the norm's passes."""
+        norm_passes = NORM_BWD_PASSES if phase == "backward" else NORM_FWD_PASSES
+        norm = 0.0 if region == "embed" else norm_passes * self._shapes(tp, rows)["THe"]
+        if piece == "sp-norm":
+            return 0.0, norm / tp
+        if piece == "sp-epi":
+            flops, nbytes = (self._backward if phase == "backward" else self._forward)(
+                region, "epi", tp, rows)
+            return flops / tp, nbytes / tp
+        flops, nbytes = self._forward(region, piece.removeprefix("sp-").replace("core", "body"),
+                                      tp, rows)
+        return flops, max(0.0, nbytes - norm)
 
     def _shapes(self, tp: int, rows: int) -> dict[str, float]:
         m, e = self.model, self.elem_bytes
@@ -227,10 +263,12 @@ class HardwareCosts:
         return 2 * flops, nbytes
 
     def optimizer_s(self, n_params: int) -> float:
-        """One fused AdamW step over ``n_params`` local fp32 parameters (memory-bound)."""
+        """One fused AdamW step over ``n_params`` local master (fp32) parameters
+        (memory-bound)."""
         if n_params <= 0:
             return 0.0
-        return (OPTIMIZER_PASSES * 4 * n_params / self.memory_bytes_per_s
+        return (OPTIMIZER_PASSES * self.precision.master_bytes * n_params
+                / self.memory_bytes_per_s
                 + self.cluster.server.gpu.launch_overhead_s)
 
     def saved_bytes(self, region: str, mode: str, tp: int, rows: int) -> None:
@@ -305,11 +343,12 @@ class HardwareCosts:
         algos = "/".join(self.algorithms)
         return (f"{c.name}: {c.servers} server(s) x {s.gpus_per_server} {g.name} "
                 f"({g.memory_bytes / 1e9:.0f} GB); {self.dtype} matmuls at "
-                f"{self.matmul_flops_per_s / 1e12:.1f} TFLOP/s ({g.matmul_efficiency:.0%} of "
+                f"{self.matmul_flops_per_s / 1e12:.1f} TFLOP/s ({self.matmul_efficiency:.0%} of "
                 f"{g.peak_flops[self.dtype] / 1e12:.1f} peak), elementwise and norm kernels at "
                 f"{self.memory_bytes_per_s / 1e9:.0f} GB/s ({g.elementwise_efficiency:.0%} of "
                 f"{g.memory_bandwidth_bytes_per_s / 1e9:.0f}), "
                 f"{g.launch_overhead_s * 1e6:.0f} us launch overhead per piece, "
+                f"{self.precision.label()}, "
                 f"{self.attention} attention; collectives as NCCL's tuner picks them ({algos} x "
                 f"LL/LL128/Simple), inside a server over {link.name} "
                 f"({link.effective_bytes_per_s / 1e9:.1f} GB/s bus bandwidth{both}){pair}{inter}. "

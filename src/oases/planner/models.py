@@ -5,11 +5,13 @@ by hidden size H and layers L. Everything else is stated once here, the same for
 
     heads H / 64 (head dim 64), sequence 1024, GPT-2 blocks (pre-LN, GELU MLP of 4H, learned
     positions, biases), GPT-2's vocabulary of 50257 tokens with the embedding tied to the head,
-    dropout 0.1, fp32 weights and activations, Adam (two fp32 moments per parameter)
+    dropout 0.1, fp32 weights and activations (the paper's setting), Adam (two fp32 moments
+    per parameter)
 
-(fp32 and Adam are the planner's own assumptions, ``planner.costs.BYTES`` and
-``OPTIMIZER_STATES``). The authors' prototype ran a bare stack of blocks; these presets add
-GPT-2's embedding and head, which a real training run has.
+(the dtypes are a simulation's precision, ``planner.precision``: ``oases simulate --dtype
+bf16`` prices the same models in bf16 activations with fp32 master weights). The authors'
+prototype ran a bare stack of blocks; these presets add GPT-2's embedding and head, which a
+real training run has.
 
     load_model("paper-h2048-l24")        a preset by name
     load_model("configs/bench.toml")     the [model] table of a run file

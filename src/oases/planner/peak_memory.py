@@ -2,7 +2,7 @@
 memory model; ``simulate.simulate_plan`` calls it).
 
 What a rank holds, by kind (n: a region's own parameters at its degree, d: its DP degree,
-s = ceil(n / d) its ZeRO shard, fp32 bytes each)::
+s = ceil(n / d) its ZeRO shard, in master-dtype bytes each, ``planner.precision``)::
 
     ZeRO stage        weights        Adam moments      gradients between micro-batches
     0                 n              2n                n (from its first backward on)
@@ -16,9 +16,11 @@ s = ceil(n / d) its ZeRO shard, fp32 bytes each)::
 and, walked instruction by instruction: the activations each forward piece keeps until its
 backward (``saved_bytes``), a recompute's transient graph, a gradient reduce-scatter's flat
 copy (d*s, from its Start to its Wait, the full gradient freed at the Start; gloo reduces a
-second copy: ``costs.reduce_scatter_copies_input``), an all-gather's own output-size buffer on
+second copy: ``costs.reduce_scatter_copies_input``; in ``grad_reduce`` bytes, the fp32 copy it
+is cast from counted at the Start), an all-gather's own output-size buffer on
 gloo (``costs.all_gather_copies_output``), a DP bucket's
-flat copy (stage 0, from its Start to its Wait). The optimizer step adds one copy of the
+flat copy (stage 0, from its Start to its Wait, in ``grad_reduce`` bytes). Activations are in
+the compute dtype's bytes (``saved_bytes``). The optimizer step adds one copy of the
 parameters it updates (foreach temporaries); stages 1-2 all-gather the updated shards at the
 next step's head ("ag", a copy of each shard in flight to its Wait). A tied head's backward
 makes the embedding's gradient.
@@ -35,7 +37,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from oases.config import ModelConfig
-from oases.planner.costs import BYTES, OPTIMIZER_STATES, Costs, analytic_saved_bytes
+from oases.planner.costs import Costs, analytic_saved_bytes
+from oases.planner.precision import FP32, PlanPrecision, precision_of
 from oases.schedule.program import Compute, Instr, Release, Start, Wait
 
 
@@ -57,45 +60,57 @@ class ModelState:
         """Parameters the optimizer updates on this rank (its shard under ZeRO)."""
         return self.numel[i] if self.stages[i] == 0 else self.shard(i)
 
-    def bytes_by_kind(self) -> dict[str, float]:
+    def bytes_by_kind(self, precision: PlanPrecision = FP32) -> dict[str, float]:
         """Model state between steps, by kind: weights, gradients (as the optimizer sees them),
-        Adam moments."""
+        Adam moments (master-dtype bytes: fp32 under bf16 too)."""
         r = range(len(self.numel))
-        return {"weights": BYTES * sum(self.numel[i] if self.stages[i] == 0 else self.padded(i)
-                                       if self.stages[i] < 3 else self.shard(i) for i in r),
-                "gradients": BYTES * sum(self.updated(i) for i in r),
-                "optimizer": BYTES * OPTIMIZER_STATES * sum(self.updated(i) for i in r)}
+        w = precision.master_bytes
+        return {"weights": w * sum(self.numel[i] if self.stages[i] == 0 else self.padded(i)
+                                   if self.stages[i] < 3 else self.shard(i) for i in r),
+                "gradients": w * sum(self.updated(i) for i in r),
+                "optimizer": precision.optimizer_bytes * sum(self.updated(i) for i in r)}
 
 
 def saved_bytes(costs: Costs, cfg: ModelConfig, kind: str, mode: str, t: int,
                 rows: int) -> float:
     """Activations a region keeps forward -> backward: the costs' measurement where they have
-    one (a profile), else ``analytic_saved_bytes``."""
+    one (a profile, measured in its own precision), else ``analytic_saved_bytes`` in the
+    costs' compute dtype."""
     measured = getattr(costs, "saved_bytes", None)
     value = measured(kind, mode, t, rows) if measured is not None else None
-    return analytic_saved_bytes(cfg, kind, mode, t, rows) if value is None else value
+    if value is None:
+        return analytic_saved_bytes(cfg, kind, mode, t, rows, precision_of(costs))
+    return value
 
 
 def peak_memory(cfg: ModelConfig, program: list[Instr], kinds: list[str], degrees: list[int],
                 rows: list[int], mode: str, costs: Costs, state: ModelState,
                 uses: tuple[tuple[int, ...], ...], bucket_bytes: dict[int, float],
-                repeats: int = 1) -> dict[str, float]:
+                repeats: int = 1, graph_mode: str = "none") -> dict[str, float]:
     """Walk ``program`` (one micro-batch run ``repeats`` times back to back, or a whole step)
     and return the peak and its parts in bytes. ``uses[i]``: the regions whose parameters
     region i's TP backward makes gradients for; ``bucket_bytes[t]``: the flat copy of DP bucket
-    t (stage 0). With ``repeats > 1`` the walk is done twice: as the first micro-batch and as a
-    later one, which finds every accumulated gradient (stages 0-1) or shard (2-3) there."""
+    t (stage 0, in ``grad_reduce`` bytes). With ``repeats > 1`` the walk is done twice: as the
+    first micro-batch and as a later one, which finds every accumulated gradient (stages 0-1)
+    or shard (2-3) there. ``mode``/``graph_mode``: the saved-activation modes of what a region
+    keeps and of its full graph (under sequence parallelism "sp-..." modes, ``costs.sp_mode``;
+    a region's TP matmuls are then its "core" piece)."""
     n = len(kinds)
-    by_kind = state.bytes_by_kind()
+    prec = precision_of(costs)
+    by_kind = state.bytes_by_kind(prec)
     static = by_kind["weights"] + by_kind["optimizer"]
     kept = [saved_bytes(costs, cfg, kinds[i], mode, degrees[i], rows[i]) for i in range(n)]
-    graph = [saved_bytes(costs, cfg, kinds[i], "none", degrees[i], rows[i]) for i in range(n)]
-    full = [state.numel[i] * BYTES for i in range(n)]
-    shard = [state.shard(i) * BYTES for i in range(n)]
-    padded = [state.padded(i) * BYTES for i in range(n)]
-    # a reduce-scatter in flight holds its flat input and its output (and, on gloo, a copy)
+    graph = [saved_bytes(costs, cfg, kinds[i], graph_mode, degrees[i], rows[i])
+             for i in range(n)]
+    w, g = prec.master_bytes, prec.grad_reduce_bytes
+    full = [state.numel[i] * w for i in range(n)]
+    shard = [state.shard(i) * w for i in range(n)]
+    padded = [state.padded(i) * w for i in range(n)]
+    # a reduce-scatter in flight holds its flat input and its output (and, on gloo, a copy),
+    # in the dtype it reduces in
     scatter_copy = bool(getattr(costs, "reduce_scatter_copies_input", False))
-    scattering = [padded[i] * (2 if scatter_copy else 1) + shard[i] for i in range(n)]
+    scattering = [state.padded(i) * g * (2 if scatter_copy else 1) + state.shard(i) * g
+                  for i in range(n)]
     # an all-gather in flight: gloo's own output-size buffer (and at stages 1-2 the shard's copy)
     gather_copy = [padded[i] if getattr(costs, "all_gather_copies_output", False) else 0.0
                    for i in range(n)]
@@ -115,10 +130,10 @@ def peak_memory(cfg: ModelConfig, program: list[Instr], kinds: list[str], degree
         for ins in program:
             if isinstance(ins, Compute):
                 for piece, i in ins.pieces:
-                    if ins.phase == "forward" and piece == "body":
+                    if ins.phase == "forward" and piece in ("body", "core"):
                         alive[i, ins.sub] = alive.get((i, ins.sub), 0.0) + kept[i]
                         act += kept[i]
-                    elif ins.phase == "recompute" and piece == "body":
+                    elif ins.phase == "recompute" and piece in ("body", "core"):
                         alive[i, ins.sub] = alive.get((i, ins.sub), 0.0) + graph[i] - kept[i]
                         act += graph[i] - kept[i]
                     elif ins.phase == "backward" and piece == "tp":
@@ -173,7 +188,7 @@ def peak_memory(cfg: ModelConfig, program: list[Instr], kinds: list[str], degree
     # (a copy of each shard in flight: walked above when the program has the head; counted
     # here for a program of the step's last micro-batch alone)
     grads_end = end
-    updated = sum(state.updated(i) for i in range(n)) * BYTES
+    updated = sum(state.updated(i) for i in range(n)) * w
     opt_peak = static + grads_end + updated
     gather_peak = static + sum(shard[i] for i in range(n) if state.stages[i] in (1, 2))
     baseline = float(getattr(costs, "baseline_bytes", 0.0))

@@ -14,6 +14,14 @@ from __future__ import annotations
 from oases.planner.clusters import GPU, Cluster, Link, Server
 
 _AMPERE = "NVIDIA Ampere GA102 GPU architecture whitepaper v2.1, table 9 (GeForce RTX 3090)"
+# bf16 matmul efficiencies: the Maximum Achievable Matmul FLOPS (MAMF) table of Stas Bekman's
+# "Machine Learning Engineering" ("Maximum Achievable Matmul FLOPS comparison table", BF16):
+# the best mean TFLOP/s of torch.matmul over a search of shapes, one GPU, no training run.
+_MAMF = ("https://github.com/stas00/ml-engineering/blob/master/compute/accelerator/README.md "
+         "'Maximum Achievable Matmul FLOPS comparison table' (BF16 torch.matmul "
+         "microbenchmark, best shape)")
+MAMF_A100_SXM = 271.2 / 312  # 0.869, torch 2.6.0+cu126, 1024x10240x5120
+MAMF_H100_SXM = 794.5 / 989  # 0.803, torch 2.7.0+cu126, 2048x2048x13312 ("H200 is the same")
 GPUS: dict[str, GPU] = {
     "rtx3090": GPU(
         "NVIDIA GeForce RTX 3090",
@@ -25,8 +33,12 @@ GPUS: dict[str, GPU] = {
         f"{_AMPERE}: 35.6 TFLOP/s fp32 and tf32 dense, 71 bf16/fp16 with fp32 accumulate, "
         "24 GB GDDR6X at 936 GB/s. Efficiencies from the per-layer compute the Oases paper (Li "
         "et al., IEEE TPDS 2025) measured (H=2048, t=4: attention forward 3.24 ms, MLP forward "
-        "2.69 ms), see planner.hardware",
+        "2.69 ms), see planner.hardware. bf16/fp16 (tensor cores, fp32 accumulate: 71 "
+        "TFLOP/s dense, 142 with sparsity): no public bf16 matmul microbenchmark of a GA102 "
+        f"was found; the A100 SXM's ({_MAMF}: 271.2 of 312 TFLOP/s, 0.869, the same Ampere "
+        "tensor-core generation) is assumed",
         compute_capability=8.6,
+        dtype_efficiency={"bf16": MAMF_A100_SXM, "fp16": MAMF_A100_SXM},
     ),
     "a100": GPU(
         "NVIDIA A100 SXM4 80GB",
@@ -36,9 +48,11 @@ GPUS: dict[str, GPU] = {
         0.80,
         0.85,
         "NVIDIA A100 Tensor Core GPU datasheet: 19.5 TFLOP/s fp32, 156 tf32, 312 bf16/fp16 "
-        "dense, 80 GB HBM2e at 2039 GB/s. Efficiencies assumed (typical large cuBLAS GEMMs, "
-        "STREAM-like copies), not calibrated here",
+        "dense, 80 GB HBM2e at 2039 GB/s. fp32/tf32 and elementwise efficiencies assumed "
+        "(typical large cuBLAS GEMMs, STREAM-like copies), not calibrated here; bf16 (and "
+        f"fp16, the same tensor-core rate) from {_MAMF}: 271.2 of 312 TFLOP/s (0.869)",
         compute_capability=8.0,
+        dtype_efficiency={"bf16": MAMF_A100_SXM, "fp16": MAMF_A100_SXM},
     ),
     "h100": GPU(
         "NVIDIA H100 SXM5 80GB",
@@ -48,8 +62,11 @@ GPUS: dict[str, GPU] = {
         0.70,
         0.85,
         "NVIDIA H100 Tensor Core GPU datasheet (SXM5): 67 TFLOP/s fp32, 989 tf32 and 1979 "
-        "bf16/fp16 with sparsity (half dense), 80 GB HBM3 at 3.35 TB/s. Efficiencies assumed",
+        "bf16/fp16 with sparsity (half dense), 80 GB HBM3 at 3.35 TB/s. fp32/tf32 and "
+        f"elementwise efficiencies assumed; bf16 (and fp16) from {_MAMF}: 794.5 of 989 "
+        "TFLOP/s (0.803)",
         compute_capability=9.0,
+        dtype_efficiency={"bf16": MAMF_H100_SXM, "fp16": MAMF_H100_SXM},
     ),
     "h200": GPU(
         "NVIDIA H200 SXM 141GB",
@@ -59,9 +76,11 @@ GPUS: dict[str, GPU] = {
         0.70,
         0.85,
         "NVIDIA H200 Tensor Core GPU datasheet (SXM): H100's compute (67 TFLOP/s fp32, 989 "
-        "tf32 and 1979 bf16 with sparsity, half dense), 141 GB HBM3e at 4.8 TB/s. "
-        "Efficiencies assumed",
+        "tf32 and 1979 bf16 with sparsity, half dense), 141 GB HBM3e at 4.8 TB/s. fp32/tf32 "
+        f"and elementwise efficiencies assumed; bf16 (and fp16) from {_MAMF}: its H100 SXM "
+        "row, 794.5 of 989 TFLOP/s (0.803), which it says H200 matches",
         compute_capability=9.0,
+        dtype_efficiency={"bf16": MAMF_H100_SXM, "fp16": MAMF_H100_SXM},
     ),
 }
 

@@ -23,6 +23,10 @@ made for::
                                    running (older ones: inside real steps, and none)
     comm_contention {op: factor}   a collective's slowdown while compute runs beside it on
                                    every rank ({} in older profiles: none)
+    precision    {compute, grad_reduce, master}   the dtypes it measured in
+                                   (``oases.precision.Precision.describe``; absent in older
+                                   profiles: fp32), so its collectives' bytes and saved
+                                   activations are that precision's (``planner.precision``)
 
 Between measured row counts compute time is interpolated linearly (and extrapolated from the
 two nearest points); a single point scales in proportion to rows.
@@ -38,6 +42,7 @@ from pathlib import Path
 import numpy as np
 
 from oases.config import ModelConfig
+from oases.planner.precision import FP32, PlanPrecision
 
 FORMAT, VERSION = "oases-profile", 1
 SHAPE_KEYS = ("arch", "dim", "n_heads", "n_kv_heads", "ffn_dim", "vocab_size", "seq_len",
@@ -94,6 +99,8 @@ class Profile:
     contention_factors: dict = field(default_factory=dict)
     # how much slower each kind of collective runs while compute runs beside it
     comm_contention_factors: dict = field(default_factory=dict)
+    # the dtypes it measured in (planner.precision; older profiles: fp32)
+    precision: PlanPrecision = FP32
 
     @property
     def reduce_scatter_copies_input(self) -> bool:
@@ -195,9 +202,22 @@ class Profile:
                        [e for e in self.compute if piece(e) not in new_pieces] + list(compute),
                        self.collectives, self.memory, list(optimizer or self.optimizer),
                        self.baseline_bytes, self.created, self.config, self.workspace_bytes,
-                       self.contention_factors, self.comm_contention_factors)
+                       self.contention_factors, self.comm_contention_factors, self.precision)
 
     # ---------------------------------------------------------------------------- checks, io
+    def check_precision(self, wanted: PlanPrecision) -> None:
+        """ValueError unless the profile measured in ``wanted``'s compute and grad-reduce
+        dtypes: a profile's compute times are of its own dtype and no factor turns them into
+        another's (this repository's CPU ran bf16 matmuls 11-14x slower than fp32,
+        ``benchmarks/2026-12-02-bf16``, where a GPU's tensor cores run them faster)."""
+        have = self.precision
+        if (have.compute, have.grad_reduce) != (wanted.compute, wanted.grad_reduce):
+            raise ValueError(
+                f"the profile was measured in {have.label()}, the run asks for "
+                f"{wanted.label()}: its compute times and bytes are its own dtype's; run oases "
+                f"profile with --train.precision={wanted.compute} "
+                f"--parallel.grad_reduce_dtype={wanted.grad_reduce}")
+
     def check_model(self, cfg: ModelConfig) -> None:
         """ValueError unless the profile measured regions of this model's shape (the number
         of layers may differ: costs are per region)."""
@@ -214,7 +234,8 @@ class Profile:
                 "optimizer": self.optimizer, "baseline_bytes": self.baseline_bytes,
                 "workspace_bytes": self.workspace_bytes,
                 "contention": self.contention_factors,
-                "comm_contention": self.comm_contention_factors, "config": self.config}
+                "comm_contention": self.comm_contention_factors, "config": self.config,
+                "precision": self.precision.describe()}
 
     def save(self, path: str | os.PathLike[str]) -> None:
         Path(path).write_text(json.dumps(self.to_dict(), indent=1))
@@ -239,7 +260,8 @@ class Profile:
                            raw.get("config", {}), float(raw.get("workspace_bytes", 0.0)),
                            {str(k): float(v) for k, v in raw.get("contention", {}).items()},
                            {str(k): float(v)
-                            for k, v in raw.get("comm_contention", {}).items()})
+                            for k, v in raw.get("comm_contention", {}).items()},
+                           PlanPrecision.from_record(raw.get("precision")))
         except (KeyError, TypeError, ValueError, AttributeError) as exc:
             raise ValueError(f"{path}: malformed profile ({exc!r})") from None
 

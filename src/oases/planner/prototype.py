@@ -24,8 +24,9 @@ from dataclasses import dataclass
 
 from oases.config import ModelConfig
 from oases.plan import ParallelPlan, RegionPlan, region_names
-from oases.planner.costs import BYTES, region_kind
+from oases.planner.costs import region_kind
 from oases.planner.hardware import HardwareCosts
+from oases.planner.precision import precision_of
 from oases.planner.search import candidate_degrees
 from oases.planner.simulate import BatchShape, BatchSplitError, PlanResult, simulate_plan
 
@@ -55,6 +56,7 @@ def node_seconds(costs: HardwareCosts, kind: str, t: int, rows: int) -> float:
     model: two overlapped forward stages and two backward ones, each against the all-reduce
     its profile timed over the whole world."""
     cfg, world = costs.model, costs.cluster.world_size
+    e = precision_of(costs).activation_bytes
     f = sum(costs.compute_s(kind, "forward", p, t, rows) for p in ("body", "epi"))
     r = costs.compute_s(kind, "recompute", "body-commfree", t, rows) + sum(
         costs.compute_s(kind, "backward", p, t, rows) for p in ("norm", "epi", "tp")
@@ -63,7 +65,7 @@ def node_seconds(costs: HardwareCosts, kind: str, t: int, rows: int) -> float:
         0.0
         if t == 1
         else costs.collective_ranks_s(
-            "all_reduce", range(world), rows * cfg.seq_len * cfg.dim * BYTES
+            "all_reduce", range(world), rows * cfg.seq_len * cfg.dim * e
         )
     )
     return 2 * max(f, a) + 2 * max(r, a)
@@ -93,6 +95,7 @@ def prototype_plan(
     """The prototype's pick: every (t1 <= t2, cut) ordered by its model's cost, the first that
     fits the budget (ValueError if none of the first ``max_tries`` does)."""
     world = costs.cluster.world_size
+    e = precision_of(costs).activation_bytes
     degrees = candidate_degrees(cfg, world)
     kinds = [region_kind(n) for n in region_names(cfg) if region_kind(n) in ("attn", "mlp")]
     per_node: dict[tuple[str, int], float] = {}
@@ -106,7 +109,7 @@ def prototype_plan(
     options = []
     for i, low in enumerate(usable):
         for high in usable[i:]:
-            act = batch.micro_rows * high // world * cfg.seq_len * cfg.dim * BYTES
+            act = batch.micro_rows * high // world * cfg.seq_len * cfg.dim * e
             reshard = 0.0 if low == high else 2 * costs.collective_s("all_gather", high // low, act)
             for cut in [0] if low == high else range(1, len(kinds) + 1):
                 nodes = sum(per_node[k, low if j < cut else high] for j, k in enumerate(kinds))

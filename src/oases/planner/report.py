@@ -21,6 +21,8 @@ from typing import TYPE_CHECKING
 
 from oases.config import Config
 from oases.planner.budget import Budget
+from oases.planner.costs import matmul_params
+from oases.planner.precision import precision_of
 from oases.planner.search import Candidate
 from oases.planner.simulate import PlanResult
 from oases.planner.uncertainty import INPUTS
@@ -151,7 +153,8 @@ def plan_header(config: str, cfg: Config, costs: object, profile: str | None, wo
         m = getattr(costs, "machine", {}) or {}
         where = (f"profile {profile}: measured on {m.get('world_size', '?')} "
                  f"{m.get('device', 'cpu')} ranks ({m.get('cpu', 'unknown CPU')}), "
-                 f"{m.get('backend', '?')}, link {m.get('link', 'unknown')}")
+                 f"{m.get('backend', '?')}, link {m.get('link', 'unknown')}, "
+                 f"{precision_of(costs).label()}")
     batch = config_batch(cfg).describe(world_size, cfg.train.global_batch, every_plan=True,
                                        searched=searched_micro_batch)
     return "\n".join([f"model    {config}: {describe_model(cfg.model)}", f"costs    {where}",
@@ -181,6 +184,8 @@ def plan_label(row: Row) -> str:
     k = f", n_sub={row.plan.n_sub}" if SPECS[row.schedule].overlapped else ""
     zero = max(row.plan.zero_stages())
     searched = f", zero={zero}" if zero and row.spec.zero is None else ""
+    if row.plan.sequence_parallel and row.spec.sp is None:
+        searched += f", sp={row.plan.sequence_parallel}"
     return f"{row.spec}: {layout}{k}{searched}"
 
 
@@ -195,10 +200,10 @@ def format_report(rep: Report) -> str:
     lines = [f"model    {rep.model_name + ': ' if rep.model_name else ''}"
              f"{describe_model(rep.model)}",
              f"cluster  {rep.costs.describe().split(' Sources: ')[0]}",
-             f"batch    {batch}; fp32 weights, AdamW",
+             f"batch    {batch}; {rep.costs.precision.label()}",
              f"budget   {rep.budget.text}", "",
              f"  {'schedule':<20}{'plan':<30}{'micro x n':>11}{'step ' + unit.name:>10}"
-             f"{'tokens/s':>11}"
+             f"{'tokens/s':>11}{'tok/s/GPU':>10}{'MFU':>7}"
              f"{'peak GiB':>10}{'vs ' + base:>24}{parts_header()}"]
     if rep.ranges is not None:
         lines[-1] += f"{'tokens/s range':>20}{'vs ' + base + ' range':>30}  moves it most"
@@ -207,10 +212,16 @@ def format_report(rep: Report) -> str:
         micro = f"{row.batch.micro_rows} x {row.batch.n_micro()}"
         lines.append(f"  {row.schedule:<20}{plan_label(row):<30}{micro:>11}"
                      f"{unit.cell(row.result.step_s)}{row.tokens_per_s:>11,.0f}"
+                     f"{row.tokens_per_s_per_gpu:>10,.0f}{row.mfu:>7.1%}"
                      f"{row.result.peak_mem_bytes / 2**30:>10.2f}{row.speedup:>23.2f}x"
                      f"{parts_cells(row.result, unit)}{range_cells(rep, i)}{over}")
+    peak = rep.cluster.server.gpu.peak_flops[rep.costs.dtype]
     lines += ["", f"micro x n: sequences per micro-batch across the cluster x micro-batches per "
-              f"step. {parts_note(unit)}."]
+              f"step. {parts_note(unit)}.",
+              f"MFU = model FLOPs per step (6 N tokens + 12 L H S tokens, N = "
+              f"{matmul_params(rep.model) / 1e9:.2f} B matmul parameters; recompute not counted) "
+              f"/ (step x {rep.cluster.world_size} GPUs x {peak / 1e12:.1f} TFLOP/s "
+              f"{rep.costs.dtype} peak)."]
     if rep.ranges is not None:
         lines.append(uncertainty_note(rep))
     if any(row.result.bound() == "DP comm" for row in rep.rows):
@@ -252,6 +263,9 @@ def simulate_json(rep: Report) -> dict:
         "cluster": dataclasses.asdict(rep.cluster),
         "costs": rep.costs.describe(),
         "dtype": rep.costs.dtype,
+        "precision": rep.costs.precision.describe(), "attention": rep.costs.attention,
+        "peak_flops_per_gpu": rep.cluster.server.gpu.peak_flops[rep.costs.dtype],
+        "mfu_formula": "(6 N tokens + 12 L H S tokens) / (step_s x world_size x peak_flops)",
         "batch": {"global_batch": rep.global_batch, "micro_batch": b.micro_batch,
                   "micro_batch_unit": "sequences per model replica (per DP rank)",
                   "micro_batch_tp": b.micro_batch_tp, "source": b.source},
@@ -262,7 +276,9 @@ def simulate_json(rep: Report) -> dict:
                   "degrees_by_region": r.plan.degree_runs(),
                   "plan": json.loads(r.plan.to_json()), "step_s": r.result.step_s,
                   "micro_rows": r.batch.micro_rows, "n_micro": r.batch.n_micro(),
-                  "tokens_per_s": r.tokens_per_s, "peak_mem_bytes": r.result.peak_mem_bytes,
+                  "tokens_per_s": r.tokens_per_s,
+                  "tokens_per_s_per_gpu": r.tokens_per_s_per_gpu, "mfu": r.mfu,
+                  "peak_mem_bytes": r.result.peak_mem_bytes,
                   "fits": r.fits, "speedup": r.speedup, "found_by": r.found_by,
                   **parts_json(r.result), "breakdown": r.result.breakdown,
                   **({} if rep.ranges is None else {"uncertainty": rep.ranges[i].to_json()})}

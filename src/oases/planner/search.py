@@ -19,14 +19,9 @@ import numpy as np
 from oases.config import ModelConfig
 from oases.plan import ParallelPlan, RegionPlan, region_names
 from oases.planner.chain import solve_chain, solve_chain_minmax
-from oases.planner.costs import (
-    BYTES,
-    OPTIMIZER_STATES,
-    Costs,
-    region_kind,
-    region_param_count,
-)
+from oases.planner.costs import Costs, region_kind, region_param_count, sp_mode
 from oases.planner.peak_memory import saved_bytes
+from oases.planner.precision import OPTIMIZER_STATES, precision_of
 from oases.planner.simulate import (
     BatchShape,
     BatchSplitError,
@@ -55,6 +50,8 @@ class Candidate:
                   "mixed tp " + "/".join(str(d) for d in degrees))
         zero = max(self.plan.zero_stages())
         extra = f", zero={zero}" if zero else ""
+        if self.plan.sequence_parallel:
+            extra += f", sp={self.plan.sequence_parallel}"
         if self.micro_label and self.batch is not None:
             extra += f", n_micro={self.batch.n_micro()}"  # micro-batches per step
         return f"{layout}, {self.plan.schedule}, n_sub={self.plan.n_sub}{extra}"
@@ -74,7 +71,7 @@ BOUND_SLACK = 0.9  # a mixed plan may beat its chain's fastest uniform one by a 
 
 
 def state_factors(zero: int, dp: int) -> tuple[float, float, float]:
-    """Bytes per fp32 parameter byte of a region at ZeRO stage ``zero`` over ``dp`` ranks:
+    """Bytes per master-weight byte of a region at ZeRO stage ``zero`` over ``dp`` ranks:
     (held through the passes, of which gradients, held at the optimizer step with its
     temporaries) — ``planner.peak_memory``'s table: weights 1 (stage 3: 1/dp), gradients 1
     (stages 2-3: 1/dp; stage 1 accumulates whole ones), Adam moments 2 (from stage 1: 2/dp), a
@@ -105,39 +102,44 @@ def _simulate(cfg: ModelConfig, plan: ParallelPlan, costs: Costs, world_size: in
 
 def _node_costs(cfg: ModelConfig, costs: Costs, world_size: int, batch: BatchShape,
                 schedule: str, n_sub: int, degrees: list[int], uniform: dict[int, PlanResult],
-                max_inflight: int, zero: int = 0
+                max_inflight: int, zero: int = 0, sp: str = ""
                 ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
     """Per-region seconds and bytes at each degree, reshard edge seconds, and per-region
-    parameter bytes (fp32, ``inf`` where a degree does not split the batch), for the chain
+    parameter bytes (master dtype, ``inf`` where a degree does not split the batch), for the chain
     solver. A layer's seconds are its marginal in the simulated uniform plan (L layers minus
     L-1), so overlap, exposed collectives and DP synchronization are priced as the schedule
     runs them; the layer is split between attention and MLP by their compute. A region's bytes
     are its parameters, gradients and Adam moments (``state_factors`` at ZeRO stage ``zero``)
-    and the activations it keeps."""
+    and the activations it keeps. ``sp``: sequence parallelism's mode ("" off): its pieces,
+    saved activations, and reshards that gather over the larger degree's group both ways."""
     names = region_names(cfg)
     n, k = len(names), len(degrees)
+    prec = precision_of(costs)
     node_s = np.full((n, k), np.inf)
     node_bytes = np.full((n, k), np.inf)
     param_bytes = np.full((n, k), np.inf)
     edge_s = np.zeros((max(n - 1, 0), k, k))
     shorter = dataclasses.replace(cfg, n_layers=cfg.n_layers - 1) if cfg.n_layers > 1 else None
-    mode = SPECS[schedule].recompute
+    mode = sp_mode(SPECS[schedule].recompute, sp or None)
     subs = n_sub if SPECS[schedule].overlapped else 1
+    whole = (("forward", "body"), ("backward", "tp"), ("backward", "norm"))
+    sliced = (("forward", "sp-core"), ("forward", "sp-norm"), ("backward", "tp"),
+              ("backward", "sp-norm"))
     for d, t in enumerate(degrees):
         full = uniform.get(t)
         if full is None:
             continue
         plan = with_zero(ParallelPlan.uniform(cfg, world_size, t, schedule=schedule,
-                                              n_sub=n_sub), zero)
+                                              n_sub=n_sub, sequence_parallel=sp), zero)
         rows = region_rows(plan, world_size, batch, subs)
         part = {}
+        pieces = sliced if sp and t > 1 else whole  # (at degree 1 nothing is sliced)
         for kind in ("attn", "mlp"):
-            part[kind] = sum(costs.compute_s(kind, ph, pc, t, rows[1]) for ph, pc in
-                             (("forward", "body"), ("backward", "tp"), ("backward", "norm")))
+            part[kind] = sum(costs.compute_s(kind, ph, pc, t, rows[1]) for ph, pc in pieces)
         if shorter is not None:
             less = _simulate(shorter, with_zero(ParallelPlan.uniform(
-                shorter, world_size, t, schedule=schedule, n_sub=n_sub), zero),
-                costs, world_size, batch, max_inflight)
+                shorter, world_size, t, schedule=schedule, n_sub=n_sub,
+                sequence_parallel=sp), zero), costs, world_size, batch, max_inflight)
             layer_s = full.step_s - less.step_s if less is not None else 0.0
         else:
             layer_s = full.step_s / 2
@@ -147,18 +149,23 @@ def _node_costs(cfg: ModelConfig, costs: Costs, world_size: int, batch: BatchSha
             kind = region_kind(name)
             node_s[i, d] = {"attn": layer_s * share, "mlp": layer_s * (1 - share)}.get(kind,
                                                                                         ends)
-            param_bytes[i, d] = region_param_count(cfg, kind, t) * BYTES
+            param_bytes[i, d] = region_param_count(cfg, kind, t) * prec.master_bytes
             kept = saved_bytes(costs, cfg, kind, mode, t, rows[i])
             node_bytes[i, d] = (param_bytes[i, d] * state_factors(zero, world_size // t)[0]
                                 + subs * kept)
-    act = batch.micro_rows * cfg.seq_len * cfg.dim * BYTES  # [M, S, H] of the whole world
+    # [M, S, H] of the whole world, in the compute dtype
+    act = batch.micro_rows * cfg.seq_len * cfg.dim * prec.activation_bytes
     for a, ta in enumerate(degrees):
         for b, tb in enumerate(degrees):
             if ta != tb:
                 lo, hi = sorted((ta, tb))
                 gathered = act * hi // world_size  # rows a rank holds at the larger degree
-                edge_s[:, a, b] = batch.n_micro() * costs.collective_s("all_gather", hi // lo,
-                                                                       gathered)
+                if sp:  # both directions gather the whole over the larger degree's group
+                    edge_s[:, a, b] = 2 * batch.n_micro() * costs.collective_s(
+                        "all_gather", hi, gathered)
+                else:
+                    edge_s[:, a, b] = batch.n_micro() * costs.collective_s(
+                        "all_gather", hi // lo, gathered)
     return node_s, node_bytes, edge_s, param_bytes
 
 
@@ -177,11 +184,11 @@ def sub_batch_counts(schedule: str, n_subs: tuple[int, ...],
 
 
 def solve_plan(cfg: ModelConfig, costs: Costs, world_size: int, batch: BatchShape,
-               budget_bytes: float, *, schedules: tuple[str, ...] = tuple(SPECS),
+               budget_bytes: float, *, schedules: tuple[str, ...] | None = None,
                n_subs: tuple[int, ...] = (1, 2, 4), degrees: list[int] | None = None,
                max_inflight: int = 1,
                seeds: tuple[tuple[int, ...], ...] = (), zeros: tuple[int, ...] = (0,),
-               micro_batches: tuple[BatchShape, ...] = ()
+               micro_batches: tuple[BatchShape, ...] = (), sps: tuple[str, ...] = ()
                ) -> tuple[Candidate, list[Candidate]]:
     """The fastest predicted plan under ``budget_bytes`` per device, and every candidate.
 
@@ -201,6 +208,13 @@ def solve_plan(cfg: ModelConfig, costs: Costs, world_size: int, batch: BatchShap
     micro-batch, and stages 2 and 3, only while memory binds at the one before (the fastest
     uniform plan of a chain does not fit): where it fits, they would only add time.
 
+    Sequence parallelism (``sps``: the modes searched, "gathered" and/or "shards") is one per
+    plan as well: beside each uniform plan (degree t dividing the sequence, any ZeRO stage)
+    the same plan with each mode is simulated ("shards" only for the communication-free
+    recompute schedules, where it differs from "gathered": it keeps slices instead of gathered
+    inputs, and gathers again in the recompute), and each mode's chain is solved as another
+    chain (its pieces, saved activations and two-way reshards, ``_node_costs``).
+
     The ZeRO stage is one per plan: it trades memory for traffic on the DP links, which every
     region's gradients cross on one stream, so a region's share of the step is not its own
     (the chain's additive time model cannot price a stage per region); the plan file still
@@ -211,6 +225,8 @@ def solve_plan(cfg: ModelConfig, costs: Costs, world_size: int, batch: BatchShap
     again under it (``_least_memory``); neither depends on the budget, so at a budget of that
     least peak they find the plan that has it. If still nothing fits, ValueError names it."""
     degrees = degrees or candidate_degrees(cfg, world_size)
+    if schedules is None:  # megatron-sp is megatron with sequence parallelism (``sps``)
+        schedules = tuple(n for n, s in SPECS.items() if not s.sequence_parallel)
     names = region_names(cfg)
     candidates: list[Candidate] = []
     split_errors: list[str] = []
@@ -218,7 +234,8 @@ def solve_plan(cfg: ModelConfig, costs: Costs, world_size: int, batch: BatchShap
 
     def known(plan: ParallelPlan, shape: BatchShape) -> bool:
         return any(c.plan.regions == plan.regions and c.plan.schedule == plan.schedule
-                   and c.plan.n_sub == plan.n_sub and c.batch == shape for c in candidates)
+                   and c.plan.n_sub == plan.n_sub and c.batch == shape
+                   and c.plan.sequence_parallel == plan.sequence_parallel for c in candidates)
 
     def add(cand: Candidate | None, shape: BatchShape) -> bool:
         """Keep ``cand`` (simulated with ``shape``) unless it is None or known; True if kept."""
@@ -235,6 +252,8 @@ def solve_plan(cfg: ModelConfig, costs: Costs, world_size: int, batch: BatchShap
         binds (the fastest uniform plan does not fit, or none splits the batch) and the least
         step time of its uniform plans less their optimizer step (fitting or not)."""
         uniform = {}
+        sp_uniform: dict[str, dict[int, PlanResult]] = {}
+        modes = [m for m in sps if m == "gathered" or SPECS[schedule].recompute == "commfree"]
         for t in degrees:
             if zero and t == world_size:
                 continue  # no data parallelism to shard over
@@ -244,11 +263,21 @@ def solve_plan(cfg: ModelConfig, costs: Costs, world_size: int, batch: BatchShap
             if res is not None:
                 uniform[t] = res
                 add(Candidate(plan, res, res.peak_mem_bytes <= budget_bytes, "uniform"), shape)
-        if len(uniform) >= 2:
-            model = _ChainModel(cfg, costs, world_size, shape, schedule, n_sub, degrees,
-                                uniform, max_inflight, zero)
-            models.append(model)
-            add(model.fastest(budget_bytes), shape)
+                for mode in (m for m in modes if cfg.seq_len % t == 0):
+                    sp_plan = dataclasses.replace(plan, sequence_parallel=mode, notes={})
+                    sp_res = _simulate(cfg, sp_plan, costs, world_size, shape, max_inflight)
+                    if sp_res is not None:
+                        sp_uniform.setdefault(mode, {})[t] = sp_res
+                        if t > 1:  # at degree 1 it is the plan without it
+                            add(Candidate(sp_plan, sp_res,
+                                          sp_res.peak_mem_bytes <= budget_bytes, "uniform"),
+                                shape)
+        for mode, results in (("", uniform), *sp_uniform.items()):
+            if len(results) >= 2:
+                model = _ChainModel(cfg, costs, world_size, shape, schedule, n_sub, degrees,
+                                    results, max_inflight, zero, mode)
+                models.append(model)
+                add(model.fastest(budget_bytes), shape)
         for seed in seeds:
             if len(seed) != len(names) or len(set(seed)) == 1 or not set(seed) <= set(uniform):
                 continue  # uniform seeds are simulated above; a degree that does not split
@@ -321,10 +350,10 @@ def solve_plan(cfg: ModelConfig, costs: Costs, world_size: int, batch: BatchShap
 
 
 def _plan_of(cfg: ModelConfig, choice: tuple[int, ...], degrees: list[int], world_size: int,
-             schedule: str, n_sub: int) -> ParallelPlan:
+             schedule: str, n_sub: int, sp: str = "") -> ParallelPlan:
     return ParallelPlan([RegionPlan(name, degrees[d], world_size // degrees[d])
                          for name, d in zip(region_names(cfg), choice)],
-                        n_sub=n_sub, schedule=schedule)
+                        n_sub=n_sub, schedule=schedule, sequence_parallel=sp)
 
 
 def _least_memory(candidates: list[Candidate], models: list[_ChainModel],
@@ -357,13 +386,13 @@ class _ChainModel:
 
     def __init__(self, cfg: ModelConfig, costs: Costs, world_size: int, batch: BatchShape,
                  schedule: str, n_sub: int, degrees: list[int], uniform: dict[int, PlanResult],
-                 max_inflight: int, zero: int = 0) -> None:
+                 max_inflight: int, zero: int = 0, sp: str = "") -> None:
         self.cfg, self.costs, self.world_size, self.batch = cfg, costs, world_size, batch
         self.schedule, self.n_sub, self.degrees = schedule, n_sub, degrees
-        self.max_inflight, self.zero = max_inflight, zero
+        self.max_inflight, self.zero, self.sp = max_inflight, zero, sp
         self.node_s, self.node_bytes, self.edge_s, params = _node_costs(
             cfg, costs, world_size, batch, schedule, n_sub, degrees, uniform, max_inflight,
-            zero)
+            zero, sp)
         # what the additive memory model leaves out (baseline, transients), from the uniform
         # plans
         self.extra = min(res.peak_mem_bytes - self.node_bytes[:, degrees.index(t)].sum()
@@ -392,7 +421,7 @@ class _ChainModel:
     def _candidate(self, choice: tuple[int, ...], budget_bytes: float,
                    kind: str) -> Candidate | None:
         plan = with_zero(_plan_of(self.cfg, choice, self.degrees, self.world_size,
-                                  self.schedule, self.n_sub), self.zero)
+                                  self.schedule, self.n_sub, self.sp), self.zero)
         res = _simulate(self.cfg, plan, self.costs, self.world_size, self.batch,
                         self.max_inflight)
         return None if res is None else Candidate(plan, res, res.peak_mem_bytes <= budget_bytes,

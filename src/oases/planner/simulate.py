@@ -35,8 +35,9 @@ from dataclasses import dataclass, field, replace
 
 from oases.config import ModelConfig
 from oases.plan import ParallelPlan
-from oases.planner.costs import BYTES, Costs, region_kind, region_param_count
+from oases.planner.costs import Costs, region_kind, region_param_count, sp_mode
 from oases.planner.peak_memory import ModelState, peak_memory
+from oases.planner.precision import precision_of
 from oases.schedule.program import (
     Compute,
     Instr,
@@ -85,12 +86,30 @@ class StepCosts:
 
 
 # the collective each program kind runs (what a profile measures its contention by)
+# (under sequence parallelism "fwd" and "bwd" are reduce-scatters: ``collective_op``)
 COLLECTIVE_OP = {"fwd": "all_reduce", "bwd": "all_reduce", "dp": "all_reduce",
                  "rs": "reduce_scatter", "ag": "all_gather", "rsf": "all_gather",
-                 "rsb": "all_gather"}
+                 "rsb": "all_gather", "gf": "all_gather", "gb": "all_gather",
+                 "gr": "all_gather", "sg": "all_reduce"}
 # what a collective kind is, in a step's breakdown: TP all-reduces, reshards, DP all-reduces
 COMM_CLASS = {"fwd": "tp", "bwd": "tp", "rsf": "reshard", "rsb": "reshard", "dp": "dp",
-              "rs": "dp", "ag": "dp"}
+              "rs": "dp", "ag": "dp", "gf": "tp", "gb": "tp", "gr": "tp", "sg": "tp"}
+
+
+def collective_op(kind: str, sp: bool) -> str:
+    """The collective a program kind runs: ``COLLECTIVE_OP``, but "fwd"/"bwd" reduce-scatter
+    under sequence parallelism."""
+    return "reduce_scatter" if sp and kind in ("fwd", "bwd") else COLLECTIVE_OP[kind]
+
+
+def glue_param_count(cfg: ModelConfig) -> int:
+    """Parameters of the glue and norms (each norm, the biases added after the row-parallel
+    matmuls, GPT-2's positions): what sequence parallelism's "sg" sums over the TP group."""
+    norm = 2 * cfg.dim if cfg.arch == "gpt2" else cfg.dim
+    n = (2 * cfg.n_layers + 1) * norm
+    if cfg.arch == "gpt2":
+        n += 2 * cfg.n_layers * cfg.dim + cfg.seq_len * cfg.dim
+    return n
 
 
 @dataclass(frozen=True)
@@ -331,11 +350,13 @@ def _dp_buckets(cfg: ModelConfig, kinds: list[str], degrees: list[int], world_si
     return buckets
 
 
-def dp_bucket_bytes(buckets: dict[int, list[tuple[int, int]]]) -> dict[int, float]:
+def dp_bucket_bytes(buckets: dict[int, list[tuple[int, int]]],
+                    element_bytes: float = 4) -> dict[int, float]:
     """{backward task: bytes of its flat gradient copy} (``comm.gradient_mean_async``
-    concatenates a bucket's gradients over each DP group into one buffer that lives from the
-    bucket's Start to its Wait); a DP group of one rank copies nothing."""
-    return {t: float(sum(numel for dp, numel in parts if dp > 1) * BYTES)
+    concatenates a bucket's gradients over each DP group into one buffer, in the dtype it
+    reduces in, ``element_bytes`` an element, that lives from the bucket's Start to its Wait);
+    a DP group of one rank copies nothing."""
+    return {t: float(sum(numel for dp, numel in parts if dp > 1) * element_bytes)
             for t, parts in buckets.items()}
 
 
@@ -359,6 +380,13 @@ def region_uses(cfg: ModelConfig, n: int, tied: bool = True) -> tuple[tuple[int,
     if tied and cfg.tie_embeddings:
         uses[-1] = (0, n - 1)
     return tuple(uses)
+
+
+def plan_sp(plan: ParallelPlan) -> str | None:
+    """The sequence parallelism a plan is simulated with (``ParallelPlan.sp``): none where
+    every region has degree 1 (megatron-sp at tp=1 runs megatron's program: nothing to
+    slice)."""
+    return plan.sp() if max(r.tp for r in plan.regions) > 1 else None
 
 
 def model_state(cfg: ModelConfig, plan: ParallelPlan, world_size: int) -> ModelState:
@@ -390,7 +418,8 @@ def plan_program(cfg: ModelConfig, plan: ParallelPlan, world_size: int, batch: B
                          max_inflight=max_inflight, dp_tasks=tuple(sorted(buckets)),
                          degrees=None if len(set(degrees)) == 1 else degrees,
                          zero=zero_layout(cfg, stages, reshard_after_forward,
-                                          gather_updated=first, ends_step=dp))
+                                          gather_updated=first, ends_step=dp),
+                         sp=plan_sp(plan))
 
 
 def simulate_plan(cfg: ModelConfig, plan: ParallelPlan, costs: Costs, world_size: int,
@@ -417,7 +446,11 @@ def simulate_plan(cfg: ModelConfig, plan: ParallelPlan, costs: Costs, world_size
 
         step = t(first) + (n_micro - 2) * t(middle) + t(last)
 
-    ``reshard_after_forward`` is stage 3's knob of that name."""
+    ``reshard_after_forward`` is stage 3's knob of that name.
+
+    Bytes by dtype (``planner.precision``, the costs' ``precision``): TP all-reduces and
+    reshards move activations in the compute dtype, DP all-reduces and ZeRO's reduce-scatters
+    gradients in ``grad_reduce``, ZeRO's all-gathers master weights."""
     from oases.schedule.program import SPECS
 
     costs = _CachedCosts(costs)
@@ -429,7 +462,9 @@ def simulate_plan(cfg: ModelConfig, plan: ParallelPlan, costs: Costs, world_size
     kinds = [region_kind(r.name) for r in plan.regions]
     rows = region_rows(plan, world_size, batch, k)
     n = len(degrees)
-    act_bytes = [rows[i] * cfg.seq_len * cfg.dim * BYTES for i in range(n)]  # [b, S, H] fp32
+    prec = precision_of(costs)
+    # [b, S, H] in the compute dtype
+    act_bytes = [rows[i] * cfg.seq_len * cfg.dim * prec.activation_bytes for i in range(n)]
 
     stages = plan.zero_stages()
     state = model_state(cfg, plan, world_size)
@@ -441,10 +476,14 @@ def simulate_plan(cfg: ModelConfig, plan: ParallelPlan, costs: Costs, world_size
                            reshard_after_forward=reshard_after_forward)
 
     def reshard(i: int, backward: bool) -> tuple[int, tuple[int, ...]]:
-        """(bytes, rank 0's group) of the all-gather a reshard into region i moves."""
+        """(bytes, rank 0's group) of the all-gather a reshard into region i moves. Under
+        sequence parallelism both directions gather over the larger degree's TP group (its
+        whole [rows, S, H]: ``comm.reshard_seq_async``)."""
         a, b = degrees[i - 1], degrees[i]
         grows = b > a
         lo, hi = min(a, b), max(a, b)
+        if sp:
+            return act_bytes[i if grows else i - 1], _group_ranks("tp", hi, 0, world_size)
         if grows == backward:  # the slicing direction moves nothing
             return 0, (0,)
         return act_bytes[i if grows else i - 1], _group_ranks("merge", lo, hi, world_size)
@@ -457,16 +496,28 @@ def simulate_plan(cfg: ModelConfig, plan: ParallelPlan, costs: Costs, world_size
             return by_ranks(op, ranks, int(nbytes))
         return costs.collective_s(op, len(ranks), int(nbytes))
 
+    sp = plan_sp(plan)
+
     def collective_s(kind: str, index: int) -> float:
+        if kind in ("gf", "gb", "gr"):  # sequence parallelism: [b, S, H] gathered
+            return priced("all_gather", _group_ranks("tp", degrees[index], 0, world_size),
+                          act_bytes[index])
+        if kind == "sg":
+            return priced("all_reduce", _group_ranks("tp", degrees[0], 0, world_size),
+                          glue_param_count(cfg) * prec.master_bytes)  # fp32 gradients
+        if sp and kind in ("fwd", "bwd"):
+            return priced("reduce_scatter", _group_ranks("tp", degrees[index], 0, world_size),
+                          act_bytes[index])
         if kind == "dp":
             return sum(priced("all_reduce", _group_ranks("dp", world_size // dp, 0, world_size),
-                              numel * BYTES) for dp, numel in buckets[index])
+                              numel * prec.grad_reduce_bytes) for dp, numel in buckets[index])
         if kind in ("rsf", "rsb"):
             return priced("all_gather", *reversed(reshard(index, kind == "rsb")))
         if kind in ("rs", "ag"):  # ZeRO: region index's padded flat buffer over its DP group
             return priced("reduce_scatter" if kind == "rs" else "all_gather",
                           _group_ranks("dp", degrees[index], 0, world_size),
-                          state.padded(index) * BYTES)
+                          state.padded(index) * (prec.grad_reduce_bytes if kind == "rs"
+                                                 else prec.master_bytes))
         return priced("all_reduce", _group_ranks("tp", degrees[index], 0, world_size),
                       act_bytes[index])
 
@@ -475,7 +526,8 @@ def simulate_plan(cfg: ModelConfig, plan: ParallelPlan, costs: Costs, world_size
             return "dp"
         if kind in ("rsf", "rsb"):
             lo, hi = sorted((degrees[index - 1], degrees[index]))
-            return _group_ranks("merge", lo, hi, world_size)
+            return (_group_ranks("tp", hi, 0, world_size) if sp
+                    else _group_ranks("merge", lo, hi, world_size))
         return _group_ranks("tp", degrees[index], 0, world_size)
 
     commfree = spec.recompute == "commfree"
@@ -484,9 +536,23 @@ def simulate_plan(cfg: ModelConfig, plan: ParallelPlan, costs: Costs, world_size
     def piece_s(phase: str, piece: str, i: int) -> float:
         """A piece as the profile timed it beside collectives like its own: an overlapped
         schedule cut into one sub-batch overlaps no TP collective, and runs the synchronous
-        one's program (its pieces timed at these very rows)."""
+        one's program (its pieces timed at these very rows). Sequence parallelism's pieces are
+        the costs' "sp-" ones (a recompute of a norm or glue is priced as its forward)."""
         if phase == "recompute" and piece == "body" and commfree:
             piece = "body-commfree"
+        if sp and degrees[i] == 1 and piece in ("norm", "core") and phase != "backward":
+            if piece == "norm":  # a degree-1 region's slice is the whole sequence: its norm
+                return 0.0  # and core are the body (priced whole with the core)
+            piece = "body-commfree" if phase == "recompute" and commfree else "body"
+        elif sp and degrees[i] > 1 and piece != "tp":
+            if piece == "core" and i == 0:
+                piece = "body"  # the embedding's lookup
+            elif phase == "recompute" and piece == "core" and commfree:
+                piece = "sp-core-commfree"
+            else:
+                piece = "sp-" + piece
+                if phase == "recompute" and piece != "sp-core-commfree":
+                    phase = "forward"
         if overlap_aware:
             return costs.compute_s(kinds[i], phase, piece, degrees[i], rows[i],
                                    overlapped=k > 1)
@@ -494,10 +560,10 @@ def simulate_plan(cfg: ModelConfig, plan: ParallelPlan, costs: Costs, world_size
 
     contention = getattr(costs, "contention", None)  # a profile's measured slowdowns
     slowdown = None if contention is None else functools.cache(
-        lambda kind: contention(COLLECTIVE_OP[kind]))
+        lambda kind: contention(collective_op(kind, bool(sp))))
     comm_contention = getattr(costs, "comm_contention", None)
     comm_slowdown = None if comm_contention is None else functools.cache(
-        lambda kind: comm_contention(COLLECTIVE_OP[kind]))
+        lambda kind: comm_contention(collective_op(kind, bool(sp))))
     step = StepCosts(piece_s=functools.cache(piece_s), collective_s=functools.cache(collective_s),
                      stream_of=functools.cache(stream_of), slowdown=slowdown,
                      comm_slowdown=comm_slowdown)
@@ -515,9 +581,9 @@ def simulate_plan(cfg: ModelConfig, plan: ParallelPlan, costs: Costs, world_size
     optimizer = getattr(costs, "optimizer_s", None)
     n = len(degrees)
     opt_s = optimizer(sum(state.updated(i) for i in range(n))) if optimizer is not None else 0.0
-    mem = peak_memory(cfg, program, kinds, degrees, rows, spec.recompute, costs, state,
-                      region_uses(cfg, n), dp_bucket_bytes(buckets),
-                      repeats=1 if whole else n_micro)
+    mem = peak_memory(cfg, program, kinds, degrees, rows, sp_mode(spec.recompute, sp), costs,
+                      state, region_uses(cfg, n), dp_bucket_bytes(buckets, prec.grad_reduce_bytes),
+                      repeats=1 if whole else n_micro, graph_mode=sp_mode("none", sp))
     events = sim.timeline
     if timeline:
         end = sim.step_s

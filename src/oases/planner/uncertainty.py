@@ -119,7 +119,11 @@ def perturb(cluster: Cluster, name: str, factor: float) -> Cluster:
         s = dataclasses.replace(s, pair_link=scaled(s.pair_link))
     elif name == "matmul efficiency":
         gpu = dataclasses.replace(
-            s.gpu, matmul_efficiency=min(1.0, s.gpu.matmul_efficiency * factor)
+            s.gpu,
+            matmul_efficiency=min(1.0, s.gpu.matmul_efficiency * factor),
+            dtype_efficiency={
+                k: min(1.0, v * factor) for k, v in s.gpu.dtype_efficiency.items()
+            },
         )
         s = dataclasses.replace(s, gpu=gpu)
     elif name == "inter-server rate" and cluster.inter_link is not None:
@@ -175,6 +179,8 @@ def simulate_ranges(
     rows: Sequence[tuple[ParallelPlan, BatchShape]],
     dtype: str = "fp32",
     bounds: dict[str, tuple[float, float]] | None = None,
+    grad_reduce: str = "fp32",
+    attention: str = "materialized",
 ) -> list[Range]:
     """The range of every row (a fixed plan and batch; the first is the speedups' baseline)
     over the inputs' bounds (``input_bounds(cluster)`` unless given)."""
@@ -184,7 +190,7 @@ def simulate_ranges(
     world = cluster.world_size
 
     def steps(c: Cluster) -> list[float]:
-        costs = HardwareCosts(c, cfg, dtype)
+        costs = HardwareCosts(c, cfg, dtype, grad_reduce, attention=attention)
         return [
             simulate_plan(cfg, plan, costs, world, batch, timeline=False).step_s
             for plan, batch in rows

@@ -10,6 +10,10 @@ memory per GPU and the speedup over the first schedule listed. Entries look like
     oases@auto             the planner: a degree per region and a ZeRO stage, under the budget
     oases@tp=4,zero=3      uniform tp=4, every region's weights, gradients and moments sharded
                            over its data-parallel group (ZeRO stage 3; auto,zero=Z fixes it)
+    oases@tp=4,sp=shards   uniform tp=4 with sequence parallelism, its communication-free
+                           recompute keeping slices (sp=gathered: gathered inputs; auto searches
+                           both beside plans without it unless sp=MODE or sp=off fixes it)
+    megatron-sp@tp=4       Megatron-LM with --sequence-parallel (no overlap)
 
 "auto" searches the powers of two up to the GPUs of one server (``max_tp``), doubling that cap
 while no plan fits, and 1, 2, 4 (and ``--n-sub``) sub-batches; then also the degrees every other
@@ -19,6 +23,15 @@ auto row's search found. Collectives are priced by their groups' ranks as NCCL r
 The batch is given in training's terms (``planner.batch``: micro-batch per model replica);
 each row says what bounds its step (``PlanResult.step_parts``); ``planner.report`` prints the
 rows.
+
+``dtype`` is the compute dtype (fp32, tf32, bf16, fp16: matmuls at that peak, activations and
+TP collectives in its bytes), ``grad_reduce`` the DP gradient reduction's (``planner.precision``);
+master weights, gradients and AdamW stay fp32. Every row has its tokens/s per GPU and its MFU::
+
+    MFU = model_flops(cfg, tokens per step) / (step_s x world size x peak_flops[dtype])
+
+with ``planner.costs.model_flops``: 6 N tokens + 12 L H S tokens (PaLM / Megatron-LM; recompute
+not counted), the peak of the preset's GPU at the compute dtype (tf32: its tf32 peak).
 """
 
 from __future__ import annotations
@@ -34,6 +47,7 @@ from oases.plan import ParallelPlan, RegionPlan
 from oases.planner.batch import BatchSpec
 from oases.planner.budget import Budget
 from oases.planner.clusters import Cluster, get_cluster, load_cluster
+from oases.planner.costs import model_flops
 from oases.planner.hardware import HardwareCosts
 from oases.planner.search import candidate_degrees, solve_plan, with_zero
 from oases.planner.simulate import BatchShape, BatchSplitError, PlanResult, simulate_plan
@@ -45,42 +59,56 @@ from oases.schedule.timeline import Timeline
 @dataclass(frozen=True)
 class PlanSpec:
     """"auto", or a uniform degree ``tp`` (``at_least``: the smallest fitting degree >= tp);
-    ``zero``: the ZeRO stage of every region (None: auto searches 0-3, a degree takes 0)."""
+    ``zero``: the ZeRO stage of every region (None: auto searches 0-3, a degree takes 0);
+    ``sp``: sequence parallelism ("gathered" | "shards" | "off"; None: auto searches it
+    beside plans without it, a degree takes "off")."""
 
     auto: bool
     tp: int = 0
     at_least: bool = False
     zero: int | None = None
+    sp: str | None = None
 
     def __str__(self) -> str:
         zero = "" if self.zero is None else f",zero={self.zero}"
-        return ("auto" if self.auto else f"tp={self.tp}{'+' if self.at_least else ''}") + zero
+        sp = "" if self.sp is None or (self.sp == "off" and not self.auto) else f",sp={self.sp}"
+        return ("auto" if self.auto else f"tp={self.tp}{'+' if self.at_least else ''}") + zero + sp
+
+    def sp_modes(self) -> tuple[str, ...]:
+        """The sequence-parallel modes an auto row searches."""
+        if self.sp is None:
+            return ("gathered", "shards")
+        return () if self.sp == "off" else (self.sp,)
 
 
 def parse_plan(text: str) -> PlanSpec:
-    """"auto", "tp=N" or "tp=N+", each optionally followed by ",zero=Z" (ValueError
-    otherwise)."""
-    head, _, tail = text.partition(",")
-    zero = None
-    if tail:
-        if not (tail.startswith("zero=") and tail[5:] in ("0", "1", "2", "3")):
-            raise ValueError(f"plan {text!r}: after the degree, give zero=Z (Z = 0, 1, 2 or 3)")
-        zero = int(tail[5:])
+    """"auto", "tp=N" or "tp=N+", each optionally followed by ",zero=Z" and ",sp=MODE" (MODE:
+    gathered, shards or off; ValueError otherwise)."""
+    head, *tails = text.split(",")
+    zero, sp = None, None
+    for tail in tails:
+        if tail.startswith("zero=") and tail[5:] in ("0", "1", "2", "3") and zero is None:
+            zero = int(tail[5:])
+        elif tail.startswith("sp=") and tail[3:] in ("gathered", "shards", "off") and sp is None:
+            sp = tail[3:]
+        else:
+            raise ValueError(f"plan {text!r}: after the degree, give zero=Z (Z = 0, 1, 2 or 3) "
+                             "and/or sp=gathered|shards|off")
     if head == "auto":
-        return PlanSpec(True, zero=zero)
+        return PlanSpec(True, zero=zero, sp=sp)
     body = head[3:].removesuffix("+") if head.startswith("tp=") else ""
     if not body.isdigit() or int(body) < 1:
         raise ValueError(f"plan {text!r}: give auto, tp=N or tp=N+ (N >= 1), then optionally "
-                         ",zero=Z")
-    return PlanSpec(False, int(body), head.endswith("+"), zero)
+                         ",zero=Z and ,sp=MODE")
+    return PlanSpec(False, int(body), head.endswith("+"), zero, sp)
 
 
 def parse_entries(text: str, default: str) -> list[tuple[str, PlanSpec]]:
     """"a,b@tp=4,c@auto,d@tp=2,zero=1" -> [(schedule, plan)], the default plan where none is
-    given (a ",zero=Z" belongs to the entry before it)."""
+    given (a ",zero=Z" or ",sp=MODE" belongs to the entry before it)."""
     items: list[str] = []
     for item in (s.strip() for s in text.split(",")):
-        if item.startswith("zero=") and items:
+        if (item.startswith("zero=") or item.startswith("sp=")) and items:
             items[-1] += "," + item
         elif item:
             items.append(item)
@@ -122,6 +150,12 @@ class Row:
     batch: BatchShape
     speedup: float = 1.0
     found_by: str = ""  # auto: the schedule whose search found these degrees, if another's
+    mfu: float = 0.0  # model FLOPs utilization (see the module docstring)
+    world_size: int = 1
+
+    @property
+    def tokens_per_s_per_gpu(self) -> float:
+        return self.tokens_per_s / self.world_size
 
 
 @dataclass
@@ -145,8 +179,9 @@ class Report:
 
 def simulate_cluster(cfg: ModelConfig, cluster: Cluster, entries: list[tuple[str, PlanSpec]],
                      batch: BatchSpec | BatchShape, budget: Budget | float, *, n_sub: int = 2,
-                     max_tp: int | None = None, dtype: str = "fp32",
-                     model_name: str = "", uncertainty: bool = False,
+                     max_tp: int | None = None, dtype: str = "fp32", grad_reduce: str = "fp32",
+                     attention: str = "materialized", model_name: str = "",
+                     uncertainty: bool = False,
                      bounds: dict[str, tuple[float, float]] | None = None) -> Report:
     """Simulate every (schedule, plan) entry; the first is the speedups' baseline. An auto
     entry searches every sub-batch count (1, 2, 4 and ``n_sub``), then also the degrees every
@@ -154,16 +189,16 @@ def simulate_cluster(cfg: ModelConfig, cluster: Cluster, entries: list[tuple[str
     ``batch``: a ``BatchSpec`` (or a ``BatchShape``: that cluster micro-batch for every row);
     ``budget``: a ``Budget`` (or bytes). ``uncertainty``: each row's range over the uncertain
     inputs (``planner.uncertainty``; ``bounds`` replaces some of their bounds), its plan held
-    fixed."""
-    if dtype not in ("fp32", "tf32"):  # the planner's sizes are 4-byte elements
-        raise ValueError(f"dtype={dtype!r}: the planner sizes fp32 elements; use fp32 or tf32")
+    fixed. ``dtype``, ``grad_reduce``: the precision (see the module docstring);
+    ``attention``: how attention is priced (``planner.hardware``: "materialized" scores as the
+    paper's prototype, or "fused", a flash-style kernel as SDPA runs on GPUs)."""
     if n_sub < 1:
         raise ValueError(f"--n-sub={n_sub} must be >= 1")
     if isinstance(batch, BatchShape):  # a fixed cluster micro-batch: micro_batch_tp = GPUs
         batch = BatchSpec(batch.global_batch, batch.micro_rows, cluster.world_size)
     if not isinstance(budget, Budget):
         budget = Budget(budget, f"{budget / 2**30:.2f} GiB per device")
-    costs = HardwareCosts(cluster, cfg, dtype)
+    costs = HardwareCosts(cluster, cfg, dtype, grad_reduce, attention=attention)
     world = cluster.world_size
     degrees = candidate_degrees(cfg, world)
     global_batch = batch.global_batch or max(
@@ -180,14 +215,25 @@ def simulate_cluster(cfg: ModelConfig, cluster: Cluster, entries: list[tuple[str
         if row.spec.auto:
             _reseed(cfg, costs, world, budget.bytes, row, searched)
     planning_s = time.perf_counter() - start
+    peak = cluster.server.gpu.peak_flops[dtype]
     for row in rows:
         row.speedup = rows[0].result.step_s / row.result.step_s
+        row.world_size = world
+        row.mfu = mfu(cfg, row.batch.global_batch * cfg.seq_len, row.result.step_s, world, peak)
     rep = Report(cfg, model_name, cluster, costs, batch, global_batch, budget, rows, planning_s)
     if uncertainty:
         rep.bounds = input_bounds(cluster, bounds)
         rep.ranges = simulate_ranges(cfg, cluster, [(r.plan, r.batch) for r in rows], dtype,
-                                     rep.bounds)
+                                     rep.bounds, grad_reduce, attention)
     return rep
+
+
+def mfu(cfg: ModelConfig, tokens: float, step_s: float, world_size: int,
+        peak_flops: float) -> float:
+    """Model FLOPs utilization of a step of ``tokens`` tokens taking ``step_s`` on
+    ``world_size`` GPUs of ``peak_flops`` each: ``model_flops(cfg, tokens)`` (6 N tokens +
+    12 L H S tokens, without recompute) / (step_s x world_size x peak_flops)."""
+    return model_flops(cfg, tokens) / (step_s * world_size * peak_flops)
 
 
 def _n_subs(name: str, n_sub: int) -> tuple[int, ...]:
@@ -204,7 +250,8 @@ def _row(cfg: ModelConfig, costs: HardwareCosts, world: int, spec_batch: BatchSp
         batch = spec_batch.shape(world, global_batch)
         plan, allowed = _auto(cfg, costs, world, batch, budget_bytes, name,
                               _n_subs(name, n_sub), degrees, max_tp,
-                              (0, 1, 2, 3) if spec.zero is None else (spec.zero,))
+                              (0, 1, 2, 3) if spec.zero is None else (spec.zero,),
+                              spec.sp_modes())
         found = {"degrees": tuple(r.tp for r in plan.regions), "allowed": allowed,
                  "batch": batch}
     else:
@@ -215,8 +262,9 @@ def _row(cfg: ModelConfig, costs: HardwareCosts, world: int, spec_batch: BatchSp
         plan = None
         for t in tried:
             batch = spec_batch.shape(world, global_batch, t)
-            plan = with_zero(ParallelPlan.uniform(cfg, world, t, schedule=name, n_sub=k),
-                             spec.zero or 0)
+            plan = with_zero(ParallelPlan.uniform(
+                cfg, world, t, schedule=name, n_sub=k,
+                sequence_parallel="" if spec.sp in (None, "off") else spec.sp), spec.zero or 0)
             peak = simulate_plan(cfg, plan, costs, world, batch, timeline=False).peak_mem_bytes
             if not spec.at_least or peak <= budget_bytes:
                 break
@@ -237,16 +285,17 @@ def _make_row(cfg: ModelConfig, costs: HardwareCosts, world: int, batch: BatchSh
 
 def _auto(cfg: ModelConfig, costs: HardwareCosts, world: int, batch: BatchShape,
           budget_bytes: float, name: str, n_subs: tuple[int, ...], degrees: list[int],
-          max_tp: int | None, zeros: tuple[int, ...] = (0,)) -> tuple[ParallelPlan, list[int]]:
+          max_tp: int | None, zeros: tuple[int, ...] = (0,), sps: tuple[str, ...] = ()
+          ) -> tuple[ParallelPlan, list[int]]:
     """The planner's plan for this schedule, its degrees capped at ``max_tp`` (default: one
     server's GPUs, doubled while nothing fits), and the degrees it allowed; ``zeros``: the
-    ZeRO stages searched."""
+    ZeRO stages searched; ``sps``: the sequence-parallel modes."""
     cap = max_tp or costs.cluster.server.gpus_per_server
     while True:
         allowed = [t for t in degrees if t <= cap]
         try:
             best, _ = solve_plan(cfg, costs, world, batch, budget_bytes, schedules=(name,),
-                                 n_subs=n_subs, degrees=allowed, zeros=zeros)
+                                 n_subs=n_subs, degrees=allowed, zeros=zeros, sps=sps)
             return best.plan, allowed
         except ValueError:
             if max_tp is not None or cap >= max(degrees):
@@ -335,8 +384,9 @@ preset name or a table of its fields:
   gpu = "rtx3090"              # {', '.join(GPUS)}
   link = "pcie4-x16"           # {', '.join(k for k in LINKS if not ('gbe' in k or 'ib' in k))}
   # or, instead of link = "...", a link of your own (same for gpu: a [server.gpu] table with
-  # name, peak_flops = {{fp32 = 35.6e12}}, memory_bytes, memory_bandwidth_bytes_per_s,
-  # matmul_efficiency, elementwise_efficiency):
+  # name, peak_flops = {{fp32 = 35.6e12, bf16 = 71e12}}, memory_bytes,
+  # memory_bandwidth_bytes_per_s, matmul_efficiency, elementwise_efficiency, and optionally
+  # dtype_efficiency = {{bf16 = 0.87}} where a dtype's matmuls reach another fraction):
   # [server.link]
   # name = "PCIe 4.0 x16"
   # latency_s = 0                    # added to NCCL's per-step latency

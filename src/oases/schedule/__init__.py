@@ -22,7 +22,14 @@ from torch import Tensor
 
 from oases.model import Transformer, check_batch
 from oases.schedule.executor import Executor
-from oases.schedule.program import BASELINES, SPECS, Instr, build_program, sub_batches
+from oases.schedule.program import (
+    BASELINES,
+    SP_MODES,
+    SPECS,
+    Instr,
+    build_program,
+    sub_batches,
+)
 from oases.schedule.timeline import Timeline, record_timeline
 
 SCHEDULES = tuple(name for name in SPECS if name not in BASELINES)
@@ -34,13 +41,19 @@ class Schedule:
     """A named schedule, ready to step any parallelized model (one executor per model)."""
 
     def __init__(self, name: str, n_sub: int = 2, micro_batch: int | None = None,
-                 max_inflight: int = 1, grad_reduce_dtype: torch.dtype | None = None) -> None:
+                 max_inflight: int = 1, grad_reduce_dtype: torch.dtype | None = None,
+                 sp: str | None = None) -> None:
         if name not in SPECS:
             raise ValueError(f"unknown schedule {name!r}; valid: {', '.join(SPECS)}")
         if n_sub < 1 or max_inflight < 1 or (micro_batch is not None and micro_batch < 1):
             raise ValueError(f"schedule.n_sub={n_sub}, schedule.max_inflight={max_inflight} and "
                              f"train.micro_batch={micro_batch} must be at least 1")
         self.name, self.spec = name, SPECS[name]
+        if sp is None and self.spec.sequence_parallel:
+            sp = "gathered"
+        if sp is not None and sp not in SP_MODES:
+            raise ValueError(f"sequence-parallel mode {sp!r}; valid: {', '.join(SP_MODES)}")
+        self.sp = sp  # sequence parallelism: what a commfree recompute keeps; None: off
         self.n_sub, self.micro_batch, self.max_inflight = n_sub, micro_batch, max_inflight
         self.grad_reduce_dtype = grad_reduce_dtype  # None: the gradients' own dtype
         # per model, dropped with the model
@@ -49,13 +62,14 @@ class Schedule:
 
     def __repr__(self) -> str:
         return (f"Schedule({self.name!r}, n_sub={self.n_sub}, micro_batch={self.micro_batch}, "
-                f"max_inflight={self.max_inflight})")
+                f"max_inflight={self.max_inflight}, sp={self.sp!r})")
 
     def executor(self, model: Transformer) -> Executor:
         if model.parallel_ctx is None:
             raise ValueError("a schedule steps a parallelized model: call oases.parallelize first")
         if model not in self._executors:
-            self._executors[model] = Executor(model, self.spec, self.grad_reduce_dtype)
+            self._executors[model] = Executor(model, self.spec, self.grad_reduce_dtype,
+                                              sp=self.sp)
         return self._executors[model]
 
     def program(self, model: Transformer, rows: int) -> list[Instr]:
@@ -67,7 +81,7 @@ class Schedule:
             programs[n_micro] = build_program(
                 self.name, len(ex.chain), self.n_sub, n_micro=n_micro,
                 max_inflight=self.max_inflight, dp_tasks=tuple(sorted(ex.buckets)),
-                degrees=ex.degrees, zero=ex.zero_layout)
+                degrees=ex.degrees, zero=ex.zero_layout, sp=self.sp)
         return programs[n_micro]
 
     def split(self, rows: int) -> tuple[int, int]:
@@ -98,9 +112,11 @@ class Schedule:
 
 
 def build_schedule(name: str, n_sub: int = 2, micro_batch: int | None = None,
-                   max_inflight: int = 1, grad_reduce_dtype: torch.dtype | None = None
-                   ) -> Schedule:
+                   max_inflight: int = 1, grad_reduce_dtype: torch.dtype | None = None,
+                   sp: str | None = None) -> Schedule:
     """The schedule called ``name`` (ValueError listing the valid names otherwise).
     ``grad_reduce_dtype``: the dtype of the data-parallel gradient reduction (None: the
-    gradients' own; ``Precision.grad_reduce_dtype``)."""
-    return Schedule(name, n_sub, micro_batch, max_inflight, grad_reduce_dtype)
+    gradients' own; ``Precision.grad_reduce_dtype``). ``sp``: sequence parallelism ("gathered"
+    or "shards": what a communication-free recompute keeps, ``program._sp_chain``; None: off,
+    except for megatron-sp)."""
+    return Schedule(name, n_sub, micro_batch, max_inflight, grad_reduce_dtype, sp)

@@ -29,6 +29,14 @@ Recompute modes (``ScheduleSpec.recompute``):
               (post-reshard); the recompute re-runs the block, repeating both forward
               all-reduces and a reshard inside the block.
 
+Sequence parallelism (``sp``, ``program._sp_chain``): x_i, r_i and the glue live on this rank's
+slice [b, S/t, H] of the sequence; body:i splits into norm:i (on the slice) and core:i (on the
+gathered h_i [b, S, H]); "fwd"/"bwd" reduce-scatter along the sequence, "gf"/"gr" gather h_i
+and "gb" gathers dr_i before tp:i. The embedding adds the positions of its slice; its dropout
+and every glue's draw from this rank's own stream (a slice is not replicated), kept across
+steps and restored for a recompute. A communication-free recompute keeps the gathered h_i
+(``sp="gathered"``: no collective) or gathers it again (``"shards"``, "gr").
+
 Data-parallel gradients: each region's are summed over its own DP group and divided by the
 head's DP degree (the number of distinct loss terms), one mean per (bucket, DP group). Regions
 sharded by ZeRO (``model.zero_shards``, ``parallel/shard.py``) reduce-scatter their gradients
@@ -72,8 +80,9 @@ class Executor:
     """Runs programs for one parallelized model. Build once, call ``run`` every step."""
 
     def __init__(self, model: Transformer, spec: ScheduleSpec,
-                 grad_reduce_dtype: torch.dtype | None = None) -> None:
+                 grad_reduce_dtype: torch.dtype | None = None, sp: str | None = None) -> None:
         self.model, self.spec = model, spec
+        self.sp = sp
         self.grad_reduce_dtype = grad_reduce_dtype  # of the "dp" and "rs" collectives
         self.ctx = model.parallel_ctx
         self.chain = build_chain(model)
@@ -91,6 +100,24 @@ class Executor:
         self.skip_comm = False  # benchmarks only: compute-only timing, numbers are then wrong
         self.saved_bytes: dict[int, int] = {}  # region -> bytes kept from forward to backward
         self._param_ptrs = {p.untyped_storage().data_ptr() for p in model.parameters()}
+        if sp is not None:
+            # this rank's own dropout stream for the glue on its slice of the sequence
+            gen = torch.Generator(self.ctx.device)
+            gen.manual_seed(torch.initial_seed() + 1_000_003 * (1 + self.chain[0].tp_group.rank))
+            self._sp_rng = gen.get_state()
+            # what runs on slices (norms, biases after the TP matmuls, positions), by the TP
+            # group of the region that uses it
+            seen: dict[int, tuple[int, torch.nn.Parameter]] = {}
+            for r in self.chain:
+                for p in (*r.norm_params, *r.epi_params):
+                    seen.setdefault(id(p), (r.index, p))
+            self._sp_glue_params = [p for _, p in seen.values()]
+            self._sp_glue_groups: list[tuple[object, list[torch.nn.Parameter]]] = []
+            for t in sorted(set(self.degrees)):
+                params = [p for i, p in seen.values() if self.chain[i].tp == t]
+                group = next(r.tp_group for r in self.chain if r.tp == t)
+                if params:
+                    self._sp_glue_groups.append((group, params))
 
     # ----------------------------------------------------------------------------------- setup
     def _in_segment(self, kind: str, i: int) -> bool:
@@ -98,8 +125,8 @@ class Executor:
         mode, last = self.spec.recompute, len(self.chain) - 1
         if mode == "commfree":  # segments [epi:i-1, body:i] for 0 < i < last (not the head,
             # whose recompute would repeat the cross-entropy's collectives); [body:i] alone
-            # after a reshard
-            return (kind == "body" and 0 < i < last) or (
+            # after a reshard; under sp body:i is norm:i and core:i
+            return (kind in ("body", "norm", "core") and 0 < i < last) or (
                 kind == "epi" and i < last - 1 and i + 1 not in self.changes)
         if mode == "block":
             return 0 < i < last
@@ -142,7 +169,8 @@ class Executor:
                         self._wait(ins)
             state = {"graphs": self.bg, "epi": self.eg, "x": self.x, "p": self.p,
                      "handles": self.handles, "saved": self.saved, "inputs": self.inputs,
-                     "rng": self.rng,
+                     "rng": self.rng, "h slices": self.hs, "gathered h": self.hfull,
+                     "kept h": self.hkeep,
                      "grads": self.gx, "residual grads": self.gres, "dr": self.dr,
                      "dh": self.dh}
             leftovers = [k for k, d in state.items() if d]
@@ -168,6 +196,9 @@ class Executor:
         self.saved: dict = {}  # (i, j) -> (x_i, r_i) kept by epi:i (commfree)
         self.inputs: dict = {}  # (i, j) -> x_i kept by body:i (_saves_input)
         self.rng: dict = {}
+        self.hs: dict = {}  # (i, j) -> norm:i's output slice, to gather (sp)
+        self.hfull: dict = {}  # (i, j) -> the gathered h_i, for core:i (sp)
+        self.hkeep: dict = {}  # (i, j) -> a gathered h_i kept for a recompute (sp="gathered")
         self.gres: dict = {}
         self.gx: dict = {}
         self.dr: dict = {}
@@ -198,10 +229,14 @@ class Executor:
                 continue
             recompute = ins.phase == "recompute"
             grad = recompute or not self._in_segment(kind, i)
+            skip_last = recompute and self.spec.recompute == "commfree"
             if kind == "epi":
                 self._epi(i, j, grad, recompute)
-            else:
-                skip_last = recompute and self.spec.recompute == "commfree"
+            elif kind == "norm":
+                self._norm(i, j, grad, recompute)
+            elif kind == "core" and i > 0:
+                self._core(i, j, grad, recompute, need_p=not skip_last)
+            else:  # body, or the embedding's core (its lookup: it has no norm)
                 self._body(i, j, grad, recompute, need_p=not skip_last)
 
     def _track(self, i: int, recompute: bool):  # noqa: ANN202
@@ -266,6 +301,57 @@ class Executor:
             if not recompute and region.kind != "head":  # y, for the row-parallel backward
                 self._count_saved(i, out)
 
+    def _norm(self, i: int, j: int, grad: bool, recompute: bool) -> None:
+        """Sequence parallelism's norm:i on this rank's slice x_i -> h_i (gathered next)."""
+        region = self.chain[i]
+        commfree_recompute = recompute and self.spec.recompute == "commfree"
+        if recompute and self._saves_input(i):
+            x = self.inputs.pop((i, j))
+            if not commfree_recompute:  # the block's recompute re-runs epi:i too
+                self.x[i, j] = x
+        elif commfree_recompute or region.kind == "head":
+            x = self.x.pop((i, j))
+        else:
+            x = self.x[i, j]
+        if not recompute and self._saves_input(i):
+            self.inputs[i, j] = x
+            self._count_saved(i, x)
+        with torch.set_grad_enabled(grad), self._track(i, recompute):
+            xl = x.detach().requires_grad_(grad)
+            h = region.norm(xl)
+        if not (commfree_recompute and self.sp == "gathered"):  # core:i reads the kept h
+            self.hs[i, j] = h.detach()
+        if grad:
+            self.bg[i, j] = (xl, h, None, None)
+
+    def _core(self, i: int, j: int, grad: bool, recompute: bool, need_p: bool) -> None:
+        """Sequence parallelism's core:i on the gathered h_i [b, S, H] -> p_i (or the loss)."""
+        region, model = self.chain[i], self.model
+        commfree_recompute = recompute and self.spec.recompute == "commfree"
+        if commfree_recompute and self.sp == "gathered":
+            h = self.hkeep.pop((i, j))
+        else:
+            h = self.hfull.pop((i, j))
+        if (not recompute and self.sp == "gathered" and self.spec.recompute == "commfree"
+                and self._in_segment("core", i)):
+            self.hkeep[i, j] = h
+            self._count_saved(i, h)
+        with torch.set_grad_enabled(grad), self._track(i, recompute):
+            hl = h.detach().requires_grad_(grad)
+            if region.kind == "head":
+                out = model.loss_fn(model.head.local(hl), self.targets[j])
+                self.losses[j] = out.detach()
+            else:
+                out = region.core(hl)  # y [b, S, I/t]
+        if region.kind != "head" and need_p:
+            with torch.no_grad():
+                self.p[i, j] = region.row.partial(out)  # [b, S, H] partial sums
+        if grad:
+            xl, h_slice, _, _ = self.bg[i, j]
+            self.bg[i, j] = (xl, h_slice, hl, out)
+            if not recompute and region.kind != "head":  # y, for the row-parallel backward
+                self._count_saved(i, out)
+
     def _epi(self, i: int, j: int, grad: bool, recompute: bool) -> None:
         region = self.chain[i]
         if recompute and self.spec.recompute == "commfree":
@@ -276,7 +362,11 @@ class Executor:
             self.saved[i, j] = (x, r)
             self._count_saved(i + 1, x, r)
         use_rng = region.dropout > 0 and self._in_segment("epi", i)
-        with torch.random.fork_rng(devices=self._rng_devices(), enabled=recompute and use_rng):
+        own = self.sp is not None and region.dropout > 0  # this rank's own stream (a slice)
+        with torch.random.fork_rng(devices=self._rng_devices(),
+                                   enabled=(recompute and use_rng) or own):
+            if own and not recompute:
+                _set_rng(self._sp_rng, self.ctx.device)
             if use_rng:
                 if recompute:
                     _set_rng(self.rng.pop((i, j)), self.ctx.device)
@@ -285,7 +375,12 @@ class Executor:
             with torch.set_grad_enabled(grad), self._track(i + 1, recompute):
                 xl = None if x is None else x.detach().requires_grad_(grad)
                 rl = r.detach().requires_grad_(grad)
-                out = region.epilogue(xl, rl)  # x_{i+1} [b, S, H]
+                if region.kind == "embed" and self.sp is not None:  # its slice's positions
+                    out = region.epilogue(xl, rl, start=region.tp_group.rank * rl.shape[1])
+                else:
+                    out = region.epilogue(xl, rl)  # x_{i+1} [b, S, H] (a slice under sp)
+            if own and not recompute:
+                self._sp_rng = _get_rng(self.ctx.device)
         if not (recompute and self.spec.recompute == "block" and region.kind == "mlp"):
             # (a block's recompute ends at its MLP glue: the next block's input is not needed)
             self.x[i + 1, j] = out.detach()
@@ -359,20 +454,48 @@ class Executor:
             group = self.ctx.merge_group(a, b)
             x, src, dst, direction = ((self.x.pop((i, j)), a, b, "forward") if ins.kind == "rsf"
                                       else (self.gx.pop((i, j)), b, a, "backward"))
-            if self.skip_comm:  # the right shape, wrong numbers
+            if self.sp is not None:  # rows and sequence slices both move
+                big = self.chain[i if b > a else i - 1].tp_group
+                if self.skip_comm:
+                    out = x.repeat(dst // src, 1, 1)[:, : x.shape[1] * src // dst] if dst > src \
+                        else x[: x.shape[0] * dst // src].repeat(1, src // dst, 1)
+                    handles.append((comm.Handle(out.contiguous(), None), False))
+                else:
+                    handles.append((comm.reshard_seq_async(x, src, dst, big,
+                                                           direction=direction, tag=tag), True))
+            elif self.skip_comm:  # the right shape, wrong numbers
                 out = x.repeat(dst // src, *[1] * (x.dim() - 1)) if dst > src else x[
                     : x.shape[0] * dst // src]
                 handles.append((comm.Handle(out, None), False))
             else:
                 handles.append((comm.reshard_batch_async(x, src, dst, group, direction=direction,
                                                          tag=tag), dst > src))
+        elif ins.kind == "sg":  # sp: the glue's gradients, summed over their TP groups
+            for group, params in self._sp_glue_groups:
+                grads = self._glue_grads(params)
+                if grads and group.size > 1 and not self.skip_comm:
+                    flat = torch.cat([g.reshape(-1) for g in grads])
+                    handle = comm.all_reduce_async(flat, group, direction="backward", tag=tag)
+                    handles.append((_Unflatten(handle, grads), True))
+        elif ins.kind in ("gf", "gr", "gb"):  # sp: gather h_i (or dr_i) along the sequence
+            group = self.chain[i].tp_group
+            x, direction = ((self.dr[i, j], "backward") if ins.kind == "gb" else
+                            (self.hs.pop((i, j)), "forward"))
+            handles.append((comm.Handle(x.repeat(1, group.size, 1), None) if self.skip_comm
+                            else comm.seq_gather_async(x, group, direction=direction, tag=tag),
+                            group.size > 1))
         else:
             group = self.chain[i].tp_group
             t, direction = ((self.p[i, j], "forward") if ins.kind == "fwd" else
                             (self.dh[i, j], "backward"))
-            handles.append((comm.Handle(t, None) if self.skip_comm else
-                            comm.all_reduce_async(t, group, direction=direction, tag=tag),
-                            group.size > 1))
+            if self.sp is not None:  # reduce-scatter along the sequence
+                handles.append((comm.Handle(comm.seq_slice(t, group), None) if self.skip_comm
+                                else comm.seq_reduce_scatter_async(t, group, direction=direction,
+                                                                   tag=tag), group.size > 1))
+            else:
+                handles.append((comm.Handle(t, None) if self.skip_comm else
+                                comm.all_reduce_async(t, group, direction=direction, tag=tag),
+                                group.size > 1))
         if clock is not None and not self.skip_comm:
             rank, name = self.ctx.rank, comm_name(ins.kind, i)
             if clock.cuda:  # an event on the clock's side stream, after the collective
@@ -389,6 +512,22 @@ class Executor:
                         handle.on_complete(done)
         self.handles[ins.kind, i, j] = [h for h, _ in handles]
 
+    def _glue_grads(self, params: list) -> list[Tensor]:
+        """The gradients of ``params`` as this rank holds them: ``.grad``, or for a ZeRO
+        unit's parameter the part of it in this rank's gradient shard (the same offsets on
+        every TP rank: their units have the same shapes)."""
+        out = []
+        for p in params:
+            if self.zero is not None and self.zero.is_sharded(p):
+                for u in self.zero.units.values():
+                    if u.grad_shard is None:
+                        continue
+                    out += [u.grad_shard[s.offset:s.offset + s.size] for s in u.segments
+                            if s.param is p]
+            elif p.grad is not None:
+                out.append(p.grad)
+        return out
+
     def _wait(self, ins: Wait) -> None:
         i, j = ins.index, ins.sub
         results = [h.wait() for h in self.handles.pop((ins.kind, i, j))]
@@ -400,6 +539,36 @@ class Executor:
             self.x[i, j] = results[0]
         elif ins.kind == "rsb":  # epi:i-1 reads dx_i in region i-1's layout
             self.gx[i, j] = results[0]
+        elif ins.kind in ("gf", "gr"):
+            self.hfull[i, j] = results[0]
+        elif ins.kind == "gb":
+            self.dr[i, j] = results[0]
+        elif self.sp is not None and ins.kind == "fwd":  # the reduce-scattered slices
+            self.p[i, j] = results[0]
+        elif self.sp is not None and ins.kind == "bwd":
+            self.dh[i, j] = results[0]
+
+
+class _Unflatten(comm.Handle):
+    """An all-reduce of flattened gradients that copies the sums back at ``wait``."""
+
+    def __init__(self, inner: comm.Handle, grads: list[Tensor]) -> None:
+        super().__init__(inner.result, None)
+        self._inner, self._grads = inner, grads
+
+    def on_complete(self, fn) -> None:  # noqa: ANN001
+        self._inner.on_complete(fn)
+
+    def wait_stream(self) -> None:
+        self._inner.wait_stream()
+
+    def wait(self) -> Tensor:
+        flat = self._inner.wait()
+        offset = 0
+        for g in self._grads:
+            g.copy_(flat[offset:offset + g.numel()].view_as(g))
+            offset += g.numel()
+        return flat
 
 
 def _zero_layout(chain: list, shards) -> ZeroLayout:  # noqa: ANN001 (ZeroShards)

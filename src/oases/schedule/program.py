@@ -25,6 +25,26 @@ Collectives (``Start``/``Wait`` kind, index, sub-batch):
                 (``Release(u)`` frees them after it); at stages 1-2 once, at the program's head,
                 of the shards the previous step's optimizer updated; see ``_insert_zero``
 
+Sequence parallelism (``sp``, Megatron-LM's ``--sequence-parallel``; see ``_sp_chain``): the
+glue and norms run on this rank's S/t slice of the sequence, "fwd" and "bwd" become
+reduce-scatters along the sequence (same bytes as half an all-reduce each), and two gathers
+along the sequence join them (the other half)::
+
+    "gf", i     all-gather of h_i (norm:i's output slice) before region i's TP matmuls
+    "gb", i     all-gather of dr_i (epi:i's input-gradient slice) before tp:i's backward
+    "gr", i     "gf" again in a communication-free recompute that keeps only slices
+                (``sp="shards"``; ``sp="gathered"`` keeps the gathered h_i and gathers nothing)
+    "sg", 0     the sum over the TP group of the gradients of the parameters the glue and norms
+                use (each rank's come from its slice of the sequence): one all-reduce at the
+                end of the step (after ZeRO's reduce-scatters: it sums their shards' parts
+                of those parameters), as Megatron-LM's all-reduce of its layernorm gradients
+
+and the forward piece "body" splits into ("norm", i) on the slice and ("core", i) on the
+gathered sequence::
+
+    forward   [epi i-1 + norm i] gf(i) [core i] fwd(i)      (the embedding: [core 0] fwd(0))
+    backward  [norm i+1 + epi i] gb(i) [tp i]   bwd(i)      (the head: [tp R-1] bwd(R-1))
+
 A degree change at region i splits the two tasks that cross it::
 
     forward   [epi i-1 + body i]               ->  [epi i-1] rsf(i) [body i]
@@ -56,6 +76,8 @@ Schedules (name: sub-batches, overlap, what recompute repeats):
     overlap-recompute    k  yes  per-block recompute (cross-pass overlap)
     oases                k  yes  communication-free recompute
     merak (baseline)     k  yes, inside a block and a pass only; per-block recompute
+    megatron-sp (base.)  1  no   no recompute; always sequence-parallel (Megatron-LM's
+                                 ``--sequence-parallel``); any schedule can be, with ``sp``
 
 Merak's sub-pipelined TMP (Lai et al., "Merak", IEEE TPDS 2023), the paper's strongest
 baseline, is rebuilt as a program for comparison (``BASELINES``; not one of the paper's
@@ -83,7 +105,7 @@ import functools
 from collections import deque
 from dataclasses import dataclass, field
 
-Piece = tuple[str, int]  # ("epi" | "body" | "norm" | "tp", region index)
+Piece = tuple[str, int]  # ("epi" | "body" | "norm" | "core" | "tp", region index)
 CollKey = tuple[str, int, int]  # (kind, region or task index, sub-batch)
 
 
@@ -96,7 +118,7 @@ class Compute:
 
 @dataclass(frozen=True)
 class Start:
-    kind: str  # "fwd" | "bwd" | "rsf" | "rsb" | "dp"
+    kind: str  # "fwd" | "bwd" | "rsf" | "rsb" | "dp" | "rs" | "ag" | "gf" | "gb" | "gr"
     index: int
     sub: int = 0
 
@@ -143,7 +165,8 @@ class ZeroLayout:
 
     def units(self, piece: Piece, phase: str) -> tuple[int, ...]:
         kind, i = piece
-        if (kind == "body" and phase != "backward") or (kind == "tp" and phase == "backward"):
+        if (kind in ("body", "core") and phase != "backward") or (
+                kind == "tp" and phase == "backward"):
             return self.uses[i]
         return (i,)
 
@@ -156,6 +179,7 @@ class ScheduleSpec:
     overlapped: bool  # k sub-batches (else 1)
     recompute: str  # "none" | "block" | "commfree"
     scope: str = "chain"  # "chain": collectives overlap anything; "block": within a block+pass
+    sequence_parallel: bool = False  # always sequence-parallel (the megatron-sp baseline)
 
 
 SPECS = {
@@ -168,9 +192,12 @@ SPECS = {
         ScheduleSpec("overlap-recompute", True, "block"),
         ScheduleSpec("oases", True, "commfree"),
         ScheduleSpec("merak", True, "block", scope="block"),
+        ScheduleSpec("megatron-sp", False, "none", sequence_parallel=True),
     )
 }
-BASELINES = ("merak",)  # other systems' schedules, rebuilt as programs (not the ablation set)
+# other systems' schedules, rebuilt as programs (not the ablation set)
+BASELINES = ("merak", "megatron-sp")
+SP_MODES = ("gathered", "shards")  # what a communication-free recompute keeps under ``sp``
 
 
 @dataclass
@@ -292,7 +319,7 @@ def _backward_tasks(n_regions: int, subs: range, recompute: str,
 def build_program(
     name: str, n_regions: int, n_sub: int, *, n_micro: int = 1, max_inflight: int = 1,
     dp_tasks: tuple[int, ...] = (), degrees: tuple[int, ...] | None = None,
-    zero: ZeroLayout | None = None,
+    zero: ZeroLayout | None = None, sp: str | None = None,
 ) -> list[Instr]:
     """The instruction list of one optimizer step (``n_micro`` micro-batches of ``n_sub``
     sub-batches each; sub-batch ids are global: micro m owns ids m*n_sub .. m*n_sub+n_sub-1).
@@ -303,6 +330,9 @@ def build_program(
     "rsb") sit where it changes.
     ``zero``: the sharded regions (``ZeroLayout``): gradient reduce-scatters ("rs") and, at
     stage 3, weight gathers ("ag") and releases (``_insert_zero``).
+    ``sp``: sequence parallelism, naming what a communication-free recompute keeps
+    (``SP_MODES``: "gathered" or "shards"; ``_sp_chain``); None: off, unless the schedule is
+    always sequence-parallel (megatron-sp, then "gathered": it recomputes nothing).
     """
     spec = SPECS.get(name)
     if spec is None:
@@ -315,25 +345,37 @@ def build_program(
     degree_changes(n_regions, degrees)  # (checks the degrees)
     if zero is not None and (len(zero.stages) != n_regions or len(zero.uses) != n_regions):
         raise ValueError(f"zero layout for {len(zero.stages)} regions, program of {n_regions}")
+    if sp is None and spec.sequence_parallel:
+        sp = "gathered"
+    if sp is not None and sp not in SP_MODES:
+        raise ValueError(f"sp={sp!r}; valid: {', '.join(SP_MODES)} (or None: off)")
     program = _build_program(spec, k, n_regions, n_micro, max_inflight, tuple(dp_tasks),
-                             degrees)
+                             degrees, sp)
     if zero is not None and any(zero.stages):
         program = _insert_zero(program, zero, k)
+    if sp is not None:  # after every gradient is final (ZeRO's scatters waited too)
+        program += (Start("sg", 0), Wait("sg", 0))
     return list(program)
 
 
 @functools.lru_cache(maxsize=64)
 def _build_program(spec: ScheduleSpec, k: int, n_regions: int, n_micro: int, max_inflight: int,
-                   dp_tasks: tuple[int, ...], degrees: tuple[int, ...] | None
-                   ) -> tuple[Instr, ...]:
+                   dp_tasks: tuple[int, ...], degrees: tuple[int, ...] | None,
+                   sp: str | None = None) -> tuple[Instr, ...]:
     """``build_program``'s instructions, remembered (the planner asks for the same programs
     many times; instructions are frozen, and callers get their own list)."""
     changes = degree_changes(n_regions, degrees)
+    if sp is not None:  # a sub-batch's gather and scatter of one region fly together
+        max_inflight = max(max_inflight, 2)
     program: list[Instr] = []
     for m in range(n_micro):
         subs = range(m * k, (m + 1) * k)
-        tasks = (_forward_tasks(n_regions, subs, changes)
-                 + _backward_tasks(n_regions, subs, spec.recompute, changes))
+        if sp is not None:
+            tasks = _staggered([_sp_chain(n_regions, j, spec.recompute, sp, changes)
+                                for j in subs])
+        else:
+            tasks = (_forward_tasks(n_regions, subs, changes)
+                     + _backward_tasks(n_regions, subs, spec.recompute, changes))
         if spec.scope == "block":  # every group's collectives are waited at its end
             body = [ins for group in _block_groups(tasks)
                     for ins in list_schedule(group, max_inflight)]
@@ -343,6 +385,109 @@ def _build_program(spec: ScheduleSpec, k: int, n_regions: int, n_micro: int, max
             body = _insert_dp(body, set(dp_tasks), subs[-1])
         program.extend(body)
     return tuple(program)
+
+
+def _sp_chain(n_regions: int, j: int, recompute: str, keep: str,
+              changes: frozenset[int] = frozenset()) -> list[Task]:
+    """Sub-batch ``j``'s tasks of one micro-batch under sequence parallelism, in order.
+
+    Forward, per region i (the embedding's region 0 is its lookup alone)::
+
+        [epi i-1 + norm i] -gf(i)-> [core i] -fwd(i): reduce-scatter-> [epi i + norm i+1] ...
+
+    Backward, from the head (whose graph is kept)::
+
+        [tp R-1] -bwd-> [norm R-1 + epi R-2] -gb(R-2)-> [tp R-2] -bwd-> ... -gb(0)-> [tp 0]
+
+    A degree change at region i (``changes``) splits the tasks that cross it, as without
+    sequence parallelism: [epi i-1] rsf(i) [norm i] forward, [norm i] rsb(i) [epi i-1]
+    backward (a reshard moves rows and sequence slices: ``comm.reshard_seq_async``).
+
+    Recompute of region i (0 < i < R-1) before its backward ``tp:i``:
+      commfree, ``keep="gathered"``: [epi i-1, norm i, core i] from the saved post-collective
+        (x, r) slices and the saved gathered h_i: no collective ([norm i, core i] from the
+        saved post-reshard x_i at a degree change).
+      commfree, ``keep="shards"``: [epi i-1, norm i] -gr(i)-> [core i]: h_i gathered again.
+      block: the block (attention i-1, MLP i) from its saved input slice, repeating its
+        forward gathers and reduce-scatters (and a reshard at its MLP), before the MLP's
+        backward.
+    The recompute runs while the gather ``gb(i)`` is in flight."""
+    last = n_regions - 1
+
+    def glue_norm(phase: str, i: int, needs: list[CollKey]) -> list[Task]:
+        """[epi i-1 + norm i] -gf(i)->, or [epi i-1] -rsf(i)-> [norm i] -gf(i)->."""
+        if i in changes:
+            return [Task(Compute(phase, (("epi", i - 1),), j), needs=needs,
+                         produces=("rsf", i, j)),
+                    Task(Compute(phase, (("norm", i),), j), needs=[("rsf", i, j)],
+                         produces=("gf", i, j))]
+        return [Task(Compute(phase, (("epi", i - 1), ("norm", i)), j), needs=needs,
+                     produces=("gf", i, j))]
+
+    tasks = [Task(Compute("forward", (("core", 0),), j), produces=("fwd", 0, j))]
+    for i in range(1, n_regions):
+        tasks += glue_norm("forward", i, [("fwd", i - 1, j)])
+        tasks.append(Task(Compute("forward", (("core", i),), j), needs=[("gf", i, j)],
+                          produces=("fwd", i, j) if i < last else None))
+
+    def backward(i: int) -> list[Task]:  # [norm i+1 + epi i] gb(i) [tp i] bwd(i)
+        tail = Task(Compute("backward", (("tp", i),), j), needs=[("gb", i, j)],
+                    produces=("bwd", i, j) if i > 0 else None)
+        if i + 1 in changes:
+            return [Task(Compute("backward", (("norm", i + 1),), j), needs=[("bwd", i + 1, j)],
+                         produces=("rsb", i + 1, j)),
+                    Task(Compute("backward", (("epi", i),), j), needs=[("rsb", i + 1, j)],
+                         produces=("gb", i, j)), tail]
+        return [Task(Compute("backward", (("norm", i + 1), ("epi", i)), j),
+                     needs=[("bwd", i + 1, j)], produces=("gb", i, j)), tail]
+
+    tasks.append(Task(Compute("backward", (("tp", last),), j), produces=("bwd", last, j)))
+    i = last - 1
+    while i >= 0:
+        if recompute == "block" and 0 < i < last:  # i: a block's MLP, i - 1 its attention
+            attn, mlp = i - 1, i
+            tasks += [
+                Task(Compute("recompute", (("norm", attn),), j), produces=("gf", attn, j)),
+                Task(Compute("recompute", (("core", attn),), j), needs=[("gf", attn, j)],
+                     produces=("fwd", attn, j)),
+                *glue_norm("recompute", mlp, [("fwd", attn, j)]),
+                Task(Compute("recompute", (("core", mlp),), j), needs=[("gf", mlp, j)],
+                     produces=("fwd", mlp, j)),
+                Task(Compute("recompute", (("epi", mlp),), j), needs=[("fwd", mlp, j)]),
+            ]
+            tasks += backward(mlp) + backward(attn)
+            i -= 2
+            continue
+        *first, second = backward(i)
+        tasks += first
+        if recompute == "commfree" and 0 < i < last:
+            head = (("norm", i),) if i in changes else (("epi", i - 1), ("norm", i))
+            if keep == "gathered":
+                tasks.append(Task(Compute("recompute", (*head, ("core", i)), j)))
+            else:
+                tasks += [Task(Compute("recompute", head, j), produces=("gr", i, j)),
+                          Task(Compute("recompute", (("core", i),), j), needs=[("gr", i, j)])]
+        tasks.append(second)
+        i -= 1
+    return tasks
+
+
+def _staggered(chains: list[list[Task]]) -> list[Task]:
+    """Interleave the sub-batches' task chains, sub-batch j one task behind sub-batch j-1::
+
+        a0  a1 b0  a2 b1 c0  a3 b2 c1  ...
+
+    so the collective that ends a task of one sub-batch runs under the next tasks of the
+    others. Under sequence parallelism every region's chain alternates a small task (glue and
+    norm on a slice) and a large one (the TP matmuls) with a collective between any two, so
+    hiding all of them takes three sub-batches: with two, a collective after a small task can
+    only run under the other sub-batch's small task."""
+    out: list[Task] = []
+    for r in range(max(len(c) for c in chains) + len(chains) - 1):
+        for j, chain in enumerate(chains):
+            if 0 <= r - j < len(chain):
+                out.append(chain[r - j])
+    return out
 
 
 def _block_groups(tasks: list[Task]) -> list[list[Task]]:
@@ -536,5 +681,7 @@ def label(ins: Compute) -> str:
 
 def comm_name(kind: str, index: int) -> str:
     """A collective's name in timelines, e.g. ``"fwd AR 3"``, ``"rsf 3"`` (a reshard), ``"rs 3"``
-    (a ZeRO gradient reduce-scatter) or ``"ag 3"`` (a ZeRO weight gather)."""
-    return f"{kind} {index}" if kind in ("rsf", "rsb", "rs", "ag") else f"{kind} AR {index}"
+    (a ZeRO gradient reduce-scatter), ``"ag 3"`` (a ZeRO weight gather) or ``"gf 3"`` (a
+    sequence-parallel gather; its "fwd"/"bwd" reduce-scatters are named like the all-reduces)."""
+    return (f"{kind} {index}" if kind in ("rsf", "rsb", "rs", "ag", "gf", "gb", "gr")
+            else f"{kind} AR {index}")

@@ -225,6 +225,7 @@ def train(
         micro_batch=t.micro_batch,
         max_inflight=cfg.schedule.max_inflight,
         grad_reduce_dtype=precision.grad_reduce_dtype,
+        sp=cfg.parallel.sp(),
     )
     meshes = {d: build_tp_mesh(ctx, d) for d in plan.degrees()}  # checkpoints' DTensors
     tp_groups = {pid: ctx.groups_for(d)[0] for pid, d in parameter_degrees(model).items()}
@@ -270,7 +271,8 @@ def train(
     if cfg.parallel.plan:  # the plan's schedule runs it (apply_plan_knobs)
         layout = (f"every region tp={plan.degrees()[0]}" if plan.is_uniform() else
                   ", ".join(f"{r.name} tp={r.tp}" for r in plan.regions))
-        say(f"plan ({cfg.parallel.plan}): {plan.schedule}, n_sub={plan.n_sub}; {layout}")
+        sp = f", sequence-parallel ({plan.sequence_parallel})" if plan.sequence_parallel else ""
+        say(f"plan ({cfg.parallel.plan}): {plan.schedule}, n_sub={plan.n_sub}{sp}; {layout}")
     if resume_from is not None:
         saved_degrees = sorted(set(manifest.get("degrees", {}).values()) | {manifest["tp"]})
         say(f"resumed from {resume_from} at step {start_step} (saved at tp="

@@ -51,11 +51,14 @@ def resolve_plan(cfg: Config, world_size: int) -> ParallelPlan | None:
 
 
 def apply_plan_knobs(cfg: Config, plan: ParallelPlan, world_size: int) -> None:
-    """A plan carries the schedule it was chosen with: its ``schedule`` and ``n_sub`` replace
-    the config's, and a planned world micro-batch (``notes["micro_rows"]``, sequences across all
+    """A plan carries the schedule it was chosen with: its ``schedule``, ``n_sub`` and
+    ``sequence_parallel`` replace the config's, and a planned world micro-batch
     ranks) sets ``train.micro_batch`` to the embedding layout's share of it. The effective
     config is the one logged and saved with the run."""
     cfg.schedule.name, cfg.schedule.n_sub = plan.schedule, plan.n_sub
+    cfg.parallel.sequence_parallel = bool(plan.sequence_parallel)
+    if plan.sequence_parallel:
+        cfg.parallel.sp_recompute = plan.sequence_parallel
     micro_rows = plan.notes.get("micro_rows")
     if micro_rows:
         local, left = divmod(int(micro_rows) * plan.tp_of("embed"), world_size)
@@ -83,6 +86,7 @@ def check_config(cfg: Config, world_size: int) -> ParallelPlan | None:
         n_sub=cfg.schedule.n_sub,
         micro_batch=cfg.train.micro_batch,
         max_inflight=cfg.schedule.max_inflight,
+        sp=cfg.parallel.sp(),
     )
     check_tokenizer_name(cfg.data.tokenizer)
     want = {"byte": BYTE_VOCAB, "bpe": cfg.data.vocab_size or cfg.model.vocab_size}.get(
