@@ -70,6 +70,7 @@ def _child_main(
     result_file: str,
     collective_timeout_s: float,
     args: tuple[Any, ...],
+    backend: str = "gloo",
 ) -> None:
     """Entry point of one rank (runs in the spawned process).
 
@@ -82,12 +83,19 @@ def _child_main(
         import torch
 
         torch.set_num_threads(1)
+        device_id = None
+        if backend == "nccl":  # one GPU per rank (init_distributed reads LOCAL_RANK)
+            os.environ["LOCAL_RANK"] = str(rank)
+            os.environ["LOCAL_WORLD_SIZE"] = str(world_size)
+            device_id = torch.device("cuda", rank)
+            torch.cuda.set_device(device_id)
         dist.init_process_group(
-            "gloo",
+            backend,
             init_method=f"file://{rdzv_file}",
             rank=rank,
             world_size=world_size,
             timeout=timedelta(seconds=collective_timeout_s),
+            device_id=device_id,
         )
         value = fn(rank, world_size, *args)
         dist.destroy_process_group()
@@ -140,8 +148,10 @@ def run_ranks(
     *args: Any,
     timeout_s: float = 120.0,
     collective_timeout_s: float = COLLECTIVE_TIMEOUT_S,
+    backend: str = "gloo",
 ) -> list[Any]:
     """Run ``fn(rank, world_size, *args)`` on ``world_size`` spawned gloo ranks; return results.
+    ``backend="nccl"``: NCCL ranks instead, rank r on GPU r (tests/test_gpu.py).
 
     Raises AssertionError naming the failed rank(s) with their tracebacks, or naming the ranks
     that did not finish within ``timeout_s`` (those are killed).
@@ -170,6 +180,7 @@ def run_ranks(
                 str(result_files[r]),
                 collective_timeout_s,
                 args,
+                backend,
             ),
             name=f"oases-rank{r}",
             daemon=True,

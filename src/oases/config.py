@@ -135,6 +135,11 @@ class ParallelConfig:
     all-reduces and ZeRO's reduce-scatters): "fp32" (the master weights' dtype; default) or
     "bf16" (half the bytes). See ``oases.precision``.
 
+    ``high_priority_tp``: on NCCL, the TP groups' collectives run on high-priority CUDA
+    streams (``ProcessGroupNCCL.Options.is_high_priority_stream``), so a TP all-reduce's
+    kernels are scheduled ahead of the compute kernels queued beside it; off by default
+    (whether it helps depends on the GPU and the model: measure it); gloo ignores it.
+
     ``sequence_parallel``: Megatron-LM's sequence parallelism inside every schedule: norms,
     dropout and residuals run on this rank's 1/tp slice of the sequence, each TP all-reduce
     becomes a reduce-scatter plus a gather along the sequence (the same bytes).
@@ -154,6 +159,7 @@ class ParallelConfig:
     zero: int = 0
     reshard_after_forward: bool = True
     grad_reduce_dtype: str = "fp32"
+    high_priority_tp: bool = False
     sequence_parallel: bool = False
     sp_recompute: str = "gathered"
 

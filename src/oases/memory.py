@@ -1,5 +1,19 @@
-"""Memory of this process: CUDA's allocator peak on a GPU, else the peak resident set; and the
-resident set now."""
+"""Memory of this process: CUDA's allocator peak on a GPU, else the peak resident set; the
+resident set now; on a GPU also the reserved peak and the device memory outside the allocator.
+
+What a rank holds on a GPU, in the terms the profile, the simulator and ``oases plan --verify``
+share::
+
+    device baseline   CUDA context, NCCL's communicator buffers, library workspaces outside
+                      torch's allocator (``device_baseline_bytes``: measured once the groups
+                      have run a collective), paid once per rank
+    allocated peak    the tensors (``torch.cuda.max_memory_allocated``): what the simulator's
+                      memory walk predicts
+    reserved peak     the allocator's cached segments (``max_memory_reserved``) >= allocated;
+                      baseline + reserved is what the device must hold: the real OOM margin
+
+On a CPU the peak resident set holds all three, and the profile's baseline is the resident set
+before the model."""
 
 from __future__ import annotations
 
@@ -45,3 +59,23 @@ def peak_memory_mb(device: torch.device) -> float:
 def resident_memory_bytes() -> float:
     """This process's resident set now (0 where ``/proc`` is missing)."""
     return (_proc_status_kb("VmRSS") or 0) * 1024.0
+
+
+def peak_reserved_mb(device: torch.device) -> float:
+    """The allocator's peak reserved memory in MiB on CUDA (cached segments, >= the allocated
+    peak); on a CPU the peak resident set, as ``peak_memory_mb``."""
+    if device.type == "cuda":
+        return torch.cuda.max_memory_reserved(device) / 2**20
+    return peak_memory_mb(device)
+
+
+def device_baseline_bytes(device: torch.device) -> float:
+    """CUDA: device memory in use outside torch's caching allocator, ``(total - free) -
+    memory_reserved`` from ``torch.cuda.mem_get_info``: the CUDA context, NCCL's buffers and
+    library workspaces (and whatever another process holds on the same GPU: one rank per GPU
+    is assumed). Call it after the process groups have run a collective (NCCL allocates its
+    buffers then). CPU: 0 (the resident set holds everything: ``resident_memory_bytes``)."""
+    if device.type != "cuda":
+        return 0.0
+    free, total = torch.cuda.mem_get_info(device)
+    return float(max(0, (total - free) - torch.cuda.memory_reserved(device)))

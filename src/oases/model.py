@@ -247,13 +247,17 @@ class Transformer(nn.Module):
 
 def check_batch(cfg: ModelConfig, tokens: Tensor, targets: Tensor | None = None) -> None:
     """ValueError unless tokens (and targets) are [B, S] ids in [0, vocab_size), S <= seq_len.
-    (Out-of-range ids would otherwise look up nothing under vocabulary parallelism.)"""
+    (Out-of-range ids would otherwise look up nothing under vocabulary parallelism.) The ids are
+    read only from host tensors: on a GPU, ``int(t.min())`` would wait for the device every
+    step, so the training loop checks each batch on the host before moving it there."""
     for name, t in (("tokens", tokens), ("targets", targets)):
         if t is None:
             continue
         if t.dim() != 2 or t.shape[1] > cfg.seq_len:
             raise ValueError(f"{name} must be [batch, seq <= model.seq_len={cfg.seq_len}], "
                              f"got shape {list(t.shape)}")
+        if t.device.type != "cpu":
+            continue
         lo, hi = int(t.min()), int(t.max())
         if lo < 0 or hi >= cfg.vocab_size:
             raise ValueError(f"{name} ids must lie in [0, model.vocab_size={cfg.vocab_size}), "

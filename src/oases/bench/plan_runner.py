@@ -6,7 +6,9 @@ schedule's forward and backward over every micro-batch, the data-parallel gradie
 and one AdamW step (``ZeroAdamW`` over the shards of regions the plan shards with ZeRO, whose
 updated shards the next step gathers). Rank 0 writes ``{median_step_s, steps_s,
 peak_mem_bytes, loss}``; the peak is the largest over ranks (CUDA allocator peak on a GPU, else
-the process's peak resident set). With ``retime`` it adds the plan's pieces and optimizer step
+the process's peak resident set), beside ``reserved_peak_bytes`` (the allocator's reserved peak
+on a GPU) and ``baseline_bytes`` (``profile_runner.device_baseline``: on a GPU the device
+memory outside the allocator). With ``retime`` it adds the plan's pieces and optimizer step
 timed after the steps, as ``oases profile`` times them (``retime``).
 """
 
@@ -14,15 +16,14 @@ from __future__ import annotations
 
 import json
 import statistics
-import time
 from pathlib import Path
 
 import torch
 
 from oases.bench import run_rank_spec
-from oases.bench.profile_runner import measure_compute, runtime_baseline_bytes
+from oases.bench.profile_runner import device_baseline, measure_compute
 from oases.config import Config, load_config
-from oases.memory import peak_memory_mb, reset_peak_memory
+from oases.memory import peak_memory_mb, peak_reserved_mb, reset_peak_memory
 from oases.model import build_model
 from oases.parallel import comm
 from oases.parallel.apply import parallelize
@@ -33,6 +34,7 @@ from oases.planner import batch_shape
 from oases.precision import Precision, resolve_precision
 from oases.schedule import build_schedule
 from oases.schedule.program import SPECS, sub_batches
+from oases.timing import DeviceClock
 from oases.train.optim import build_optimizer
 
 
@@ -44,7 +46,7 @@ def run(spec: dict) -> None:
     ctx = init_distributed(tp=embed_tp, timeout_s=cfg.parallel.timeout_s,
                            degrees=plan.degrees())
     comm.barrier(ctx.world_group)
-    before_model = runtime_baseline_bytes()  # as the profile measures its baseline
+    before_model = device_baseline(ctx)  # as the profile measures its baseline
     torch.manual_seed(cfg.train.seed)
     model = parallelize(build_model(cfg.model), ctx, plan)
     model.train()
@@ -64,21 +66,25 @@ def run(spec: dict) -> None:
                            generator=gen).to(ctx.device)
     targets = torch.roll(tokens, -1, dims=1)
     times, opt_times, loss = [], [], float("nan")
+    clock = DeviceClock(ctx.device)  # CUDA: events, read after the closing barrier's sync
     reset_peak_memory(ctx.device)
     for it in range(int(spec.get("warmup", 2)) + int(spec["steps"])):
         optimizer.zero_grad(set_to_none=True)
         comm.barrier(ctx.world_group)
-        start = time.perf_counter()
+        start = clock.now()
         with precision.autocast():
             loss = float(schedule.step(model, tokens, targets))
-        mid = time.perf_counter()
+        mid = clock.now()
         if not spec.get("no_optimizer"):
             optimizer.step()
         comm.barrier(ctx.world_group)
+        end = clock.now()
+        clock.resolve()
         if it >= int(spec.get("warmup", 2)):
-            times.append(time.perf_counter() - start)
-            opt_times.append(time.perf_counter() - mid)
+            times.append(clock.elapsed_s(start, end))
+            opt_times.append(clock.elapsed_s(mid, end))
     peaks = comm.all_gather_objects(peak_memory_mb(ctx.device) * 2**20, ctx.world_group)
+    reserved = comm.all_gather_objects(peak_reserved_mb(ctx.device) * 2**20, ctx.world_group)
     baselines = comm.all_gather_objects(before_model, ctx.world_group)
     retimed: dict = {}
     if spec.get("retime"):
@@ -90,6 +96,7 @@ def run(spec: dict) -> None:
             "median_step_s": statistics.median(times), "steps_s": times,
             "median_optimizer_s": statistics.median(opt_times),
             "peak_mem_bytes": max(peaks), "baseline_bytes": max(baselines),
+            "reserved_peak_bytes": max(reserved), "device": ctx.device.type,
             "loss": loss, **retimed}, indent=1))
     comm.barrier(ctx.world_group)  # nobody exits while a peer still talks
 

@@ -35,13 +35,14 @@ import contextlib
 import copy
 import datetime
 import statistics
+import sys
 import time
 
 import torch
 
 from oases.bench import run_rank_spec
 from oases.config import Config, TrainConfig, config_to_dict, load_config
-from oases.memory import resident_memory_bytes
+from oases.memory import device_baseline_bytes, resident_memory_bytes
 from oases.model import build_model
 from oases.parallel import comm
 from oases.parallel.apply import parallelize
@@ -50,11 +51,12 @@ from oases.plan import ParallelPlan
 from oases.planner import batch_shape
 from oases.planner.costs import sp_mode
 from oases.planner.precision import PlanPrecision
-from oases.planner.profile import Profile
+from oases.planner.profile import Profile, check_collective_fit
 from oases.planner.search import candidate_degrees
 from oases.precision import Precision, resolve_precision
 from oases.schedule import build_schedule, record_timeline
 from oases.schedule.program import Compute, Instr
+from oases.timing import DeviceClock
 from oases.train.optim import build_optimizer
 
 MODES = {"megatron": "none", "megatron-recompute": "block", "commfree-recompute": "commfree"}
@@ -80,6 +82,25 @@ def runtime_baseline_bytes() -> float:
     (w * w).sum().backward()
     torch.optim.AdamW([w], lr=1e-4).step()
     return resident_memory_bytes()
+
+
+def device_baseline(ctx: ParallelContext) -> float:
+    """A rank's memory before any model, in the terms its peak is measured in: on CUDA the
+    device memory outside the allocator (``memory.device_baseline_bytes``: CUDA context, NCCL
+    buffers, workspaces) after every group this rank belongs to has run a collective (NCCL
+    sets a communicator's buffers up then) and a matmul has run (cuBLAS's handle); on a CPU
+    ``runtime_baseline_bytes``. Collective: every rank calls it, groups in one order."""
+    if ctx.device.type != "cuda":
+        return runtime_baseline_bytes()
+    groups = [g for d in sorted(ctx.groups) for g in ctx.groups[d]]
+    groups += [ctx.merge_groups[k] for k in sorted(ctx.merge_groups)]
+    for group in [ctx.world_group, *groups]:
+        comm.all_reduce_(torch.zeros(1, device=ctx.device), group, tag="warm-up")
+    x = torch.ones(8, 8, device=ctx.device)
+    (x @ x).sum()
+    runtime_baseline_bytes()  # autograd and AdamW's first use, as on CPU
+    comm.barrier(ctx.world_group)
+    return device_baseline_bytes(ctx.device)
 
 
 def workspace_bytes(baseline: float, modules: list[torch.nn.Module]) -> float:
@@ -170,6 +191,7 @@ def measure_compute(model: torch.nn.Module, ctx: ParallelContext, rows: int, k: 
     for group in optimizer.param_groups:
         group["lr"] = 0.0
     optimizer_s: list[float] = []
+    clock = DeviceClock(ctx.device)
     autocast = contextlib.nullcontext() if precision is None else precision.autocast()
     runs = [(name, sp) for name in schedules or (SYNC if k == 1 else OVERLAPPED)]
     if sp_runs and k == 1:
@@ -189,12 +211,9 @@ def measure_compute(model: torch.nn.Module, ctx: ParallelContext, rows: int, k: 
             comm.barrier(ctx.world_group)
             with record_timeline() as tl, autocast:
                 ex.run(program, list(tokens.chunk(k)), list(tokens.chunk(k)), 1.0 / k)
-            start = time.perf_counter()
-            optimizer.step()
-            if ctx.device.type == "cuda":
-                torch.cuda.synchronize(ctx.device)
+            step_s = clock.time_s(optimizer.step)  # CUDA: events, one sync after the step
             if rep > 0:
-                optimizer_s.append(time.perf_counter() - start)
+                optimizer_s.append(step_s)
             if rep == 0:  # warm-up; its saved-activation count is exact
                 if k == 1:
                     for region, n in zip(ex.chain, region_rows):
@@ -244,12 +263,10 @@ def measure_contention(ctx: ParallelContext, cfg, rows: int,  # noqa: ANN001 (Mo
     x = torch.randn(max(rows, 1) * cfg.seq_len, cfg.dim, device=dev, dtype=dtype)
     w = torch.randn(cfg.ffn_dim, cfg.dim, device=dev, dtype=dtype)
 
+    clock = DeviceClock(dev)
+
     def matmul() -> float:
-        start = time.perf_counter()
-        torch.nn.functional.linear(x, w)
-        if dev.type == "cuda":
-            torch.cuda.synchronize(dev)
-        return time.perf_counter() - start
+        return clock.time_s(lambda: torch.nn.functional.linear(x, w))
 
     for _ in range(3):
         matmul()
@@ -270,9 +287,7 @@ def measure_contention(ctx: ParallelContext, cfg, rows: int,  # noqa: ANN001 (Mo
         comm.barrier(group)
         by_itself = []
         for _ in range(repeats):
-            issued = time.perf_counter()
-            start().wait()
-            by_itself.append(time.perf_counter() - issued)
+            by_itself.append(clock.time_s(lambda start=start: start().wait()))
         comm.barrier(group)
         beside: list[float] = []
         spans: list[float] = []
@@ -312,6 +327,7 @@ def measure_collectives(ctx: ParallelContext, t: int, sizes: list[int], repeats:
         n = max(parts, n - n % parts) if divisible else max(1, n // parts)
         return torch.zeros(n, dtype=dtype, device=ctx.device)
 
+    clock = DeviceClock(ctx.device)
     out = []
     for nbytes in sizes:
         if dp_only:
@@ -336,14 +352,26 @@ def measure_collectives(ctx: ParallelContext, t: int, sizes: list[int], repeats:
                 buf.numel())
             samples = []
             for _ in range(repeats + 1):
-                comm.barrier(ctx.world_group)
-                start = time.perf_counter()
-                with torch.no_grad():
-                    fn(buf)
-                samples.append(time.perf_counter() - start)
+                comm.barrier(ctx.world_group)  # (on CUDA it also empties the queue)
+                with torch.no_grad():  # CUDA: events around it, read after a synchronize
+                    samples.append(clock.time_s(lambda fn=fn, buf=buf: fn(buf)))
             size = ctx.world_size // t if dp_only else t
             out.append({"op": op, "group_size": size, "nbytes": full * buf.element_size(),
                         "s": statistics.median(samples[1:])})
+    if len(sizes) > 1:  # a bandwidth of inf or <= 0 would price every byte at zero
+        for op in sorted({e["op"] for e in out}):
+            points = [(e["nbytes"], e["s"]) for e in out if e["op"] == op]
+            try:
+                check_collective_fit(op, out[0]["group_size"], points)
+            except ValueError as exc:
+                # CUDA (event-timed): a clock that did not wait, an error. CPU ranks sharing
+                # loaded cores time small sizes within noise (measured on this 2-core machine:
+                # 1-128 KiB all-reduces of 0.35-7.4 ms in no order): the fit then prices them
+                # at their mean time (latency, no per-byte cost), with a warning
+                if ctx.device.type == "cuda":
+                    raise
+                if ctx.rank == 0:
+                    print(f"warning: {exc}", file=sys.stderr, flush=True)
     return out
 
 
@@ -364,7 +392,7 @@ def run(spec: dict) -> None:
     ctx = init_distributed(tp=1, timeout_s=cfg.parallel.timeout_s, degrees=tuple(degrees))
     precision = resolve_precision(cfg.train.precision, ctx.device, cfg.parallel.grad_reduce_dtype)
     comm.barrier(ctx.world_group)
-    baseline = runtime_baseline_bytes()
+    baseline = device_baseline(ctx)  # CPU: resident set; CUDA: context, NCCL, workspaces
     torch.manual_seed(cfg.train.seed)
     base = build_model(cfg.model)
     compute: list[dict] = []

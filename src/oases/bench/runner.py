@@ -18,7 +18,6 @@ from __future__ import annotations
 import copy
 import json
 import statistics
-import time
 from pathlib import Path
 
 import torch
@@ -35,15 +34,21 @@ from oases.precision import Precision, resolve_precision
 from oases.schedule import Schedule, build_schedule, record_timeline
 from oases.schedule.program import Start, Wait, label
 from oases.schedule.timeline import Timeline
+from oases.timing import DeviceClock
 from oases.train.optim import build_optimizer, clip_grad_norm_
 
 
 def _timed(ctx: ParallelContext, fn) -> float:  # noqa: ANN001
+    """Seconds of ``fn()`` on every rank, barrier to barrier, on the device's clock
+    (``oases.timing``: CUDA events, read after the closing barrier's synchronize)."""
+    clock = DeviceClock(ctx.device)
     comm.barrier(ctx.world_group)
-    t = time.perf_counter()
+    start = clock.now()
     fn()
     comm.barrier(ctx.world_group)
-    return time.perf_counter() - t
+    end = clock.now()
+    clock.resolve()
+    return clock.elapsed_s(start, end)
 
 
 def comm_only_step(schedule: Schedule, model: torch.nn.Module, rows: int, seq: int,

@@ -136,7 +136,8 @@ class Handle:
 
     def on_complete(self, fn: Callable[[], None]) -> None:
         """Call ``fn()`` when the collective completes (gloo: on its communication thread).
-        NCCL completes the future when the work is *enqueued*: there, timelines synchronize.
+        NCCL completes the future when the work is *enqueued*: there, timelines stamp the end
+        with ``timing.DeviceClock.after`` instead.
         A collective without a future (none of ours on torch 2.13's gloo, whose
         reduce-scatter we run as an all-to-all; kept for other backends) is watched by a thread
         that polls ``is_completed()`` (instrumentation only: timelines are recorded for one
@@ -160,6 +161,16 @@ class Handle:
             threading.Thread(target=watch, daemon=True, name="oases-comm-watch").start()
             return
         future.then(lambda _: fn())
+
+    def wait_stream(self) -> None:
+        """Make the current CUDA stream wait for the collective's end, without blocking the
+        host, taking the result or touching the work (``timing.DeviceClock.after`` stamps the
+        end on a side stream this way; the owner still calls ``wait``): through the work's
+        CUDA-aware future, whose events NCCL records on its stream after the collective. Not
+        ``work.wait()``: NCCL may let go of the tensors it holds for the collective at the
+        first wait, and the side stream's would come before the compute stream's. NCCL only."""
+        if self._work is not None:
+            self._work.get_future().wait()
 
     def is_completed(self) -> bool:
         """Has the collective finished (without waiting for it)?"""
@@ -260,6 +271,9 @@ class _SeqHandle(_Keep):
     def on_complete(self, fn: Callable[[], None]) -> None:
         self._inner.on_complete(fn)
 
+    def wait_stream(self) -> None:
+        self._inner.wait_stream()
+
     def is_completed(self) -> bool:
         return self._inner.is_completed()
 
@@ -355,11 +369,17 @@ def seq_slice(x: Tensor, group: Group) -> Tensor:
 
 
 def _all_gather(x: Tensor, group: Group, dim: int, direction: str) -> Tensor:
+    """Every rank's ``x`` concatenated along ``dim``, in rank order: gathered into one tensor
+    (``all_gather_single``, NCCL's all-gather into a flat buffer, on gloo too), so that along
+    dim 0 the result is the buffer itself; along another dim one copy moves the chunks."""
     x = x.contiguous()
     _issue("all_gather", group, x, direction, "", False)
-    parts = [torch.empty_like(x) for _ in range(group.size)]
-    dist.all_gather(parts, x, group=group.pg)
-    return torch.cat(parts, dim=dim)
+    dim = dim % x.dim()
+    out = x.new_empty((group.size * x.shape[0], *x.shape[1:]))  # [g * b, ...]
+    dist.all_gather_single(out, x, group=group.pg)
+    if dim == 0:
+        return out
+    return torch.cat(out.chunk(group.size), dim=dim)
 
 
 def _local_chunk(x: Tensor, group: Group, dim: int) -> Tensor:
@@ -537,5 +557,7 @@ def reshard_batch_async(x: Tensor, from_tp: int, to_tp: int, group: Group, *,
     x = x.contiguous()
     out = x.new_empty((x.shape[0] * group.size, *x.shape[1:]))  # [g * b, ...]
     _issue("all_gather", group, x, direction, tag, True)
-    work = dist.all_gather(list(out.chunk(group.size)), x, group=group.pg, async_op=True)
-    return Handle(out, work)
+    # into one tensor (no list of views: NCCL gathers straight into ``out``; gloo supports it
+    # too, torch 2.13); the input is kept to the wait (the caller may hold it no longer)
+    work = dist.all_gather_single(out, x, group=group.pg, async_op=True)
+    return _Keep(out, work, x)

@@ -93,19 +93,47 @@ def check_degrees(world_size: int, tp: int) -> None:
         )
 
 
-def _new_group(ranks: list[int], timeout: datetime.timedelta) -> dist.ProcessGroup | None:
+def check_local_devices(local_rank: int, local_world_size: int, device_count: int) -> None:
+    """ValueError unless every local rank of an NCCL job has a GPU of its own: more ranks than
+    visible GPUs would share one (NCCL then fails far from the cause, or runs two ranks'
+    memory on one device)."""
+    if device_count < 1:
+        raise ValueError("parallel.backend='nccl' needs a CUDA device; none is visible "
+                         "(CUDA_VISIBLE_DEVICES?)")
+    if local_world_size > device_count or local_rank >= device_count:
+        raise ValueError(f"{max(local_world_size, local_rank + 1)} ranks on this machine "
+                         f"(LOCAL_WORLD_SIZE={local_world_size}, LOCAL_RANK={local_rank}) but "
+                         f"{device_count} visible GPU(s): one rank per GPU; start at most "
+                         f"--nproc-per-node={device_count}")
+
+
+def _group_options(backend: str, high_priority: bool) -> Any:
+    """``pg_options`` of a group: NCCL's with ``is_high_priority_stream`` when asked (its
+    collectives' kernels then go to a high-priority CUDA stream, scheduled ahead of compute
+    kernels waiting beside them); None otherwise (gloo has no streams: the knob is ignored)."""
+    if backend != "nccl" or not high_priority:
+        return None
+    options = dist.ProcessGroupNCCL.Options()
+    options.is_high_priority_stream = True
+    return options
+
+
+def _new_group(ranks: list[int], timeout: datetime.timedelta,
+               options: Any = None) -> dist.ProcessGroup | None:
     # Every rank must call new_group for every group, in the same order.
-    return dist.new_group(ranks, timeout=timeout) if len(ranks) > 1 else None
+    return (dist.new_group(ranks, timeout=timeout, pg_options=options) if len(ranks) > 1
+            else None)
 
 
 def _groups_for(d: int, world_size: int, rank: int, timeout: datetime.timedelta,
-                device: torch.device) -> tuple[Group, Group]:
-    """This rank's TP group (contiguous ranks) and DP group (equal TP rank) at degree ``d``."""
+                device: torch.device, tp_options: Any = None) -> tuple[Group, Group]:
+    """This rank's TP group (contiguous ranks) and DP group (equal TP rank) at degree ``d``;
+    ``tp_options``: the TP groups' ``pg_options``."""
     tp_group = dp_group = None
     index, tp_rank = divmod(rank, d)
     for i in range(world_size // d):
         ranks = list(range(i * d, (i + 1) * d))
-        pg = _new_group(ranks, timeout) if world_size > 1 else None
+        pg = _new_group(ranks, timeout, tp_options) if world_size > 1 else None
         if i == index:
             tp_group = Group("tp", tuple(ranks), tp_rank, pg, device)
     for j in range(d):
@@ -138,7 +166,7 @@ def _merge_group(a: int, b: int, world_size: int, rank: int, timeout: datetime.t
 
 def init_distributed(
     tp: int = 1, *, backend: str | None = None, timeout_s: float = 60.0,
-    degrees: tuple[int, ...] = (),
+    degrees: tuple[int, ...] = (), high_priority_tp: bool = False,
 ) -> ParallelContext:
     """Join (or reuse) the default process group and build the TP and DP groups.
 
@@ -151,6 +179,12 @@ def init_distributed(
     by ``timeout_s`` (a reused default group keeps the timeout it was created with), so a dead
     peer ends the job with an error instead of a hang. The degree check runs before any
     collective, so a bad ``tp`` fails on every rank at once.
+
+    NCCL: each local rank takes GPU ``LOCAL_RANK`` (ValueError when the machine's ranks,
+    ``LOCAL_WORLD_SIZE``, outnumber the visible GPUs: ``check_local_devices``); the default
+    group is created eagerly on that device (``device_id``: its communicator exists at once
+    and the groups made here are split from it); ``high_priority_tp`` puts the TP groups'
+    collectives on high-priority streams (``parallel.high_priority_tp``; ignored by gloo).
     """
     if timeout_s <= 0:
         raise ValueError(f"parallel.timeout_s={timeout_s} must be positive")
@@ -167,25 +201,30 @@ def init_distributed(
         if backend in (None, "auto"):
             backend = "nccl" if torch.cuda.is_available() else "gloo"
     local_rank = int(os.environ.get("LOCAL_RANK", str(rank)))
+    local_world_size = int(os.environ.get("LOCAL_WORLD_SIZE", str(local_rank + 1)))
     check_degrees(world_size, tp)
 
     if backend == "nccl":
         if not torch.cuda.is_available():
             raise ValueError("parallel.backend='nccl' needs CUDA, which is not available")
-        device = torch.device("cuda", local_rank % torch.cuda.device_count())
+        check_local_devices(local_rank, local_world_size, torch.cuda.device_count())
+        device = torch.device("cuda", local_rank)
         torch.cuda.set_device(device)
     else:
         device = torch.device("cpu")
 
     timeout = datetime.timedelta(seconds=timeout_s)
     if world_size > 1 and not dist.is_initialized():
-        dist.init_process_group(backend, timeout=timeout, device_id=None)
+        dist.init_process_group(backend, timeout=timeout,
+                                device_id=device if backend == "nccl" else None)
+    tp_options = _group_options(backend, high_priority_tp)
 
     all_degrees = sorted({tp, *degrees})
     for d in all_degrees:
         check_degrees(world_size, d)
     # Every rank creates every group, in this same order (new_group is collective).
-    groups = {d: _groups_for(d, world_size, rank, timeout, device) for d in all_degrees}
+    groups = {d: _groups_for(d, world_size, rank, timeout, device, tp_options)
+              for d in all_degrees}
     merges = {(a, b): _merge_group(a, b, world_size, rank, timeout, device)
               for a in all_degrees for b in all_degrees if a < b}
     tp_group, dp_group = groups[tp]
@@ -226,6 +265,19 @@ def fault_spec() -> str:
     """``OASES_FAULT``: a testing hook, the fault to inject into this rank (``train/faults.py``
     parses it; empty, the default, injects nothing). Read at each call, not at import."""
     return os.environ.get("OASES_FAULT", "")
+
+
+def release_groups(ctx: ParallelContext) -> None:
+    """Destroy the process groups ``ctx`` built (not the default group), when a context is
+    replaced by another (the training loop's first context, before it has read a plan): each
+    holds a communicator (NCCL: device buffers and a stream) that would live to the end."""
+    if not (dist.is_available() and dist.is_initialized()):
+        return
+    pgs = {id(g.pg): g.pg for pair in ctx.groups.values() for g in pair if g.pg is not None}
+    pgs.update({id(g.pg): g.pg for g in ctx.merge_groups.values() if g.pg is not None})
+    for pg in pgs.values():
+        if pg is not dist.group.WORLD:
+            dist.destroy_process_group(pg)
 
 
 def close_distributed() -> None:

@@ -24,6 +24,12 @@ the compute dtype's bytes (``saved_bytes``). The optimizer step adds one copy of
 parameters it updates (foreach temporaries); stages 1-2 all-gather the updated shards at the
 next step's head ("ag", a copy of each shard in flight to its Wait). A tied head's backward
 makes the embedding's gradient.
+
+The peak is ``baseline + workspace + allocated``: ``allocated`` is the tensors walked here (on a
+GPU what ``torch.cuda.max_memory_allocated`` measures), ``baseline`` the profile's per-rank
+memory before the model (CPU: the resident set; CUDA: context, NCCL buffers and workspaces
+outside the allocator, ``memory.device_baseline_bytes``), ``workspace`` what warm steps leave
+resident beyond the tensors (CPU only; 0 on a GPU).
 """
 
 from __future__ import annotations
@@ -187,7 +193,8 @@ def peak_memory(cfg: ModelConfig, program: list[Instr], kinds: list[str], degree
     gather_peak = static + sum(shard[i] for i in range(n) if state.stages[i] in (1, 2))
     baseline = float(getattr(costs, "baseline_bytes", 0.0))
     workspace = float(getattr(costs, "workspace_bytes", 0.0))  # a profile's measurement
-    return {"peak": baseline + workspace + max(peak, opt_peak, gather_peak),
+    allocated = max(peak, opt_peak, gather_peak)  # the tensors: a GPU's allocator peak
+    return {"peak": baseline + workspace + allocated, "allocated": allocated,
             "baseline": baseline, "workspace": workspace,
             "params": by_kind["weights"], "grads": grads_end,
             "optimizer_state": by_kind["optimizer"], "activations_peak": peak_act}

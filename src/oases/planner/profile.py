@@ -13,6 +13,9 @@ made for::
     memory       [{region, mode, tp, rows, saved_bytes}]     activations kept forward -> backward
     optimizer    [{n_params, s}]                             one AdamW step
     baseline_bytes                                           a rank's memory before the model
+                                                             (CPU: resident set; CUDA: device
+                                                             memory outside the allocator:
+                                                             context, NCCL buffers, workspaces)
     workspace_bytes                                          what warm steps leave resident
                                                              beyond the tensors (0: older)
     contention   {op: factor}      compute slowdown while that collective is in flight; a
@@ -59,6 +62,22 @@ def fit_latency_bandwidth(points: list[tuple[float, float]]) -> tuple[float, flo
     if intercept < 0:  # through the origin
         return 0.0, float((x * x).sum() / (x * y).sum())
     return float(intercept), float(1.0 / slope)
+
+
+def check_collective_fit(op: str, group_size: int, points: list[tuple[float, float]]
+                         ) -> tuple[float, float]:
+    """``fit_latency_bandwidth`` of one collective's measured (nbytes, s) points, or ValueError
+    when the fitted bandwidth is not finite and positive: times that do not grow with size
+    were not timed to the collective's end (on CUDA, a clock read at enqueue, without events
+    or a synchronize), and a plan made from them would price every byte at zero."""
+    latency, bandwidth = fit_latency_bandwidth(points)
+    if not (np.isfinite(bandwidth) and bandwidth > 0):
+        shown = ", ".join(f"{int(n)} B: {s * 1e6:.1f} us" for n, s in sorted(points))
+        raise ValueError(f"the profile's {op} over {group_size} ranks fits a bandwidth of "
+                         f"{bandwidth} B/s: its times do not grow with size ({shown}); the "
+                         "measurement did not wait for the collectives to end (or the sizes "
+                         "are too small to tell latency from bandwidth); profile again")
+    return latency, bandwidth
 
 
 @dataclass

@@ -350,6 +350,16 @@ def _dp_buckets(cfg: ModelConfig, kinds: list[str], degrees: list[int], world_si
     return buckets
 
 
+def dp_bucket_bytes(buckets: dict[int, list[tuple[int, int]]],
+                    element_bytes: float = 4) -> dict[int, float]:
+    """{backward task: bytes of its flat gradient copy} (``comm.gradient_mean_async``
+    concatenates a bucket's gradients over each DP group into one buffer, in the dtype it
+    reduces in, ``element_bytes`` an element, that lives from the bucket's Start to its Wait);
+    a DP group of one rank copies nothing."""
+    return {t: float(sum(numel for dp, numel in parts if dp > 1) * element_bytes)
+            for t, parts in buckets.items()}
+
+
 def zero_layout(cfg: ModelConfig, stages: tuple[int, ...],
                 reshard_after_forward: bool = True, *, gather_updated: bool = True,
                 ends_step: bool = True) -> ZeroLayout | None:
@@ -572,9 +582,7 @@ def simulate_plan(cfg: ModelConfig, plan: ParallelPlan, costs: Costs, world_size
     n = len(degrees)
     opt_s = optimizer(sum(state.updated(i) for i in range(n))) if optimizer is not None else 0.0
     mem = peak_memory(cfg, program, kinds, degrees, rows, sp_mode(spec.recompute, sp), costs,
-                      state, region_uses(cfg, n),
-                      {t: sum(numel for _, numel in parts) * prec.grad_reduce_bytes
-                       for t, parts in buckets.items()},
+                      state, region_uses(cfg, n), dp_bucket_bytes(buckets, prec.grad_reduce_bytes),
                       repeats=1 if whole else n_micro, graph_mode=sp_mode("none", sp))
     events = sim.timeline
     if timeline:

@@ -73,6 +73,7 @@ from oases.schedule.program import (
 )
 from oases.schedule.regions import build_chain, dp_bucket_groups, dp_buckets
 from oases.schedule.timeline import Event, active_timelines
+from oases.timing import DeviceClock, Stamp
 
 
 class Executor:
@@ -148,25 +149,24 @@ class Executor:
         self.tokens, self.targets, self.scale = tokens, targets, loss_scale
         self._reset()
         timelines = list(active_timelines())
-        sync = bool(timelines) and self.ctx.device.type == "cuda"  # honest device times
+        # honest device times without a synchronize inside the step (``oases.timing``)
+        clock = DeviceClock(self.ctx.device) if timelines else None
+        self._pending: list[tuple] = []  # CUDA: events whose stamps resolve after the step
         try:
             with input_grads_unreduced(self.model):
                 for ins in program:
-                    t = time.perf_counter()
                     if isinstance(ins, Compute):
+                        start = clock.now() if clock is not None else None
                         self._compute(ins)
-                        if timelines:
-                            if sync:
-                                torch.cuda.synchronize(self.ctx.device)
-                            self._event(timelines, "compute", label(ins), ins.phase, ins.sub, t)
+                        if clock is not None:
+                            self._event(timelines, clock, "compute", label(ins), ins.phase,
+                                        ins.sub, start, clock.now())
                     elif isinstance(ins, Start):
-                        self._start(ins, timelines)
+                        self._start(ins, timelines, clock)
                     elif isinstance(ins, Release):
                         self.zero.release(ins.index)
                     else:
                         self._wait(ins)
-                        if sync:
-                            torch.cuda.synchronize(self.ctx.device)
             state = {"graphs": self.bg, "epi": self.eg, "x": self.x, "p": self.p,
                      "handles": self.handles, "saved": self.saved, "inputs": self.inputs,
                      "rng": self.rng, "h slices": self.hs, "gathered h": self.hfull,
@@ -175,9 +175,17 @@ class Executor:
                      "dh": self.dh}
             leftovers = [k for k, d in state.items() if d]
             assert not leftovers, f"program left state behind: {leftovers}"
+            if clock is not None and self._pending:  # CUDA: one synchronize, after the step
+                clock.resolve()
+                for lane, name, phase, sub, start, end in self._pending:
+                    ev = Event(self.ctx.rank, lane, name, phase, sub, clock.seconds(start),
+                               clock.seconds(end))
+                    for tl in timelines:
+                        tl.add(ev)
             return [self.losses[j] for j in sorted(self.losses)]
         finally:  # never keep a step's graphs alive past it (an OOM retry must find memory)
             self._reset()
+            self._pending = []
             self.tokens = self.targets = None
 
     def _reset(self) -> None:
@@ -198,12 +206,17 @@ class Executor:
         self.handles: dict = {}
         self.losses: dict[int, Tensor] = {}
         self._seen: set[int] = set()
+        self._scale_grads: dict[tuple, Tensor] = {}  # (dtype, device) -> the loss scale
 
-    def _event(self, timelines: list, lane: str, name: str, phase: str, sub: int,
-               start: float) -> None:
+    def _event(self, timelines: list, clock: DeviceClock, lane: str, name: str, phase: str,
+               sub: int, start: Stamp, end: Stamp) -> None:
         """Times are absolute ``perf_counter`` seconds (one clock for all processes of a
-        machine); timelines are normalized when drawn or exported."""
-        ev = Event(self.ctx.rank, lane, name, phase, sub, start, time.perf_counter())
+        machine); timelines are normalized when drawn or exported. CPU: added now; CUDA: kept
+        until ``run`` resolves the step's events after its last instruction."""
+        if clock.cuda:
+            self._pending.append((lane, name, phase, sub, start, end))
+            return
+        ev = Event(self.ctx.rank, lane, name, phase, sub, start, end)
         for tl in timelines:
             tl.add(ev)
 
@@ -406,9 +419,13 @@ class Executor:
             return
         xl, h, hl, out = self.bg[i, j]
         if region.kind == "head":
-            # the loss scale in the loss's dtype (a float64 run's 1/3 is not rounded to fp32)
-            torch.autograd.backward(out, torch.tensor(self.scale, dtype=out.dtype,
-                                                      device=out.device))
+            # the loss scale in the loss's dtype (a float64 run's 1/3 is not rounded to fp32),
+            # filled on the device (a fill kernel: no host-to-device copy, no sync), once a run
+            key = (out.dtype, out.device)
+            if key not in self._scale_grads:
+                self._scale_grads[key] = torch.full((), self.scale, dtype=out.dtype,
+                                                    device=out.device)
+            torch.autograd.backward(out, self._scale_grads[key])
         else:
             dy = region.row.backward_partial(out, self.dr.pop((i, j)))  # [b, S, I/t]
             torch.autograd.backward(out, dy)
@@ -416,10 +433,10 @@ class Executor:
         self.dh[i, j] = hl.grad  # partial sums of dL/dh over the TP group
 
     # ----------------------------------------------------------------------------- collectives
-    def _start(self, ins: Start, timelines: list) -> None:
+    def _start(self, ins: Start, timelines: list, clock: DeviceClock | None) -> None:
         i, j = ins.index, ins.sub
         tag = f"{ins.kind}:{i}:{j}"
-        issued = time.perf_counter()
+        issued = clock.now() if clock is not None else 0.0
         handles: list[tuple[comm.Handle, bool]] = []  # (handle, moves data between ranks)
         if ins.kind == "rs":  # ZeRO: this rank's shard of region i's gradient
             handles.append((self.zero.start_grad_reduce(i, tag, self.grad_reduce_dtype),
@@ -481,17 +498,20 @@ class Executor:
                 handles.append((comm.Handle(t, None) if self.skip_comm else
                                 comm.all_reduce_async(t, group, direction=direction, tag=tag),
                                 group.size > 1))
-        if timelines and not self.skip_comm:
+        if clock is not None and not self.skip_comm:
             rank, name = self.ctx.rank, comm_name(ins.kind, i)
+            if clock.cuda:  # an event on the clock's side stream, after the collective
+                self._pending += [("comm", name, ins.kind, j, issued, clock.after(handle))
+                                  for handle, moves in handles if moves]
+            else:
+                def done(sub: int = j, phase: str = ins.kind) -> None:
+                    ev = Event(rank, "comm", name, phase, sub, issued, time.perf_counter())
+                    for tl in timelines:  # the timelines open at issue, even if one closed
+                        tl.add(ev)
 
-            def done(sub: int = j, phase: str = ins.kind) -> None:
-                ev = Event(rank, "comm", name, phase, sub, issued, time.perf_counter())
-                for tl in timelines:  # the timelines open at issue, even if one closed since
-                    tl.add(ev)
-
-            for handle, moves in handles:
-                if moves:
-                    handle.on_complete(done)
+                for handle, moves in handles:
+                    if moves:
+                        handle.on_complete(done)
         self.handles[ins.kind, i, j] = [h for h, _ in handles]
 
     def _glue_grads(self, params: list) -> list[Tensor]:
@@ -540,6 +560,9 @@ class _Unflatten(comm.Handle):
 
     def on_complete(self, fn) -> None:  # noqa: ANN001
         self._inner.on_complete(fn)
+
+    def wait_stream(self) -> None:
+        self._inner.wait_stream()
 
     def wait(self) -> Tensor:
         flat = self._inner.wait()

@@ -12,12 +12,21 @@ no restarts) this process is the rank and calls ``run_rank`` directly; torchrun'
 A user error found inside a rank (a ``ValueError``) prints one ``error: ...`` line on stderr and
 ends the rank with exit code 2; the supervisor then stops the other ranks, restarts nothing and
 returns 2.
+
+An NCCL collective timeout is found by NCCL's watchdog thread, whose message ("[Rank r]
+Watchdog caught collective operation timeout: WorkNCCL(SeqNum=.., OpType=.., ...) ran for ..
+milliseconds before timing out.") comes wrapped in a ``DistBackendError`` and a C++ trace.
+``nccl_timeout_line`` turns it into one line (which rank, which collective, how long, the
+limit); a rank that catches such an error prints that line and ends with exit code 1 (not a
+user error: the supervisor may restart the group), and the supervisor's failure line uses it
+for a rank's ``error.json`` (``supervise._error_line``).
 """
 
 from __future__ import annotations
 
 import logging
 import os
+import re
 import sys
 from typing import Any
 
@@ -28,6 +37,32 @@ from oases.parallel.context import close_distributed, launched_by_torchrun
 
 EXIT_USER_ERROR = 2
 EXIT_RANK_FAILED = 1
+
+_NCCL_TIMEOUT = re.compile(
+    r"\[Rank (?P<rank>\d+)\] Watchdog caught collective operation timeout: "
+    r"WorkNCCL\((?P<work>[^)]*(?:\([^)]*\)[^)]*)*)\) ran for (?P<ms>\d+) milliseconds")
+
+
+def nccl_timeout_line(text: str) -> str | None:
+    """One line for the first NCCL watchdog timeout in ``text`` (a rank's stderr or an
+    exception's message), or None when there is none: the rank, the collective (its kind,
+    sequence number and elements), how long it ran and the limit (``parallel.timeout_s``)."""
+    m = _NCCL_TIMEOUT.search(text)
+    if m is None:
+        if "Watchdog caught collective operation timeout" in text:  # a format not known here
+            return "NCCL collective timed out (ProcessGroupNCCL watchdog; see the rank's log)"
+        return None
+    fields = dict(kv.split("=", 1) for kv in m["work"].split(", ") if "=" in kv)
+    op = fields.get("OpType", "a collective")
+    what = ", ".join(f"{k} {fields[key]}" for k, key in (("sequence number", "SeqNum"),
+                                                          ("elements", "NumelIn"))
+                     if key in fields)
+    limit = fields.get("Timeout(ms)")
+    over = (f", over the {int(limit) / 1000:g} s limit (parallel.timeout_s)" if limit
+            and limit.isdigit() else "")
+    return (f"NCCL collective timed out on rank {m['rank']}: {op}"
+            + (f" ({what})" if what else "") + f" ran {int(m['ms']) / 1000:.1f} s{over}; "
+            "a peer stopped, died or issued another collective")
 
 
 def under_torchrun() -> bool:
@@ -52,6 +87,14 @@ def run_rank(cfg: Config, num_threads: int | None = None) -> dict[str, Any] | No
     except ValueError as exc:  # user input (config, data): one line, no traceback
         print(f"error: {exc}", file=sys.stderr, flush=True)
         failed = True
+    except RuntimeError as exc:  # an NCCL timeout in one line; anything else as it is
+        line = nccl_timeout_line(str(exc))
+        if line is None:
+            raise
+        print(f"error: {line}", file=sys.stderr, flush=True)
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(EXIT_RANK_FAILED)  # not a user error: the supervisor may restart
     finally:
         close_distributed()
     if failed:

@@ -54,10 +54,15 @@ import torch
 
 from oases.config import Config, config_to_dict, save_config
 from oases.memory import peak_memory_mb
-from oases.model import build_model, count_params
+from oases.model import build_model, check_batch, count_params
 from oases.parallel import comm
 from oases.parallel.apply import parallelize, parameter_degrees
-from oases.parallel.context import ParallelContext, build_tp_mesh, init_distributed
+from oases.parallel.context import (
+    ParallelContext,
+    build_tp_mesh,
+    init_distributed,
+    release_groups,
+)
 from oases.parallel.shard import materialized, shard_model
 from oases.plan import ParallelPlan
 from oases.precision import resolve_precision, upcast
@@ -121,7 +126,8 @@ def train(
     resumed run stops at the same place), with a checkpoint, as a stopped job would; the LR
     schedule still follows ``train.steps``.
     """
-    groups = dict(timeout_s=cfg.parallel.timeout_s, backend=cfg.parallel.backend)
+    groups = dict(timeout_s=cfg.parallel.timeout_s, backend=cfg.parallel.backend,
+                  high_priority_tp=cfg.parallel.high_priority_tp)
     # with a plan, its degrees' groups are built once every rank has read it
     ctx = init_distributed(tp=1 if cfg.parallel.plan else cfg.parallel.tp, **groups)
     t, S = cfg.train, cfg.model.seq_len
@@ -146,6 +152,7 @@ def train(
     else:
         agree_on_value(ctx, zlib.crc32(plan.to_json().encode()) % (1 << 24),
                        "parallel.plan (every machine must read the same plan)")
+        release_groups(ctx)  # the first context's groups (a communicator each on NCCL)
         ctx = init_distributed(tp=plan.tp_of("embed"), degrees=plan.degrees(), **groups)
     try:  # nothing is written before every check of a resumed run has passed
         resume_from = resolve_resume(cfg, warnings)
@@ -316,6 +323,8 @@ def train(
             for group in optimizer.param_groups:
                 group["lr"] = lr
             tokens, targets = train_data.next_batch()
+            if ctx.device.type != "cpu":  # ids checked on the host (no device sync); the
+                check_batch(cfg.model, tokens, targets)  # schedule checks CPU batches itself
             recording = record_timeline() if step == timeline_step else contextlib.nullcontext()
             with precision.autocast(), recording as timeline:
                 local = schedule.step(model, tokens.to(ctx.device), targets.to(ctx.device))
@@ -330,6 +339,8 @@ def train(
             if not math.isfinite(loss):  # the same on every rank: rank 0 reports it
                 msg = f"loss became {loss} at step {step + 1}; try a lower train.lr={t.lr}"
                 raise ValueError(msg) if is_main else PeerError(msg)
+            # host time: float(loss) above waited for the step's device work (the timeline's
+            # events come from the executor's DeviceClock, without a sync inside the step)
             dt = time.perf_counter() - t0
             losses.append(loss)
             grad_norms.append(grad_norm)

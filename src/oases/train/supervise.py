@@ -68,7 +68,7 @@ from pathlib import Path
 from typing import Any
 
 from oases.config import Config
-from oases.train.launch import EXIT_RANK_FAILED, EXIT_USER_ERROR, run_rank
+from oases.train.launch import EXIT_RANK_FAILED, EXIT_USER_ERROR, nccl_timeout_line, run_rank
 from oases.train.restart_events import EventLog
 
 _SOURCE_PREFIX = re.compile(r"\[[^\]\s]+\.(?:cc|cpp|h|hpp):\d+\]\s*")
@@ -129,7 +129,8 @@ def describe_failure(ends: list[RankEnd]) -> str:
 
 
 def _error_line(path: str) -> str:
-    """The first line of the exception message in a torch elastic ``error.json``."""
+    """The first line of the exception message in a torch elastic ``error.json`` (an NCCL
+    watchdog timeout: ``launch.nccl_timeout_line``)."""
     try:
         data = json.loads(Path(path).read_text(encoding="utf-8"))
     except (OSError, ValueError):
@@ -137,6 +138,9 @@ def _error_line(path: str) -> str:
     msg = data.get("message", "")
     if isinstance(msg, dict):
         msg = msg.get("message", "")
+    nccl = nccl_timeout_line(str(msg))  # the watchdog's message, wrapped in a C++ trace
+    if nccl is not None:
+        return nccl
     line = next((ln.strip() for ln in str(msg).splitlines() if ln.strip()), "")
     line = _SOURCE_PREFIX.sub("", line)  # gloo's "[/path/to/file.cc:78] "
     return line if len(line) <= 160 else line[:157] + "..."

@@ -1,0 +1,109 @@
+#!/usr/bin/env bash
+# The GPU check of issue 16, in one command (< 8 minutes on one GPU):
+#
+#   benchmarks/gpu/run.sh [OUT_DIR]        (default: $OUT, else benchmarks/gpu/out)
+#
+#   1. pytest tests/test_gpu.py: every schedule against the single-device model (fp32, and bf16
+#      under the same autocast), the device clock (CUDA events, no sync), a timeline, no host
+#      sync in a step of any schedule (torch.cuda.set_sync_debug_mode("warn"), warnings as
+#      errors), the memory terms; on 2+ GPUs NCCL ranks: every schedule, a mixed plan and
+#      dropout recompute against the single-device model / its twin, bf16, a timeline with a
+#      communication lane, the profile's collectives growing with size (skipped on one GPU)
+#   2. oases profile on the GPU(s): collective times (2+ GPUs) and optimizer step times grow
+#      with size, fitted bandwidths finite and positive
+#   3. a short training run that writes its timeline (timeline.png / timeline.json)
+#
+# Run from the repository root, with the project's Python (PY, default python) and CUDA.
+set -euo pipefail
+cd "$(dirname "$0")/../.."
+PY=${PY:-python}
+OUT_DIR=${1:-${OUT:-benchmarks/gpu/out}}
+mkdir -p "$OUT_DIR"
+export PYTHONPATH="$PWD/src${PYTHONPATH:+:$PYTHONPATH}"
+START=$(date +%s)
+FAILED=()
+step() { echo; echo "== $* ($(( $(date +%s) - START )) s)"; }
+fail() { FAILED+=("$1"); echo "FAILED: $1"; }
+GPUS=$($PY -c "import torch; print(torch.cuda.device_count() if torch.cuda.is_available() else 0)")
+if [ "$GPUS" -lt 1 ]; then echo "error: no CUDA device visible" >&2; exit 2; fi
+NPROC=$(( GPUS >= 2 ? 2 : 1 ))
+TP=$NPROC
+{
+  date -u +"%Y-%m-%d %H:%M:%S UTC"; git rev-parse HEAD 2>/dev/null || true
+  nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader || true
+  $PY -c "import torch; print('torch', torch.__version__, 'cuda', torch.version.cuda, \
+'nccl', torch.cuda.nccl.version())"
+} | tee "$OUT_DIR/machine.txt"
+[ "$GPUS" -ge 2 ] || echo "note: one GPU: the NCCL checks (2+ GPUs) are skipped"
+
+step "1. tests/test_gpu.py"
+timeout 210 $PY -m pytest -q -rs tests/test_gpu.py 2>&1 | tee "$OUT_DIR/test_gpu.txt" \
+  || fail "tests/test_gpu.py"
+
+step "2. oases profile on $NPROC GPU(s)"
+timeout 120 $PY -m oases profile configs/tiny.toml --parallel.tp="$TP" --nproc-per-node "$NPROC" \
+  --out "$OUT_DIR/profile.json" --repeats 3 2>&1 | tail -n 20 | tee "$OUT_DIR/profile.txt" \
+  || fail "oases profile"
+$PY - "$OUT_DIR/profile.json" <<'PYCHECK' 2>&1 | tee "$OUT_DIR/profile-check.txt" \
+  || fail "profile times grow with size"
+import json, sys
+import torch
+from oases.planner.profile import check_collective_fit
+from oases.timing import DeviceClock
+
+prof = json.load(open(sys.argv[1]))
+by = {}
+for e in prof["collectives"]:
+    by.setdefault((e["op"], e["group_size"]), []).append((e["nbytes"], e["s"]))
+for (op, g), pts in sorted(by.items()):
+    pts.sort()
+    lat, bw = check_collective_fit(op, g, pts)  # raises unless finite and positive
+    print(f"{op} over {g}: {pts[0][0]} B {pts[0][1] * 1e6:.1f} us -> {pts[-1][0]} B "
+          f"{pts[-1][1] * 1e6:.1f} us; fit {lat * 1e6:.1f} us + bytes / {bw / 1e9:.2f} GB/s")
+    assert pts[-1][1] > pts[0][1], f"{op} over {g}: times do not grow with size"
+if not by:
+    print("collectives: none (one GPU: no group to measure)")
+opt = sorted((e["n_params"], e["s"]) for e in prof["optimizer"])
+print("optimizer (profile):", ", ".join(f"{n} params {s * 1e3:.3f} ms" for n, s in opt))
+if len(opt) > 1:
+    assert opt[-1][1] > opt[0][1], "optimizer times do not grow with size"
+# the optimizer step at two sizes on this GPU, on the device clock (as the profile times it)
+clock, dev = DeviceClock(torch.device("cuda")), torch.device("cuda")
+times = []
+for n in (2**20, 2**26):
+    p = torch.nn.Parameter(torch.randn(n, device=dev))
+    p.grad = torch.randn(n, device=dev)
+    opt_ = torch.optim.AdamW([p], lr=1e-3)
+    for _ in range(3):
+        opt_.step()
+    s = sorted(clock.time_s(opt_.step) for _ in range(5))[2]
+    times.append(s)
+    print(f"AdamW step, {n} params: {s * 1e3:.3f} ms")
+assert times[1] > times[0], "optimizer times do not grow with size"
+print("profile check: ok")
+PYCHECK
+
+step "3. a short training run with its timeline"
+timeout 90 $PY -m oases train configs/tiny.toml --nproc-per-node "$NPROC" \
+  --parallel.tp="$TP" --schedule.name=oases --train.steps=4 --train.eval_every=0 \
+  --checkpoint.every=0 --train.run_dir="$OUT_DIR/train" 2>&1 | tail -n 15 \
+  | tee "$OUT_DIR/train.txt" || fail "oases train"
+$PY - "$OUT_DIR/train/timeline.json" <<'PYCHECK' 2>&1 | tee -a "$OUT_DIR/train.txt" \
+  || fail "training timeline"
+import sys
+from oases.schedule.timeline import Timeline
+
+tl = Timeline.load_chrome_trace(sys.argv[1])
+comm = [e for e in tl.events if e.lane == "comm"]
+print(f"timeline: {len(tl.events)} events, span {tl.span_s() * 1e3:.2f} ms, compute busy "
+      f"{tl.busy_s('compute') * 1e3:.2f} ms, comm busy {tl.busy_s('comm') * 1e3:.2f} ms "
+      f"({len(comm)} collectives)")
+assert tl.events and all(e.end_s >= e.start_s for e in tl.events)
+PYCHECK
+
+step "done in $(( $(date +%s) - START )) s; outputs in $OUT_DIR"
+if [ ${#FAILED[@]} -gt 0 ]; then
+  echo "GPU check FAILED: ${FAILED[*]}"
+  exit 1
+fi
+echo "GPU check passed"
