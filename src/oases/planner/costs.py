@@ -148,7 +148,9 @@ def _sp_saved_bytes(cfg: ModelConfig, kind: str, mode: str, tp: int, tok: int,
         return tok * e * (2 * H / tp + H)  # ... and the gathered input h
     if mode == "sp-block":
         return tok * e * H / tp if kind == "attn" else 0.0  # the block input's slice
-    glue = 2 * H / tp + H  # norm in, residual slices; the gathered h
+    # of the unsliced 3H only the norm's input is a slice (the executor's accounting: a block
+    # of the bench model keeps 18.0 MiB instead of 20.0 at tp=2, one [b, S, H] less per block)
+    glue = H / tp + 2 * H
     if kind == "attn":
         qkv = (cfg.n_heads + 2 * cfg.n_kv_heads) * cfg.head_dim / tp
         rope = qkv * 2 / 3 if cfg.arch == "llama" else 0.0

@@ -115,6 +115,18 @@ def peak_memory(cfg: ModelConfig, program: list[Instr], kinds: list[str], degree
     gather_copy = [padded[i] if getattr(costs, "all_gather_copies_output", False) else 0.0
                    for i in range(n)]
 
+    # sequence parallelism's collectives in flight (``comm.seq_*_async``): a gather holds the
+    # sequence-first copy of its slice (none for one row) and its [b, S, H] output; a
+    # reduce-scatter the sequence-first copy of the partial sums, its slice and, on gloo, the
+    # all-to-all's receive buffer
+    seq = [0.0] * n, [0.0] * n
+    if mode.startswith("sp-"):
+        act = [rows[i] * cfg.seq_len * cfg.dim * prec.activation_bytes for i in range(n)]
+        copy = [1.0 if rows[i] > 1 else 0.0 for i in range(n)]
+        seq = ([act[i] * (copy[i] / degrees[i] + 1) for i in range(n)],
+               [act[i] * (copy[i] + 1 / degrees[i] + (1 if scatter_copy else 0))
+                for i in range(n)])
+
     def walk(later: bool) -> tuple[float, float, float]:
         whole: set[int] = set()  # regions whose full gradient is alive
         shards: set[int] = set()  # regions whose gradient shard exists (ZeRO)
@@ -170,6 +182,13 @@ def peak_memory(cfg: ModelConfig, program: list[Instr], kinds: list[str], degree
                 if ins.index in gathered:
                     gathered.discard(ins.index)
                     held -= padded[ins.index]
+            elif isinstance(ins, Start) and ins.kind in ("gf", "gb", "gr", "fwd", "bwd"):
+                held_now = seq[ins.kind in ("fwd", "bwd")][ins.index]
+                if held_now:
+                    inflight[ins.kind, ins.index, ins.sub] = held_now
+                    moving += held_now
+            elif isinstance(ins, Wait) and ins.kind in ("gf", "gb", "gr", "fwd", "bwd"):
+                moving -= inflight.pop((ins.kind, ins.index, ins.sub), 0.0)
             elif isinstance(ins, Start) and ins.kind == "dp":
                 inflight[ins.kind, ins.index, ins.sub] = bucket_bytes.get(ins.index, 0.0)
                 moving += bucket_bytes.get(ins.index, 0.0)
