@@ -25,3 +25,11 @@ schedules="$schedules,commfree-recompute@sp=shards,oases@sp=shards"
 .venv/bin/oases bench configs/bench.toml --nproc-per-node 2 --memory \
   --schedules "megatron,megatron@sp=gathered,megatron-recompute,megatron-recompute@sp=gathered,oases,oases@sp=gathered,oases@sp=shards" \
   --steps 2 --warmup 1 --out $out/memory
+# 4. every schedule with and without it at three sub-batches (6 sequences), more steps
+schedules="megatron-sp"
+for s in megatron megatron-recompute commfree-recompute overlap overlap-recompute oases; do
+  schedules="$schedules,$s,$s@sp=gathered"
+done
+.venv/bin/oases bench configs/bench.toml --nproc-per-node 2 --link 343mbit \
+  --train.micro_batch=6 --train.global_batch=6 --schedule.n_sub=3 \
+  --schedules "$schedules" --steps 6 --warmup 1 --out $out/bench-343mbit-nsub3-all
