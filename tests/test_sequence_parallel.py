@@ -244,6 +244,16 @@ def _tag_counts(records, kinds: str) -> collections.Counter:
     return counts
 
 
+def _with_and_without(ref, ctx):  # noqa: ANN001, ANN202
+    """(name, sp, a parallelized copy of ``ref``, its schedule) for every schedule without
+    sequence parallelism and with each mode (megatron-sp: always with it)."""
+    for name in ALL:
+        for sp in (None, *SP_MODES):
+            if name != "megatron-sp" or sp is not None:
+                yield name, sp, parallelize(copy.deepcopy(ref), ctx), build_schedule(
+                    name, n_sub=2, sp=sp)
+
+
 def _rank_collectives(rank: int, world_size: int) -> dict:
     """The recording hook over one step of every schedule with and without sequence
     parallelism: per block and sub-batch, by kind and op; bytes of each kind."""
@@ -253,24 +263,19 @@ def _rank_collectives(rank: int, world_size: int) -> dict:
     ref = build_model(cfg)
     tokens, targets = _tokens(71), _tokens(72)
     out = {}
-    for name in ALL:
-        for sp in (None, *SP_MODES):
-            if name == "megatron-sp" and sp is None:
-                continue
-            model = parallelize(copy.deepcopy(ref), ctx)
-            sched = build_schedule(name, n_sub=2, sp=sp)
-            with record_collectives() as records:
-                sched.step(model, tokens, targets)
-            program = sched.program(model, B)
-            starts = [f"{i.kind}:{i.index}:{i.sub}" for i in program if isinstance(i, Start)]
-            issued = [r.tag for r in records if not r.tag.startswith("ce-")]  # (the loss's)
-            assert issued == starts, f"{name} sp={sp}: issued {issued}\n program {starts}"
-            nbytes = {(r.tag.split(":")[0], r.op): r.nbytes for r in records
-                      if re.match(r"(fwd|bwd|gf|gb|gr):", r.tag)}
-            out[name, sp] = {"counts": dict(_tag_counts(records, "fwd|bwd|gf|gb|gr")),
-                             "bytes": nbytes,
-                             "sg": [(r.op, r.group) for r in records if r.tag.startswith("sg")],
-                             "dtype": sorted({r.dtype for r in records})}
+    for name, sp, model, sched in _with_and_without(ref, ctx):
+        with record_collectives() as records:
+            sched.step(model, tokens, targets)
+        program = sched.program(model, B)
+        starts = [f"{i.kind}:{i.index}:{i.sub}" for i in program if isinstance(i, Start)]
+        issued = [r.tag for r in records if not r.tag.startswith("ce-")]  # (the loss's)
+        assert issued == starts, f"{name} sp={sp}: issued {issued}\n program {starts}"
+        nbytes = {(r.tag.split(":")[0], r.op): r.nbytes for r in records
+                  if re.match(r"(fwd|bwd|gf|gb|gr):", r.tag)}
+        out[name, sp] = {"counts": dict(_tag_counts(records, "fwd|bwd|gf|gb|gr")),
+                         "bytes": nbytes,
+                         "sg": [(r.op, r.group) for r in records if r.tag.startswith("sg")],
+                         "dtype": sorted({r.dtype for r in records})}
     return out
 
 
@@ -284,18 +289,13 @@ def _rank_saved(rank: int, world_size: int) -> dict:
         torch.manual_seed(80)
         ref = build_model(cfg)
         tokens, targets = _tokens(81), _tokens(82)
-        for name in ALL:
-            for sp in (None, *SP_MODES):
-                if name == "megatron-sp" and sp is None:
-                    continue
-                model = parallelize(copy.deepcopy(ref), ctx)
-                sched = build_schedule(name, n_sub=2, sp=sp)
-                ex = sched.executor(model)
-                ex.track_memory = True
-                sched.step(model, tokens, targets)
-                saved = dict(ex.saved_bytes)
-                out[arch, name, sp] = [saved.get(2 * blk + 1, 0) + saved.get(2 * blk + 2, 0)
-                                       for blk in range(cfg.n_layers)]
+        for name, sp, model, sched in _with_and_without(ref, ctx):
+            ex = sched.executor(model)
+            ex.track_memory = True
+            sched.step(model, tokens, targets)
+            saved = dict(ex.saved_bytes)
+            out[arch, name, sp] = [saved.get(2 * blk + 1, 0) + saved.get(2 * blk + 2, 0)
+                                   for blk in range(cfg.n_layers)]
     return out
 
 

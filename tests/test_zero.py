@@ -131,22 +131,21 @@ def _rank_parity(rank: int, world: int, layouts: list, stage_sets: list,
                               for n, t in zip(region_names(cfg), lay)]))
         for name, stages, sp in [(n, z, sp) for n in SCHEDULES for z in stage_sets
                                  for sp in sps]:
-            if True:
-                where = f"degrees={lay} world={world} {name} zero={stages} sp={sp} rank {rank}"
-                model = oases.parallelize(copy.deepcopy(base), ctx, plan)
-                shard_model(model, stages)
-                assert (stages == 0) != isinstance(build_optimizer(model, TRAIN), ZeroAdamW)
-                losses = _train(model, ctx, name, batches, rank, world, plan, want_grads,
-                                where, sp)
-                for step, (got, want) in enumerate(zip(losses, want_losses)):
-                    torch.testing.assert_close(got, want, **EXACT64,
-                                               msg=lambda m, w=where, s=step: f"{w} step {s}: {m}")
-                with materialized(model):
-                    for n, p in model.named_parameters():
-                        exp = _local(want_params[n], p, rank, plan.tp_of(region_of(n)))
-                        torch.testing.assert_close(p.detach(), exp, **EXACT64,
-                                                   msg=lambda m, w=where, n=n: f"{w} {n}: {m}")
-                out[where] = [x.item() for x in losses]
+            where = f"degrees={lay} world={world} {name} zero={stages} sp={sp} rank {rank}"
+            model = oases.parallelize(copy.deepcopy(base), ctx, plan)
+            shard_model(model, stages)
+            assert (stages == 0) != isinstance(build_optimizer(model, TRAIN), ZeroAdamW)
+            losses = _train(model, ctx, name, batches, rank, world, plan, want_grads,
+                            where, sp)
+            for step, (got, want) in enumerate(zip(losses, want_losses)):
+                torch.testing.assert_close(got, want, **EXACT64,
+                                           msg=lambda m, w=where, s=step: f"{w} step {s}: {m}")
+            with materialized(model):
+                for n, p in model.named_parameters():
+                    exp = _local(want_params[n], p, rank, plan.tp_of(region_of(n)))
+                    torch.testing.assert_close(p.detach(), exp, **EXACT64,
+                                               msg=lambda m, w=where, n=n: f"{w} {n}: {m}")
+            out[where] = [x.item() for x in losses]
     return out
 
 

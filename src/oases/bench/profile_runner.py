@@ -49,7 +49,7 @@ from oases.parallel.apply import parallelize
 from oases.parallel.context import ParallelContext, init_distributed
 from oases.plan import ParallelPlan
 from oases.planner import batch_shape
-from oases.planner.costs import sp_mode
+from oases.planner.costs import sp_mode, sp_piece
 from oases.planner.precision import PlanPrecision
 from oases.planner.profile import Profile, check_collective_fit
 from oases.planner.search import candidate_degrees
@@ -144,19 +144,6 @@ OVERLAPPED = ("overlap", "overlap-recompute", "oases")
 # recompute keeping gathered inputs or slices (each its saved activations)
 SP_RUNS = (("megatron-sp", "gathered"), ("megatron-recompute", "gathered"),
            ("commfree-recompute", "gathered"), ("commfree-recompute", "shards"))
-
-
-def sp_piece(piece: str, phase: str, index: int, commfree: bool) -> str:
-    """The costs' name of a sequence-parallel program's piece: "sp-norm", "sp-epi",
-    "sp-core" ("sp-core-commfree" in a communication-free recompute), the backward "tp" and
-    the embedding's lookup ("core" of region 0) as without it ("tp", "body")."""
-    if piece == "tp":
-        return piece
-    if piece == "core" and index == 0:
-        return "body"
-    if piece == "core" and phase == "recompute" and commfree:
-        return "sp-core-commfree"
-    return "sp-" + piece
 
 
 def measure_compute(model: torch.nn.Module, ctx: ParallelContext, rows: int, k: int,

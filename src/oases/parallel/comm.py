@@ -278,16 +278,12 @@ class _SeqHandle(_Keep):
         return self._inner.is_completed()
 
     def wait(self) -> Tensor:
-        return _batch_first(self._inner.wait())
+        return _swap01(self._inner.wait())
 
 
-def _seq_first(x: Tensor) -> Tensor:
-    """[b, s, ...] -> contiguous [s, b, ...] (no copy for one row)."""
-    return x.transpose(0, 1).contiguous()
-
-
-def _batch_first(x: Tensor) -> Tensor:
-    """[s, b, ...] -> [b, s, ...], contiguous (a view for one row)."""
+def _swap01(x: Tensor) -> Tensor:
+    """[b, s, ...] <-> [s, b, ...], contiguous (no copy for one row): the sequence made dim 0
+    for a collective, and back."""
     return x.transpose(0, 1).contiguous()
 
 
@@ -297,7 +293,7 @@ def seq_gather_async(x: Tensor, group: Group, *, direction: str = "forward",
     [b, s * size, ...], rank order (sequence parallelism's "gf"/"gb"/"gr"; no autograd)."""
     if group.size == 1:
         return Handle(x, None)
-    xt = _seq_first(x)
+    xt = _swap01(x)
     out = xt.new_empty((xt.shape[0] * group.size, *xt.shape[1:]))
     _issue("all_gather", group, xt, direction, tag, True)
     work = dist.all_gather(list(out.chunk(group.size)), xt, group=group.pg, async_op=True)
@@ -313,7 +309,7 @@ def seq_reduce_scatter_async(t: Tensor, group: Group, *, direction: str = "forwa
         return Handle(t, None)
     if t.shape[1] % group.size:
         raise ValueError(f"a sequence of {t.shape[1]} does not split over {group.size} ranks")
-    tt = _seq_first(t)
+    tt = _swap01(t)
     out = tt.new_empty((tt.shape[0] // group.size, *tt.shape[1:]))
     _issue("reduce_scatter", group, tt, direction, tag, True)
     return _SeqHandle(_ReduceScatter(out, tt, group))
@@ -463,7 +459,8 @@ class GradientMean(Handle):
     def wait(self) -> Tensor:
         flat = super().wait()
         if self.grads:
-            flat.div_(self.divisor)
+            if self.divisor != 1.0:
+                flat.div_(self.divisor)
             offset = 0
             for g in self.grads:
                 g.copy_(flat[offset : offset + g.numel()].view_as(g))
@@ -490,13 +487,21 @@ def gradient_mean_async(params: Iterable[torch.nn.Parameter], group: Group, *,
     for p in params:
         if p.grad is None:
             p.grad = torch.zeros_like(p)
-    grads = [p.grad for p in params]
-    flat = torch.cat([g.reshape(-1) for g in grads])
+    return flat_all_reduce_async([p.grad for p in params], group, divisor=divisor, tag=tag,
+                                 dtype=dtype)
+
+
+def flat_all_reduce_async(tensors: list[Tensor], group: Group, *, divisor: float = 1.0,
+                          tag: str = "", dtype: torch.dtype | None = None) -> GradientMean:
+    """Start one flat sum all-reduce of several tensors over ``group`` (in ``dtype``; None:
+    theirs); ``wait()`` divides by ``divisor`` and copies the result back into each tensor
+    (a gradient, or a view of a ZeRO gradient shard)."""
+    flat = torch.cat([t.reshape(-1) for t in tensors])
     if dtype is not None and dtype != flat.dtype:
         flat = flat.to(dtype)
     _issue("all_reduce", group, flat, "backward", tag, True)
     work = dist.all_reduce(flat, group=group.pg, async_op=True)
-    return GradientMean(grads, flat, work, divisor)
+    return GradientMean(tensors, flat, work, divisor)
 
 
 def all_reduce_mean(t: Tensor, group: Group) -> Tensor:

@@ -41,6 +41,21 @@ def sp_mode(mode: str, sp: str | None) -> str:
     return f"sp-commfree-{sp}" if mode == "commfree" else f"sp-{mode}"
 
 
+def sp_piece(piece: str, phase: str, index: int, commfree: bool) -> str:
+    """The costs' name of a sequence-parallel program's piece ("norm", "epi", "core", "tp" of
+    region ``index``): "sp-norm", "sp-epi", "sp-core" ("sp-core-commfree" in a
+    communication-free recompute), and the backward "tp" and the embedding's lookup ("core"
+    of region 0) as without it ("tp", "body"). The profile records and the simulator prices
+    pieces by these names."""
+    if piece == "tp":
+        return piece
+    if piece == "core" and index == 0:
+        return "body"
+    if piece == "core" and phase == "recompute" and commfree:
+        return "sp-core-commfree"
+    return "sp-" + piece
+
+
 def region_kind(name: str) -> str:
     """``blocks.3.mlp`` -> ``mlp``; ``embed`` and ``head`` are their own kinds."""
     return name.rsplit(".", 1)[-1]

@@ -35,7 +35,7 @@ from dataclasses import dataclass, field, replace
 
 from oases.config import ModelConfig
 from oases.plan import ParallelPlan
-from oases.planner.costs import Costs, region_kind, region_param_count, sp_mode
+from oases.planner.costs import Costs, region_kind, region_param_count, sp_mode, sp_piece
 from oases.planner.peak_memory import ModelState, peak_memory
 from oases.planner.precision import precision_of
 from oases.schedule.program import (
@@ -544,15 +544,10 @@ def simulate_plan(cfg: ModelConfig, plan: ParallelPlan, costs: Costs, world_size
             if piece == "norm":  # a degree-1 region's slice is the whole sequence: its norm
                 return 0.0  # and core are the body (priced whole with the core)
             piece = "body-commfree" if phase == "recompute" and commfree else "body"
-        elif sp and degrees[i] > 1 and piece != "tp":
-            if piece == "core" and i == 0:
-                piece = "body"  # the embedding's lookup
-            elif phase == "recompute" and piece == "core" and commfree:
-                piece = "sp-core-commfree"
-            else:
-                piece = "sp-" + piece
-                if phase == "recompute" and piece != "sp-core-commfree":
-                    phase = "forward"
+        elif sp and degrees[i] > 1:
+            piece = sp_piece(piece, phase, i, commfree)
+            if phase == "recompute" and piece in ("sp-norm", "sp-epi", "sp-core"):
+                phase = "forward"
         if overlap_aware:
             return costs.compute_s(kinds[i], phase, piece, degrees[i], rows[i],
                                    overlapped=k > 1)

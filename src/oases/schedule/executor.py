@@ -272,53 +272,62 @@ class Executor:
                 if not recompute:  # kept as the graph's root until the backward
                     self._count_saved(i, p)
             return
-        commfree_recompute = recompute and self.spec.recompute == "commfree"
-        if recompute and self._saves_input(i):
-            x = self.inputs.pop((i, j))
-            if not commfree_recompute:  # the block's recompute re-runs epi:i too
-                self.x[i, j] = x
-        elif commfree_recompute or region.kind == "head":
-            x = self.x.pop((i, j))
-        else:
-            x = self.x[i, j]
-        if not recompute and self._saves_input(i):
-            self.inputs[i, j] = x
-            self._count_saved(i, x)
+        x = self._norm_input(i, j, recompute)
         with torch.set_grad_enabled(grad), self._track(i, recompute):
             xl = x.detach().requires_grad_(grad)
             h = region.norm(xl)
             hl = h.detach().requires_grad_(grad)
-            if region.kind == "head":
-                out = model.loss_fn(model.head.local(hl), self.targets[j])
-                self.losses[j] = out.detach()
-            else:
-                out = region.core(hl)  # y [b, S, I/t]
-        if region.kind != "head" and need_p:
-            with torch.no_grad():
-                self.p[i, j] = region.row.partial(out)  # [b, S, H] partial sums
-        if grad:
-            self.bg[i, j] = (xl, h, hl, out)
-            if not recompute and region.kind != "head":  # y, for the row-parallel backward
-                self._count_saved(i, out)
+            out = self._tp_core(i, j, hl)
+        self._after_core(i, j, grad, recompute, need_p, (xl, h, hl, out))
 
-    def _norm(self, i: int, j: int, grad: bool, recompute: bool) -> None:
-        """Sequence parallelism's norm:i on this rank's slice x_i -> h_i (gathered next)."""
-        region = self.chain[i]
+    def _norm_input(self, i: int, j: int, recompute: bool) -> Tensor:
+        """x_i for norm:i (in body:i, or sequence parallelism's norm:i): a block's saved input
+        (kept here in the forward, taken back in the recompute), else the glue's output,
+        taken where nothing else reads it after (a recompute segment, the head)."""
         commfree_recompute = recompute and self.spec.recompute == "commfree"
         if recompute and self._saves_input(i):
             x = self.inputs.pop((i, j))
             if not commfree_recompute:  # the block's recompute re-runs epi:i too
                 self.x[i, j] = x
-        elif commfree_recompute or region.kind == "head":
+        elif commfree_recompute or self.chain[i].kind == "head":
             x = self.x.pop((i, j))
         else:
             x = self.x[i, j]
         if not recompute and self._saves_input(i):
             self.inputs[i, j] = x
             self._count_saved(i, x)
+        return x
+
+    def _tp_core(self, i: int, j: int, hl: Tensor) -> Tensor:
+        """Region i's TP matmuls on its (gathered) norm output: y [b, S, I/t], or the head's
+        loss (kept in ``losses``)."""
+        region = self.chain[i]
+        if region.kind == "head":
+            out = self.model.loss_fn(self.model.head.local(hl), self.targets[j])
+            self.losses[j] = out.detach()
+            return out
+        return region.core(hl)
+
+    def _after_core(self, i: int, j: int, grad: bool, recompute: bool, need_p: bool,
+                    graph: tuple) -> None:
+        """p_i from y (unless a communication-free recompute skips it), and the graph (xl, h,
+        hl, out) kept for the backward, y counted as kept."""
+        out = graph[-1]
+        if self.chain[i].kind != "head" and need_p:
+            with torch.no_grad():
+                self.p[i, j] = self.chain[i].row.partial(out)  # [b, S, H] partial sums
+        if grad:
+            self.bg[i, j] = graph
+            if not recompute and self.chain[i].kind != "head":  # y, for the row-parallel bwd
+                self._count_saved(i, out)
+
+    def _norm(self, i: int, j: int, grad: bool, recompute: bool) -> None:
+        """Sequence parallelism's norm:i on this rank's slice x_i -> h_i (gathered next)."""
+        x = self._norm_input(i, j, recompute)
         with torch.set_grad_enabled(grad), self._track(i, recompute):
             xl = x.detach().requires_grad_(grad)
-            h = region.norm(xl)
+            h = self.chain[i].norm(xl)
+        commfree_recompute = recompute and self.spec.recompute == "commfree"
         if not (commfree_recompute and self.sp == "gathered"):  # core:i reads the kept h
             self.hs[i, j] = h.detach()
         if grad:
@@ -326,7 +335,6 @@ class Executor:
 
     def _core(self, i: int, j: int, grad: bool, recompute: bool, need_p: bool) -> None:
         """Sequence parallelism's core:i on the gathered h_i [b, S, H] -> p_i (or the loss)."""
-        region, model = self.chain[i], self.model
         commfree_recompute = recompute and self.spec.recompute == "commfree"
         if commfree_recompute and self.sp == "gathered":
             h = self.hkeep.pop((i, j))
@@ -338,19 +346,9 @@ class Executor:
             self._count_saved(i, h)
         with torch.set_grad_enabled(grad), self._track(i, recompute):
             hl = h.detach().requires_grad_(grad)
-            if region.kind == "head":
-                out = model.loss_fn(model.head.local(hl), self.targets[j])
-                self.losses[j] = out.detach()
-            else:
-                out = region.core(hl)  # y [b, S, I/t]
-        if region.kind != "head" and need_p:
-            with torch.no_grad():
-                self.p[i, j] = region.row.partial(out)  # [b, S, H] partial sums
-        if grad:
-            xl, h_slice, _, _ = self.bg[i, j]
-            self.bg[i, j] = (xl, h_slice, hl, out)
-            if not recompute and region.kind != "head":  # y, for the row-parallel backward
-                self._count_saved(i, out)
+            out = self._tp_core(i, j, hl)
+        xl, h_slice = self.bg[i, j][:2] if grad else (None, None)
+        self._after_core(i, j, grad, recompute, need_p, (xl, h_slice, hl, out))
 
     def _epi(self, i: int, j: int, grad: bool, recompute: bool) -> None:
         region = self.chain[i]
@@ -474,9 +472,7 @@ class Executor:
             for group, params in self._sp_glue_groups:
                 grads = self._glue_grads(params)
                 if grads and group.size > 1 and not self.skip_comm:
-                    flat = torch.cat([g.reshape(-1) for g in grads])
-                    handle = comm.all_reduce_async(flat, group, direction="backward", tag=tag)
-                    handles.append((_Unflatten(handle, grads), True))
+                    handles.append((comm.flat_all_reduce_async(grads, group, tag=tag), True))
         elif ins.kind in ("gf", "gr", "gb"):  # sp: gather h_i (or dr_i) along the sequence
             group = self.chain[i].tp_group
             x, direction = ((self.dr[i, j], "backward") if ins.kind == "gb" else
@@ -486,10 +482,10 @@ class Executor:
                             group.size > 1))
         else:
             group = self.chain[i].tp_group
+            store, direction = ((self.p, "forward") if ins.kind == "fwd" else
+                                (self.dh, "backward"))
             # (under sp the partial sums are let go at once: the scatter works on its own copy)
-            take = (lambda d, k: d.pop(k)) if self.sp is not None else (lambda d, k: d[k])
-            t, direction = ((take(self.p, (i, j)), "forward") if ins.kind == "fwd" else
-                            (take(self.dh, (i, j)), "backward"))
+            t = store.pop((i, j)) if self.sp is not None else store[i, j]
             if self.sp is not None:  # reduce-scatter along the sequence
                 handles.append((comm.Handle(comm.seq_slice(t, group), None) if self.skip_comm
                                 else comm.seq_reduce_scatter_async(t, group, direction=direction,
@@ -549,28 +545,6 @@ class Executor:
             self.p[i, j] = results[0]
         elif self.sp is not None and ins.kind == "bwd":
             self.dh[i, j] = results[0]
-
-
-class _Unflatten(comm.Handle):
-    """An all-reduce of flattened gradients that copies the sums back at ``wait``."""
-
-    def __init__(self, inner: comm.Handle, grads: list[Tensor]) -> None:
-        super().__init__(inner.result, None)
-        self._inner, self._grads = inner, grads
-
-    def on_complete(self, fn) -> None:  # noqa: ANN001
-        self._inner.on_complete(fn)
-
-    def wait_stream(self) -> None:
-        self._inner.wait_stream()
-
-    def wait(self) -> Tensor:
-        flat = self._inner.wait()
-        offset = 0
-        for g in self._grads:
-            g.copy_(flat[offset:offset + g.numel()].view_as(g))
-            offset += g.numel()
-        return flat
 
 
 def _zero_layout(chain: list, shards) -> ZeroLayout:  # noqa: ANN001 (ZeroShards)
