@@ -296,7 +296,8 @@ def seq_gather_async(x: Tensor, group: Group, *, direction: str = "forward",
     xt = _swap01(x)
     out = xt.new_empty((xt.shape[0] * group.size, *xt.shape[1:]))
     _issue("all_gather", group, xt, direction, tag, True)
-    work = dist.all_gather(list(out.chunk(group.size)), xt, group=group.pg, async_op=True)
+    # into the flat buffer (gloo's list all-gather would gather into its own, then copy)
+    work = dist.all_gather_single(out, xt, group=group.pg, async_op=True)
     return _SeqHandle(_Keep(out, work, xt))
 
 

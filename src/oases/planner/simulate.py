@@ -104,11 +104,12 @@ def collective_op(kind: str, sp: bool) -> str:
 
 def glue_param_count(cfg: ModelConfig) -> int:
     """Parameters of the glue and norms (each norm, the biases added after the row-parallel
-    matmuls, GPT-2's positions): what sequence parallelism's "sg" sums over the TP group."""
+    matmuls): what sequence parallelism's "sg" sums over the TP group. Not GPT-2's positions:
+    every rank computes their whole gradient from the gathered embedding gradient."""
     norm = 2 * cfg.dim if cfg.arch == "gpt2" else cfg.dim
     n = (2 * cfg.n_layers + 1) * norm
     if cfg.arch == "gpt2":
-        n += 2 * cfg.n_layers * cfg.dim + cfg.seq_len * cfg.dim
+        n += 2 * cfg.n_layers * cfg.dim
     return n
 
 

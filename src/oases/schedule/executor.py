@@ -32,7 +32,8 @@ Recompute modes (``ScheduleSpec.recompute``):
 Sequence parallelism (``sp``, ``program._sp_chain``): x_i, r_i and the glue live on this rank's
 slice [b, S/t, H] of the sequence; body:i splits into norm:i (on the slice) and core:i (on the
 gathered h_i [b, S, H]); "fwd"/"bwd" reduce-scatter along the sequence, "gf"/"gr" gather h_i
-and "gb" gathers dr_i before tp:i. The embedding adds the positions of its slice; its dropout
+and "gb" gathers dr_i before tp:i. The embedding adds the positions of its slice (their
+gradient comes from the gathered dr_0, whole on every rank: no sum); its dropout
 and every glue's draw from this rank's own stream (a slice is not replicated), kept across
 steps and restored for a recompute. A communication-free recompute keeps the gathered h_i
 (``sp="gathered"``: no collective) or gathers it again (``"shards"``, "gr").
@@ -107,10 +108,14 @@ class Executor:
             self._sp_rng = gen.get_state()
             # what runs on slices (norms, biases after the TP matmuls, positions), by the TP
             # group of the region that uses it
+            # (not GPT-2's positions: each rank computes their whole gradient, _position_grad)
+            positions = (set() if model.pos_embed is None
+                         else {id(p) for p in model.pos_embed.parameters()})
             seen: dict[int, tuple[int, torch.nn.Parameter]] = {}
             for r in self.chain:
                 for p in (*r.norm_params, *r.epi_params):
-                    seen.setdefault(id(p), (r.index, p))
+                    if id(p) not in positions:
+                        seen.setdefault(id(p), (r.index, p))
             self._sp_glue_params = [p for _, p in seen.values()]
             self._sp_glue_groups: list[tuple[object, list[torch.nn.Parameter]]] = []
             for t in sorted(set(self.degrees)):
@@ -374,7 +379,8 @@ class Executor:
                 xl = None if x is None else x.detach().requires_grad_(grad)
                 rl = r.detach().requires_grad_(grad)
                 if region.kind == "embed" and self.sp is not None:  # its slice's positions
-                    out = region.epilogue(xl, rl, start=region.tp_group.rank * rl.shape[1])
+                    out = region.epilogue(xl, rl, start=region.tp_group.rank * rl.shape[1],
+                                          pos_grad=False)  # (their gradient: _bwd_tp)
                 else:
                     out = region.epilogue(xl, rl)  # x_{i+1} [b, S, H] (a slice under sp)
             if own and not recompute:
@@ -413,7 +419,10 @@ class Executor:
     def _bwd_tp(self, i: int, j: int) -> None:
         region = self.chain[i]
         if region.kind == "embed":
-            torch.autograd.backward(self.bg.pop((i, j)), self.dr.pop((i, j)))
+            dr = self.dr.pop((i, j))
+            torch.autograd.backward(self.bg.pop((i, j)), dr)
+            if self.sp is not None and self.model.pos_embed is not None:
+                self._position_grad(dr)
             return
         xl, h, hl, out = self.bg[i, j]
         if region.kind == "head":
@@ -429,6 +438,19 @@ class Executor:
             torch.autograd.backward(out, dy)
         self.bg[i, j] = (xl, h, hl, None)
         self.dh[i, j] = hl.grad  # partial sums of dL/dh over the TP group
+
+    def _position_grad(self, dr: Tensor) -> None:
+        """Sequence parallelism: GPT-2's position table's gradient from the gathered dr_0
+        [b, S, H] (gb(0), which the lookup's backward needs anyway): every rank of the TP group
+        holds the same whole, so each computes the whole table's gradient, equal on all of
+        them, and the table is not in the glue's sum ("sg"), which would otherwise move S x H
+        (most of its bytes) to add up the zeros of the other ranks' positions. Accumulated in
+        the weight's dtype, as autograd's cast back would."""
+        w = self.model.pos_embed.weight
+        g = dr.sum(0).to(w.dtype)  # [S, H]
+        if w.grad is None:
+            w.grad = torch.zeros_like(w)
+        w.grad[: g.shape[0]].add_(g)
 
     # ----------------------------------------------------------------------------- collectives
     def _start(self, ins: Start, timelines: list, clock: DeviceClock | None) -> None:

@@ -67,10 +67,12 @@ def build_chain(model: Transformer) -> list[Region]:
         tp = plan.tp_of(name)
         return (tp, *ctx.groups_for(tp))
 
-    def embed_epilogue(x: Tensor | None, r: Tensor, start: int = 0) -> Tensor:
+    def embed_epilogue(x: Tensor | None, r: Tensor, start: int = 0,
+                       pos_grad: bool = True) -> Tensor:
         S = r.shape[1]  # positions start .. start + S (a slice of the sequence under sp)
         if model.pos_embed is not None:  # in r's dtype, as the single-device model adds it
-            r = r + to_activation(model.pos_embed.weight[start:start + S])
+            w = model.pos_embed.weight  # (sp: its gradient comes from the gathered dr_0)
+            r = r + to_activation((w if pos_grad else w.detach())[start:start + S])
         return model.drop(r)
 
     chain = [
