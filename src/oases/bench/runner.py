@@ -76,7 +76,8 @@ def comm_only_step(schedule: Schedule, model: torch.nn.Module, rows: int, seq: i
                 handles[key] = comm.seq_gather_async(comm.seq_slice(act, ctx.tp_group),
                                                      ctx.tp_group)
             elif ex.sp is not None:  # "fwd"/"bwd" reduce-scatter along the sequence
-                handles[key] = comm.seq_reduce_scatter_async(act.clone(), ctx.tp_group)
+                handles[key] = comm.seq_reduce_scatter_async(act.clone(), ctx.tp_group,
+                                                               consume=True)
             else:
                 handles[key] = comm.all_reduce_async(act.clone(), ctx.tp_group)
         elif isinstance(ins, Wait):

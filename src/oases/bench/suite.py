@@ -49,23 +49,32 @@ def parse_rate(text: str) -> float:
 
 
 def launch_ranks(module: str, spec: dict, nproc: int, rate: float | None,
-                 workdir: Path) -> None:
+                 workdir: Path, *, measures_memory: bool = True) -> None:
     """``torchrun`` ``nproc`` local ranks of ``python -m module SPEC.json`` (on a loopback
-    shaped to ``rate`` bytes/s when given); RuntimeError if any rank fails."""
+    shaped to ``rate`` bytes/s when given); RuntimeError if any rank fails.
+
+    ``measures_memory``: the ranks read their peak resident set (``--memory``, the profile,
+    ``plan --verify``), so glibc is told to give every freed buffer over 128 KiB back to the
+    system (``MALLOC_MMAP_THRESHOLD_``) and the peak is the tensors', not the heap's high
+    water mark. Each such buffer is then a fresh mapping whose pages fault in on first touch:
+    a step runs 5-20% slower than ``oases train``'s, the more the more buffers it allocates.
+    The timing launches of ``oases bench`` pass False and run under the allocator training
+    runs under."""
     spec_path = workdir / f"spec-{len(list(workdir.glob('spec-*')))}.json"
     spec_path.write_text(json.dumps(spec))
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone",
            f"--nproc-per-node={nproc}", f"--log-dir={workdir / 'torchrun-logs'}",  # not /tmp
            "-m", module, str(spec_path)]
-    env = dict(os.environ, OMP_NUM_THREADS="1", MALLOC_MMAP_THRESHOLD_="131072",
-               PYTHONUNBUFFERED="1")
+    env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1")
+    if measures_memory:
+        env["MALLOC_MMAP_THRESHOLD_"] = "131072"
     proc = run_shaped(cmd, rate, env=env)
     if proc.returncode != 0:
         raise RuntimeError(f"{module} ranks failed (exit {proc.returncode}); see output above")
 
 
 def _launch(spec: dict, nproc: int, rate: float | None, workdir: Path) -> None:
-    launch_ranks("oases.bench.runner", spec, nproc, rate, workdir)
+    launch_ranks("oases.bench.runner", spec, nproc, rate, workdir, measures_memory=False)
 
 
 def run_bench(config: str | None, overrides: list[str], schedules: list[str], link: str,
@@ -204,6 +213,8 @@ def format_table(result: dict) -> str:
     if "limit_ratio" in result:
         lines.append(f"limit = max(compute-only, comm-only) of oases = {result['limit_s']:.3f} s; "
                      f"limit_ratio = {result['limit_ratio']:.2f}")
+    lines.append("peak MB: the process's peak resident set while the entry stepped (the entries "
+                 "share one process and its heap; per entry: oases bench --memory)")
     return "\n".join(lines)
 
 

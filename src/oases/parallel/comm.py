@@ -241,12 +241,14 @@ class _ReduceScatter(_Keep):
     all-to-all 200 ms), so on gloo each rank sends chunk j to rank j with one
     ``all_to_all_single`` (each rank sends and receives (size-1)/size of the buffer: a ring's
     bytes) and sums the ``size`` chunks it received, in rank order, at ``wait``. The receive
-    buffer is the same size as ``t`` (gloo's own reduce-scatter also held a full-size copy)."""
+    buffer is the same size as ``t`` (gloo's own reduce-scatter also held a full-size copy):
+    ``recv``, a buffer of ``t``'s size the caller gives up, or a new one."""
 
-    def __init__(self, out: Tensor, t: Tensor, group: Group) -> None:
+    def __init__(self, out: Tensor, t: Tensor, group: Group, recv: Tensor | None = None
+                 ) -> None:
         self._recv: Tensor | None = None
         if _on_gloo(group):
-            self._recv = torch.empty_like(t)
+            self._recv = torch.empty_like(t) if recv is None else recv.view(t.shape)
             work = dist.all_to_all_single(self._recv, t, group=group.pg, async_op=True)
         else:
             work = dist.reduce_scatter_single(out, t, group=group.pg, async_op=True)
@@ -260,31 +262,18 @@ class _ReduceScatter(_Keep):
         return out
 
 
-class _SeqHandle(_Keep):
-    """A gather or reduce-scatter run on the [s, b, ...] transpose of a [b, s, ...] tensor
-    (the sequence made dim 0, so rank chunks are contiguous); ``wait`` returns [b, s', ...]."""
+class _SeqGather(_Keep):
+    """A started gather of every rank's [b, s, ...] slice into [size * b, s, ...] (rank-major:
+    each rank's slice is contiguous, gathered as it is); ``wait`` returns [b, s * size, ...]
+    (one copy, none for one row)."""
 
-    def __init__(self, inner: Handle) -> None:
-        super().__init__(inner.result, None, None)
-        self._inner = inner
-
-    def on_complete(self, fn: Callable[[], None]) -> None:
-        self._inner.on_complete(fn)
-
-    def wait_stream(self) -> None:
-        self._inner.wait_stream()
-
-    def is_completed(self) -> bool:
-        return self._inner.is_completed()
+    def __init__(self, out: Tensor, work: dist.Work | None, x: Tensor, size: int) -> None:
+        super().__init__(out, work, x)
+        self._size = size
 
     def wait(self) -> Tensor:
-        return _swap01(self._inner.wait())
-
-
-def _swap01(x: Tensor) -> Tensor:
-    """[b, s, ...] <-> [s, b, ...], contiguous (no copy for one row): the sequence made dim 0
-    for a collective, and back."""
-    return x.transpose(0, 1).contiguous()
+        out = super().wait()  # [size * b, s, ...]
+        return out.view(self._size, -1, *out.shape[1:]).transpose(0, 1).flatten(1, 2)
 
 
 def seq_gather_async(x: Tensor, group: Group, *, direction: str = "forward",
@@ -293,27 +282,34 @@ def seq_gather_async(x: Tensor, group: Group, *, direction: str = "forward",
     [b, s * size, ...], rank order (sequence parallelism's "gf"/"gb"/"gr"; no autograd)."""
     if group.size == 1:
         return Handle(x, None)
-    xt = _swap01(x)
-    out = xt.new_empty((xt.shape[0] * group.size, *xt.shape[1:]))
-    _issue("all_gather", group, xt, direction, tag, True)
-    # into the flat buffer (gloo's list all-gather would gather into its own, then copy)
-    work = dist.all_gather_single(out, xt, group=group.pg, async_op=True)
-    return _SeqHandle(_Keep(out, work, xt))
+    x = x.contiguous()
+    out = x.new_empty((group.size * x.shape[0], *x.shape[1:]))  # rank-major [size * b, ...]
+    _issue("all_gather", group, x, direction, tag, True)
+    work = dist.all_gather_single(out, x, group=group.pg, async_op=True)
+    return _SeqGather(out, work, x, group.size)
 
 
 def seq_reduce_scatter_async(t: Tensor, group: Group, *, direction: str = "forward",
-                             tag: str = "") -> Handle:
+                             tag: str = "", consume: bool = False) -> Handle:
     """Start the sum over the group of [b, S, ...] partial sums, keeping this rank's slice
     [b, S / size, ...] of the sequence (dim 1): sequence parallelism's "fwd"/"bwd", in place
-    of the all-reduce (no autograd)."""
+    of the all-reduce (no autograd). The partial sums are sent rank-major ([size, b, S / size,
+    ...], chunk j for rank j: one copy, none for one row) and summed straight into the slice.
+    ``consume``: the caller gives ``t`` up, and gloo's all-to-all receives into its storage
+    (no second buffer of its size)."""
     if group.size == 1:
         return Handle(t, None)
     if t.shape[1] % group.size:
         raise ValueError(f"a sequence of {t.shape[1]} does not split over {group.size} ranks")
-    tt = _swap01(t)
-    out = tt.new_empty((tt.shape[0] // group.size, *tt.shape[1:]))
+    n, b, s = group.size, t.shape[0], t.shape[1] // group.size
+    tt = t.reshape(b, n, s, *t.shape[2:]).transpose(0, 1).contiguous()  # [n, b, s, ...]
+    out = t.new_empty((b, s, *t.shape[2:]))
+    recv = None
+    if (consume and t.is_contiguous()
+            and t.untyped_storage().data_ptr() != tt.untyped_storage().data_ptr()):
+        recv = t  # (one row: tt is t itself, the buffer being sent)
     _issue("reduce_scatter", group, tt, direction, tag, True)
-    return _SeqHandle(_ReduceScatter(out, tt, group))
+    return _ReduceScatter(out, tt, group, recv)
 
 
 class _Relayout(Handle):

@@ -115,17 +115,15 @@ def peak_memory(cfg: ModelConfig, program: list[Instr], kinds: list[str], degree
     gather_copy = [padded[i] if getattr(costs, "all_gather_copies_output", False) else 0.0
                    for i in range(n)]
 
-    # sequence parallelism's collectives in flight (``comm.seq_*_async``): a gather holds the
-    # sequence-first copy of its slice (none for one row) and its [b, S, H] output; a
-    # reduce-scatter the sequence-first copy of the partial sums, its slice and, on gloo, the
-    # all-to-all's receive buffer
+    # sequence parallelism's collectives in flight (``comm.seq_*_async``): a gather holds its
+    # slice and its rank-major [t, b, S/t, H] output; a reduce-scatter the rank-major copy of
+    # the partial sums (for one row, the partial sums themselves), its slice and, on gloo, the
+    # all-to-all's receive buffer (the partial sums it was given)
     seq = [0.0] * n, [0.0] * n
     if mode.startswith("sp-"):
         act = [rows[i] * cfg.seq_len * cfg.dim * prec.activation_bytes for i in range(n)]
-        copy = [1.0 if rows[i] > 1 else 0.0 for i in range(n)]
-        seq = ([act[i] * (copy[i] / degrees[i] + 1) for i in range(n)],
-               [act[i] * (copy[i] + 1 / degrees[i] + (1 if scatter_copy else 0))
-                for i in range(n)])
+        seq = ([act[i] * (1 / degrees[i] + 1) for i in range(n)],
+               [act[i] * (1 + 1 / degrees[i] + (1 if scatter_copy else 0)) for i in range(n)])
 
     def walk(later: bool) -> tuple[float, float, float]:
         whole: set[int] = set()  # regions whose full gradient is alive

@@ -506,12 +506,14 @@ class Executor:
             group = self.chain[i].tp_group
             store, direction = ((self.p, "forward") if ins.kind == "fwd" else
                                 (self.dh, "backward"))
-            # (under sp the partial sums are let go at once: the scatter works on its own copy)
+            # (under sp the partial sums are given up: the scatter sends its rank-major copy
+            # and gloo receives into them; a backward's are hl.grad, which nothing reads again)
             t = store.pop((i, j)) if self.sp is not None else store[i, j]
             if self.sp is not None:  # reduce-scatter along the sequence
                 handles.append((comm.Handle(comm.seq_slice(t, group), None) if self.skip_comm
                                 else comm.seq_reduce_scatter_async(t, group, direction=direction,
-                                                                   tag=tag), group.size > 1))
+                                                                   tag=tag, consume=True),
+                                group.size > 1))
             else:
                 handles.append((comm.Handle(t, None) if self.skip_comm else
                                 comm.all_reduce_async(t, group, direction=direction, tag=tag),

@@ -480,8 +480,11 @@ def _staggered(chains: list[list[Task]]) -> list[Task]:
     so the collective that ends a task of one sub-batch runs under the next tasks of the
     others. Under sequence parallelism every region's chain alternates a small task (glue and
     norm on a slice) and a large one (the TP matmuls) with a collective between any two, so
-    hiding all of them takes three sub-batches: with two, a collective after a small task can
-    only run under the other sub-batch's small task."""
+    hiding all of them takes three sub-batches: with two, each sub-batch has one collective in
+    flight at a time and only the other's next task covers it; a small task leaves the compute
+    waiting, a large one longer than the collective leaves the link idle (in the backward, the
+    TP matmuls' backward outlasts a gather: most of what two sub-batches lose, measured in the
+    2026-12-02 sequence-parallel report)."""
     out: list[Task] = []
     for r in range(max(len(c) for c in chains) + len(chains) - 1):
         for j, chain in enumerate(chains):
