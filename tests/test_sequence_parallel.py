@@ -23,6 +23,7 @@ from oases.config import Config, ModelConfig, ParallelConfig
 from oases.model import build_model
 from oases.parallel.apply import parallelize, shard_spec, shard_tensor
 from oases.parallel.context import init_distributed
+from oases.planner.simulate import glue_param_count
 from oases.schedule import SCHEDULES, build_schedule
 from oases.schedule.program import SP_MODES, Start, Wait, build_program
 
@@ -275,6 +276,8 @@ def _rank_collectives(rank: int, world_size: int) -> dict:
         out[name, sp] = {"counts": dict(_tag_counts(records, "fwd|bwd|gf|gb|gr")),
                          "bytes": nbytes,
                          "sg": [(r.op, r.group) for r in records if r.tag.startswith("sg")],
+                         "sg bytes": sum(r.nbytes for r in records if r.tag.startswith("sg")),
+                         "glue": glue_param_count(cfg),
                          "dtype": sorted({r.dtype for r in records})}
     return out
 
@@ -381,6 +384,9 @@ def test_reduce_scatters_and_gathers_replace_the_all_reduces(sp_collectives, nam
                 else:
                     assert fwd == 2 and recompute_gathers == 0
         assert got["sg"] == [("all_reduce", "tp")]  # the glue's gradients, once a step
+        # norms and biases only (the simulator's count): GPT-2's position table's gradient
+        # comes from the gathered embedding gradient, whole on every rank
+        assert got["sg bytes"] == got["glue"] * 4
 
 
 def test_saved_activations_per_block_with_and_without_sequence_parallelism(spawn_ranks):
