@@ -60,6 +60,16 @@ def parse_entry(entry: str) -> Entry:
                  values.get("sp", ""))
 
 
+DRAWN = ("overlap", "overlap-recompute", "oases")  # schedules whose timelines a bench draws
+
+
+def draws_timeline(entry: str) -> bool:
+    """Does ``oases bench`` draw this entry's timeline (one more step, traced)? The overlapped
+    schedules', where what hides under what is the point, and every sharded entry's."""
+    parsed = parse_entry(entry)
+    return parsed.name in DRAWN or bool(parsed.zero)
+
+
 def run_rank_spec(run: Callable[[dict], None]) -> None:
     """Entry of a rank launched as ``python -m MODULE SPEC.json``: ``run(spec)``, then leave
     the process groups whatever happened."""

@@ -15,7 +15,7 @@ ffn)::
         overlap, overlap-recompute, oases: the same pieces inside overlapped programs, at every
                              sub-batch count (the planner uses these for overlapped schedules)
         SP_RUNS (t > 1)      sequence parallelism's pieces (sp-norm, sp-core, sp-epi,
-                             sp-core-commfree) and saved activations per sp mode
+                             sp-core-commfree, sp-dx, sp-dw) and saved activations per sp mode
     saved activations per region and recompute mode; collectives: all-reduce, all-gather and
     reduce-scatter over groups of size t, sizes around the activations, and the all-reduce over
     every DP group size no TP degree has;
@@ -55,7 +55,7 @@ from oases.planner.profile import Profile, check_collective_fit
 from oases.planner.search import candidate_degrees
 from oases.precision import Precision, resolve_precision
 from oases.schedule import build_schedule, record_timeline
-from oases.schedule.program import Compute, Instr
+from oases.schedule.program import Compute, Instr, defers_weight_grad
 from oases.timing import DeviceClock
 from oases.train.optim import build_optimizer
 
@@ -215,7 +215,8 @@ def measure_compute(model: torch.nn.Module, ctx: ParallelContext, rows: int, k: 
                 if e.phase == "recompute" and piece == "body" and mode == "commfree":
                     piece = "body-commfree"
                 if sched.sp is not None:
-                    piece = sp_piece(piece, e.phase, int(index), mode == "commfree")
+                    piece = sp_piece(piece, e.phase, int(index), mode == "commfree",
+                                     defers_weight_grad(int(index), len(ex.chain)))
                 key = (region.kind, e.phase, piece, region.tp, region_rows[region.index] // k)
                 times.setdefault(key, []).append(e.end_s - e.start_s)
         ex.track_memory = False

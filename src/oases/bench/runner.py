@@ -22,7 +22,7 @@ from pathlib import Path
 
 import torch
 
-from oases.bench import PEERS, parse_entry, run_rank_spec
+from oases.bench import PEERS, draws_timeline, parse_entry, run_rank_spec
 from oases.config import Config, load_config
 from oases.memory import peak_memory_mb, reset_peak_memory
 from oases.model import build_model
@@ -282,8 +282,7 @@ def run(spec: dict) -> None:
         comm_only[name] = statistics.median(o[1:])
 
     merged = {}
-    drawn = [n for n in names if parse_entry(n).name not in PEERS
-             and (parse_entry(n).name == "oases" or parse_entry(n).zero)]
+    drawn = [n for n in names if parse_entry(n).name not in PEERS and draws_timeline(n)]
     for name in drawn if spec.get("timeline") else []:
         with record_timeline() as tl:
             _timed(ctx, lambda name=name: train_step(name))

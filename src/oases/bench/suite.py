@@ -6,8 +6,9 @@
 RATE is a tbf rate such as ``200mbit`` or ``25MB`` (bytes/s). ``auto:PRESET`` first measures,
 unshaped, one TP region's forward compute for this model on this machine, then picks the rate at
 which that region's all-reduce takes the preset's multiple of it (``link.LINK_PRESETS``).
-Outputs in DIR: ``bench.json``, ``raw.json``, ``bench.png`` (bars), ``oases_timeline.png`` and
-``oases_trace.json``, ``report.md`` (command, machine, versions, table).
+Outputs in DIR: ``bench.json``, ``raw.json``, ``bench.png`` (bars), ``STEM_timeline.png`` and
+``STEM_trace.json`` for the entries ``bench.draws_timeline`` names (``oases_sp-gathered``...),
+``report.md`` (command, machine, versions, table).
 """
 
 from __future__ import annotations
@@ -23,7 +24,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-from oases.bench import PEERS, parse_entry
+from oases.bench import PEERS, draws_timeline, parse_entry
 from oases.bench.link import (
     LINK_PRESETS,
     SHAPED_ENV,
@@ -101,8 +102,7 @@ def run_bench(config: str | None, overrides: list[str], schedules: list[str], li
     with tempfile.TemporaryDirectory() as tmp:
         _launch({**base, "schedules": schedules, "steps": steps, "warmup": warmup,
                  "link_label": label,
-                 "timeline": any(parse_entry(s).name == "oases" or parse_entry(s).zero
-                                 for s in schedules),
+                 "timeline": any(draws_timeline(s) for s in schedules),
                  "with_optimizer": with_optimizer}, nproc, rate, Path(tmp))
     raw = json.loads((out / "raw.json").read_text())
     result = summarize(raw, schedules, label, rate, preset.name if preset else None)

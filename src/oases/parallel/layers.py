@@ -100,9 +100,24 @@ class ColumnParallelLinear(nn.Module):
         self.bias = None if full.bias is None else _sharded_param(full.bias, spec, group)
         self.in_features, self.out_features = full.in_features, self.weight.shape[0]
 
+    defers_weight_grad = False  # set by an executor whose programs defer dW ("dw" pieces)
+
     def local(self, x: Tensor) -> Tensor:
         """The local matmul on an input already on every rank (no f): [.., H] -> [.., O/t]."""
+        if self.defers_weight_grad and torch.is_grad_enabled():
+            return _DeferrableLinear.apply(x, self.weight, self.bias, self)
         return F.linear(x, self.weight, self.bias)
+
+    def accumulate_weight_grad(self, x: Tensor, grad_out: Tensor) -> None:
+        """dW += dY^T x and db += sum dY: the weight gradients a backward inside
+        ``deferred_weight_grads`` left for later. [.., O/t] x [.., H] -> [O/t, H]; computed in
+        the gradient's dtype (bf16 under autocast) and accumulated in the weight's, as
+        autograd's cast back would."""
+        g2 = grad_out.flatten(0, -2)  # [N, O/t]
+        if self.weight.requires_grad:
+            _accumulate(self.weight, g2.t() @ x.detach().flatten(0, -2).to(g2.dtype))
+        if self.bias is not None and self.bias.requires_grad:
+            _accumulate(self.bias, g2.sum(0))
 
     def forward(self, x: Tensor) -> Tensor:
         if self.reduce_input_grad:
@@ -132,23 +147,78 @@ class RowParallelLinear(nn.Module):
         """y + b in y's dtype (under bf16 autocast the reduced sum is bf16 and stays so)."""
         return y if self.bias is None else y + self.bias.to(y.dtype)
 
-    def backward_partial(self, x: Tensor, grad_partial: Tensor) -> Tensor:
+    def backward_partial(self, x: Tensor, grad_partial: Tensor, weight_grad: bool = True
+                         ) -> Tensor:
         """Backward of ``partial`` without its forward output: accumulates the weight gradient
         dW += dP^T x and returns dx = dP W. [.., O] x [.., I/t] -> [O, I/t]; [.., I/t].
         Lets recomputation skip the matmul whose output the backward never reads. Under
         autocast (bf16 activations, fp32 master weights) dW is accumulated in the weight's
-        dtype and dx comes back in the activations' dtype."""
-        g2 = grad_partial.flatten(0, -2)  # [N, O]
-        if self.weight.requires_grad:
-            dw = (g2.t() @ x.detach().flatten(0, -2).to(g2.dtype)).to(self.weight.dtype)
-            if self.weight.grad is None:  # [O, I/t]
-                self.weight.grad = dw
-            else:
-                self.weight.grad.add_(dw)
+        dtype and dx comes back in the activations' dtype. ``weight_grad=False`` leaves dW
+        for ``accumulate_weight_grad`` (a deferred weight gradient)."""
+        if weight_grad:
+            self.accumulate_weight_grad(x, grad_partial)
         return (grad_partial @ self.weight.detach().to(grad_partial.dtype)).to(x.dtype)
+
+    def accumulate_weight_grad(self, x: Tensor, grad_partial: Tensor) -> None:
+        """dW += dP^T x ([.., O] x [.., I/t] -> [O, I/t]), in the weight's dtype."""
+        if self.weight.requires_grad:
+            g2 = grad_partial.flatten(0, -2)  # [N, O]
+            _accumulate(self.weight, g2.t() @ x.detach().flatten(0, -2).to(g2.dtype))
 
     def forward(self, x: Tensor) -> Tensor:
         return self.add_bias(comm.reduce_from_tp(self.partial(x), self.group))
+
+
+def _accumulate(param: nn.Parameter, grad: Tensor) -> None:
+    """param.grad += grad, in the parameter's dtype (the first gradient is kept as it is)."""
+    grad = grad.to(param.dtype)
+    if param.grad is None:
+        param.grad = grad
+    else:
+        param.grad.add_(grad)
+
+
+_WEIGHT_GRAD_STASH: list | None = None  # set inside ``deferred_weight_grads``
+
+
+@contextlib.contextmanager
+def deferred_weight_grads() -> Iterator[list]:
+    """Inside the block, the backward of an armed ``ColumnParallelLinear`` (its
+    ``defers_weight_grad``) computes only its input gradient and appends (layer, x, dY) to the
+    list it yields; ``layer.accumulate_weight_grad(x, dY)`` adds the weight gradients later.
+    A schedule uses it to start the input gradient's collective before the weight-gradient
+    matmuls, which then run under it (Megatron-LM's and Zero Bubble's split of a backward
+    into dX and dW)."""
+    global _WEIGHT_GRAD_STASH
+    outer, _WEIGHT_GRAD_STASH = _WEIGHT_GRAD_STASH, []
+    try:
+        yield _WEIGHT_GRAD_STASH
+    finally:
+        _WEIGHT_GRAD_STASH = outer
+
+
+class _DeferrableLinear(torch.autograd.Function):
+    """y = x W^T + b whose backward, inside ``deferred_weight_grads``, returns dx alone and
+    leaves (x, dY) for the weight gradients; elsewhere it returns all three."""
+
+    @staticmethod
+    def forward(ctx, x: Tensor, weight: Tensor, bias: Tensor | None,  # noqa: ANN001
+                layer: ColumnParallelLinear) -> Tensor:
+        ctx.save_for_backward(x, weight)
+        ctx.layer, ctx.has_bias = layer, bias is not None
+        return F.linear(x, weight, bias)
+
+    @staticmethod
+    def backward(ctx, grad: Tensor) -> tuple:  # noqa: ANN001
+        x, weight = ctx.saved_tensors
+        dx = (grad @ weight.to(grad.dtype)).to(x.dtype) if ctx.needs_input_grad[0] else None
+        if _WEIGHT_GRAD_STASH is not None:
+            _WEIGHT_GRAD_STASH.append((ctx.layer, x, grad))
+            return dx, None, None, None
+        g2, x2 = grad.flatten(0, -2), x.flatten(0, -2).to(grad.dtype)
+        dw = g2.t() @ x2 if ctx.needs_input_grad[1] else None
+        db = g2.sum(0) if ctx.has_bias and ctx.needs_input_grad[2] else None
+        return dx, dw, db, None
 
 
 class VocabParallelEmbedding(nn.Module):

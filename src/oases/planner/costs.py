@@ -9,7 +9,8 @@
     saved_bytes(region, mode, tp, rows) | None    activations a region keeps forward -> backward
 
 Pieces (see ``schedule.program``): forward/recompute "body", "body-commfree" (the recompute of a
-body without its last row-parallel matmul), "epi"; backward "norm", "epi", "tp". Regions are the
+body without its last row-parallel matmul), "epi"; backward "norm", "epi", "tp"; sequence
+parallelism's "sp-" pieces (``sp_piece``). Regions are the
 kinds "embed", "attn", "mlp", "head"; ``rows`` are sequences of ``seq_len`` tokens.
 
 The model-side numbers here are exact counts from the shapes: parameters per region and degree
@@ -41,14 +42,19 @@ def sp_mode(mode: str, sp: str | None) -> str:
     return f"sp-commfree-{sp}" if mode == "commfree" else f"sp-{mode}"
 
 
-def sp_piece(piece: str, phase: str, index: int, commfree: bool) -> str:
-    """The costs' name of a sequence-parallel program's piece ("norm", "epi", "core", "tp" of
-    region ``index``): "sp-norm", "sp-epi", "sp-core" ("sp-core-commfree" in a
-    communication-free recompute), and the backward "tp" and the embedding's lookup ("core"
-    of region 0) as without it ("tp", "body"). The profile records and the simulator prices
-    pieces by these names."""
+def sp_piece(piece: str, phase: str, index: int, commfree: bool, deferred: bool = False
+             ) -> str:
+    """The costs' name of a sequence-parallel program's piece ("norm", "epi", "core", "tp",
+    "dw" of region ``index``): "sp-norm", "sp-epi", "sp-core" ("sp-core-commfree" in a
+    communication-free recompute); where the region defers its weight gradients
+    (``deferred``, ``schedule.program.defers_weight_grad``) the backward "tp" is "sp-dx" (the
+    input gradient alone) and "dw" is "sp-dw"; elsewhere the backward "tp" and the
+    embedding's lookup ("core" of region 0) are named as without it ("tp", "body"). The
+    profile records and the simulator prices pieces by these names."""
+    if piece == "dw":
+        return "sp-dw"
     if piece == "tp":
-        return piece
+        return "sp-dx" if deferred else piece
     if piece == "core" and index == 0:
         return "body"
     if piece == "core" and phase == "recompute" and commfree:

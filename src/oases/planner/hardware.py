@@ -82,11 +82,12 @@ __all__ = ["CLUSTERS", "DTYPE_BYTES", "GPU", "GPUS", "LINKS", "PAPER_REFERENCE_M
 REGIONS = ("embed", "attn", "mlp", "head")
 # sequence parallelism's pieces (``schedule.program._sp_chain``): the norm and the glue on a
 # 1/t slice of the sequence ("sp-norm", "sp-epi"), the TP matmuls on the gathered sequence
-# ("sp-core": a body without its norm; "sp-core-commfree": without the last matmul too)
+# ("sp-core": a body without its norm; "sp-core-commfree": without the last matmul too); a
+# block's TP backward split into its input gradient ("sp-dx") and weight gradients ("sp-dw")
 SP_FORWARD_PIECES = ("sp-norm", "sp-core", "sp-core-commfree", "sp-epi")
 _FORWARD_PIECES = ("body", "body-commfree", "epi", *SP_FORWARD_PIECES)
 PIECES = {"forward": _FORWARD_PIECES, "recompute": _FORWARD_PIECES,
-          "backward": ("norm", "epi", "tp", "sp-norm", "sp-epi")}
+          "backward": ("norm", "epi", "tp", "sp-norm", "sp-epi", "sp-dx", "sp-dw")}
 
 # Passes over a tensor (one read or one write of each element) of the kernels of each piece.
 NORM_FWD_PASSES = 2  # read x, write y
@@ -179,6 +180,11 @@ class HardwareCosts:
             flops, nbytes = (self._backward if phase == "backward" else self._forward)(
                 region, "epi", tp, rows)
             return flops / tp, nbytes / tp
+        if piece in ("sp-dx", "sp-dw"):  # the TP matmuls' backward without / with only
+            flops, nbytes = self._backward(region, "tp", tp, rows)  # its weight gradients
+            matmuls, _ = self._matmuls(region, tp, rows)
+            dw = matmuls - (self._shapes(tp, rows)["score_flops"] if region == "attn" else 0)
+            return (flops - dw, nbytes) if piece == "sp-dx" else (dw, 0.0)
         flops, nbytes = self._forward(region, piece.removeprefix("sp-").replace("core", "body"),
                                       tp, rows)
         return flops, max(0.0, nbytes - norm)

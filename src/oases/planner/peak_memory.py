@@ -20,10 +20,11 @@ second copy: ``costs.reduce_scatter_copies_input``; in ``grad_reduce`` bytes, th
 is cast from counted at the Start), an all-gather's own output-size buffer on
 gloo (``costs.all_gather_copies_output``), a DP bucket's
 flat copy (stage 0, from its Start to its Wait, in ``grad_reduce`` bytes). Activations are in
-the compute dtype's bytes (``saved_bytes``). The optimizer step adds one copy of the
-parameters it updates (foreach temporaries); stages 1-2 all-gather the updated shards at the
-next step's head ("ag", a copy of each shard in flight to its Wait). A tied head's backward
-makes the embedding's gradient.
+the compute dtype's bytes (``saved_bytes``); a deferred weight gradient ("dw", sequence
+parallelism) holds what it reads from its "tp" piece to its own. The optimizer step adds one
+copy of the parameters it updates (foreach temporaries); stages 1-2 all-gather the updated
+shards at the next step's head ("ag", a copy of each shard in flight to its Wait). A tied
+head's backward makes the embedding's gradient.
 
 The peak is ``baseline + workspace + allocated``: ``allocated`` is the tensors walked here (on a
 GPU what ``torch.cuda.max_memory_allocated`` measures), ``baseline`` the profile's per-rank
@@ -69,6 +70,20 @@ class ModelState:
                                    if self.stages[i] < 3 else self.shard(i) for i in r),
                 "gradients": w * sum(self.updated(i) for i in r),
                 "optimizer": precision.optimizer_bytes * sum(self.updated(i) for i in r)}
+
+
+def _column_out(cfg: ModelConfig, kind: str) -> int:
+    """Output features of a region's column-parallel layer, all ranks together."""
+    if kind == "attn":
+        return (cfg.n_heads + 2 * cfg.n_kv_heads) * cfg.head_dim
+    if kind == "mlp":
+        return (2 if cfg.arch == "llama" else 1) * cfg.ffn_dim
+    return 0
+
+
+def _row_in(cfg: ModelConfig, kind: str) -> int:
+    """Input features of a region's row-parallel layer, all ranks together."""
+    return {"attn": cfg.n_heads * cfg.head_dim, "mlp": cfg.ffn_dim}.get(kind, 0)
 
 
 def saved_bytes(costs: Costs, cfg: ModelConfig, kind: str, mode: str, t: int,
@@ -125,6 +140,15 @@ def peak_memory(cfg: ModelConfig, program: list[Instr], kinds: list[str], degree
         seq = ([act[i] * (1 / degrees[i] + 1) for i in range(n)],
                [act[i] * (1 + 1 / degrees[i] + (1 if scatter_copy else 0)) for i in range(n)])
 
+    # deferred weight gradients (sequence parallelism's "dw" pieces): from tp:i to dw:i a
+    # block's region holds the gathered h_i and dr_i, the row-parallel input y_i and the
+    # column-parallel output's gradient
+    deferring = {i for ins in program if isinstance(ins, Compute)
+                 for piece, i in ins.pieces if piece == "dw"}
+    deferred = [rows[i] * cfg.seq_len * prec.activation_bytes
+                * (2 * cfg.dim + _column_out(cfg, kinds[i]) / degrees[i]
+                   + _row_in(cfg, kinds[i]) / degrees[i]) for i in range(n)]
+
     def walk(later: bool) -> tuple[float, float, float]:
         whole: set[int] = set()  # regions whose full gradient is alive
         shards: set[int] = set()  # regions whose gradient shard exists (ZeRO)
@@ -148,10 +172,15 @@ def peak_memory(cfg: ModelConfig, program: list[Instr], kinds: list[str], degree
                         act += graph[i] - kept[i]
                     elif ins.phase == "backward" and piece == "tp":
                         act -= alive.pop((i, ins.sub), 0.0)
+                        if i in deferring:  # what dw:i reads, until it runs
+                            alive[i, ins.sub] = deferred[i]
+                            act += deferred[i]
                         for u in uses[i]:
                             if u not in whole:
                                 whole.add(u)
                                 grads += full[u]
+                    elif ins.phase == "backward" and piece == "dw":
+                        act -= alive.pop((i, ins.sub), 0.0)
             elif isinstance(ins, Start) and ins.kind == "rs":
                 u = ins.index  # the flat copy is made before the gradients are freed
                 peak = max(peak, static + act + grads + moving + held + padded[u])

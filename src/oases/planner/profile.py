@@ -144,6 +144,10 @@ class Profile:
         schedule (falls back to the synchronous measurement where there is none)."""
         points = (self._compute.get((region, phase, piece, tp, True)) if overlapped else None
                   ) or self._compute.get((region, phase, piece, tp, False))
+        if points is None and piece in ("sp-dx", "sp-dw"):  # a profile from before the
+            # deferred weight gradients: the whole backward where the input gradient runs
+            return self.compute_s(region, phase, "tp", tp, rows, overlapped
+                                  ) if piece == "sp-dx" else 0.0
         if points is None:
             raise ValueError(f"the profile has no {phase} {piece} time for {region} at tp={tp} "
                              f"(profiled degrees: {self.degrees()}); profile with a world "

@@ -46,6 +46,7 @@ from oases.schedule.program import (
     Wait,
     ZeroLayout,
     comm_name,
+    defers_weight_grad,
     label,
 )
 from oases.schedule.timeline import Event, Timeline
@@ -541,12 +542,14 @@ def simulate_plan(cfg: ModelConfig, plan: ParallelPlan, costs: Costs, world_size
         the costs' "sp-" ones (a recompute of a norm or glue is priced as its forward)."""
         if phase == "recompute" and piece == "body" and commfree:
             piece = "body-commfree"
+        if piece == "dw" and degrees[i] == 1:  # a degree-1 region's "tp" is priced whole
+            return 0.0
         if sp and degrees[i] == 1 and piece in ("norm", "core") and phase != "backward":
             if piece == "norm":  # a degree-1 region's slice is the whole sequence: its norm
                 return 0.0  # and core are the body (priced whole with the core)
             piece = "body-commfree" if phase == "recompute" and commfree else "body"
         elif sp and degrees[i] > 1:
-            piece = sp_piece(piece, phase, i, commfree)
+            piece = sp_piece(piece, phase, i, commfree, defers_weight_grad(i, len(degrees)))
             if phase == "recompute" and piece in ("sp-norm", "sp-epi", "sp-core"):
                 phase = "forward"
         if overlap_aware:

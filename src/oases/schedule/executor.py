@@ -9,6 +9,7 @@ executor decides when each gradient is all-reduced. Per region i and sub-batch j
                Start/Wait rsf (degree change at i+1): x_{i+1} [b_i, S, H] -> [b_{i+1}, S, H]
     backward   epi:i    dx_{i+1} -> dr_i (= dp_i), residual part of dx_i
                tp:i     dp_i -> row.backward_partial (no forward matmul needed) -> dy -> dh_i
+               dw:i     (sp) the weight gradients tp:i left: it computed dh_i alone
                Start/Wait bwd: dh_i all-reduced in place (region i's TP group)
                norm:i   dh_i -> norm backward -> dx_i (+ residual part)
                Start/Wait rsb (degree change at i): dx_i [b_i, S, H] -> [b_{i-1}, S, H]
@@ -58,7 +59,11 @@ from torch import Tensor
 
 from oases.model import Transformer
 from oases.parallel import comm
-from oases.parallel.layers import input_grads_unreduced
+from oases.parallel.layers import (
+    ColumnParallelLinear,
+    deferred_weight_grads,
+    input_grads_unreduced,
+)
 from oases.parallel.shard import zero_shards
 from oases.schedule.program import (
     Compute,
@@ -69,6 +74,7 @@ from oases.schedule.program import (
     Wait,
     ZeroLayout,
     comm_name,
+    defers_weight_grad,
     degree_changes,
     label,
 )
@@ -158,7 +164,7 @@ class Executor:
         clock = DeviceClock(self.ctx.device) if timelines else None
         self._pending: list[tuple] = []  # CUDA: events whose stamps resolve after the step
         try:
-            with input_grads_unreduced(self.model):
+            with input_grads_unreduced(self.model), self._armed_for_deferral():
                 for ins in program:
                     if isinstance(ins, Compute):
                         start = clock.now() if clock is not None else None
@@ -177,7 +183,7 @@ class Executor:
                      "rng": self.rng, "h slices": self.hs, "gathered h": self.hfull,
                      "kept h": self.hkeep,
                      "grads": self.gx, "residual grads": self.gres, "dr": self.dr,
-                     "dh": self.dh}
+                     "dh": self.dh, "deferred weight grads": self.wg}
             leftovers = [k for k, d in state.items() if d]
             assert not leftovers, f"program left state behind: {leftovers}"
             if clock is not None and self._pending:  # CUDA: one synchronize, after the step
@@ -208,6 +214,7 @@ class Executor:
         self.gx: dict = {}
         self.dr: dict = {}
         self.dh: dict = {}
+        self.wg: dict = {}  # (i, j) -> what dw:i needs: (y_i, dr_i, [(layer, h_i, dY)]) (sp)
         self.handles: dict = {}
         self.losses: dict[int, Tensor] = {}
         self._seen: set[int] = set()
@@ -225,12 +232,31 @@ class Executor:
         for tl in timelines:
             tl.add(ev)
 
+    def _defers(self, i: int) -> bool:
+        """Does region i's backward leave its weight gradients to a "dw" piece?"""
+        return self.sp is not None and defers_weight_grad(i, len(self.chain))
+
+    @contextlib.contextmanager
+    def _armed_for_deferral(self):  # noqa: ANN202
+        """Under sequence parallelism, a block's column-parallel layers record what their
+        weight gradients need instead of computing them, inside ``_bwd_tp``; disarmed after."""
+        layers = [m for r in self.chain if self._defers(r.index) and r.module is not None
+                  for m in r.module.modules() if isinstance(m, ColumnParallelLinear)]
+        for m in layers:
+            m.defers_weight_grad = True
+        try:
+            yield
+        finally:
+            for m in layers:
+                m.defers_weight_grad = False
+
     # --------------------------------------------------------------------------------- compute
     def _compute(self, ins: Compute) -> None:
         j = ins.sub
         for kind, i in ins.pieces:
             if ins.phase == "backward":
-                {"norm": self._bwd_norm, "epi": self._bwd_epi, "tp": self._bwd_tp}[kind](i, j)
+                {"norm": self._bwd_norm, "epi": self._bwd_epi, "tp": self._bwd_tp,
+                 "dw": self._bwd_dw}[kind](i, j)
                 continue
             recompute = ins.phase == "recompute"
             grad = recompute or not self._in_segment(kind, i)
@@ -433,11 +459,25 @@ class Executor:
                 self._scale_grads[key] = torch.full((), self.scale, dtype=out.dtype,
                                                     device=out.device)
             torch.autograd.backward(out, self._scale_grads[key])
+        elif self._defers(i):  # dh_i now, the weight gradients in dw:i
+            dr = self.dr.pop((i, j))
+            dy = region.row.backward_partial(out, dr, weight_grad=False)  # [b, S, I/t]
+            with deferred_weight_grads() as stash:
+                torch.autograd.backward(out, dy)
+            self.wg[i, j] = (out, dr, stash)
         else:
             dy = region.row.backward_partial(out, self.dr.pop((i, j)))  # [b, S, I/t]
             torch.autograd.backward(out, dy)
         self.bg[i, j] = (xl, h, hl, None)
         self.dh[i, j] = hl.grad  # partial sums of dL/dh over the TP group
+
+    def _bwd_dw(self, i: int, j: int) -> None:
+        """Region i's weight gradients, which ``_bwd_tp`` left: the row-parallel layer's from
+        (y_i, dr_i), the column-parallel layers' from their inputs and output gradients."""
+        out, dr, stash = self.wg.pop((i, j))
+        self.chain[i].row.accumulate_weight_grad(out, dr)
+        for layer, x, grad in stash:
+            layer.accumulate_weight_grad(x, grad)
 
     def _position_grad(self, dr: Tensor) -> None:
         """Sequence parallelism: GPT-2's position table's gradient from the gathered dr_0

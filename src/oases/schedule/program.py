@@ -8,6 +8,8 @@ planner's simulator on costs. Pieces of the chain (see ``regions.py``) in each p
     backward              ("norm", i)  backward of region i's norm (needs the reduced dh_i)
                           ("epi", i)   backward of the glue -> dr_i, residual part of dx_i
                           ("tp", i)    backward of region i's TP matmuls -> partial dh_i
+                          ("dw", i)    sequence parallelism: the weight gradients ("tp", i)
+                                       left, after its collective starts (``_sp_chain``)
 
 Collectives (``Start``/``Wait`` kind, index, sub-batch):
 
@@ -43,7 +45,10 @@ and the forward piece "body" splits into ("norm", i) on the slice and ("core", i
 gathered sequence::
 
     forward   [epi i-1 + norm i] gf(i) [core i] fwd(i)      (the embedding: [core 0] fwd(0))
-    backward  [norm i+1 + epi i] gb(i) [tp i]   bwd(i)      (the head: [tp R-1] bwd(R-1))
+    backward  [norm i+1 + epi i] gb(i) [tp i]   bwd(i) [dw i]  (the head: [tp R-1] bwd(R-1))
+
+where [tp i] computes the input gradient alone and [dw i] the weight gradients while bwd(i)
+flies (``defers_weight_grad``: a block's regions)
 
 A degree change at region i splits the two tasks that cross it::
 
@@ -105,7 +110,7 @@ import functools
 from collections import deque
 from dataclasses import dataclass, field
 
-Piece = tuple[str, int]  # ("epi" | "body" | "norm" | "core" | "tp", region index)
+Piece = tuple[str, int]  # ("epi" | "body" | "norm" | "core" | "tp" | "dw", region index)
 CollKey = tuple[str, int, int]  # (kind, region or task index, sub-batch)
 
 
@@ -166,7 +171,7 @@ class ZeroLayout:
     def units(self, piece: Piece, phase: str) -> tuple[int, ...]:
         kind, i = piece
         if (kind in ("body", "core") and phase != "backward") or (
-                kind == "tp" and phase == "backward"):
+                kind in ("tp", "dw") and phase == "backward"):
             return self.uses[i]
         return (i,)
 
@@ -397,7 +402,16 @@ def _sp_chain(n_regions: int, j: int, recompute: str, keep: str,
 
     Backward, from the head (whose graph is kept)::
 
-        [tp R-1] -bwd-> [norm R-1 + epi R-2] -gb(R-2)-> [tp R-2] -bwd-> ... -gb(0)-> [tp 0]
+        [tp R-1] -bwd-> [norm R-1 + epi R-2] -gb(R-2)-> [tp R-2] -bwd-> [dw R-2] ...
+            ... -gb(0)-> [tp 0]
+
+    where a block's region i splits its TP matmuls' backward (``defers_weight_grad``): [tp i]
+    computes the input gradient dh_i alone, bwd(i) starts, and [dw i], the weight gradients,
+    runs while it flies. So every region's chain has two large tasks, and with two
+    sub-batches each collective of one has a large task of the other to hide under::
+
+        compute:  [norm+epi](a) [dw i+1](b) [tp i](a) [norm+epi](b) [dw i](a) [tp i](b) ...
+        comm:     .... gb(i, a) .......... bwd(i, a), gb(i, b) ........... bwd(i, b) ...
 
     A degree change at region i (``changes``) splits the tasks that cross it, as without
     sequence parallelism: [epi i-1] rsf(i) [norm i] forward, [norm i] rsb(i) [epi i-1]
@@ -430,16 +444,20 @@ def _sp_chain(n_regions: int, j: int, recompute: str, keep: str,
         tasks.append(Task(Compute("forward", (("core", i),), j), needs=[("gf", i, j)],
                           produces=("fwd", i, j) if i < last else None))
 
-    def backward(i: int) -> list[Task]:  # [norm i+1 + epi i] gb(i) [tp i] bwd(i)
-        tail = Task(Compute("backward", (("tp", i),), j), needs=[("gb", i, j)],
-                    produces=("bwd", i, j) if i > 0 else None)
+    def backward(i: int) -> tuple[list[Task], list[Task]]:
+        """([norm i+1 + epi i] -gb(i)->, [tp i] -bwd(i)-> [dw i]): the tasks before and
+        from the TP matmuls' backward (a recompute goes between)."""
+        tail = [Task(Compute("backward", (("tp", i),), j), needs=[("gb", i, j)],
+                     produces=("bwd", i, j) if i > 0 else None)]
+        if defers_weight_grad(i, n_regions):
+            tail.append(Task(Compute("backward", (("dw", i),), j)))
         if i + 1 in changes:
             return [Task(Compute("backward", (("norm", i + 1),), j), needs=[("bwd", i + 1, j)],
                          produces=("rsb", i + 1, j)),
                     Task(Compute("backward", (("epi", i),), j), needs=[("rsb", i + 1, j)],
-                         produces=("gb", i, j)), tail]
+                         produces=("gb", i, j))], tail
         return [Task(Compute("backward", (("norm", i + 1), ("epi", i)), j),
-                     needs=[("bwd", i + 1, j)], produces=("gb", i, j)), tail]
+                     needs=[("bwd", i + 1, j)], produces=("gb", i, j))], tail
 
     tasks.append(Task(Compute("backward", (("tp", last),), j), produces=("bwd", last, j)))
     i = last - 1
@@ -455,10 +473,11 @@ def _sp_chain(n_regions: int, j: int, recompute: str, keep: str,
                      produces=("fwd", mlp, j)),
                 Task(Compute("recompute", (("epi", mlp),), j), needs=[("fwd", mlp, j)]),
             ]
-            tasks += backward(mlp) + backward(attn)
+            for region in (mlp, attn):
+                tasks += [task for part in backward(region) for task in part]
             i -= 2
             continue
-        *first, second = backward(i)
+        first, second = backward(i)
         tasks += first
         if recompute == "commfree" and 0 < i < last:
             head = (("norm", i),) if i in changes else (("epi", i - 1), ("norm", i))
@@ -467,9 +486,17 @@ def _sp_chain(n_regions: int, j: int, recompute: str, keep: str,
             else:
                 tasks += [Task(Compute("recompute", head, j), produces=("gr", i, j)),
                           Task(Compute("recompute", (("core", i),), j), needs=[("gr", i, j)])]
-        tasks.append(second)
+        tasks += second
         i -= 1
     return tasks
+
+
+def defers_weight_grad(i: int, n_regions: int) -> bool:
+    """Does a sequence-parallel program split region i's TP matmuls' backward into ("tp", i),
+    the input gradient, and ("dw", i), the weight gradients after bwd(i) starts? A block's
+    attention or MLP: not the embedding (no collective follows its lookup's backward) nor
+    the head (its logits' gradient [b*S, V/t] would be held across the next task)."""
+    return 0 < i < n_regions - 1
 
 
 def _staggered(chains: list[list[Task]]) -> list[Task]:
@@ -478,13 +505,13 @@ def _staggered(chains: list[list[Task]]) -> list[Task]:
         a0  a1 b0  a2 b1 c0  a3 b2 c1  ...
 
     so the collective that ends a task of one sub-batch runs under the next tasks of the
-    others. Under sequence parallelism every region's chain alternates a small task (glue and
-    norm on a slice) and a large one (the TP matmuls) with a collective between any two, so
-    hiding all of them takes three sub-batches: with two, each sub-batch has one collective in
-    flight at a time and only the other's next task covers it; a small task leaves the compute
-    waiting, a large one longer than the collective leaves the link idle (in the backward, the
-    TP matmuls' backward outlasts a gather: most of what two sub-batches lose, measured in the
-    2026-12-02 sequence-parallel report)."""
+    others. Under sequence parallelism every region's forward chain alternates a small task
+    (glue and norm on a slice) and a large one (the TP matmuls) with a collective between any
+    two: with two sub-batches each collective has only the other's next task to hide under,
+    and a small one leaves the compute waiting. The backward's deferred weight gradients
+    (``defers_weight_grad``) give each region a second large task, which the 2026-12-02
+    sequence-parallel report measured the backward to need (before them the TP matmuls'
+    backward of one sub-batch outlasted the other's gather and the link idled)."""
     out: list[Task] = []
     for r in range(max(len(c) for c in chains) + len(chains) - 1):
         for j, chain in enumerate(chains):
@@ -530,15 +557,16 @@ def _insert_dp(body: list[Instr], dp_tasks: set[int], last_sub: int) -> list[Ins
     gradient all-reduce that task starts (the next compute waits on that one, not on DP)."""
     out: list[Instr] = []
     pending: int | None = None
+    deferred = {i for ins in body if isinstance(ins, Compute) for kind, i in ins.pieces
+                if kind == "dw"}
     for ins in body:
         if pending is not None and not (isinstance(ins, Start | Wait) and ins.kind == "bwd"):
             out.append(Start("dp", pending))
             pending = None
         out.append(ins)
-        if (isinstance(ins, Compute) and ins.phase == "backward" and ins.sub == last_sub
-                and ins.pieces[-1][0] == "tp"):
-            task = ins.pieces[-1][1]  # ("tp", i) closes backward task i
-            if task in dp_tasks:
+        if isinstance(ins, Compute) and ins.phase == "backward" and ins.sub == last_sub:
+            kind, task = ins.pieces[-1]  # ("tp", i), or its deferred ("dw", i), closes task i
+            if task in dp_tasks and kind == ("dw" if task in deferred else "tp"):
                 pending = task
     if pending is not None:
         out.append(Start("dp", pending))

@@ -51,6 +51,7 @@ class Region:
     tp_params: list[nn.Parameter] = field(default_factory=list)
     epi_params: list[nn.Parameter] = field(default_factory=list)
     dropout: float = 0.0
+    module: nn.Module | None = None  # the attention or MLP whose core this region runs
 
 
 def _params(*modules: nn.Module | None) -> list[nn.Parameter]:
@@ -95,6 +96,7 @@ def build_chain(model: Transformer) -> list[Region]:
                 len(chain), kind, name, norm, sub.core, row, epilogue, *degree(name),
                 norm_params=_params(norm), tp_params=tp,
                 epi_params=[row.bias] if row.bias is not None else [], dropout=cfg.dropout,
+                module=sub,
             ))
     chain.append(Region(len(chain), "head", "head", model.norm, None, None, None,
                         *degree("head"), norm_params=_params(model.norm),
