@@ -1,6 +1,6 @@
 """Deferred weight gradients under sequence parallelism: a block region's TP backward cut into
 its input gradient ("tp", after which its reduce-scatter starts) and its weight gradients
-("dw", which run while it flies).
+("dw", which run once the next gather has started, under both collectives).
 
 The executor's results with the split are covered by ``test_sequence_parallel.py`` (every
 schedule against the single-device model in float64); here: the layer's mechanism, where the
@@ -113,11 +113,11 @@ def _position(program: list, want) -> int:  # noqa: ANN001
 @pytest.mark.parametrize("name", [*SPECS])
 @pytest.mark.parametrize("sp", SP_MODES)
 def test_sequence_parallel_programs_defer_each_block_regions_weight_gradients(name, sp):
-    """Every block region and sub-batch has one "dw" piece, after its "tp" piece and after
-    the reduce-scatter that starts there; in an overlapped schedule it runs while that
-    scatter flies (its Wait comes later; merak's waits close its block), in a synchronous
-    one after the Wait. Not the
-    embedding's nor the head's; never without sequence parallelism."""
+    """Every block region i and sub-batch has one "dw" piece, after its "tp" piece and its
+    reduce-scatter's start, and after the next gather, gb(i-1), has started; in an
+    overlapped schedule it runs while that gather flies (its Wait comes later; merak's waits
+    close its block). Not the embedding's nor the head's; never without sequence
+    parallelism."""
     program = build_program(name, N_REGIONS, 2, sp=sp)
     overlapped = SPECS[name].overlapped
     for j in range(2 if overlapped else 1):
@@ -129,11 +129,12 @@ def test_sequence_parallel_programs_defer_each_block_regions_weight_gradients(na
                 continue
             assert len(dw) == 1
             tp = _position(program, Compute("backward", (("tp", i),), j))
-            start, wait = (_position(program, Start("bwd", i, j)),
-                           _position(program, Wait("bwd", i, j)))
-            assert tp < start < dw[0]
-            if SPECS[name].scope == "chain":  # (merak waits at its block's end)
-                assert (wait > dw[0]) if overlapped else (wait < dw[0])
+            start = _position(program, Start("bwd", i, j))
+            gather, gathered = (_position(program, Start("gb", i - 1, j)),
+                                _position(program, Wait("gb", i - 1, j)))
+            assert tp < start < gather < dw[0]
+            if SPECS[name].scope == "chain":
+                assert (gathered > dw[0]) if overlapped else (gathered < dw[0])
     plain = build_program(name, N_REGIONS, 2) if name != "megatron-sp" else []
     assert not [ins for ins in plain if isinstance(ins, Compute)
                 and any(kind == "dw" for kind, _ in ins.pieces)]
@@ -184,9 +185,10 @@ def test_a_profile_without_the_split_prices_the_whole_backward_as_the_input_grad
     assert p.compute_s("attn", "backward", "sp-dw", 2, 1) == 0.12
 
 
-def test_the_simulator_runs_the_weight_gradients_under_the_reduce_scatter():
+def test_the_simulator_prices_the_split_backward_as_the_whole_one():
     """In a simulated two-sub-batch oases step with sequence parallelism each block region's
-    "dw" compute runs while that region's reduce-scatter flies."""
+    "tp" and "dw" computes take what its whole TP backward takes (plus one more kernel
+    launch), and the "dw" starts after the next gather, gb(i-1), was issued."""
     from oases.plan import ParallelPlan
     from oases.planner.clusters import get_cluster
     from oases.planner.hardware import HardwareCosts
@@ -194,16 +196,34 @@ def test_the_simulator_runs_the_weight_gradients_under_the_reduce_scatter():
 
     cfg = ModelConfig(arch="gpt2", n_layers=3, dim=1024, n_heads=16, vocab_size=50304,
                       seq_len=1024)
-    costs = HardwareCosts(get_cluster("paper-3090-pcie-32"), cfg)
+    cluster = get_cluster("paper-3090-pcie-32")
+    costs = HardwareCosts(cluster, cfg)
     plan = ParallelPlan.uniform(cfg, 4, 4, schedule="oases", n_sub=2,
                                 sequence_parallel="gathered")
     res = simulate_plan(cfg, plan, costs, 4, BatchShape(4, 4))
-    events = res.timeline.events
-    dws = [e for e in events if e.lane == "compute" and e.name.startswith("dw:")]
+    compute = {(e.name, e.sub): e for e in res.timeline.events if e.lane == "compute"}
+    comm = {(e.name, e.sub): e for e in res.timeline.events if e.lane == "comm"}
+    dws = [key for key in compute if key[0].startswith("dw:")]
     assert len(dws) == 2 * 6
-    for e in dws:
-        i = int(e.name.split(":")[1])
-        scatter = [c for c in events if c.lane == "comm" and c.name == f"bwd AR {i}"
-                   and c.sub == e.sub]
-        assert len(scatter) == 1
-        assert scatter[0].start_s < e.end_s and e.start_s < scatter[0].end_s
+    for name, sub in dws:
+        i = int(name.split(":")[1])
+        kind = "attn" if i % 2 else "mlp"
+        dw, tp = compute[name, sub], compute[f"tp:{i}", sub]
+        whole = costs.compute_s(kind, "backward", "tp", 4, 2)  # 4 sequences, 2 sub-batches
+        assert (dw.end_s - dw.start_s) + (tp.end_s - tp.start_s) == pytest.approx(
+            whole + cluster.server.gpu.launch_overhead_s, rel=1e-9)
+        assert comm[f"gb {i - 1}", sub].start_s <= dw.start_s
+
+
+def test_bench_entries_take_several_options_and_the_inline_comparison():
+    from oases.bench import parse_entry, split_entries
+
+    assert split_entries("megatron,oases@sp=gathered,dw=off,oases@zero=1,precision=bf16,fsdp2") \
+        == ["megatron", "oases@sp=gathered,dw=off", "oases@zero=1,precision=bf16", "fsdp2"]
+    entry = parse_entry("oases@sp=gathered,dw=off")
+    assert (entry.sp, entry.dw, entry.stem()) == ("gathered", "off", "oases_sp-gathered_dw-off")
+    with pytest.raises(ValueError, match="dw=off"):
+        parse_entry("oases@dw=on")
+    inline = build_program("oases", N_REGIONS, 2, sp="gathered", defer_weight_grads=False)
+    assert not [ins for ins in inline if isinstance(ins, Compute)
+                and any(kind == "dw" for kind, _ in ins.pieces)]

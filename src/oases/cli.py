@@ -343,6 +343,7 @@ def _export(ns: argparse.Namespace, overrides: list[str]) -> int:
 
 
 def _bench(ns: argparse.Namespace, overrides: list[str]) -> int:
+    from oases.bench import split_entries
     from oases.bench.suite import run_bench
 
     if ns.steps < 1 or ns.warmup < 0:
@@ -351,11 +352,11 @@ def _bench(ns: argparse.Namespace, overrides: list[str]) -> int:
     if ns.memory:
         from oases.bench.suite import run_memory
 
-        run_memory(ns.config, overrides, [s for s in ns.schedules.split(",") if s], ns.steps,
+        run_memory(ns.config, overrides, split_entries(ns.schedules), ns.steps,
                    Path(ns.out), nproc=nproc, warmup=max(1, ns.warmup),
                    profile=ns.memory_profile)
         return 0
-    run_bench(ns.config, overrides, [s for s in ns.schedules.split(",") if s], ns.link,
+    run_bench(ns.config, overrides, split_entries(ns.schedules), ns.link,
               ns.steps, Path(ns.out), nproc=nproc, warmup=ns.warmup,
               with_optimizer=ns.with_optimizer)
     return 0

@@ -23,27 +23,45 @@ class Entry(NamedTuple):
     zero: int = 0
     precision: str = ""
     sp: str = ""
+    dw: str = ""  # "off": sequence parallelism's weight gradients inline (not deferred)
 
     def stem(self) -> str:
-        """A file-name stem: ``oases_zero3``, ``oases_bf16``, ``oases_sp-gathered``, ``fsdp2``."""
+        """A file-name stem: ``oases_zero3``, ``oases_bf16``, ``oases_sp-gathered``, ``fsdp2``,
+        ``oases_sp-gathered_dw-off``."""
         return "_".join([self.name, *([f"zero{self.zero}"] if self.zero else []),
                          *([self.precision] if self.precision else []),
-                         *([f"sp-{self.sp}"] if self.sp else [])])
+                         *([f"sp-{self.sp}"] if self.sp else []),
+                         *([f"dw-{self.dw}"] if self.dw else [])])
 
     def sp_mode(self) -> str | None:
         """``build_schedule``'s ``sp``: None when off."""
         return self.sp or None
 
 
-ENTRY_SYNTAX = ("SCHEDULE[@zero=0|1|2|3][,precision=fp32|bf16][,sp=gathered|shards] "
+ENTRY_SYNTAX = ("SCHEDULE[@zero=0|1|2|3][,precision=fp32|bf16][,sp=gathered|shards][,dw=off] "
                 "(peers: PEER[@precision=...])")
+
+
+def split_entries(text: str) -> list[str]:
+    """``--schedules``' comma-separated entries, where an entry's own options continue it:
+    ``"megatron,oases@sp=gathered,dw=off,oases"`` -> ``["megatron", "oases@sp=gathered,dw=off",
+    "oases"]`` (a piece with "=" and no "@" is an option of the entry before it)."""
+    out: list[str] = []
+    for piece in filter(None, text.split(",")):
+        if "=" in piece and "@" not in piece and out and "@" in out[-1]:
+            out[-1] += "," + piece
+        else:
+            out.append(piece)
+    return out
 
 
 def parse_entry(entry: str) -> Entry:
     """A bench entry: ``oases`` -> Entry("oases"), ``oases@zero=3`` (sharded data parallelism,
     ``oases.parallel.shard``), ``oases@precision=bf16`` (``oases.precision``),
     ``megatron@zero=1,precision=bf16``, ``oases@sp=gathered`` (sequence parallelism,
-    ``schedule.program._sp_chain``). ValueError naming the syntax otherwise."""
+    ``schedule.program._sp_chain``), ``oases@sp=gathered,dw=off`` (its weight gradients not
+    deferred: the comparison for ``program.defers_weight_grad``). ValueError naming the
+    syntax otherwise."""
     name, at, opts = entry.partition("@")
     values: dict[str, str] = {}
     for opt in filter(None, opts.split(",")):
@@ -51,13 +69,14 @@ def parse_entry(entry: str) -> Entry:
         if key in values or not (
                 (key == "zero" and value in ("0", "1", "2", "3") and name not in PEERS)
                 or (key == "precision" and value in ("fp32", "bf16"))
-                or (key == "sp" and value in ("gathered", "shards") and name not in PEERS)):
+                or (key == "sp" and value in ("gathered", "shards") and name not in PEERS)
+                or (key == "dw" and value == "off" and name not in PEERS)):
             raise ValueError(f"bench entry {entry!r}: expected {ENTRY_SYNTAX}")
         values[key] = value
     if not name or (at and not values):
         raise ValueError(f"bench entry {entry!r}: expected {ENTRY_SYNTAX}")
     return Entry(name, int(values.get("zero", 0)), values.get("precision", ""),
-                 values.get("sp", ""))
+                 values.get("sp", ""), values.get("dw", ""))
 
 
 DRAWN = ("overlap", "overlap-recompute", "oases")  # schedules whose timelines a bench draws

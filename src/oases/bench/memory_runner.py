@@ -67,7 +67,7 @@ def run(spec: dict) -> None:
     cfg.validate(ctx.world_size)
     torch.set_num_threads(1)
     entry: str = spec["entry"]
-    name, zero, precision_name, sp = parse_entry(entry)
+    name, zero, precision_name, sp, dw = parse_entry(entry)
     precision = resolve_precision(precision_name or cfg.train.precision, ctx.device,
                                   cfg.parallel.grad_reduce_dtype)
     rows, seq = cfg.train.micro_batch, cfg.model.seq_len
@@ -101,7 +101,8 @@ def run(spec: dict) -> None:
             shard_model(model, zero, cfg.parallel.reshard_after_forward)
         schedule = build_schedule(name, n_sub=cfg.schedule.n_sub,
                                   max_inflight=cfg.schedule.max_inflight,
-                                  grad_reduce_dtype=precision.grad_reduce_dtype, sp=sp or None)
+                                  grad_reduce_dtype=precision.grad_reduce_dtype, sp=sp or None,
+                                  defer_weight_grads=dw != "off")
     optimizer = build_optimizer(model, cfg.train)
 
     state: dict[str, int] = {}

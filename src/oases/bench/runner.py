@@ -199,7 +199,7 @@ def run(spec: dict) -> None:
     pristine = copy.deepcopy(base)
     model = parallelize(base, ctx)
     for entry in [n for n in names if parse_entry(n).name not in PEERS]:
-        name, zero, _, _ = parse_entry(entry)
+        name, zero, _, _, dw = parse_entry(entry)
         own = zero or with_opt  # an optimizer per entry: each on its own model
         m = parallelize(copy.deepcopy(pristine), ctx) if own else model
         if zero:
@@ -207,7 +207,8 @@ def run(spec: dict) -> None:
         steps[entry] = (m, build_schedule(name, n_sub=cfg.schedule.n_sub,
                                           max_inflight=cfg.schedule.max_inflight,
                                           grad_reduce_dtype=precisions[entry].grad_reduce_dtype,
-                                          sp=parse_entry(entry).sp_mode()),
+                                          sp=parse_entry(entry).sp_mode(),
+                                          defer_weight_grads=dw != "off"),
                         tokens, targets)
     optimizers = {}
     if with_opt:

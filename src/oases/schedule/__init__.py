@@ -42,7 +42,7 @@ class Schedule:
 
     def __init__(self, name: str, n_sub: int = 2, micro_batch: int | None = None,
                  max_inflight: int = 1, grad_reduce_dtype: torch.dtype | None = None,
-                 sp: str | None = None) -> None:
+                 sp: str | None = None, defer_weight_grads: bool = True) -> None:
         if name not in SPECS:
             raise ValueError(f"unknown schedule {name!r}; valid: {', '.join(SPECS)}")
         if n_sub < 1 or max_inflight < 1 or (micro_batch is not None and micro_batch < 1):
@@ -54,6 +54,7 @@ class Schedule:
         if sp is not None and sp not in SP_MODES:
             raise ValueError(f"sequence-parallel mode {sp!r}; valid: {', '.join(SP_MODES)}")
         self.sp = sp  # sequence parallelism: what a commfree recompute keeps; None: off
+        self.defer_weight_grads = defer_weight_grads  # under sp (``program._sp_chain``)
         self.n_sub, self.micro_batch, self.max_inflight = n_sub, micro_batch, max_inflight
         self.grad_reduce_dtype = grad_reduce_dtype  # None: the gradients' own dtype
         # per model, dropped with the model
@@ -81,7 +82,8 @@ class Schedule:
             programs[n_micro] = build_program(
                 self.name, len(ex.chain), self.n_sub, n_micro=n_micro,
                 max_inflight=self.max_inflight, dp_tasks=tuple(sorted(ex.buckets)),
-                degrees=ex.degrees, zero=ex.zero_layout, sp=self.sp)
+                degrees=ex.degrees, zero=ex.zero_layout, sp=self.sp,
+                defer_weight_grads=self.defer_weight_grads)
         return programs[n_micro]
 
     def split(self, rows: int) -> tuple[int, int]:
@@ -113,10 +115,13 @@ class Schedule:
 
 def build_schedule(name: str, n_sub: int = 2, micro_batch: int | None = None,
                    max_inflight: int = 1, grad_reduce_dtype: torch.dtype | None = None,
-                   sp: str | None = None) -> Schedule:
+                   sp: str | None = None, defer_weight_grads: bool = True) -> Schedule:
     """The schedule called ``name`` (ValueError listing the valid names otherwise).
     ``grad_reduce_dtype``: the dtype of the data-parallel gradient reduction (None: the
     gradients' own; ``Precision.grad_reduce_dtype``). ``sp``: sequence parallelism ("gathered"
     or "shards": what a communication-free recompute keeps, ``program._sp_chain``; None: off,
-    except for megatron-sp)."""
-    return Schedule(name, n_sub, micro_batch, max_inflight, grad_reduce_dtype, sp)
+    except for megatron-sp); ``defer_weight_grads``: under it, a block region's weight
+    gradients run after its reduce-scatter and the next gather have started (False: inline,
+    for comparison)."""
+    return Schedule(name, n_sub, micro_batch, max_inflight, grad_reduce_dtype, sp,
+                    defer_weight_grads)

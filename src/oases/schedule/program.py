@@ -9,7 +9,7 @@ planner's simulator on costs. Pieces of the chain (see ``regions.py``) in each p
                           ("epi", i)   backward of the glue -> dr_i, residual part of dx_i
                           ("tp", i)    backward of region i's TP matmuls -> partial dh_i
                           ("dw", i)    sequence parallelism: the weight gradients ("tp", i)
-                                       left, after its collective starts (``_sp_chain``)
+                                       left, run under later collectives (``_sp_chain``)
 
 Collectives (``Start``/``Wait`` kind, index, sub-batch):
 
@@ -45,10 +45,10 @@ and the forward piece "body" splits into ("norm", i) on the slice and ("core", i
 gathered sequence::
 
     forward   [epi i-1 + norm i] gf(i) [core i] fwd(i)      (the embedding: [core 0] fwd(0))
-    backward  [norm i+1 + epi i] gb(i) [tp i]   bwd(i) [dw i]  (the head: [tp R-1] bwd(R-1))
+    backward  [norm i+1 + epi i] gb(i) [dw i+1] [tp i] bwd(i)  (the head: [tp R-1] bwd(R-1))
 
-where [tp i] computes the input gradient alone and [dw i] the weight gradients while bwd(i)
-flies (``defers_weight_grad``: a block's regions)
+where [tp i] computes the input gradient alone and [dw i], the weight gradients, waits until
+the next gather has started (``defers_weight_grad``: a block's regions)
 
 A degree change at region i splits the two tasks that cross it::
 
@@ -324,7 +324,7 @@ def _backward_tasks(n_regions: int, subs: range, recompute: str,
 def build_program(
     name: str, n_regions: int, n_sub: int, *, n_micro: int = 1, max_inflight: int = 1,
     dp_tasks: tuple[int, ...] = (), degrees: tuple[int, ...] | None = None,
-    zero: ZeroLayout | None = None, sp: str | None = None,
+    zero: ZeroLayout | None = None, sp: str | None = None, defer_weight_grads: bool = True,
 ) -> list[Instr]:
     """The instruction list of one optimizer step (``n_micro`` micro-batches of ``n_sub``
     sub-batches each; sub-batch ids are global: micro m owns ids m*n_sub .. m*n_sub+n_sub-1).
@@ -338,6 +338,8 @@ def build_program(
     ``sp``: sequence parallelism, naming what a communication-free recompute keeps
     (``SP_MODES``: "gathered" or "shards"; ``_sp_chain``); None: off, unless the schedule is
     always sequence-parallel (megatron-sp, then "gathered": it recomputes nothing).
+    ``defer_weight_grads``: under ``sp``, split each block region's TP backward into "tp" and
+    "dw" (``defers_weight_grad``); False keeps it whole (for comparison).
     """
     spec = SPECS.get(name)
     if spec is None:
@@ -355,7 +357,7 @@ def build_program(
     if sp is not None and sp not in SP_MODES:
         raise ValueError(f"sp={sp!r}; valid: {', '.join(SP_MODES)} (or None: off)")
     program = _build_program(spec, k, n_regions, n_micro, max_inflight, tuple(dp_tasks),
-                             degrees, sp)
+                             degrees, sp, defer_weight_grads)
     if zero is not None and any(zero.stages):
         program = _insert_zero(program, zero, k)
     if sp is not None:  # after every gradient is final (ZeRO's scatters waited too)
@@ -366,7 +368,7 @@ def build_program(
 @functools.lru_cache(maxsize=64)
 def _build_program(spec: ScheduleSpec, k: int, n_regions: int, n_micro: int, max_inflight: int,
                    dp_tasks: tuple[int, ...], degrees: tuple[int, ...] | None,
-                   sp: str | None = None) -> tuple[Instr, ...]:
+                   sp: str | None = None, defer: bool = True) -> tuple[Instr, ...]:
     """``build_program``'s instructions, remembered (the planner asks for the same programs
     many times; instructions are frozen, and callers get their own list)."""
     changes = degree_changes(n_regions, degrees)
@@ -376,7 +378,7 @@ def _build_program(spec: ScheduleSpec, k: int, n_regions: int, n_micro: int, max
     for m in range(n_micro):
         subs = range(m * k, (m + 1) * k)
         if sp is not None:
-            tasks = _staggered([_sp_chain(n_regions, j, spec.recompute, sp, changes)
+            tasks = _staggered([_sp_chain(n_regions, j, spec.recompute, sp, changes, defer)
                                 for j in subs])
         else:
             tasks = (_forward_tasks(n_regions, subs, changes)
@@ -393,7 +395,7 @@ def _build_program(spec: ScheduleSpec, k: int, n_regions: int, n_micro: int, max
 
 
 def _sp_chain(n_regions: int, j: int, recompute: str, keep: str,
-              changes: frozenset[int] = frozenset()) -> list[Task]:
+              changes: frozenset[int] = frozenset(), defer: bool = True) -> list[Task]:
     """Sub-batch ``j``'s tasks of one micro-batch under sequence parallelism, in order.
 
     Forward, per region i (the embedding's region 0 is its lookup alone)::
@@ -402,16 +404,21 @@ def _sp_chain(n_regions: int, j: int, recompute: str, keep: str,
 
     Backward, from the head (whose graph is kept)::
 
-        [tp R-1] -bwd-> [norm R-1 + epi R-2] -gb(R-2)-> [tp R-2] -bwd-> [dw R-2] ...
-            ... -gb(0)-> [tp 0]
+        [tp R-1] -bwd-> [norm R-1 + epi R-2] -gb(R-2)-> [tp R-2] -bwd-> ...
+            ... -gb(0)-> [dw 1] [tp 0]
 
     where a block's region i splits its TP matmuls' backward (``defers_weight_grad``): [tp i]
-    computes the input gradient dh_i alone, bwd(i) starts, and [dw i], the weight gradients,
-    runs while it flies. So every region's chain has two large tasks, and with two
-    sub-batches each collective of one has a large task of the other to hide under::
+    computes the input gradient dh_i alone and bwd(i) starts at once; [dw i], the weight
+    gradients, runs after the next task, [norm i + epi i-1], has started gb(i-1) (so nothing
+    delays a collective's issue, and dw runs under two of them)::
 
-        compute:  [norm+epi](a) [dw i+1](b) [tp i](a) [norm+epi](b) [dw i](a) [tp i](b) ...
-        comm:     .... gb(i, a) .......... bwd(i, a), gb(i, b) ........... bwd(i, b) ...
+        [tp i] -bwd(i)-> [norm i + epi i-1] -gb(i-1)-> [dw i] [tp i-1] -bwd(i-1)-> ...
+
+    With two sub-batches, one task apart, a link-bound step then always has a collective
+    queued (2026-12-03 deferred-weight-grads report)::
+
+        compute:  [tp i](a) [norm+epi](b) [norm+epi](a) [tp i](b) [dw i](a) [norm+epi](b) ...
+        comm:     .. bwd(i, a) .. gb(i, b) .. gb(i-1, a) .. bwd(i, b) .. gb(i-1, b) ...
 
     A degree change at region i (``changes``) splits the tasks that cross it, as without
     sequence parallelism: [epi i-1] rsf(i) [norm i] forward, [norm i] rsb(i) [epi i-1]
@@ -445,19 +452,20 @@ def _sp_chain(n_regions: int, j: int, recompute: str, keep: str,
                           produces=("fwd", i, j) if i < last else None))
 
     def backward(i: int) -> tuple[list[Task], list[Task]]:
-        """([norm i+1 + epi i] -gb(i)->, [tp i] -bwd(i)-> [dw i]): the tasks before and
-        from the TP matmuls' backward (a recompute goes between)."""
+        """([norm i+1 + epi i] -gb(i)-> [dw i+1], [tp i] -bwd(i)->): the tasks before and
+        from the TP matmuls' backward (a recompute goes between). Region i+1's deferred
+        weight gradients run once the gather they are to hide under has started."""
         tail = [Task(Compute("backward", (("tp", i),), j), needs=[("gb", i, j)],
                      produces=("bwd", i, j) if i > 0 else None)]
-        if defers_weight_grad(i, n_regions):
-            tail.append(Task(Compute("backward", (("dw", i),), j)))
+        dw = ([Task(Compute("backward", (("dw", i + 1),), j))]
+              if defer and defers_weight_grad(i + 1, n_regions) else [])
         if i + 1 in changes:
             return [Task(Compute("backward", (("norm", i + 1),), j), needs=[("bwd", i + 1, j)],
                          produces=("rsb", i + 1, j)),
                     Task(Compute("backward", (("epi", i),), j), needs=[("rsb", i + 1, j)],
-                         produces=("gb", i, j))], tail
+                         produces=("gb", i, j)), *dw], tail
         return [Task(Compute("backward", (("norm", i + 1), ("epi", i)), j),
-                     needs=[("bwd", i + 1, j)], produces=("gb", i, j))], tail
+                     needs=[("bwd", i + 1, j)], produces=("gb", i, j)), *dw], tail
 
     tasks.append(Task(Compute("backward", (("tp", last),), j), produces=("bwd", last, j)))
     i = last - 1
@@ -509,9 +517,8 @@ def _staggered(chains: list[list[Task]]) -> list[Task]:
     (glue and norm on a slice) and a large one (the TP matmuls) with a collective between any
     two: with two sub-batches each collective has only the other's next task to hide under,
     and a small one leaves the compute waiting. The backward's deferred weight gradients
-    (``defers_weight_grad``) give each region a second large task, which the 2026-12-02
-    sequence-parallel report measured the backward to need (before them the TP matmuls'
-    backward of one sub-batch outlasted the other's gather and the link idled)."""
+    (``defers_weight_grad``) shorten the task between a gather and the scatter that follows
+    it, and run while both fly."""
     out: list[Task] = []
     for r in range(max(len(c) for c in chains) + len(chains) - 1):
         for j, chain in enumerate(chains):
