@@ -113,18 +113,18 @@ def _position(program: list, want) -> int:  # noqa: ANN001
 @pytest.mark.parametrize("name", [*SPECS])
 @pytest.mark.parametrize("sp", SP_MODES)
 def test_sequence_parallel_programs_defer_each_block_regions_weight_gradients(name, sp):
-    """Every block region i and sub-batch has one "dw" piece, after its "tp" piece and its
-    reduce-scatter's start, and after the next gather, gb(i-1), has started; in an
-    overlapped schedule it runs while that gather flies (its Wait comes later; merak's waits
-    close its block). Not the embedding's nor the head's; never without sequence
-    parallelism."""
+    """Without communication-free recompute, every block region i and sub-batch has one "dw"
+    piece, after its "tp" piece and its reduce-scatter's start, and after the next gather,
+    gb(i-1), has started; in an overlapped schedule it runs while that gather flies (its Wait
+    comes later; merak's waits close its block). Not the embedding's nor the head's, not in
+    oases or commfree-recompute; never without sequence parallelism."""
     program = build_program(name, N_REGIONS, 2, sp=sp)
     overlapped = SPECS[name].overlapped
     for j in range(2 if overlapped else 1):
         for i in range(N_REGIONS):
             dw = [n for n, ins in enumerate(program) if isinstance(ins, Compute)
                   and ("dw", i) in ins.pieces and ins.sub == j]
-            if not defers_weight_grad(i, N_REGIONS):
+            if not defers_weight_grad(i, N_REGIONS, SPECS[name].recompute):
                 assert not dw
                 continue
             assert len(dw) == 1
@@ -144,10 +144,11 @@ def test_a_data_parallel_bucket_starts_after_its_deferred_weight_gradients():
     """A bucket of a deferring region starts after its "dw" piece of the last sub-batch (the
     gradients are final only then); the embedding's, which defers nothing, after its "tp"."""
     tasks = (0, 3, 5)
-    program = build_program("oases", N_REGIONS, 2, sp="gathered", dp_tasks=tasks)
+    program = build_program("overlap", N_REGIONS, 2, sp="gathered", dp_tasks=tasks)
     for t in tasks:
         start = _position(program, Start("dp", t))
-        last = Compute("backward", (("dw" if defers_weight_grad(t, N_REGIONS) else "tp", t),), 1)
+        deferred = defers_weight_grad(t, N_REGIONS, "none")
+        last = Compute("backward", (("dw" if deferred else "tp", t),), 1)
         assert _position(program, last) < start
         if t:
             assert program[start - 1] == last or isinstance(program[start - 1], Start | Wait)
@@ -186,7 +187,7 @@ def test_a_profile_without_the_split_prices_the_whole_backward_as_the_input_grad
 
 
 def test_the_simulator_prices_the_split_backward_as_the_whole_one():
-    """In a simulated two-sub-batch oases step with sequence parallelism each block region's
+    """In a simulated two-sub-batch overlap step with sequence parallelism each block region's
     "tp" and "dw" computes take what its whole TP backward takes (plus one more kernel
     launch), and the "dw" starts after the next gather, gb(i-1), was issued."""
     from oases.plan import ParallelPlan
@@ -198,7 +199,7 @@ def test_the_simulator_prices_the_split_backward_as_the_whole_one():
                       seq_len=1024)
     cluster = get_cluster("paper-3090-pcie-32")
     costs = HardwareCosts(cluster, cfg)
-    plan = ParallelPlan.uniform(cfg, 4, 4, schedule="oases", n_sub=2,
+    plan = ParallelPlan.uniform(cfg, 4, 4, schedule="overlap", n_sub=2,
                                 sequence_parallel="gathered")
     res = simulate_plan(cfg, plan, costs, 4, BatchShape(4, 4))
     compute = {(e.name, e.sub): e for e in res.timeline.events if e.lane == "compute"}
@@ -224,6 +225,6 @@ def test_bench_entries_take_several_options_and_the_inline_comparison():
     assert (entry.sp, entry.dw, entry.stem()) == ("gathered", "off", "oases_sp-gathered_dw-off")
     with pytest.raises(ValueError, match="dw=off"):
         parse_entry("oases@dw=on")
-    inline = build_program("oases", N_REGIONS, 2, sp="gathered", defer_weight_grads=False)
+    inline = build_program("overlap", N_REGIONS, 2, sp="gathered", defer_weight_grads=False)
     assert not [ins for ins in inline if isinstance(ins, Compute)
                 and any(kind == "dw" for kind, _ in ins.pieces)]

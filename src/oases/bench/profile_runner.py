@@ -55,7 +55,7 @@ from oases.planner.profile import Profile, check_collective_fit
 from oases.planner.search import candidate_degrees
 from oases.precision import Precision, resolve_precision
 from oases.schedule import build_schedule, record_timeline
-from oases.schedule.program import Compute, Instr, defers_weight_grad
+from oases.schedule.program import Compute, Instr, deferred_regions
 from oases.timing import DeviceClock
 from oases.train.optim import build_optimizer
 
@@ -190,6 +190,7 @@ def measure_compute(model: torch.nn.Module, ctx: ParallelContext, rows: int, k: 
         ex = sched.executor(model)
         ex.skip_comm = True  # a piece alone; the simulator adds the contention of collectives
         program = split_pieces(sched.program(model, rows))
+        deferring = deferred_regions(program)
         region_rows = [rows * r.tp // ex.chain[0].tp for r in ex.chain]  # one micro-batch
         for rep in range(repeats + 1):
             model.zero_grad(set_to_none=True)
@@ -216,7 +217,7 @@ def measure_compute(model: torch.nn.Module, ctx: ParallelContext, rows: int, k: 
                     piece = "body-commfree"
                 if sched.sp is not None:
                     piece = sp_piece(piece, e.phase, int(index), mode == "commfree",
-                                     defers_weight_grad(int(index), len(ex.chain)))
+                                     int(index) in deferring)
                 key = (region.kind, e.phase, piece, region.tp, region_rows[region.index] // k)
                 times.setdefault(key, []).append(e.end_s - e.start_s)
         ex.track_memory = False

@@ -40,7 +40,7 @@ from dataclasses import dataclass
 from oases.config import ModelConfig
 from oases.planner.costs import Costs, analytic_saved_bytes
 from oases.planner.precision import FP32, PlanPrecision, precision_of
-from oases.schedule.program import Compute, Instr, Release, Start, Wait
+from oases.schedule.program import Compute, Instr, Release, Start, Wait, deferred_regions
 
 
 @dataclass(frozen=True)
@@ -143,8 +143,7 @@ def peak_memory(cfg: ModelConfig, program: list[Instr], kinds: list[str], degree
     # deferred weight gradients (sequence parallelism's "dw" pieces): from tp:i to dw:i a
     # block's region holds the gathered h_i and dr_i, the row-parallel input y_i and the
     # column-parallel output's gradient
-    deferring = {i for ins in program if isinstance(ins, Compute)
-                 for piece, i in ins.pieces if piece == "dw"}
+    deferring = deferred_regions(program)
     deferred = [rows[i] * cfg.seq_len * prec.activation_bytes
                 * (2 * cfg.dim + _column_out(cfg, kinds[i]) / degrees[i]
                    + _row_in(cfg, kinds[i]) / degrees[i]) for i in range(n)]

@@ -46,7 +46,7 @@ from oases.schedule.program import (
     Wait,
     ZeroLayout,
     comm_name,
-    defers_weight_grad,
+    deferred_regions,
     label,
 )
 from oases.schedule.timeline import Event, Timeline
@@ -477,6 +477,8 @@ def simulate_plan(cfg: ModelConfig, plan: ParallelPlan, costs: Costs, world_size
                            n_micro=None if whole else 1, first=whole,
                            reshard_after_forward=reshard_after_forward)
 
+    deferring = deferred_regions(program)
+
     def reshard(i: int, backward: bool) -> tuple[int, tuple[int, ...]]:
         """(bytes, rank 0's group) of the all-gather a reshard into region i moves. Under
         sequence parallelism both directions gather over the larger degree's TP group (its
@@ -549,7 +551,7 @@ def simulate_plan(cfg: ModelConfig, plan: ParallelPlan, costs: Costs, world_size
                 return 0.0  # and core are the body (priced whole with the core)
             piece = "body-commfree" if phase == "recompute" and commfree else "body"
         elif sp and degrees[i] > 1:
-            piece = sp_piece(piece, phase, i, commfree, defers_weight_grad(i, len(degrees)))
+            piece = sp_piece(piece, phase, i, commfree, i in deferring)
             if phase == "recompute" and piece in ("sp-norm", "sp-epi", "sp-core"):
                 phase = "forward"
         if overlap_aware:

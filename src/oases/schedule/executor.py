@@ -74,6 +74,7 @@ from oases.schedule.program import (
     Wait,
     ZeroLayout,
     comm_name,
+    deferred_regions,
     degree_changes,
     label,
 )
@@ -103,7 +104,7 @@ class Executor:
         self.zero_layout = None if self.zero is None else _zero_layout(self.chain, self.zero)
         self.dp_head = self.ctx.world_size // self.chain[-1].tp  # distinct loss terms
         self.track_memory = False
-        self._deferring: set[int] = set()  # regions whose "dw" the running program has
+        self._deferring = frozenset()  # regions whose "dw" the running program has
         self.skip_comm = False  # benchmarks only: compute-only timing, numbers are then wrong
         self.saved_bytes: dict[int, int] = {}  # region -> bytes kept from forward to backward
         self._param_ptrs = {p.untyped_storage().data_ptr() for p in model.parameters()}
@@ -158,8 +159,7 @@ class Executor:
         with torch.no_grad():  # a collective when embed and head differ in degree
             targets = [self.model.target_reshard(y) for y in targets]
         self.tokens, self.targets, self.scale = tokens, targets, loss_scale
-        self._deferring = {i for ins in program if isinstance(ins, Compute)
-                           for kind, i in ins.pieces if kind == "dw"}
+        self._deferring = deferred_regions(program)
         self._reset()
         timelines = list(active_timelines())
         # honest device times without a synchronize inside the step (``oases.timing``)

@@ -48,7 +48,8 @@ gathered sequence::
     backward  [norm i+1 + epi i] gb(i) [dw i+1] [tp i] bwd(i)  (the head: [tp R-1] bwd(R-1))
 
 where [tp i] computes the input gradient alone and [dw i], the weight gradients, waits until
-the next gather has started (``defers_weight_grad``: a block's regions)
+the next gather has started (``defers_weight_grad``: a block's regions, in the schedules
+without communication-free recompute; the others run [tp i] whole)
 
 A degree change at region i splits the two tasks that cross it::
 
@@ -407,7 +408,8 @@ def _sp_chain(n_regions: int, j: int, recompute: str, keep: str,
         [tp R-1] -bwd-> [norm R-1 + epi R-2] -gb(R-2)-> [tp R-2] -bwd-> ...
             ... -gb(0)-> [dw 1] [tp 0]
 
-    where a block's region i splits its TP matmuls' backward (``defers_weight_grad``): [tp i]
+    where, without communication-free recompute, a block's region i splits its TP matmuls'
+    backward (``defers_weight_grad``): [tp i]
     computes the input gradient dh_i alone and bwd(i) starts at once; [dw i], the weight
     gradients, runs after the next task, [norm i + epi i-1], has started gb(i-1) (so nothing
     delays a collective's issue, and dw runs under two of them)::
@@ -458,7 +460,7 @@ def _sp_chain(n_regions: int, j: int, recompute: str, keep: str,
         tail = [Task(Compute("backward", (("tp", i),), j), needs=[("gb", i, j)],
                      produces=("bwd", i, j) if i > 0 else None)]
         dw = ([Task(Compute("backward", (("dw", i + 1),), j))]
-              if defer and defers_weight_grad(i + 1, n_regions) else [])
+              if defer and defers_weight_grad(i + 1, n_regions, recompute) else [])
         if i + 1 in changes:
             return [Task(Compute("backward", (("norm", i + 1),), j), needs=[("bwd", i + 1, j)],
                          produces=("rsb", i + 1, j)),
@@ -499,12 +501,26 @@ def _sp_chain(n_regions: int, j: int, recompute: str, keep: str,
     return tasks
 
 
-def defers_weight_grad(i: int, n_regions: int) -> bool:
+def defers_weight_grad(i: int, n_regions: int, recompute: str) -> bool:
     """Does a sequence-parallel program split region i's TP matmuls' backward into ("tp", i),
-    the input gradient, and ("dw", i), the weight gradients after bwd(i) starts? A block's
-    attention or MLP: not the embedding (no collective follows its lookup's backward) nor
-    the head (its logits' gradient [b*S, V/t] would be held across the next task)."""
-    return 0 < i < n_regions - 1
+    the input gradient, and ("dw", i), the weight gradients, run after the next gather has
+    started? A block's attention or MLP (not the embedding: no collective follows its
+    lookup's backward; nor the head: its logits' gradient [b*S, V/t] would be held across
+    tasks) in a schedule without communication-free recompute. There a region's backward
+    chain is [norm + epi] -gb-> [tp] -bwd->: one large task, and with two sub-batches, one
+    task apart, a collective of one has only the other's next task to hide under, often the
+    small one; the split gives a second large task. A communication-free recompute already
+    runs the region's core between the gather and [tp]; a "dw" there took a slot that needs a
+    large task (measured, 2026-12-03 deferred-weight-grads report: with two sub-batches
+    overlap@sp +5.4% -> -0.1% and overlap-recompute@sp +9.3% -> +2.3% against the all-reduce
+    version, oases@sp +2.3% -> +4.0%)."""
+    return 0 < i < n_regions - 1 and recompute != "commfree"
+
+
+def deferred_regions(program: list[Instr]) -> frozenset[int]:
+    """The regions whose weight gradients ``program`` defers (has a "dw" piece for)."""
+    return frozenset(i for ins in program if isinstance(ins, Compute)
+                     for kind, i in ins.pieces if kind == "dw")
 
 
 def _staggered(chains: list[list[Task]]) -> list[Task]:
@@ -564,8 +580,7 @@ def _insert_dp(body: list[Instr], dp_tasks: set[int], last_sub: int) -> list[Ins
     gradient all-reduce that task starts (the next compute waits on that one, not on DP)."""
     out: list[Instr] = []
     pending: int | None = None
-    deferred = {i for ins in body if isinstance(ins, Compute) for kind, i in ins.pieces
-                if kind == "dw"}
+    deferred = deferred_regions(body)
     for ins in body:
         if pending is not None and not (isinstance(ins, Start | Wait) and ins.kind == "bwd"):
             out.append(Start("dp", pending))
