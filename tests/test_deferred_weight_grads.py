@@ -83,8 +83,9 @@ def test_a_deferred_row_backward_leaves_exactly_the_weight_gradient():
 
 def test_a_deferred_column_backward_under_bf16_autocast_matches_autograd():
     """bf16 activations on fp32 master weights: dW computed in bf16 and accumulated in fp32,
-    as autograd's cast back does (the same bf16 matmuls: equal to bf16's rounding of sums of
-    60 products, far inside 2e-2 relative)."""
+    as autograd's cast back does: the same bf16 matmuls over 15 rows, which may only sum in
+    another order (a few bf16 ulps of unit-sized terms: 2^-8 each, inside 2e-2)."""
+    torch.manual_seed(3)
     x = torch.randn(3, 5, 12).bfloat16()
     dy = torch.randn(3, 5, 20).bfloat16()
     torch.manual_seed(2)

@@ -130,8 +130,10 @@ def _parser() -> argparse.ArgumentParser:
     bench.add_argument("config", nargs="?", default=str(BENCH_CONFIG),
                        help=f"TOML run file (default: {BENCH_CONFIG})")
     bench.add_argument("--schedules", default=",".join(DEFAULT_SCHEDULES),
-                       help="comma-separated schedules; NAME@zero=Z runs NAME with ZeRO stage "
-                       "Z (default: %(default)s)")
+                       help="comma-separated schedules, each NAME[@OPTION=VALUE,...] with "
+                       "options zero=0|1|2|3, precision=fp32|bf16, sp=gathered|shards (sequence "
+                       "parallelism), dw=off (its weight gradients inline, for comparison); "
+                       "e.g. oases,overlap@sp=gathered,dw=off (default: %(default)s)")
     bench.add_argument("--link", default=f"auto:{next(iter(LINK_PRESETS))}",
                        help="none, a tbf rate (200mbit, 25MB) or auto:PRESET with PRESET in "
                        f"{{{', '.join(LINK_PRESETS)}}} (default: %(default)s)")
