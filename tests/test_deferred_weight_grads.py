@@ -114,28 +114,32 @@ def _position(program: list, want) -> int:  # noqa: ANN001
 @pytest.mark.parametrize("name", [*SPECS])
 @pytest.mark.parametrize("sp", SP_MODES)
 def test_sequence_parallel_programs_defer_each_block_regions_weight_gradients(name, sp):
-    """Without communication-free recompute, every block region i and sub-batch has one "dw"
-    piece, after its "tp" piece and its reduce-scatter's start, and after the next gather,
-    gb(i-1), has started; in an overlapped schedule it runs while that gather flies (its Wait
-    comes later; merak's waits close its block). Not the embedding's nor the head's, not in
-    oases or commfree-recompute; never without sequence parallelism."""
+    """In an overlapped schedule without communication-free recompute, every block region i
+    and sub-batch has one "dw" piece, after its "tp" piece and its reduce-scatter's start,
+    and after the sub-batch's next collective has started (the next gather, or the next
+    block's recompute gather), while that one flies (its Wait comes later; merak's waits
+    close its block). Not the embedding's nor the head's, not in oases, commfree-recompute
+    or a synchronous schedule; never without sequence parallelism."""
     program = build_program(name, N_REGIONS, 2, sp=sp)
     overlapped = SPECS[name].overlapped
     for j in range(2 if overlapped else 1):
         for i in range(N_REGIONS):
             dw = [n for n, ins in enumerate(program) if isinstance(ins, Compute)
                   and ("dw", i) in ins.pieces and ins.sub == j]
-            if not defers_weight_grad(i, N_REGIONS, SPECS[name].recompute):
+            if not (overlapped and defers_weight_grad(i, N_REGIONS, SPECS[name].recompute)):
                 assert not dw
                 continue
             assert len(dw) == 1
             tp = _position(program, Compute("backward", (("tp", i),), j))
             start = _position(program, Start("bwd", i, j))
-            gather, gathered = (_position(program, Start("gb", i - 1, j)),
-                                _position(program, Wait("gb", i - 1, j)))
-            assert tp < start < gather < dw[0]
-            if SPECS[name].scope == "chain":
-                assert (gathered > dw[0]) if overlapped else (gathered < dw[0])
+            assert tp < start < dw[0]
+            later = [n for n in range(start + 1, dw[0])
+                     if isinstance(program[n], Start) and program[n].sub == j]
+            assert later, "dw waits for the sub-batch's next collective to start"
+            if SPECS[name].scope == "chain":  # (a block recompute repeats a key: the next)
+                first = program[later[0]]
+                wait = Wait(first.kind, first.index, first.sub)
+                assert program.index(wait, later[0]) > dw[0]
     plain = build_program(name, N_REGIONS, 2) if name != "megatron-sp" else []
     assert not [ins for ins in plain if isinstance(ins, Compute)
                 and any(kind == "dw" for kind, _ in ins.pieces)]

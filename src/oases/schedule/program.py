@@ -379,8 +379,9 @@ def _build_program(spec: ScheduleSpec, k: int, n_regions: int, n_micro: int, max
     for m in range(n_micro):
         subs = range(m * k, (m + 1) * k)
         if sp is not None:
-            tasks = _staggered([_sp_chain(n_regions, j, spec.recompute, sp, changes, defer)
-                                for j in subs])
+            defer_here = defer and spec.overlapped  # (a synchronous program hides nothing)
+            tasks = _staggered([_sp_chain(n_regions, j, spec.recompute, sp, changes,
+                                          defer_here) for j in subs])
         else:
             tasks = (_forward_tasks(n_regions, subs, changes)
                      + _backward_tasks(n_regions, subs, spec.recompute, changes))
@@ -411,8 +412,9 @@ def _sp_chain(n_regions: int, j: int, recompute: str, keep: str,
     where, without communication-free recompute, a block's region i splits its TP matmuls'
     backward (``defers_weight_grad``): [tp i]
     computes the input gradient dh_i alone and bwd(i) starts at once; [dw i], the weight
-    gradients, runs after the next task, [norm i + epi i-1], has started gb(i-1) (so nothing
-    delays a collective's issue, and dw runs under two of them)::
+    gradients, runs after the next task that starts a collective, [norm i + epi i-1] with
+    gb(i-1) (or the next block's first recompute task), so nothing delays a collective's
+    issue and dw runs under two of them (``_defer_weight_grads``)::
 
         [tp i] -bwd(i)-> [norm i + epi i-1] -gb(i-1)-> [dw i] [tp i-1] -bwd(i-1)-> ...
 
@@ -459,15 +461,13 @@ def _sp_chain(n_regions: int, j: int, recompute: str, keep: str,
         weight gradients run once the gather they are to hide under has started."""
         tail = [Task(Compute("backward", (("tp", i),), j), needs=[("gb", i, j)],
                      produces=("bwd", i, j) if i > 0 else None)]
-        dw = ([Task(Compute("backward", (("dw", i + 1),), j))]
-              if defer and defers_weight_grad(i + 1, n_regions, recompute) else [])
         if i + 1 in changes:
             return [Task(Compute("backward", (("norm", i + 1),), j), needs=[("bwd", i + 1, j)],
                          produces=("rsb", i + 1, j)),
                     Task(Compute("backward", (("epi", i),), j), needs=[("rsb", i + 1, j)],
-                         produces=("gb", i, j)), *dw], tail
+                         produces=("gb", i, j))], tail
         return [Task(Compute("backward", (("norm", i + 1), ("epi", i)), j),
-                     needs=[("bwd", i + 1, j)], produces=("gb", i, j)), *dw], tail
+                     needs=[("bwd", i + 1, j)], produces=("gb", i, j))], tail
 
     tasks.append(Task(Compute("backward", (("tp", last),), j), produces=("bwd", last, j)))
     i = last - 1
@@ -498,15 +498,39 @@ def _sp_chain(n_regions: int, j: int, recompute: str, keep: str,
                           Task(Compute("recompute", (("core", i),), j), needs=[("gr", i, j)])]
         tasks += second
         i -= 1
-    return tasks
+    return _defer_weight_grads(tasks, n_regions, recompute, j) if defer else tasks
+
+
+def _defer_weight_grads(tasks: list[Task], n_regions: int, recompute: str, j: int
+                        ) -> list[Task]:
+    """Cut each deferring region's backward [tp i] (``defers_weight_grad``) into [tp i], the
+    input gradient, and [dw i], placed right after the next task that starts a collective
+    (the [norm + epi] that starts the next gather, or the first task of the next block's
+    recompute): nothing delays a collective's issue, and what dw reads is held for as short
+    as that allows."""
+    out: list[Task] = []
+    pending: list[Task] = []
+    for task in tasks:
+        out.append(task)
+        (kind, i), = task.compute.pieces[-1:]
+        if task.compute.phase == "backward" and kind == "tp" and defers_weight_grad(
+                i, n_regions, recompute):
+            pending.append(Task(Compute("backward", (("dw", i),), j)))
+        elif pending and task.produces is not None:
+            out += pending
+            pending = []
+    return out + pending
 
 
 def defers_weight_grad(i: int, n_regions: int, recompute: str) -> bool:
     """Does a sequence-parallel program split region i's TP matmuls' backward into ("tp", i),
-    the input gradient, and ("dw", i), the weight gradients, run after the next gather has
-    started? A block's attention or MLP (not the embedding: no collective follows its
-    lookup's backward; nor the head: its logits' gradient [b*S, V/t] would be held across
-    tasks) in a schedule without communication-free recompute. There a region's backward
+    the input gradient, and ("dw", i), the weight gradients, run after the sub-batch's next
+    collective has started (``_defer_weight_grads``)? A block's attention or MLP (not the
+    embedding: no collective follows its lookup's backward; nor the head: its logits'
+    gradient [b*S, V/t] would be held across tasks) in a schedule without
+    communication-free recompute, when it overlaps (``build_program``: a synchronous program
+    waits for every collective at once, so the split would hide nothing and only hold
+    memory longer). There a region's backward
     chain is [norm + epi] -gb-> [tp] -bwd->: one large task, and with two sub-batches, one
     task apart, a collective of one has only the other's next task to hide under, often the
     small one; the split gives a second large task. A communication-free recompute already
