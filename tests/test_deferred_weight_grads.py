@@ -116,10 +116,10 @@ def _position(program: list, want) -> int:  # noqa: ANN001
 def test_sequence_parallel_programs_defer_each_block_regions_weight_gradients(name, sp):
     """In an overlapped schedule without communication-free recompute, every block region i
     and sub-batch has one "dw" piece, after its "tp" piece and its reduce-scatter's start,
-    and after the sub-batch's next collective has started (the next gather, or the next
-    block's recompute gather), while that one flies (its Wait comes later; merak's waits
-    close its block). Not the embedding's nor the head's, not in oases, commfree-recompute
-    or a synchronous schedule; never without sequence parallelism."""
+    and after the sub-batch's next backward gather has started, while that one flies (its
+    Wait comes later; merak's waits close its block). Not the embedding's nor the head's,
+    not in oases, commfree-recompute or a synchronous schedule; never without sequence
+    parallelism."""
     program = build_program(name, N_REGIONS, 2, sp=sp)
     overlapped = SPECS[name].overlapped
     for j in range(2 if overlapped else 1):
@@ -133,13 +133,11 @@ def test_sequence_parallel_programs_defer_each_block_regions_weight_gradients(na
             tp = _position(program, Compute("backward", (("tp", i),), j))
             start = _position(program, Start("bwd", i, j))
             assert tp < start < dw[0]
-            later = [n for n in range(start + 1, dw[0])
-                     if isinstance(program[n], Start) and program[n].sub == j]
-            assert later, "dw waits for the sub-batch's next collective to start"
-            if SPECS[name].scope == "chain":  # (a block recompute repeats a key: the next)
-                first = program[later[0]]
-                wait = Wait(first.kind, first.index, first.sub)
-                assert program.index(wait, later[0]) > dw[0]
+            gather = [n for n in range(start + 1, dw[0]) if isinstance(program[n], Start)
+                      and program[n].sub == j and program[n].kind == "gb"]
+            assert gather, "dw waits for the sub-batch's next backward gather to start"
+            if SPECS[name].scope == "chain":
+                assert _position(program, Wait("gb", program[gather[0]].index, j)) > dw[0]
     plain = build_program(name, N_REGIONS, 2) if name != "megatron-sp" else []
     assert not [ins for ins in plain if isinstance(ins, Compute)
                 and any(kind == "dw" for kind, _ in ins.pieces)]
