@@ -29,6 +29,13 @@ done
 .venv/bin/oases bench configs/bench.toml --nproc-per-node 2 --memory \
   --schedules "megatron,megatron@sp=gathered,megatron-recompute,megatron-recompute@sp=gathered,overlap-recompute,overlap-recompute@sp=gathered,oases,oases@sp=gathered,oases@sp=shards" \
   --steps 2 --warmup 1 --out $out/memory
+# 3b. at the final commit (4e661be): the block-recompute pairs' memory and step again
+.venv/bin/oases bench configs/bench.toml --nproc-per-node 2 --memory \
+  --schedules "megatron-recompute,megatron-recompute@sp=gathered,overlap-recompute,overlap-recompute@sp=gathered" \
+  --steps 2 --warmup 1 --out $out/memory-final
+.venv/bin/oases bench configs/bench.toml --nproc-per-node 2 --link 343mbit \
+  --schedules "overlap-recompute,overlap-recompute@sp=gathered" --steps 10 --warmup 1 \
+  --out $out/final-nsub2
 # 4. where the link idles (rank 0's traced step of each overlapped entry of step 0)
 .venv/bin/python benchmarks/2026-12-02-sequence-parallel/idle.py $out/ab-nsub2/*_trace.json \
   > $out/idle.md
