@@ -425,11 +425,11 @@ def test_collectives_per_stage_from_the_recording_hook(spawn_ranks):
 def test_bench_entries_name_a_zero_stage_and_a_precision():
     from oases.bench import parse_entry
 
-    assert parse_entry("oases") == ("oases", 0, "", "")
-    assert parse_entry("megatron@zero=2") == ("megatron", 2, "", "")
-    assert parse_entry("oases@precision=bf16") == ("oases", 0, "bf16", "")
-    assert parse_entry("oases@zero=1,precision=fp32") == ("oases", 1, "fp32", "")
-    assert parse_entry("fsdp2@precision=bf16") == ("fsdp2", 0, "bf16", "")
+    assert parse_entry("oases") == ("oases", 0, "", "", "")
+    assert parse_entry("megatron@zero=2") == ("megatron", 2, "", "", "")
+    assert parse_entry("oases@precision=bf16") == ("oases", 0, "bf16", "", "")
+    assert parse_entry("oases@zero=1,precision=fp32") == ("oases", 1, "fp32", "", "")
+    assert parse_entry("fsdp2@precision=bf16") == ("fsdp2", 0, "bf16", "", "")
     assert parse_entry("oases@sp=shards,zero=1").stem() == "oases_zero1_sp-shards"
     assert parse_entry("oases@zero=3,precision=bf16").stem() == "oases_zero3_bf16"
     for bad in ("oases@zero=4", "oases@tp=2", "fsdp2@zero=1", "oases@precision=fp16",
