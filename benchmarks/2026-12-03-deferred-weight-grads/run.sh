@@ -1,10 +1,10 @@
 #!/usr/bin/env bash
 # Deferred weight gradients under sequence parallelism (issue 17, third round): every schedule
 # with and without sequence parallelism on the shaped link (tp=2, 343 Mbit/s), two sub-batches
-# (the bench config's) and three, 10 timed steps each; peak memory; where the link idles; the
-# (verify.sh: the planner's verify on 2 ranks). Root (for the shaped loopback); about 50 minutes
-# on 2 idle cores. (A first placement of the deferred weight gradients, right after their
-# region's tp piece, is kept in first-placement-nsub2: step 1 at commit 7714c00.)
+# (the bench config's) and three, 10 timed steps each; peak memory; where the link idles.
+# Root (for the shaped loopback); about 50 minutes on 2 idle cores. (A first placement of
+# the deferred weight gradients, right after their region's tp piece, is kept in
+# first-placement-nsub2: step 1 at commit 7714c00.)
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 out=benchmarks/2026-12-03-deferred-weight-grads

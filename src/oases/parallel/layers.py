@@ -113,11 +113,10 @@ class ColumnParallelLinear(nn.Module):
         ``deferred_weight_grads`` left for later. [.., O/t] x [.., H] -> [O/t, H]; computed in
         the gradient's dtype (bf16 under autocast) and accumulated in the weight's, as
         autograd's cast back would."""
-        g2 = grad_out.flatten(0, -2)  # [N, O/t]
         if self.weight.requires_grad:
-            _accumulate(self.weight, g2.t() @ x.detach().flatten(0, -2).to(g2.dtype))
+            _accumulate(self.weight, _weight_grad(x, grad_out))
         if self.bias is not None and self.bias.requires_grad:
-            _accumulate(self.bias, g2.sum(0))
+            _accumulate(self.bias, grad_out.flatten(0, -2).sum(0))
 
     def forward(self, x: Tensor) -> Tensor:
         if self.reduce_input_grad:
@@ -162,11 +161,17 @@ class RowParallelLinear(nn.Module):
     def accumulate_weight_grad(self, x: Tensor, grad_partial: Tensor) -> None:
         """dW += dP^T x ([.., O] x [.., I/t] -> [O, I/t]), in the weight's dtype."""
         if self.weight.requires_grad:
-            g2 = grad_partial.flatten(0, -2)  # [N, O]
-            _accumulate(self.weight, g2.t() @ x.detach().flatten(0, -2).to(g2.dtype))
+            _accumulate(self.weight, _weight_grad(x, grad_partial))
 
     def forward(self, x: Tensor) -> Tensor:
         return self.add_bias(comm.reduce_from_tp(self.partial(x), self.group))
+
+
+def _weight_grad(x: Tensor, grad_out: Tensor) -> Tensor:
+    """A linear layer's dW = dY^T x over all leading dims, in dY's dtype: [.., O] x [.., I] ->
+    [O, I]."""
+    g2 = grad_out.flatten(0, -2)
+    return g2.t() @ x.detach().flatten(0, -2).to(g2.dtype)
 
 
 def _accumulate(param: nn.Parameter, grad: Tensor) -> None:
@@ -215,9 +220,8 @@ class _DeferrableLinear(torch.autograd.Function):
         if _WEIGHT_GRAD_STASH is not None:
             _WEIGHT_GRAD_STASH.append((ctx.layer, x, grad))
             return dx, None, None, None
-        g2, x2 = grad.flatten(0, -2), x.flatten(0, -2).to(grad.dtype)
-        dw = g2.t() @ x2 if ctx.needs_input_grad[1] else None
-        db = g2.sum(0) if ctx.has_bias and ctx.needs_input_grad[2] else None
+        dw = _weight_grad(x, grad) if ctx.needs_input_grad[1] else None
+        db = grad.flatten(0, -2).sum(0) if ctx.has_bias and ctx.needs_input_grad[2] else None
         return dx, dw, db, None
 
 
