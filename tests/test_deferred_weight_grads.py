@@ -194,9 +194,10 @@ def test_the_simulator_prices_the_split_backward_as_the_whole_one():
     "tp" and "dw" computes take what its whole TP backward takes (plus one more kernel
     launch), and the "dw" starts after the next gather, gb(i-1), was issued."""
     from oases.plan import ParallelPlan
+    from oases.planner.batch import BatchShape
     from oases.planner.clusters import get_cluster
     from oases.planner.hardware import HardwareCosts
-    from oases.planner.simulate import BatchShape, simulate_plan
+    from oases.planner.simulate import simulate_plan
 
     cfg = ModelConfig(arch="gpt2", n_layers=3, dim=1024, n_heads=16, vocab_size=50304,
                       seq_len=1024)

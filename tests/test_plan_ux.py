@@ -14,6 +14,7 @@ import pytest
 from distributed import REPO_ROOT
 from oases.config import ModelConfig, load_config
 from oases.plan import ParallelPlan
+from oases.planner.batch import BatchShape
 from oases.planner.budget import (
     DEFAULT_MEMORY_FRACTION,
     GB,
@@ -28,7 +29,7 @@ from oases.planner.models import MODELS
 from oases.planner.profile import Profile
 from oases.planner.report import format_candidates, run_command
 from oases.planner.search import solve_plan
-from oases.planner.simulate import BatchShape, simulate_plan
+from oases.planner.simulate import simulate_plan
 from oases.planner.whatif import parse_entries, simulate_cluster
 from oases.schedule.program import SPECS
 from oases.schedule.timeline import LANES, Timeline

@@ -23,7 +23,7 @@ from oases.config import Config, ModelConfig, ParallelConfig
 from oases.model import build_model
 from oases.parallel.apply import parallelize, shard_spec, shard_tensor
 from oases.parallel.context import init_distributed
-from oases.planner.simulate import glue_param_count
+from oases.planner.layout import glue_param_count
 from oases.schedule import SCHEDULES, build_schedule
 from oases.schedule.program import SP_MODES, Start, Wait, build_program
 
@@ -460,7 +460,8 @@ def test_simulated_sequence_parallel_steps_add_up_and_keep_less(name):
     """A sequence-parallel plan's step is its parts; its TP traffic is the all-reduce
     version's (every gather and reduce-scatter priced, none free); it keeps less."""
     from oases.plan import ParallelPlan
-    from oases.planner.simulate import BatchShape, simulate_plan
+    from oases.planner.batch import BatchShape
+    from oases.planner.simulate import simulate_plan
 
     cfg, costs = _sim_setup()
     batch = BatchShape(32, 16)
@@ -481,7 +482,8 @@ def test_simulated_sequence_parallel_steps_add_up_and_keep_less(name):
 
 def test_simulated_sequence_parallel_reshards_move_both_ways():
     from oases.plan import ParallelPlan, RegionPlan, region_names
-    from oases.planner.simulate import BatchShape, simulate_plan
+    from oases.planner.batch import BatchShape
+    from oases.planner.simulate import simulate_plan
 
     cfg, costs = _sim_setup()
     degrees = [2, 2, 2, 4, 4, 4, 4, 4, 4, 2]
@@ -494,8 +496,8 @@ def test_simulated_sequence_parallel_reshards_move_both_ways():
 
 
 def test_the_planner_turns_to_sequence_parallelism_when_memory_binds():
+    from oases.planner.batch import BatchShape
     from oases.planner.search import solve_plan
-    from oases.planner.simulate import BatchShape
 
     cfg, costs = _sim_setup()
     batch = BatchShape(32, 32)

@@ -2,7 +2,7 @@
 
 import pytest
 
-from oases.planner.simulate import StepCosts, simulate_program
+from oases.planner.event_walk import StepCosts, simulate_program
 from oases.schedule import SCHEDULES
 from oases.schedule.program import Compute, Start, build_program
 
@@ -82,7 +82,7 @@ def test_compute_beside_a_collective_is_slowed_by_its_contention():
     collective ends. Hand-computed: compute pieces of 1 s, an all-reduce of 0.5 s started
     before the second piece, f = 2: the second piece takes 0.5 s (0.25 s of work at half rate)
     + 0.75 s = 1.25 s. No slowdown (f = 1, or none given) leaves the step as it was."""
-    from oases.planner.simulate import _stretched
+    from oases.planner.event_walk import _stretched
     from oases.schedule.program import Wait
 
     program = [Compute("forward", (("body", 0),), 0), Start("fwd", 0),

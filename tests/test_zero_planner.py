@@ -14,9 +14,11 @@ import pytest
 
 from oases.config import ModelConfig
 from oases.plan import ParallelPlan
+from oases.planner.batch import BatchShape
 from oases.planner.clusters import get_cluster
 from oases.planner.hardware import HardwareCosts
-from oases.planner.simulate import BatchShape, model_state, simulate_plan
+from oases.planner.layout import model_state
+from oases.planner.simulate import simulate_plan
 from test_zero import _cfg, _rank_state_bytes
 
 GPT = ModelConfig(arch="gpt2", n_layers=8, dim=1024, n_heads=16, vocab_size=50304,

@@ -127,7 +127,7 @@ def predict_step(sched: Schedule, model: torch.nn.Module, rows: int, seq: int,
     """The simulator's step time for this schedule: compute from this machine's measured
     compute-only timeline (median per instruction), collectives from the all-reduce fit, at
     the bytes ``precision`` moves."""
-    from oases.planner.simulate import StepCosts, simulate_program
+    from oases.planner.event_walk import StepCosts, simulate_program
 
     per: dict[tuple[str, str], list[float]] = {}
     for e in profile.events:

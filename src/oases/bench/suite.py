@@ -321,8 +321,10 @@ def predicted_peak_bytes(cfg, schedule: str, zero: int, world: int,  # noqa: ANN
     ``sp``: sequence parallelism's mode ("" off): {"model_state": bytes by kind, "peak": bytes
     over the baseline}."""
     from oases.plan import ParallelPlan
+    from oases.planner.batch import BatchShape
+    from oases.planner.layout import model_state
     from oases.planner.search import with_zero
-    from oases.planner.simulate import BatchShape, model_state, simulate_plan
+    from oases.planner.simulate import simulate_plan
 
     tp = cfg.parallel.tp
     plan = with_zero(ParallelPlan.uniform(cfg.model, world, tp, schedule=schedule,

@@ -7,25 +7,25 @@ choose every region's TP degree and the schedule knobs under a memory budget.
     best, all = plan_model(cfg, world_size, costs, budget.bytes)
     print(format_candidates(best, all, budget.bytes))
 
-Modules: ``costs`` (the interface, parameter and activation sizes), ``precision`` (bytes per
-tensor kind by dtype), ``profile`` (a measured
-profile; ``bench.profile_runner`` measures it), ``hardware``/``clusters`` (presets), ``models``
-(the paper's models), ``simulate`` (programs on costs), ``chain`` (the chain solvers),
-``search`` (the plan search), ``batch`` (a step's batch and what a micro-batch counts),
-``budget`` (the memory budget: unit and default), ``report`` (what plan and simulate print),
-``verify`` (prediction against measurement), ``whatif`` (``oases simulate``).
+Modules: ``costs`` (the interface, parameter and activation sizes), ``precision`` (bytes per tensor
+kind by dtype), ``profile`` (a measured profile; ``bench.profile_runner`` measures it),
+``hardware``/``clusters`` (presets), ``models`` (the paper's models), ``simulate`` (a plan's step on
+costs: ``event_walk`` walks one program, ``plan_costs`` prices its instructions, ``layout`` places
+groups, buckets and shards), ``chain`` (the chain solvers), ``search`` (the plan search), ``batch``
+(a step's batch, what a micro-batch counts, each region's rows), ``budget`` (the memory budget: unit
+and default), ``report`` (what plan and simulate print), ``verify`` (prediction against
+measurement), ``whatif`` (``oases simulate``).
 Nothing here calls ``torch.distributed``: what needs ranks lives in ``oases.bench``.
 """
 
 from __future__ import annotations
 
 from oases.config import Config, ModelConfig
-from oases.planner.batch import config_batch
+from oases.planner.batch import BatchShape, config_batch
 from oases.planner.budget import costs_budget
 from oases.planner.costs import Costs
 from oases.planner.report import format_candidates
 from oases.planner.search import Candidate, solve_plan
-from oases.planner.simulate import BatchShape
 
 __all__ = ["auto_plan", "batch_shape", "costs_budget", "format_candidates", "load_costs",
            "plan_model"]

@@ -18,17 +18,12 @@ import numpy as np
 
 from oases.config import ModelConfig
 from oases.plan import ParallelPlan, RegionPlan, region_names
+from oases.planner.batch import BatchShape, BatchSplitError, region_rows
 from oases.planner.chain import solve_chain, solve_chain_minmax
 from oases.planner.costs import Costs, region_kind, region_param_count, sp_mode
 from oases.planner.peak_memory import saved_bytes
 from oases.planner.precision import OPTIMIZER_STATES, precision_of
-from oases.planner.simulate import (
-    BatchShape,
-    BatchSplitError,
-    PlanResult,
-    region_rows,
-    simulate_plan,
-)
+from oases.planner.simulate import PlanResult, simulate_plan
 from oases.schedule.program import SPECS
 
 

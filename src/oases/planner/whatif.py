@@ -44,13 +44,13 @@ from pathlib import Path
 
 from oases.config import ModelConfig
 from oases.plan import ParallelPlan, RegionPlan
-from oases.planner.batch import BatchSpec
+from oases.planner.batch import BatchShape, BatchSpec, BatchSplitError
 from oases.planner.budget import Budget
 from oases.planner.clusters import Cluster, get_cluster, load_cluster
 from oases.planner.costs import model_flops
 from oases.planner.hardware import HardwareCosts
 from oases.planner.search import candidate_degrees, solve_plan, with_zero
-from oases.planner.simulate import BatchShape, BatchSplitError, PlanResult, simulate_plan
+from oases.planner.simulate import PlanResult, simulate_plan
 from oases.planner.uncertainty import Range, input_bounds, simulate_ranges
 from oases.schedule.program import SPECS
 from oases.schedule.timeline import Timeline
