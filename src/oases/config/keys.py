@@ -40,8 +40,8 @@ KEY_HELP: dict[str, str] = {
     "parallel.timeout_s": "every collective's time limit: a dead rank stops the others",
     "parallel.backend": "`auto` (NCCL on GPUs, else gloo), `gloo` or `nccl`",
     "parallel.plan": "`\"\"` (every region at `tp`), a plan file from `oases plan`, or `auto`",
-    "parallel.profile": "with `plan = \"auto\"`: the planner's costs, a profile file or `hw:PRESET`",
-    "parallel.memory_gb": "with `plan = \"auto\"`: the planner's budget per device, GB (0: default)",
+    "parallel.profile": 'with `plan = "auto"`: the planner\'s costs, a profile file or `hw:PRESET`',
+    "parallel.memory_gb": 'with `plan = "auto"`: the planner\'s budget per device, GB (0: default)',
     "parallel.zero": "ZeRO stage 0-3 (a plan's regions may give their own)",
     "parallel.reshard_after_forward": "ZeRO 3: free gathered weights between forward and "
                                       "backward",
