@@ -152,9 +152,10 @@ def test_3_each_setting_without_effect_and_the_plans_replacements(tmp_path):
                                                         "megatron runs each micro-batch whole")
     assert warnings("--checkpoint.allow_data_change=true", "--checkpoint.resume=never") != []
     plan = _plan_file(tmp_path / "plan.json", 2, tp=1, schedule="megatron", n_sub=1)
+    # (tiny.toml's parallel.tp=2 is the unit the plan's batch counts in: used, not named)
     assert warnings(f"--parallel.plan={plan}", "--schedule.name=oases") == [
-        f"the plan ({plan}) replaces schedule.name='oases' (runs 'megatron'), "
-        "parallel.tp=2 (runs 1): those settings have no effect with parallel.plan"]
+        f"the plan ({plan}) replaces schedule.name='oases' (runs 'megatron'): those settings "
+        "have no effect with parallel.plan"]
     # surely a mistake: the planner's budget where no planner runs
     with pytest.raises(ValueError, match=r'parallel.memory_gb=8.0 is used only with '
                                          r'parallel.plan = "auto"'):

@@ -95,8 +95,10 @@ class EffectiveRun:
         """``key old -> new`` for every field of ``saved`` (a checkpoint's record) that differs
         from this run's, in record order."""
         now = self.record()
+        uniform = all(str(r.get("degrees", "")).startswith("every region") for r in (saved, now))
         return [f"{key} {_text(saved[key])} -> {_text(value)}" for key, value in now.items()
-                if key in saved and saved[key] != value]
+                if key in saved and saved[key] != value
+                and not (key == "degrees" and uniform)]  # uniform: tp says it
 
     # ------------------------------------------------------------------------------ the lines
     def zero_text(self) -> str:
@@ -140,8 +142,8 @@ class EffectiveRun:
                   f"ZeRO:      {self.zero_text()}",
                   f"precision: {self.precision_text()}",
                   f"batch:     {self.global_batch} sequences a step = {self.accumulation} "
-                  f"micro-batch{'es' if self.accumulation > 1 else ''} of {self.micro_batch} "
-                  f"sequences on each of dp={self.dp} model replica{'s' if self.dp > 1 else ''}"]
+                  f"micro-batch{'es' if self.accumulation > 1 else ''} x {self.micro_batch} "
+                  f"sequences (per model replica) x dp={self.dp}"]
         return lines
 
     def toml_header(self) -> str:

@@ -4,10 +4,10 @@
 it (``given``) with the one ``setup.resolve_setup`` made of it (``resolved``: the plan's knobs
 applied) and the layout (``plan``: every region's degree and stage), and says, per setting:
 
-    replaced by the plan      schedule.name, schedule.n_sub, parallel.tp, parallel.zero,
-                              parallel.sequence_parallel, parallel.sp_recompute,
-                              train.micro_batch: a value other than the built-in default that
-                              the plan's replaced (one line for all of them)
+    replaced by the plan      schedule.name, schedule.n_sub, parallel.zero,
+                              parallel.sequence_parallel, parallel.sp_recompute: a value other
+                              than the built-in default that the plan's replaced (one line for
+                              all of them)
     no data parallelism       parallel.zero > 0, parallel.grad_reduce_dtype = "bf16" where
                               every region has dp = 1: nothing to shard or reduce
     nothing to slice          parallel.sequence_parallel at tp = 1 in every region
@@ -33,10 +33,12 @@ from oases.config import Config
 from oases.plan import ParallelPlan
 from oases.schedule.program import SPECS
 
-# (section, key) the plan may replace, in the order the warning names them
-PLAN_KEYS = (("schedule", "name"), ("schedule", "n_sub"), ("parallel", "tp"),
-             ("parallel", "zero"), ("parallel", "sequence_parallel"),
-             ("parallel", "sp_recompute"), ("train", "micro_batch"))
+# (section, key) a plan replaces and ignores, in the order the warning names them. Not
+# parallel.tp and train.micro_batch: with a plan they are the unit its batch counts in (the
+# micro-batch per replica at parallel.tp that ``oases plan`` read), so they are used, and the
+# start-up block's batch line says what runs.
+PLAN_KEYS = (("schedule", "name"), ("schedule", "n_sub"), ("parallel", "zero"),
+             ("parallel", "sequence_parallel"), ("parallel", "sp_recompute"))
 
 
 def _default(section: str, key: str) -> object:

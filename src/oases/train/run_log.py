@@ -10,8 +10,7 @@ data, the effective run), the resume line and the done line; and the step's time
     schedule:  megatron, n_sub=1; no sequence parallelism  precision and batch are logged
     ZeRO:      stage 1 over dp=2
     precision: auto = fp32 compute and activations, ...
-    batch:     8 sequences a step = 1 micro-batch of 4 sequences on each of dp=2 model
-                 replicas
+    batch:     8 sequences a step = 1 micro-batch x 4 sequences (per model replica) x dp=2
     resumed from runs/x/checkpoints/step_000006 at step 6 (saved at tp=1 on 2 ranks); changed
       since: zero 1 -> 0, precision auto -> fp64, compute_dtype fp32 -> fp64, ...
     ...
