@@ -8,7 +8,10 @@ consecutive regions differ, the activations are resharded along the batch betwee
 ``zero`` (its ZeRO stage, 0-3; absent: the run's ``parallel.zero``). ``sequence_parallel``
 ("" off; "gathered" or "shards": Megatron's sequence parallelism, naming what a
 communication-free recompute keeps, ``schedule.sp_tasks.sp_chain``) is per plan: every degree
-must divide the sequence.
+must divide the sequence. ``precision`` (``{compute, grad_reduce, master}`` dtype names,
+``planner.precision.PlanPrecision.describe``) is what the planner priced the plan in; a run in
+other dtypes says so in one line (``train.effective``); absent in plans from before it was
+recorded.
 """
 
 from __future__ import annotations
@@ -19,6 +22,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from oases.config import ModelConfig
+from oases.config.checks import check_sequence_split
 
 
 @dataclass(frozen=True)
@@ -44,6 +48,7 @@ class ParallelPlan:
     predicted_peak_mem_bytes: int | None = None
     notes: dict = field(default_factory=dict)
     sequence_parallel: str = ""  # "" | "gathered" | "shards"
+    precision: dict[str, str] | None = None  # the dtypes it was priced in (None: unknown)
 
     def sp(self) -> str | None:
         """``build_schedule``'s ``sp``: None when off (a schedule that is always
@@ -102,6 +107,14 @@ class ParallelPlan:
             raise ValueError(f"plan regions {names[:3]}... do not match the model's chain "
                              f"{region_names(cfg)[:3]}... ({len(names)} vs "
                              f"{len(region_names(cfg))} regions)")
+        made_for = {r.tp * r.dp for r in self.regions}
+        if len(made_for) == 1 and made_for != {world_size}:
+            (planned,) = made_for
+            first = self.regions[0]
+            raise ValueError(f"the plan was made for {planned} ranks ({first.name}: tp={first.tp}"
+                             f" x dp={first.dp}), this run has {world_size}: run it on "
+                             f"{planned} ranks (--nproc-per-node {planned}), or plan again for "
+                             f"{world_size}")
         for r in self.regions:
             if r.tp < 1 or world_size % r.tp or r.dp != world_size // r.tp:
                 raise ValueError(f"plan region {r.name}: tp={r.tp}, dp={r.dp} do not fit "
@@ -121,10 +134,7 @@ class ParallelPlan:
             if self.sp() not in ("gathered", "shards"):
                 raise ValueError(f"plan sequence_parallel={self.sequence_parallel!r} must be "
                                  '"", "gathered" or "shards"')
-            for t in self.degrees():
-                if cfg.seq_len % t:
-                    raise ValueError(f"sequence parallelism: model.seq_len={cfg.seq_len} is "
-                                     f"not divisible by tp={t}")
+            check_sequence_split(cfg.seq_len, self.degrees())
         if cfg.tie_embeddings and self.tp_of("embed") != self.tp_of("head"):
             raise ValueError(f"tied embeddings need one degree for embed and head, got "
                              f"{self.tp_of('embed')} and {self.tp_of('head')}")
@@ -135,6 +145,8 @@ class ParallelPlan:
 
     def to_json(self) -> str:
         raw = asdict(self)
+        if raw["precision"] is None:
+            del raw["precision"]
         for r in raw["regions"]:
             if r["zero"] is None:
                 del r["zero"]

@@ -96,7 +96,7 @@ def _plan_arguments(plan: argparse.ArgumentParser) -> None:
 
 
 def _plan(ns: argparse.Namespace, overrides: list[str]) -> int:
-    from oases.planner import costs_budget, format_candidates, load_costs, plan_model
+    from oases.planner import costs_budget, format_candidates, load_costs, search_plans
     from oases.planner.report import plan_header, run_command
 
     cfg = load_config(ns.config, overrides)
@@ -114,7 +114,7 @@ def _plan(ns: argparse.Namespace, overrides: list[str]) -> int:
     sps = {"auto": ("gathered", "shards"), "off": ()}.get(
         ns.sequence_parallel, (ns.sequence_parallel,)
     )
-    best, candidates = plan_model(
+    found = search_plans(
         cfg,
         ns.world_size,
         costs,
@@ -125,6 +125,7 @@ def _plan(ns: argparse.Namespace, overrides: list[str]) -> int:
         max_tp=ns.max_tp,
         sps=sps,
     )
+    best, candidates = found.best, found.candidates
     best.plan.save(ns.out)
     text = "\n".join(
         [
@@ -144,6 +145,8 @@ def _plan(ns: argparse.Namespace, overrides: list[str]) -> int:
                 budget.bytes,
                 tokens_per_step=cfg.train.global_batch * cfg.model.seq_len,
             ),
+            *(["kept out of the search:", *(f"  {line}" for line in found.excluded)]
+              if found.excluded else []),
         ]
     )
     print(text)

@@ -91,18 +91,20 @@ def _simulate_arguments(sim: argparse.ArgumentParser) -> None:
     )
     sim.add_argument(
         "--dtype",
-        default="fp32",
-        choices=("fp32", "tf32", "bf16", "fp16"),
+        default="auto",
+        choices=("auto", "fp32", "tf32", "bf16", "fp16"),
         help="compute dtype: matmuls at the GPU's peak in it; activations, saved "
         "tensors, TP all-reduces and reshards in its bytes (tf32: fp32 bytes); "
-        "master weights, gradients and AdamW stay fp32 (default: %(default)s)",
+        "master weights, gradients and AdamW stay fp32. auto: a run file's "
+        "train.precision as training resolves it on GPUs (auto: bf16), as oases plan "
+        "prices it; a model preset: the paper's fp32 (default: %(default)s)",
     )
     sim.add_argument(
         "--grad-reduce-dtype",
-        default="fp32",
-        choices=("fp32", "bf16"),
+        default="auto",
+        choices=("auto", "fp32", "bf16"),
         help="dtype of the DP gradient all-reduce and ZeRO's reduce-scatter, as "
-        "parallel.grad_reduce_dtype (default: %(default)s)",
+        "parallel.grad_reduce_dtype (auto: a run file's, else fp32) (default: %(default)s)",
     )
     sim.add_argument(
         "--attention",
@@ -132,10 +134,12 @@ def _simulate(ns: argparse.Namespace, overrides: list[str]) -> int:
         load_any_cluster,
         parse_entries,
         simulate_cluster,
+        simulate_precision,
         write_report,
     )
 
     cfg = load_model(ns.model)
+    dtype, grad_reduce, priced = simulate_precision(ns.model, ns.dtype, ns.grad_reduce_dtype)
     cluster = load_any_cluster(ns.cluster, ns.inter_gbps)
     batch = simulate_batch(ns.model, cluster, ns.global_batch, ns.micro_batch, ns.micro_batch_tp)
     budget = memory_budget(ns.memory_gb, cluster.memory_bytes, cluster.server.gpu.name)
@@ -147,12 +151,13 @@ def _simulate(ns: argparse.Namespace, overrides: list[str]) -> int:
         budget,
         n_sub=ns.n_sub,
         max_tp=ns.max_tp,
-        dtype=ns.dtype,
-        grad_reduce=ns.grad_reduce_dtype,
+        dtype=dtype,
+        grad_reduce=grad_reduce,
         attention=ns.attention,
         model_name=ns.model,
         uncertainty=ns.uncertainty,
     )
+    report.precision_source = priced
     print(format_report(report))
     paths = write_report(report, Path(ns.out))
     print("wrote " + ", ".join(map(str, paths)))

@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import argparse
+import copy
 
 from oases.cli.command import DEFAULT_CONFIG, SubCommand
 from oases.cli.overrides import config_keys_help
@@ -56,7 +57,9 @@ def _train(ns: argparse.Namespace, overrides: list[str]) -> int:
         raise ValueError(f"--max-restarts={max_restarts} must be >= 0")
     if not under_torchrun():  # under torchrun each rank checks against the real world size
         nproc = nproc or _default_world_size(cfg)
-        check_config(cfg, nproc)
+        # on a copy: each rank resolves the config as given, and rank 0 names (once) the
+        # settings that have no effect
+        check_config(copy.deepcopy(cfg), nproc)
     check_source(cfg.data.source)
     return launch(cfg, nproc or 1, max_restarts)
 
@@ -76,12 +79,17 @@ def _export_arguments(export: argparse.ArgumentParser) -> None:
         choices=("fp32", "bf16", "fp16"),
         help="the weights' dtype in model.safetensors (cast from the checkpoint's master weights)",
     )
+    export.add_argument(
+        "--overwrite",
+        action="store_true",
+        help="replace the model HF_DIR already holds (without it, such a folder is refused)",
+    )
 
 
 def _export(ns: argparse.Namespace, overrides: list[str]) -> int:
     from oases.hf import export_checkpoint
 
-    out = export_checkpoint(ns.checkpoint, ns.out, ns.dtype)
+    out = export_checkpoint(ns.checkpoint, ns.out, ns.dtype, overwrite=ns.overwrite)
     print(f"wrote {out}")
     return 0
 

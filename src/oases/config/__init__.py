@@ -9,7 +9,8 @@ several sections live in :meth:`Config.validate`, which every rank runs before a
 Where each part lives (import every name from ``oases.config``):
 
     checks.py     the one-line value checks every section runs
-    model.py      ModelConfig: the [model] section, parameter counts, FLOPs per token
+    model.py      ModelConfig: the [model] section, parameter counts, FLOPs per token;
+                  format_params (a count as people read it)
     sections.py   the other sections, Config (+ validate), SECTIONS, DEFAULT_BPE_VOCAB
     load.py       TOML file + overrides -> Config: ConfigError, resolve_vocab, load_config
     dump.py       Config -> dict, TOML text, file: config_to_dict, dump_toml, save_config
@@ -17,7 +18,7 @@ Where each part lives (import every name from ``oases.config``):
 
 from oases.config.dump import config_to_dict, dump_toml, save_config
 from oases.config.load import ConfigError, load_config, resolve_vocab
-from oases.config.model import ModelConfig
+from oases.config.model import ModelConfig, format_params
 from oases.config.sections import (
     DEFAULT_BPE_VOCAB,
     SECTIONS,
@@ -42,6 +43,7 @@ __all__ = [
     "TrainConfig",
     "config_to_dict",
     "dump_toml",
+    "format_params",
     "load_config",
     "resolve_vocab",
     "save_config",

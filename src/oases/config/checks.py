@@ -1,6 +1,8 @@
 """The value checks every config section runs: a one-line ``ValueError`` naming the key and its
 numbers (``load_config`` turns it into a ``ConfigError``)."""
 
+from collections.abc import Iterable
+
 
 def _check(ok: bool, msg: str) -> None:
     if not ok:
@@ -15,3 +17,11 @@ def _positive(section: str, obj: object, *names: str) -> None:
 
 def _divisible(a_name: str, a: int, b_name: str, b: int) -> None:
     _check(a % b == 0, f"{a_name}={a} is not divisible by {b_name}={b}")
+
+
+def check_sequence_split(seq_len: int, degrees: Iterable[int]) -> None:
+    """Sequence parallelism slices the sequence over each TP group: every degree must divide
+    ``model.seq_len``. The one wording of this error, from the command line and a plan file."""
+    for d in sorted(set(degrees)):
+        _check(seq_len % d == 0, f"sequence parallelism: model.seq_len={seq_len} is not "
+                                 f"divisible by tp={d}")

@@ -41,8 +41,9 @@ def dump_toml(cfg: Config) -> str:
     return "\n".join(lines)
 
 
-def save_config(cfg: Config, path: str | os.PathLike[str]) -> None:
-    """Write ``dump_toml(cfg)`` to ``path``, creating parent directories."""
+def save_config(cfg: Config, path: str | os.PathLike[str], header: str = "") -> None:
+    """Write ``dump_toml(cfg)`` to ``path`` (after ``header``, TOML comments: a run writes
+    what it did there, ``train.effective``), creating parent directories."""
     p = Path(path)
     p.parent.mkdir(parents=True, exist_ok=True)
-    p.write_text(dump_toml(cfg), encoding="utf-8")
+    p.write_text(header + dump_toml(cfg), encoding="utf-8")

@@ -7,6 +7,16 @@ from dataclasses import dataclass
 from oases.config.checks import _check, _divisible, _positive
 
 
+def format_params(n: float) -> str:
+    """A parameter count as people read it: ``5.04 B``, ``124.44 M``, ``0.14 M``, ``3,072``
+    (never ``0.00 B``): what ``oases train``, ``plan`` and ``simulate`` print."""
+    if n >= 1e9:
+        return f"{n / 1e9:.2f} B"
+    if n >= 1e4:
+        return f"{n / 1e6:.2f} M"
+    return f"{int(n):,}"
+
+
 @dataclass
 class ModelConfig:
     """Transformer shape; ``n_kv_heads`` and ``ffn_dim`` default from the other fields."""

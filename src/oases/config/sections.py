@@ -10,7 +10,7 @@ class from ``Config``'s field types, which must stay classes, not strings.
 import dataclasses
 from dataclasses import dataclass, field
 
-from oases.config.checks import _check, _divisible, _positive
+from oases.config.checks import _check, _divisible, _positive, check_sequence_split
 from oases.config.model import ModelConfig
 
 
@@ -75,10 +75,12 @@ class ParallelConfig:
             self.grad_reduce_dtype in ("fp32", "bf16"),
             f"parallel.grad_reduce_dtype={self.grad_reduce_dtype!r} must be fp32 or bf16",
         )
-        _check(
-            self.plan == "auto" or not self.profile,
-            'parallel.profile is used only with parallel.plan = "auto"',
-        )
+        for key in ("profile", "memory_gb"):  # surely a mistake: no planner runs without auto
+            _check(
+                self.plan == "auto" or not getattr(self, key),
+                f'parallel.{key}={getattr(self, key)!r} is used only with parallel.plan = "auto"'
+                " (the planner's costs and budget; no planner runs otherwise)",
+            )
         _check(
             self.sp_recompute in ("gathered", "shards"),
             f"parallel.sp_recompute={self.sp_recompute!r} must be gathered or shards",
@@ -257,8 +259,7 @@ class Config:
                 f"embedding's tp={tp} has no whole share at the plan's tp={d}",
             )
         if self.parallel.sequence_parallel:
-            for d in sorted(set(degrees or (tp,))):
-                _divisible("model.seq_len", m.seq_len, "a TP degree (sequence parallelism)", d)
+            check_sequence_split(m.seq_len, degrees or (tp,))
         dp = world_size // tp
         _check(
             t.global_batch % (t.micro_batch * dp) == 0,

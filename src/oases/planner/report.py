@@ -19,7 +19,7 @@ import shlex
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from oases.config import Config
+from oases.config import Config, format_params
 from oases.planner.budget import Budget
 from oases.planner.costs import matmul_params
 from oases.planner.precision import precision_of
@@ -157,9 +157,13 @@ def plan_header(config: str, cfg: Config, costs: object, profile: str | None, wo
                  f"{precision_of(costs).label()}")
     batch = config_batch(cfg).describe(world_size, cfg.train.global_batch, every_plan=True,
                                        searched=searched_micro_batch)
+    as_gpus = (", auto resolved as on GPUs" if cfg.train.precision == "auto"
+               and getattr(costs, "cluster", None) is not None else "")
+    priced = (f"{precision_of(costs).label()} (train.precision={cfg.train.precision}{as_gpus}; "
+              "the plan records it, and a run in other dtypes says so)")
     return "\n".join([f"model    {config}: {describe_model(cfg.model)}", f"costs    {where}",
                       f"world    {world_size} ranks", f"batch    {batch}",
-                      f"budget   {budget.text}"])
+                      f"budget   {budget.text}", f"priced   {priced}"])
 
 
 def run_command(config: str, overrides: list[str], plan_path: str, world_size: int,
@@ -197,12 +201,17 @@ def format_report(rep: Report) -> str:
     unit = TimeUnit.for_step(min(r.result.step_s for r in rep.rows))
     batch = rep.batch.describe(rep.cluster.world_size, rep.global_batch, every_plan=False,
                                auto_rows=any(r.spec.auto for r in rep.rows))
+    # columns as wide as their longest cell (and a space), so no row shifts the next columns
+    sched_w = max(20, *(len(r.schedule) + 2 for r in rep.rows))
+    plan_w = max(30, *(len(plan_label(r)) + 2 for r in rep.rows))
     lines = [f"model    {rep.model_name + ': ' if rep.model_name else ''}"
              f"{describe_model(rep.model)}",
              f"cluster  {rep.costs.describe().split(' Sources: ')[0]}",
-             f"batch    {batch}; {rep.costs.precision.label()}",
+             f"batch    {batch}; {rep.costs.precision.label()}"
+             + (f" (dtypes: {rep.precision_source})" if rep.precision_source else ""),
              f"budget   {rep.budget.text}", "",
-             f"  {'schedule':<20}{'plan':<30}{'micro x n':>11}{'step ' + unit.name:>10}"
+             f"  {'schedule':<{sched_w}}{'plan':<{plan_w}}{'micro x n':>11}"
+             f"{'step ' + unit.name:>10}"
              f"{'tokens/s':>11}{'tok/s/GPU':>10}{'MFU':>7}"
              f"{'peak GiB':>10}{'vs ' + base:>24}{parts_header()}"]
     if rep.ranges is not None:
@@ -210,7 +219,7 @@ def format_report(rep: Report) -> str:
     for i, row in enumerate(rep.rows):
         over = "" if row.fits else "  over budget"
         micro = f"{row.batch.micro_rows} x {row.batch.n_micro()}"
-        lines.append(f"  {row.schedule:<20}{plan_label(row):<30}{micro:>11}"
+        lines.append(f"  {row.schedule:<{sched_w}}{plan_label(row):<{plan_w}}{micro:>11}"
                      f"{unit.cell(row.result.step_s)}{row.tokens_per_s:>11,.0f}"
                      f"{row.tokens_per_s_per_gpu:>10,.0f}{row.mfu:>7.1%}"
                      f"{row.result.peak_mem_bytes / 2**30:>10.2f}{row.speedup:>23.2f}x"
@@ -219,7 +228,8 @@ def format_report(rep: Report) -> str:
     lines += ["", f"micro x n: sequences per micro-batch across the cluster x micro-batches per "
               f"step. {parts_note(unit)}.",
               f"MFU = model FLOPs per step (6 N tokens + 12 L H S tokens, N = "
-              f"{matmul_params(rep.model) / 1e9:.2f} B matmul parameters; recompute not counted) "
+              f"{format_params(matmul_params(rep.model))} matmul parameters; recompute not "
+              "counted) "
               f"/ (step x {rep.cluster.world_size} GPUs x {peak / 1e12:.1f} TFLOP/s "
               f"{rep.costs.dtype} peak)."]
     if rep.ranges is not None:
@@ -264,6 +274,7 @@ def simulate_json(rep: Report) -> dict:
         "costs": rep.costs.describe(),
         "dtype": rep.costs.dtype,
         "precision": rep.costs.precision.describe(), "attention": rep.costs.attention,
+        "precision_source": rep.precision_source,
         "peak_flops_per_gpu": rep.cluster.server.gpu.peak_flops[rep.costs.dtype],
         "mfu_formula": "(6 N tokens + 12 L H S tokens) / (step_s x world_size x peak_flops)",
         "batch": {"global_batch": rep.global_batch, "micro_batch": b.micro_batch,

@@ -169,13 +169,14 @@ def sub_batch_counts(schedule: str, n_subs: tuple[int, ...],
     """The sub-batch counts searched for ``schedule``: 1 for a non-overlapped one; for an
     overlapped one every count of ``n_subs``, 1 included unless ``schedules`` also has the
     non-overlapped schedule of the same recompute (with one sub-batch overlap runs megatron's
-    program and merak megatron-recompute's; oases at one sub-batch differs from
-    commfree-recompute only in starting the next recompute before a backward all-reduce ends)."""
+    program; oases at one sub-batch differs from commfree-recompute only in starting the next
+    recompute before a backward all-reduce ends), and none below the schedule's least
+    (``ScheduleSpec.min_sub``: merak, defined by its sub-batches, from 2)."""
     if not SPECS[schedule].overlapped:
         return (1,)
     twin = any(not SPECS[s].overlapped and SPECS[s].recompute == SPECS[schedule].recompute
                for s in schedules)
-    return tuple(k for k in n_subs if k > 1 or not twin)
+    return tuple(k for k in n_subs if (k > 1 or not twin) and k >= SPECS[schedule].min_sub)
 
 
 def solve_plan(cfg: ModelConfig, costs: Costs, world_size: int, batch: BatchShape,

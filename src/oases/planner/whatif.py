@@ -123,6 +123,37 @@ def parse_entries(text: str, default: str) -> list[tuple[str, PlanSpec]]:
     return entries
 
 
+def simulate_precision(model: str, dtype: str = "auto",
+                       grad_reduce: str = "auto") -> tuple[str, str, str]:
+    """``oases simulate``'s (compute dtype, grad-reduce dtype, where they came from). "auto":
+    for a TOML run file, its ``train.precision`` and ``parallel.grad_reduce_dtype`` as
+    training resolves them on GPUs (``planner.precision.resolve_plan_precision``: "auto" is
+    bf16), the dtypes ``oases plan`` prices the same file in; for a model preset, the paper's
+    fp32. A flag given wins."""
+    from oases.planner.precision import resolve_plan_precision
+
+    if Path(model).suffix == ".toml":
+        from oases.config import load_config
+
+        cfg = load_config(model, [])
+        run = resolve_plan_precision(cfg.train.precision, cfg.parallel.grad_reduce_dtype)
+        if run.compute == "fp64" and dtype == "auto":
+            raise ValueError(f"{model}: train.precision=fp64 has no GPU peak to price; give "
+                             "--dtype fp32, tf32, bf16 or fp16")
+        where = (f"{model}'s train.precision={cfg.train.precision}"
+                 + (" as on GPUs" if cfg.train.precision == "auto" else ""))
+        auto = (run.compute, run.grad_reduce) if run.compute != "fp64" else ("fp32", "fp32")
+    else:
+        where, auto = "the paper's fp32 (a model preset)", ("fp32", "fp32")
+    picked = (auto[0] if dtype == "auto" else dtype,
+              auto[1] if grad_reduce == "auto" else grad_reduce)
+    given = [f for f, v in (("--dtype", dtype), ("--grad-reduce-dtype", grad_reduce))
+             if v != "auto"]
+    source = (" and ".join(given) if len(given) == 2 else
+              f"{where}" + (f"; {given[0]}" if given else ""))
+    return picked[0], picked[1], source
+
+
 def load_any_cluster(source: str, inter_gbps: float | None = None) -> Cluster:
     """A preset name or a TOML/JSON cluster file; ``inter_gbps`` replaces the nominal rate of
     the link between servers (Gb/s; its efficiency and latency stay)."""
@@ -171,6 +202,7 @@ class Report:
     planning_s: float
     ranges: list[Range] | None = None  # --uncertainty: each row's range (planner.uncertainty)
     bounds: dict[str, tuple[float, float]] | None = None
+    precision_source: str = ""  # where the dtypes came from (``simulate_precision``)
 
     @property
     def budget_bytes(self) -> float:
@@ -237,14 +269,19 @@ def mfu(cfg: ModelConfig, tokens: float, step_s: float, world_size: int,
 
 
 def _n_subs(name: str, n_sub: int) -> tuple[int, ...]:
-    """Sub-batch counts an auto row searches: 1, 2, 4 and ``n_sub`` if overlapped."""
-    return tuple(sorted({1, 2, 4, n_sub})) if SPECS[name].overlapped else (1,)
+    """Sub-batch counts an auto row searches: 1, 2, 4 and ``n_sub`` if overlapped (from the
+    schedule's least, ``ScheduleSpec.min_sub``: merak's 2)."""
+    if not SPECS[name].overlapped:
+        return (1,)
+    return tuple(k for k in sorted({1, 2, 4, n_sub}) if k >= SPECS[name].min_sub)
 
 
 def _row(cfg: ModelConfig, costs: HardwareCosts, world: int, spec_batch: BatchSpec,
          global_batch: int, budget_bytes: float, name: str, spec: PlanSpec, n_sub: int,
          max_tp: int | None, degrees: list[int]) -> tuple[Row, dict | None]:
     k = n_sub if SPECS[name].overlapped else 1
+    if not spec.auto:
+        SPECS[name].check_n_sub(k)
     found = None
     if spec.auto:
         batch = spec_batch.shape(world, global_batch)
@@ -338,25 +375,46 @@ def last_micro_batch(row: Row) -> Timeline:
                      if e.sub >= first or e.phase in ("dp", "optimizer")])
 
 
+def timeline_stems(rows: list[Row]) -> list[str]:
+    """A file stem per row, unique within the report: ``timeline-oases`` where a schedule has
+    one row, else the row's plan too (``timeline-oases-tp4-zero3``, ``timeline-oases-auto``),
+    and a count where two rows are the same entry."""
+    names = [r.schedule for r in rows]
+    stems = []
+    for r in rows:
+        stem = f"timeline-{r.schedule}"
+        if names.count(r.schedule) > 1:
+            spec = str(r.spec).replace("=", "").replace("+", "plus").replace(",", "-")
+            stem += f"-{spec}"
+        while stem in stems:
+            stem += "-again"
+        stems.append(stem)
+    return stems
+
+
 def write_report(rep: Report, out: Path) -> list[Path]:
-    """``simulate.json`` and the timeline PNG of the oases row (the planned one if there are
-    several; else the last row)."""
+    """``simulate.json`` and a timeline PNG of every oases row (each its own file,
+    ``timeline_stems``), or of the last row where none is an oases row."""
     from oases.planner.report import plan_label, simulate_json
 
     out.mkdir(parents=True, exist_ok=True)
     path = out / "simulate.json"
     path.write_text(json.dumps(simulate_json(rep), indent=1), encoding="utf-8")
-    oases = [r for r in rep.rows if r.schedule == "oases"]
-    row = next((r for r in oases if r.spec.auto), oases[-1] if oases else rep.rows[-1])
-    png = out / f"timeline-{row.schedule}.png"
-    n = row.batch.n_micro()
-    drawn = f"the last of {n} micro-batches" if n > 1 else "the step's one micro-batch"
-    title = (f"{row.schedule} ({plan_label(row)}) on {rep.cluster.name}, predicted: rank 0, "
-             f"{drawn} with the DP all-reduces and the optimizer "
-             f"({row.result.step_s:.3f} s step, bound by {row.result.bound()})")
-    k = row.plan.n_sub if SPECS[row.schedule].overlapped else 1
-    last_micro_batch(row).plot(png, title=title, n_sub=k)
-    return [path, png]
+    stems = timeline_stems(rep.rows)
+    drawn = [i for i, r in enumerate(rep.rows) if r.schedule == "oases"] or [len(rep.rows) - 1]
+    paths = [path]
+    for i in drawn:
+        row = rep.rows[i]
+        png = out / f"{stems[i]}.png"
+        n = row.batch.n_micro()
+        which = f"the last of {n} micro-batches" if n > 1 else "the step's one micro-batch"
+        title = (f"{row.schedule} ({plan_label(row)}) on {rep.cluster.name}, predicted: rank 0, "
+                 f"{which} with the DP all-reduces and the optimizer "
+                 f"({row.result.step_s:.3f} s step, bound by {row.result.bound()})")
+        k = row.plan.n_sub if SPECS[row.schedule].overlapped else 1
+        last_micro_batch(row).plot(png, title=title, n_sub=k)
+        paths.append(png)
+    return paths
 
 
 def help_text() -> str:

@@ -45,6 +45,7 @@ class Schedule:
             raise ValueError(f"schedule.n_sub={n_sub}, schedule.max_inflight={max_inflight} and "
                              f"train.micro_batch={micro_batch} must be at least 1")
         self.name, self.spec = name, SPECS[name]
+        self.spec.check_n_sub(n_sub)
         if sp is None and self.spec.sequence_parallel:
             sp = "gathered"
         if sp is not None and sp not in SP_MODES:

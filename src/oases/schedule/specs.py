@@ -16,6 +16,16 @@ class ScheduleSpec:
     recompute: str  # "none" | "block" | "commfree"
     scope: str = "chain"  # "chain": collectives overlap anything; "block": within a block+pass
     sequence_parallel: bool = False  # always sequence-parallel (the megatron-sp baseline)
+    min_sub: int = 1  # the fewest sub-batches it is defined with (merak: 2)
+
+    def check_n_sub(self, n_sub: int) -> None:
+        """ValueError where ``n_sub`` is below what the schedule is defined with: Merak is
+        sub-pipelined TMP, and with one sub-batch it is megatron-recompute's program."""
+        if n_sub < self.min_sub:
+            raise ValueError(f"{self.name} overlaps {self.min_sub} or more sub-batches inside "
+                             f"each block (schedule.n_sub={n_sub}); with one it is "
+                             "megatron-recompute's program: use that, or n_sub >= "
+                             f"{self.min_sub}")
 
 
 SPECS = {
@@ -27,7 +37,7 @@ SPECS = {
         ScheduleSpec("overlap", True, "none"),
         ScheduleSpec("overlap-recompute", True, "block"),
         ScheduleSpec("oases", True, "commfree"),
-        ScheduleSpec("merak", True, "block", scope="block"),
+        ScheduleSpec("merak", True, "block", scope="block", min_sub=2),
         ScheduleSpec("megatron-sp", False, "none", sequence_parallel=True),
     )
 }

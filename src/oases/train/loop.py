@@ -44,7 +44,6 @@ from __future__ import annotations
 
 import contextlib
 import math
-import sys
 import time
 import zlib
 from pathlib import Path
@@ -52,13 +51,12 @@ from typing import Any, TextIO
 
 import torch
 
-from oases.config import Config, config_to_dict, save_config
+from oases.config import Config, format_params, save_config
 from oases.memory import peak_memory_mb
 from oases.model import build_model, check_batch, count_params
 from oases.parallel import comm
 from oases.parallel.apply import parallelize, parameter_degrees
 from oases.parallel.context import (
-    ParallelContext,
     build_tp_mesh,
     init_distributed,
     release_groups,
@@ -66,12 +64,13 @@ from oases.parallel.context import (
 from oases.parallel.shard import materialized, shard_model
 from oases.plan import ParallelPlan
 from oases.precision import resolve_precision, upcast
-from oases.schedule import Timeline, build_schedule, record_timeline
+from oases.schedule import build_schedule, record_timeline
 from oases.train import checkpoint as ckpt
 from oases.train import faults
 from oases.train.agree import PeerError, agree_on_setup, agree_on_value
 from oases.train.console import Console
 from oases.train.data import Corpus, PackedBatches, load_corpus, tokenize_corpus
+from oases.train.effective import EffectiveRun
 from oases.train.evaluate import evaluate, loss_group
 from oases.train.generate import generate, sampling_generator
 from oases.train.metrics import LOSS_PLOT, TENSORBOARD_DIR, MetricsLog, metrics_path
@@ -82,39 +81,16 @@ from oases.train.resume import (
     resolve_resume,
     schedule_change,
 )
-from oases.train.setup import build_run_tokenizer, check_config
+from oases.train.run_log import (
+    done_line,
+    model_line,
+    resume_line,
+    save_timeline,
+    startup_lines,
+    timeline_title,
+)
+from oases.train.setup import build_run_tokenizer, resolve_setup
 from oases.train.tokenizer import TOKENIZER_FILE, save_tokenizer, tokenizer_info
-
-
-def _format_config(cfg: Config) -> str:
-    return "\n".join(
-        f"  [{section}] " + " ".join(f"{k}={v}" for k, v in values.items())
-        for section, values in config_to_dict(cfg).items()
-    )
-
-
-def timeline_title(cfg: Config, plan: ParallelPlan, world_size: int, step: int) -> str:
-    """What ``timeline.png`` shows: the schedule, the step, the layout and the ranks drawn
-    (every rank: ``save_timeline`` gathers them all)."""
-    if plan.is_uniform():
-        tp = plan.degrees()[0]
-        layout = f"tp={tp} x dp={world_size // tp}"
-    else:
-        layout = f"mixed plan ({plan.degree_runs()})"
-    ranks = f"ranks 0-{world_size - 1}" if world_size > 1 else "rank 0"
-    return f"{cfg.schedule.name} (n_sub={cfg.schedule.n_sub}), step {step}, {layout}: {ranks}"
-
-
-def save_timeline(timeline: Timeline, ctx: ParallelContext, path: Path, title: str) -> None:
-    """Gather one step's timeline from every rank; rank 0 draws it (and writes the trace)."""
-    merged = timeline.gather(ctx.world_group)
-    if ctx.rank == 0:  # rank 0 alone: nothing here may raise, or the others would wait on it
-        try:
-            merged.save_chrome_trace(path.with_suffix(".json"))
-            merged.plot(path, title=title)
-        except Exception as exc:  # a picture never ends a run (and never strands the peers)
-            print(f"warning: timeline picture not written ({type(exc).__name__}: {exc})",
-                  file=sys.stderr, flush=True)
 
 
 def train(
@@ -143,7 +119,8 @@ def train(
     warnings: list[str] = []
     plan: ParallelPlan | None = None
     try:  # local setup only: no collective until every rank agrees it succeeded
-        plan = check_config(cfg, ctx.world_size)
+        setup = resolve_setup(cfg, ctx.world_size)  # cfg becomes the effective config
+        plan, warnings = setup.plan, setup.warnings
     except ValueError as exc:
         error = exc
     agree_on_setup(ctx, error)
@@ -154,6 +131,8 @@ def train(
                        "parallel.plan (every machine must read the same plan)")
         release_groups(ctx)  # the first context's groups (a communicator each on NCCL)
         ctx = init_distributed(tp=plan.tp_of("embed"), degrees=plan.degrees(), **groups)
+    run = EffectiveRun.build(cfg, plan, ctx.world_size, precision)  # what this run does
+    warnings += filter(None, [run.precision_mismatch()])
     try:  # nothing is written before every check of a resumed run has passed
         resume_from = resolve_resume(cfg, warnings)
         if resume_from is not None:
@@ -247,36 +226,21 @@ def train(
     metrics: MetricsLog | None = None
     tokenizer_files: dict[str, Path] = {}
     if is_main:
-        save_config(cfg, run_dir / "config.toml")
+        save_config(cfg, run_dir / "config.toml", header=run.toml_header())
         metrics = MetricsLog(metrics_path(cfg), start_step, plot_path=run_dir / LOSS_PLOT,
                              tensorboard_dir=run_dir / TENSORBOARD_DIR if t.tensorboard else None,
-                             title=f"{run_dir}: {cfg.model.arch} {n_params / 1e6:.2f}M")
+                             title=f"{run_dir}: {cfg.model.arch} {format_params(n_params)}")
         saved_tok = save_tokenizer(tok, run_dir)
         if saved_tok is not None:
             tokenizer_files[TOKENIZER_FILE] = saved_tok
-    say(
-        f"oases train: {ctx}\nconfig (written to {run_dir / 'config.toml'}; metrics to"
-        f" {metrics_path(cfg)}):\n" + _format_config(cfg)
-    )
-    say(
-        f"model: {cfg.model.arch} {n_params / 1e6:.2f}M parameters; data: {cfg.data.source}"
-        f" {len(corpus.train) / 1e6:.2f}M train / {len(corpus.val) / 1e6:.2f}M val tokens"
-        f" ({len(corpus.train_files)} + {len(corpus.val_files)} files, fingerprint"
-        f" {fingerprint})"
-    )
-    dtypes = precision.describe()
-    say(f"precision: {t.precision} = {dtypes['compute']} compute and activations, "
-        f"{dtypes['master']} weights, gradients and optimizer state, gradients reduced in "
-        f"{dtypes['grad_reduce']}")
-    if cfg.parallel.plan:  # the plan's schedule runs it (apply_plan_knobs)
-        layout = (f"every region tp={plan.degrees()[0]}" if plan.is_uniform() else
-                  ", ".join(f"{r.name} tp={r.tp}" for r in plan.regions))
-        sp = f", sequence-parallel ({plan.sequence_parallel})" if plan.sequence_parallel else ""
-        say(f"plan ({cfg.parallel.plan}): {plan.schedule}, n_sub={plan.n_sub}{sp}; {layout}")
+    data = (f"{cfg.data.source} {len(corpus.train) / 1e6:.2f}M train / "
+            f"{len(corpus.val) / 1e6:.2f}M val tokens ({len(corpus.train_files)} + "
+            f"{len(corpus.val_files)} files, fingerprint {fingerprint})")
+    for line in startup_lines(ctx, cfg, run, run_dir / "config.toml", metrics_path(cfg),
+                              model_line(cfg, n_params, data)):
+        say(line)
     if resume_from is not None:
-        saved_degrees = sorted(set(manifest.get("degrees", {}).values()) | {manifest["tp"]})
-        say(f"resumed from {resume_from} at step {start_step} (saved at tp="
-            f"{'/'.join(map(str, saved_degrees))} on {manifest['world_size']} ranks)")
+        say(resume_line(resume_from, start_step, manifest, run))
         warnings += filter(None, [schedule_change(cfg, manifest, start_step)])
     for line in warnings:
         console.warn(line)
@@ -302,7 +266,7 @@ def train(
         with whole_state(model, optimizer):
             path = ckpt.save_checkpoint(ckpt.checkpoint_root(cfg), step, model, optimizer,
                                         extras, cfg, ctx, meshes, cfg.checkpoint.keep,
-                                        tokenizer_files)
+                                        tokenizer_files, run=run.record())
         say(f"step {step:5d}/{t.steps}  checkpoint {path}")
         return path
 
@@ -328,9 +292,15 @@ def train(
             recording = record_timeline() if step == timeline_step else contextlib.nullcontext()
             with precision.autocast(), recording as timeline:
                 local = schedule.step(model, tokens.to(ctx.device), targets.to(ctx.device))
+            drawing_s = 0.0  # the timeline's picture is not the step's time
             if timeline is not None:  # one step's picture, the second of the run (warmed up)
+                drawn = time.perf_counter()
                 save_timeline(timeline, ctx, run_dir / "timeline.png",
                               timeline_title(cfg, plan, ctx.world_size, step + 1))
+                drawing_s = time.perf_counter() - drawn
+                say(f"step {step + 1:5d}/{t.steps}  timeline of this step recorded: "
+                    f"{run_dir / 'timeline.png'} (gathered and drawn in {drawing_s:.2f}s, "
+                    "outside the step's time)")
             grad_norm = clip_grad_norm_(model.parameters(), t.grad_clip, ctx.tp_group,
                                         tp_groups, shards, ctx.world_group)
             optimizer.step()
@@ -341,7 +311,7 @@ def train(
                 raise ValueError(msg) if is_main else PeerError(msg)
             # host time: float(loss) above waited for the step's device work (the timeline's
             # events come from the executor's DeviceClock, without a sync inside the step)
-            dt = time.perf_counter() - t0
+            dt = time.perf_counter() - t0 - drawing_s
             losses.append(loss)
             grad_norms.append(grad_norm)
             write({
@@ -352,6 +322,7 @@ def train(
                 "step_time_s": dt,
                 "tokens_per_s": tokens_per_step / dt,
                 "peak_mem_mb": peak_memory_mb(ctx.device),
+                **({"timeline": True} if timeline is not None else {}),
             })
             console.step(step + 1, loss, lr, grad_norm, dt)
             if t.eval_every and (step + 1) % t.eval_every == 0:
@@ -377,7 +348,7 @@ def train(
             metrics.close()
     elapsed = time.perf_counter() - start
     say(
-        f"done: step {max(start_step, end)}/{t.steps} in {elapsed:.1f}s; "
+        done_line(max(start_step, end), t.steps, start_step, elapsed) + "; "
         + (f"final train loss {loss:.4f}, " if losses else "no steps left to train; ")
         + f"validation loss {val_loss:.4f}"
         + (f"; loss curve {metrics.plot_path}" if metrics and metrics.plot_path else "")
