@@ -22,7 +22,9 @@ from oases.planner.hardware import HardwareCosts
 from oases.planner.models import MODELS, PAPER_SHAPES, load_model
 from oases.planner.simulate import plan_program, simulate_plan
 from oases.schedule import SCHEDULES
-from oases.schedule.program import BASELINES, SPECS, Compute, Start, Wait, build_program
+from oases.schedule.instructions import Compute, Start, Wait
+from oases.schedule.program import build_program
+from oases.schedule.specs import BASELINES, SPECS
 
 TINY = ModelConfig(arch="gpt2", n_layers=2, dim=32, n_heads=4, vocab_size=101, seq_len=16,
                    tie_embeddings=True)

@@ -17,15 +17,10 @@ from exactness import EXACT64
 from oases.config import ModelConfig
 from oases.parallel.context import Group
 from oases.parallel.layers import ColumnParallelLinear, RowParallelLinear, deferred_weight_grads
-from oases.schedule.program import (
-    SP_MODES,
-    SPECS,
-    Compute,
-    Start,
-    Wait,
-    build_program,
-    defers_weight_grad,
-)
+from oases.schedule.dw_tasks import defers_weight_grad
+from oases.schedule.instructions import Compute, Start, Wait
+from oases.schedule.program import build_program
+from oases.schedule.specs import SP_MODES, SPECS
 
 N_REGIONS = 2 * 3 + 2  # three layers: embedding, 3 x (attention, MLP), head
 SOLO = Group("tp", (0,), 0)  # a TP group of one rank: no communication

@@ -16,7 +16,7 @@ from oases.planner.layout import dp_bucket_bytes, dp_buckets
 from oases.planner.peak_memory import ModelState, peak_memory
 from oases.planner.verify import predicted_peak_bytes
 from oases.schedule import build_schedule
-from oases.schedule.program import Compute, Start, Wait
+from oases.schedule.instructions import Compute, Start, Wait
 
 CFG = oases.ModelConfig(arch="gpt2", dim=32, n_heads=2, n_layers=2, vocab_size=64, seq_len=8)
 

@@ -31,7 +31,7 @@ from oases.planner.report import format_candidates, run_command
 from oases.planner.search import solve_plan
 from oases.planner.simulate import simulate_plan
 from oases.planner.whatif import parse_entries, simulate_cluster
-from oases.schedule.program import SPECS
+from oases.schedule.specs import SPECS
 from oases.schedule.timeline import LANES, Timeline
 
 LAB = """name = "lab"

@@ -25,7 +25,9 @@ from oases.parallel.apply import parallelize, shard_spec, shard_tensor
 from oases.parallel.context import init_distributed
 from oases.planner.layout import glue_param_count
 from oases.schedule import SCHEDULES, build_schedule
-from oases.schedule.program import SP_MODES, Start, Wait, build_program
+from oases.schedule.instructions import Start, Wait
+from oases.schedule.program import build_program
+from oases.schedule.specs import SP_MODES
 
 B, S, DIM, N_LAYERS, VOCAB = 4, 16, 32, 2, 101
 ALL = (*SCHEDULES, "megatron-sp")

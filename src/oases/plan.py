@@ -7,7 +7,7 @@ consecutive regions differ, the activations are resharded along the batch betwee
 ``n_sub``, ``schedule``, ``predicted_step_s``, ``predicted_peak_mem_bytes``; a region may add
 ``zero`` (its ZeRO stage, 0-3; absent: the run's ``parallel.zero``). ``sequence_parallel``
 ("" off; "gathered" or "shards": Megatron's sequence parallelism, naming what a
-communication-free recompute keeps, ``schedule.program._sp_chain``) is per plan: every degree
+communication-free recompute keeps, ``schedule.sp_tasks.sp_chain``) is per plan: every degree
 must divide the sequence.
 """
 
@@ -48,7 +48,7 @@ class ParallelPlan:
     def sp(self) -> str | None:
         """``build_schedule``'s ``sp``: None when off (a schedule that is always
         sequence-parallel, megatron-sp, is "gathered" without it)."""
-        from oases.schedule.program import SPECS
+        from oases.schedule.specs import SPECS
 
         spec = SPECS.get(self.schedule)
         return self.sequence_parallel or (

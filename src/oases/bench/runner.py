@@ -32,7 +32,7 @@ from oases.parallel.context import ParallelContext, init_distributed
 from oases.parallel.shard import shard_model
 from oases.precision import Precision, resolve_precision
 from oases.schedule import Schedule, build_schedule, record_timeline
-from oases.schedule.program import Start, Wait, label
+from oases.schedule.instructions import Start, Wait, label
 from oases.schedule.timeline import Timeline
 from oases.timing import DeviceClock
 from oases.train.optim import build_optimizer, clip_grad_norm_

@@ -83,7 +83,7 @@ def run_bench(config: str | None, overrides: list[str], schedules: list[str], li
               with_optimizer: bool = False) -> dict:
     from oases.config import load_config
     from oases.schedule import SCHEDULES
-    from oases.schedule.program import BASELINES
+    from oases.schedule.specs import BASELINES
 
     cfg = load_config(config, overrides)  # fail fast, before any rank starts
     cfg.validate(nproc)

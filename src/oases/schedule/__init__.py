@@ -4,7 +4,8 @@
 runs forward and backward of this rank's share of the batch through the executor, leaves
 gradients averaged over data parallelism in ``.grad`` and returns the mean loss of this rank's
 rows. Names: megatron, megatron-recompute, commfree-recompute, overlap, overlap-recompute, oases
-(``SCHEDULES``, the paper's ablation set), and the baseline merak (``program.BASELINES``).
+(``SCHEDULES``, the paper's ablation set), and the baselines merak and megatron-sp
+(``specs.BASELINES``).
 
 Under a mixed-degree plan (``parallelize(model, ctx, plan)``) the batch is in the embedding's
 layout (``world_size / tp_of("embed")`` data-parallel shares), every region runs at its own
@@ -22,14 +23,9 @@ from torch import Tensor
 
 from oases.model import Transformer, check_batch
 from oases.schedule.executor import Executor
-from oases.schedule.program import (
-    BASELINES,
-    SP_MODES,
-    SPECS,
-    Instr,
-    build_program,
-    sub_batches,
-)
+from oases.schedule.instructions import Instr
+from oases.schedule.program import build_program
+from oases.schedule.specs import BASELINES, SP_MODES, SPECS, sub_batches
 from oases.schedule.timeline import Timeline, record_timeline
 
 SCHEDULES = tuple(name for name in SPECS if name not in BASELINES)
@@ -54,7 +50,7 @@ class Schedule:
         if sp is not None and sp not in SP_MODES:
             raise ValueError(f"sequence-parallel mode {sp!r}; valid: {', '.join(SP_MODES)}")
         self.sp = sp  # sequence parallelism: what a commfree recompute keeps; None: off
-        self.defer_weight_grads = defer_weight_grads  # under sp (``program._sp_chain``)
+        self.defer_weight_grads = defer_weight_grads  # under sp (``sp_tasks.sp_chain``)
         self.n_sub, self.micro_batch, self.max_inflight = n_sub, micro_batch, max_inflight
         self.grad_reduce_dtype = grad_reduce_dtype  # None: the gradients' own dtype
         # per model, dropped with the model
@@ -119,7 +115,7 @@ def build_schedule(name: str, n_sub: int = 2, micro_batch: int | None = None,
     """The schedule called ``name`` (ValueError listing the valid names otherwise).
     ``grad_reduce_dtype``: the dtype of the data-parallel gradient reduction (None: the
     gradients' own; ``Precision.grad_reduce_dtype``). ``sp``: sequence parallelism ("gathered"
-    or "shards": what a communication-free recompute keeps, ``program._sp_chain``; None: off,
+    or "shards": what a communication-free recompute keeps, ``sp_tasks.sp_chain``; None: off,
     except for megatron-sp); ``defer_weight_grads``: under it, a block region's weight
     gradients run after its reduce-scatter and the next gather have started (False: inline,
     for comparison)."""
