@@ -25,7 +25,7 @@ from oases.planner.batch import BatchShape, config_batch
 from oases.planner.budget import costs_budget
 from oases.planner.costs import Costs
 from oases.planner.report import format_candidates
-from oases.planner.search import Candidate, solve_plan
+from oases.planner.search import Candidate, Progress, SearchStats, solve_plan
 
 __all__ = ["auto_plan", "batch_shape", "costs_budget", "format_candidates", "load_costs",
            "plan_model"]
@@ -115,15 +115,17 @@ def plan_model(cfg: Config, world_size: int, costs: Costs, budget_bytes: float,
                n_subs: tuple[int, ...] = (1, 2, 4), zeros: tuple[int, ...] = (0, 1, 2, 3),
                search_micro_batch: bool = True,
                max_tp: int | None = None,
-               sps: tuple[str, ...] = ("gathered", "shards")
-               ) -> tuple[Candidate, list[Candidate]]:
+               sps: tuple[str, ...] = ("gathered", "shards"),
+               progress: Progress | None = None, stats: SearchStats | None = None,
+               exhaustive: bool = False) -> tuple[Candidate, list[Candidate]]:
     """Plan ``cfg`` for ``world_size`` ranks: every schedule, sub-batch count, ZeRO stage of
     ``zeros``, sequence-parallel mode of ``sps`` and (``search_micro_batch``) micro-batch of
     ``micro_batch_options`` under the config's global batch (``solve_plan``), TP degrees up to
     ``max_tp`` (default: all). Costs that cannot price ZeRO's collectives (a profile from
     before ``oases profile`` measured reduce-scatters) plan without it, and costs that cannot
     price sequence parallelism's pieces (a profile from before it measured them) without that.
-    Every candidate's plan notes the batch it assumed, so a run reproduces it."""
+    Every candidate's plan notes the batch it assumed, so a run reproduces it. ``progress``,
+    ``stats``, ``exhaustive``: ``solve_plan``'s."""
     from oases.planner.search import candidate_degrees
     from oases.schedule.program import SPECS
 
@@ -159,7 +161,8 @@ def plan_model(cfg: Config, world_size: int, costs: Costs, budget_bytes: float,
     best, candidates = solve_plan(
         cfg.model, costs, world_size, batch, budget_bytes, n_subs=n_subs,
         max_inflight=cfg.schedule.max_inflight, zeros=zeros, sps=sps,
-        micro_batches=micro_batch_options(batch) if search_micro_batch else (), **kw)
+        micro_batches=micro_batch_options(batch) if search_micro_batch else (),
+        progress=progress, stats=stats, exhaustive=exhaustive, **kw)
     for c in candidates:  # what the prediction assumed, so a run reproduces it
         shape = c.batch or batch
         c.plan.notes.update(world_size=world_size, global_batch=shape.global_batch,

@@ -141,15 +141,20 @@ def solve_plan(cfg: ModelConfig, costs: Costs, world_size: int, batch: BatchShap
     ``exhaustive``: the reference search (see the module docstring); the default skips what
     cannot change the answer. ``progress`` is called after every chain with the ``stats`` so
     far (``stats``: filled in when given) and the number of candidates."""
-    args = (cfg, costs, world_size, batch, budget_bytes)
+    started = time.perf_counter()
+    stats = stats if stats is not None else SearchStats()
     kw = dict(schedules=schedules, n_subs=n_subs, degrees=degrees, max_inflight=max_inflight,
-              seeds=seeds, zeros=zeros, micro_batches=micro_batches, sps=sps)
-    search = _Search(*args, exhaustive=exhaustive, progress=progress,
-                     stats=stats if stats is not None else SearchStats(), **kw)
+              seeds=seeds, zeros=zeros, micro_batches=micro_batches, sps=sps,
+              progress=progress, stats=stats, started=started)
+    search = _Search(cfg, costs, world_size, batch, budget_bytes, exhaustive=exhaustive, **kw)
     search.walk()
     if not exhaustive and not search.fitting() and search.skipped:  # the least-memory search
-        return solve_plan(*args, exhaustive=True, progress=progress, stats=search.stats, **kw)
-    return search.finish()
+        search = _Search(cfg, costs, world_size, batch, budget_bytes, exhaustive=True, **kw)
+        search.walk()
+    try:
+        return search.finish()
+    finally:
+        stats.wall_s = time.perf_counter() - started
 
 
 class _Search:
@@ -161,7 +166,8 @@ class _Search:
                  n_subs: tuple[int, ...], degrees: list[int] | None, max_inflight: int,
                  seeds: tuple[tuple[int, ...], ...], zeros: tuple[int, ...],
                  micro_batches: tuple[BatchShape, ...], sps: tuple[str, ...],
-                 exhaustive: bool, progress: Progress | None, stats: SearchStats) -> None:
+                 exhaustive: bool, progress: Progress | None, stats: SearchStats,
+                 started: float) -> None:
         self.cfg, self.world_size, self.batch, self.budget = cfg, world_size, batch, budget_bytes
         # a search's prices never change: remember them for the whole search
         self.costs = costs if exhaustive else _CachedCosts(costs)
@@ -179,7 +185,7 @@ class _Search:
         self.split_errors: list[str] = []
         self.incumbent = float("inf")  # the fastest step of a plan that fits, so far
         self.skipped = False  # a chain was skipped (its bounds)
-        self.progress, self.stats, self.started = progress, stats, time.perf_counter()
+        self.progress, self.stats, self.started = progress, stats, started
 
     # ------------------------------------------------------------------ plans and candidates
     def simulate(self, cfg: ModelConfig, plan: ParallelPlan, shape: BatchShape,
@@ -360,7 +366,6 @@ class _Search:
         best.plan.predicted_step_s = best.result.step_s
         best.plan.predicted_peak_mem_bytes = int(best.result.peak_mem_bytes)
         self.stats.best = best
-        self.stats.wall_s = time.perf_counter() - self.started
         return best, candidates
 
 

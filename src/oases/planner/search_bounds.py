@@ -47,8 +47,9 @@ def chain_bounds(cfg: ModelConfig, costs: Costs, world_size: int, batch: BatchSh
     k = n_sub if spec.overlapped else 1
     prec = precision_of(costs)
     w = prec.master_bytes
-    modes = {sp_mode(spec.recompute, sp or None)}
-    activations = 1 if sp else k  # sub-batches whose forwards all precede any backward
+    seq = sp or ("gathered" if spec.sequence_parallel else "")  # (megatron-sp: always)
+    modes = {sp_mode(spec.recompute, seq or None)}
+    activations = 1 if seq else k  # sub-batches whose forwards all precede any backward
     compute: list[list[float]] = []
     state_bytes: list[list[float]] = []
     turn_bytes: list[list[float]] = []
@@ -61,12 +62,15 @@ def chain_bounds(cfg: ModelConfig, costs: Costs, world_size: int, batch: BatchSh
             rows = region_rows(plan, world_size, batch, k)
         except BatchSplitError:
             continue
-        seconds = region_compute_s(cfg, plan, costs, world_size, batch,
-                                   max_inflight=max_inflight)
+        try:
+            seconds = region_compute_s(cfg, plan, costs, world_size, batch,
+                                       max_inflight=max_inflight)
+        except ValueError:  # costs that cannot price it: the plan's simulation says so
+            seconds = None
         compute.append(seconds if seconds is not None else [0.0] * len(rows))
         state = model_state(cfg, plan, world_size)
         # (the chain's plan of degree 1 everywhere runs without sequence parallelism)
-        modes_t = modes | {spec.recompute} if sp and t == 1 else modes
+        modes_t = modes | {spec.recompute} if seq and t == 1 else modes
         held, turn = [], []
         for i, r in enumerate(plan.regions):
             stage = state.stages[i]
