@@ -4,6 +4,7 @@ file; with ``--verify``, every candidate then measured beside its prediction."""
 from __future__ import annotations
 
 import argparse
+import sys
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -11,7 +12,7 @@ from oases.cli.command import BENCH_CONFIG, SubCommand
 from oases.config import Config, load_config
 
 if TYPE_CHECKING:
-    from oases.planner.search import Candidate
+    from oases.planner.search import Candidate, SearchStats
 
 
 def _plan_arguments(plan: argparse.ArgumentParser) -> None:
@@ -71,6 +72,12 @@ def _plan_arguments(plan: argparse.ArgumentParser) -> None:
         help="keep train.micro_batch (default: also search 2^j times it, "
         "|j| <= 3, under the same train.global_batch)",
     )
+    plan.add_argument(
+        "--exhaustive",
+        action="store_true",
+        help="the reference search: every chain solved and every plan simulated by walking "
+        "its instructions (slow; the same plan as the default search)",
+    )
     plan.add_argument("--out", default="plan.json", help="plan file to write")
     plan.add_argument(
         "--verify",
@@ -97,7 +104,8 @@ def _plan_arguments(plan: argparse.ArgumentParser) -> None:
 
 def _plan(ns: argparse.Namespace, overrides: list[str]) -> int:
     from oases.planner import costs_budget, format_candidates, load_costs, search_plans
-    from oases.planner.report import plan_header, run_command
+    from oases.planner.report import plan_header, run_command, searched_line
+    from oases.planner.search import SearchStats
 
     cfg = load_config(ns.config, overrides)
     if ns.world_size < 1:
@@ -114,6 +122,7 @@ def _plan(ns: argparse.Namespace, overrides: list[str]) -> int:
     sps = {"auto": ("gathered", "shards"), "off": ()}.get(
         ns.sequence_parallel, (ns.sequence_parallel,)
     )
+    stats = SearchStats()
     found = search_plans(
         cfg,
         ns.world_size,
@@ -124,6 +133,9 @@ def _plan(ns: argparse.Namespace, overrides: list[str]) -> int:
         search_micro_batch=not ns.fixed_micro_batch,
         max_tp=ns.max_tp,
         sps=sps,
+        progress=_Progress(),
+        stats=stats,
+        exhaustive=ns.exhaustive,
     )
     best, candidates = found.best, found.candidates
     best.plan.save(ns.out)
@@ -144,9 +156,11 @@ def _plan(ns: argparse.Namespace, overrides: list[str]) -> int:
                 candidates,
                 budget.bytes,
                 tokens_per_step=cfg.train.global_batch * cfg.model.seq_len,
+                simulated=stats.simulated,
             ),
             *(["kept out of the search:", *(f"  {line}" for line in found.excluded)]
               if found.excluded else []),
+            searched_line(stats, ns.exhaustive),
         ]
     )
     print(text)
@@ -164,6 +178,26 @@ def _plan(ns: argparse.Namespace, overrides: list[str]) -> int:
     if ns.verify:
         return _verify(ns, overrides, cfg, best, candidates, budget.bytes, text, costs)
     return 0
+
+
+class _Progress:
+    """What ``oases plan`` prints while it searches (to stderr, from ``AFTER_S`` seconds on,
+    every ``EVERY_S``): chains and plans so far and the best plan found that fits."""
+
+    AFTER_S, EVERY_S = 3.0, 2.0
+
+    def __init__(self) -> None:
+        self.shown = 0.0
+
+    def __call__(self, stats: SearchStats, n_candidates: int) -> None:
+        if stats.wall_s < self.AFTER_S or stats.wall_s - self.shown < self.EVERY_S:
+            return
+        self.shown = stats.wall_s
+        best = ("none fits yet" if stats.best is None else
+                f"best so far {stats.best.result.step_s:.4g} s per step ({stats.best.label()})")
+        print(f"searching: {stats.wall_s:.0f} s, {stats.chains} chains solved "
+              f"({stats.skipped_chains} skipped by their bounds), {stats.simulated} plans "
+              f"simulated, {n_candidates} candidates; {best}", file=sys.stderr, flush=True)
 
 
 def _verify(

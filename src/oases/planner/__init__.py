@@ -28,7 +28,7 @@ from oases.planner.batch import BatchShape, config_batch
 from oases.planner.budget import costs_budget
 from oases.planner.costs import Costs
 from oases.planner.report import format_candidates
-from oases.planner.search import Candidate, solve_plan
+from oases.planner.search import Candidate, Progress, SearchStats, solve_plan
 
 __all__ = ["PlanSearch", "auto_plan", "batch_shape", "costs_budget", "format_candidates",
            "load_costs", "plan_model", "search_plans"]
@@ -128,11 +128,13 @@ def plan_model(cfg: Config, world_size: int, costs: Costs, budget_bytes: float,
                n_subs: tuple[int, ...] = (1, 2, 4), zeros: tuple[int, ...] = (0, 1, 2, 3),
                search_micro_batch: bool = True,
                max_tp: int | None = None,
-               sps: tuple[str, ...] = ("gathered", "shards")
-               ) -> tuple[Candidate, list[Candidate]]:
+               sps: tuple[str, ...] = ("gathered", "shards"),
+               progress: Progress | None = None, stats: SearchStats | None = None,
+               exhaustive: bool = False) -> tuple[Candidate, list[Candidate]]:
     """``search_plans``' best plan and candidates."""
     found = search_plans(cfg, world_size, costs, budget_bytes, schedules, n_subs, zeros,
-                         search_micro_batch, max_tp, sps)
+                         search_micro_batch, max_tp, sps, progress=progress, stats=stats,
+                         exhaustive=exhaustive)
     return found.best, found.candidates
 
 
@@ -141,7 +143,9 @@ def search_plans(cfg: Config, world_size: int, costs: Costs, budget_bytes: float
                  n_subs: tuple[int, ...] = (1, 2, 4), zeros: tuple[int, ...] = (0, 1, 2, 3),
                  search_micro_batch: bool = True,
                  max_tp: int | None = None,
-                 sps: tuple[str, ...] = ("gathered", "shards")) -> PlanSearch:
+                 sps: tuple[str, ...] = ("gathered", "shards"),
+                 progress: Progress | None = None, stats: SearchStats | None = None,
+                 exhaustive: bool = False) -> PlanSearch:
     """Plan ``cfg`` for ``world_size`` ranks: every schedule, sub-batch count, ZeRO stage of
     ``zeros``, sequence-parallel mode of ``sps`` and (``search_micro_batch``) micro-batch of
     ``micro_batch_options`` under the config's global batch (``solve_plan``), TP degrees up to
@@ -150,7 +154,8 @@ def search_plans(cfg: Config, world_size: int, costs: Costs, budget_bytes: float
     price sequence parallelism's pieces (a profile from before it measured them) without that;
     each such narrowing, and what a fixed ZeRO stage or mode leaves out, is a line of
     ``excluded``. Every candidate's plan notes the batch it assumed, so a run reproduces it,
-    and the precision it was priced in."""
+    and the precision it was priced in. ``progress``, ``stats``, ``exhaustive``:
+    ``solve_plan``'s."""
     from oases.planner.precision import precision_of
     from oases.planner.search import candidate_degrees
     from oases.planner.space import SearchSpace
@@ -189,7 +194,7 @@ def search_plans(cfg: Config, world_size: int, costs: Costs, budget_bytes: float
         cfg.model, costs, world_size, batch, budget_bytes, n_subs=n_subs,
         max_inflight=cfg.schedule.max_inflight, zeros=space.zeros, sps=space.sps,
         micro_batches=micro_batch_options(batch) if search_micro_batch else (),
-        degrees=space.degrees, **kw)
+        degrees=space.degrees, progress=progress, stats=stats, exhaustive=exhaustive, **kw)
     priced = precision_of(costs).describe()
     for c in candidates:  # what the prediction assumed, so a run reproduces it
         shape = c.batch or batch

@@ -24,6 +24,7 @@ from __future__ import annotations
 from collections.abc import Callable, Hashable
 from dataclasses import dataclass, field
 
+from oases.planner.tape import CLASSES, COMPUTE, START, Tape
 from oases.schedule.program import Compute, Instr, Piece, Start, Wait, comm_name, label
 from oases.schedule.timeline import Event, Timeline
 
@@ -270,3 +271,104 @@ def _stretched(start: float, work: float, flights: list[tuple[float, float, floa
         left -= span
         t = p
     return t + left - start
+
+
+def walk_tape(
+    tape: Tape,
+    compute_cost: list[float],
+    coll_cost: list[float],
+    coll_stream: list[int],
+    n_streams: int,
+) -> SimResult:
+    """``simulate_program(program, costs, record=False)`` on the program's ``Tape``
+    (``planner.tape``), for costs without contention (``slowdown`` and ``comm_slowdown``
+    None): the same arithmetic in the same order, so the same floats, without the objects.
+    ``compute_cost[k]``: compute key k's seconds (its pieces summed in order from 0.0);
+    ``coll_cost[c]``, ``coll_stream[c]``: collective key c's seconds and stream (0 ..
+    ``n_streams`` - 1).
+
+    A flight is a slot: its begin ``B``, end ``E``, issue time ``T`` and cost ``C``; ``done``
+    marks a zero-cost one (done at once). Without contention every factor is 1.0, which the
+    reference multiplies and divides by: ``x * 1.0`` and ``x / 1.0`` are ``x``, so they are
+    left out.
+
+    Waiting for a flight re-times every flight queued on its stream (``idle_until_done``): the
+    ones up to it settle, the later ones are re-chained (``begin = max(previous end,
+    issued)``). A stream of n flights waited one by one would cost n^2 / 2 steps (the DP
+    all-reduces of every region waited at the end, ZeRO's gathers of every region at the
+    head), so the re-chaining stops where it cannot change anything: at a flight whose
+    predecessor's end did not change in this wait and from which on every flight is done
+    (``end <= now``: never re-timed again) or already chained to its predecessor (what the
+    re-chaining would compute, it holds). ``stable[s]``: the first position of stream s's
+    queue from which that holds; a flight appended is chained to the last, a wait leaves
+    every flight after the awaited one chained, and removing the awaited one unchains only
+    its successor."""
+    n = tape.n_slots
+    B, E, T, C = [0.0] * n, [0.0] * n, [0.0] * n, [0.0] * n
+    stream_of = [0] * n
+    done = [False] * n
+    queues: list[list[int]] = [[] for _ in range(n_streams)]
+    stable = [0] * n_streams
+    exposed = [0.0, 0.0, 0.0]
+    now = compute_busy = comm_busy = 0.0
+    compute_op, start_op = COMPUTE, START  # (locals: the loop's hottest names)
+    for op, a, b in tape.ops:
+        if op == compute_op:
+            cost = compute_cost[a]
+            now += cost
+            compute_busy += cost
+        elif op == start_op:
+            cost = coll_cost[a]
+            if cost <= 0:  # nothing moves: done at once
+                done[b] = True
+                continue
+            s = coll_stream[a]
+            queue = queues[s]
+            begin = now
+            if queue:
+                last = E[queue[-1]]
+                if last > now:
+                    begin = last
+            B[b], E[b], T[b], C[b] = begin, begin + cost, now, cost
+            stream_of[b] = s
+            queue.append(b)
+        else:
+            if done[a]:
+                done[a] = False
+                continue
+            end = E[a]
+            s = stream_of[a]
+            queue = queues[s]
+            upto = queue.index(a)
+            if end > now:  # idle until it is done: its stream's flights re-timed
+                prev, changed, first_stable = 0.0, False, stable[s]
+                for pos in range(len(queue)):
+                    g = queue[pos]
+                    e = E[g]
+                    if pos > upto and not changed and pos >= first_stable:
+                        break  # from here on nothing changes
+                    if e <= now:
+                        prev, changed = e, False
+                        continue
+                    if pos <= upto:
+                        if B[g] < now:
+                            new = now + (e - now)
+                        else:
+                            bg = max(prev, T[g], now)
+                            B[g] = bg
+                            new = bg + C[g]
+                    else:
+                        bg = max(prev, T[g])
+                        B[g] = bg
+                        new = bg + C[g]
+                    changed = new != e
+                    E[g] = prev = new
+                end = E[a]
+                exposed[b] += end - now
+                now = end
+                stable[s] = upto + 1
+            del queue[upto]
+            stable[s] = max(upto + 1, stable[s] - 1)
+            comm_busy += end - B[a]
+    return SimResult(now, compute_busy, comm_busy, Timeline(),
+                     {c: exposed[i] for i, c in enumerate(CLASSES)})

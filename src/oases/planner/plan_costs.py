@@ -28,6 +28,9 @@ from __future__ import annotations
 
 import functools
 from collections.abc import Hashable
+from dataclasses import dataclass
+
+import numpy as np
 
 from oases.config import ModelConfig
 from oases.plan import ParallelPlan
@@ -36,6 +39,7 @@ from oases.planner.event_walk import StepCosts, collective_op
 from oases.planner.layout import glue_param_count, group_ranks, plan_sp
 from oases.planner.peak_memory import ModelState
 from oases.planner.precision import precision_of
+from oases.planner.tape import Tape
 
 
 def plan_step_costs(
@@ -181,3 +185,112 @@ def plan_step_costs(
         slowdown=slowdown,
         comm_slowdown=comm_slowdown,
     )
+
+
+def region_signatures(
+    kinds: list[str],
+    degrees: list[int],
+    rows: list[int],
+    stages: tuple[int, ...],
+    deferring: frozenset[int],
+) -> list[tuple]:
+    """Per region i, everything ``plan_step_costs``'s prices of region i read about the plan
+    (``piece_s(phase, piece, i)``, ``collective_s(kind, i)``, ``stream_of(kind, i)``): its kind,
+    degree, rows and stage, whether it defers its weight gradients and is the first, its
+    predecessor's degree and rows (a reshard into it) and its successor's degree and stage
+    (the norm its DP bucket carries). Two regions of one signature cost the same, so
+    ``price_tape`` prices each signature once: a model's blocks repeat."""
+    n = len(kinds)
+    return [
+        (
+            kinds[i], degrees[i], rows[i], stages[i], i in deferring, i == 0,
+            (degrees[i - 1], rows[i - 1]) if i else None,
+            (degrees[i + 1], stages[i + 1]) if i + 1 < n else None,
+        )
+        for i in range(n)
+    ]
+
+
+@dataclass
+class _TapeIndex:
+    """A tape's prices to look up: its (phase, piece, region) triples (``Tape.pieces``) as
+    (phase-piece id, region), each compute key as a row of triple indices (padded with the
+    index of a zero), each collective key as (kind id, index)."""
+
+    piece_names: list[tuple[str, str]]
+    piece_id: np.ndarray
+    piece_region: np.ndarray
+    key_pieces: np.ndarray
+    kind_names: list[str]
+    coll_kind: np.ndarray
+    coll_index: np.ndarray
+
+
+def _tape_index(tape: Tape) -> _TapeIndex:
+    found = tape.memo.get("price index")
+    if found is not None:
+        return found
+    triples = tape.pieces()
+    at = {t: j for j, t in enumerate(triples)}
+    names: dict[tuple[str, str], int] = {}
+    piece_id = np.array([names.setdefault((p, k), len(names)) for p, k, _ in triples],
+                        dtype=np.int64)
+    width = max((len(pieces) for _, pieces in tape.compute_keys), default=0)
+    key_pieces = np.full((len(tape.compute_keys), width), len(triples), dtype=np.int64)
+    for row, (phase, pieces) in enumerate(tape.compute_keys):
+        for col, (kind, region) in enumerate(pieces):
+            key_pieces[row, col] = at[phase, kind, region]
+    kinds: dict[str, int] = {}
+    coll_kind = np.array([kinds.setdefault(k, len(kinds)) for k, _ in tape.coll_keys],
+                         dtype=np.int64)
+    found = tape.memo["price index"] = _TapeIndex(
+        list(names), piece_id, np.array([r for _, _, r in triples], dtype=np.int64),
+        key_pieces, list(kinds), coll_kind,
+        np.array([i for _, i in tape.coll_keys], dtype=np.int64))
+    return found
+
+
+def _signature_ids(signatures: list[tuple]) -> tuple[np.ndarray, int]:
+    ids: dict[tuple, int] = {}
+    sig = np.array([ids.setdefault(s, len(ids)) for s in signatures], dtype=np.int64)
+    return sig, max(len(ids), 1)
+
+
+def piece_prices(step: StepCosts, tape: Tape, signatures: list[tuple]) -> np.ndarray:
+    """Seconds of every (phase, piece, region) of ``tape.pieces()`` under ``step``, each
+    distinct (piece, region signature) priced once (``region_signatures``)."""
+    index = _tape_index(tape)
+    sig, n_sig = _signature_ids(signatures)
+    triples = tape.pieces()
+    code = index.piece_id * n_sig + sig[index.piece_region]
+    _, first, inverse = np.unique(code, return_index=True, return_inverse=True)
+    priced = np.array([step.piece_s(*triples[j]) for j in first.tolist()] + [0.0])
+    return priced[inverse.ravel()]
+
+
+def price_tape(
+    step: StepCosts, tape: Tape, signatures: list[tuple]
+) -> tuple[list[float], list[float], list[int], int]:
+    """``tape``'s prices under ``step`` (``event_walk.walk_tape``'s arguments): every compute
+    key's seconds (its pieces summed in order from 0.0, as ``simulate_program`` sums them),
+    every collective key's seconds and stream id, and the number of streams. Each distinct
+    (piece, region signature) and (collective kind, region signature) is priced once, at the
+    first region of that signature (``region_signatures``)."""
+    index = _tape_index(tape)
+    sig, n_sig = _signature_ids(signatures)
+    values = np.append(piece_prices(step, tape, signatures), 0.0)
+    parts = values[index.key_pieces]
+    compute = np.zeros(len(tape.compute_keys))
+    for col in range(parts.shape[1]):
+        compute = compute + parts[:, col]
+    code = index.coll_kind * n_sig + sig[index.coll_index]
+    _, first, inverse = np.unique(code, return_index=True, return_inverse=True)
+    streams: dict[Hashable, int] = {}
+    seconds, stream = [], []
+    for j in first.tolist():
+        kind, i = tape.coll_keys[j]
+        seconds.append(step.collective_s(kind, i))
+        stream.append(streams.setdefault(step.stream_of(kind, i), len(streams)))
+    inverse = inverse.ravel()
+    return (compute.tolist(), np.array(seconds + [0.0])[inverse].tolist(),
+            np.array(stream + [0], dtype=np.int64)[inverse].tolist(), len(streams))

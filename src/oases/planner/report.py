@@ -23,7 +23,7 @@ from oases.config import Config, format_params
 from oases.planner.budget import Budget
 from oases.planner.costs import matmul_params
 from oases.planner.precision import precision_of
-from oases.planner.search import Candidate
+from oases.planner.search import Candidate, SearchStats
 from oases.planner.simulate import PlanResult
 from oases.planner.uncertainty import INPUTS
 from oases.schedule.program import SPECS
@@ -62,6 +62,13 @@ def parts_note(unit: TimeUnit) -> str:
             "hidden by overlap); the largest part bounds the step")
 
 
+def searched_line(stats: SearchStats, exhaustive: bool = False) -> str:
+    """One line: how long the search took and what it did (``search.SearchStats``)."""
+    how = "exhaustive search" if exhaustive else "searched"
+    return (f"{how} in {stats.wall_s:.1f} s: {stats.simulated} plans simulated, "
+            f"{stats.chains} chains solved, {stats.skipped_chains} skipped by their bounds")
+
+
 def fmt_time(seconds: float) -> str:
     return f"{seconds * 1e3:.1f} ms" if seconds < 1 else f"{seconds:.3f} s"
 
@@ -81,11 +88,13 @@ def parts_json(result: PlanResult) -> dict:
 
 
 def format_candidates(best: Candidate, candidates: list[Candidate], budget_bytes: float,
-                      top: int = 12, tokens_per_step: int | None = None) -> str:
+                      top: int = 12, tokens_per_step: int | None = None,
+                      simulated: int | None = None) -> str:
     """The chosen plan, then the fastest uniform plan of each degree that fits, then the
     fastest other plans, each group fastest first with plans over the budget last; each row
     with tokens/s (given ``tokens_per_step``), peak memory, what bounds it and its parts, and
-    why it loses (slower by how much, or over the budget by how much)."""
+    why it loses (slower by how much, or over the budget by how much). ``simulated``: how many
+    plans the search simulated in all (default: the candidates)."""
 
     def why(c: Candidate) -> str:
         if c is best:
@@ -135,7 +144,9 @@ def format_candidates(best: Candidate, candidates: list[Candidate], budget_bytes
         if members:
             lines.append(f"{title}:")
             lines += [row(c) for c in members]
-    lines.append(f"({len(candidates)} plans simulated; {parts_note(unit)})")
+    count = (f"{len(candidates)} plans simulated" if simulated is None else
+             f"{len(candidates)} candidates of {simulated} plans simulated")
+    lines.append(f"({count}; {parts_note(unit)})")
     if s.bound() == "DP comm":
         lines.append(DP_NOTE)
     return "\n".join(lines)

@@ -38,11 +38,13 @@ from __future__ import annotations
 import functools
 from dataclasses import dataclass, replace
 
+import numpy as np
+
 from oases.config import ModelConfig
 from oases.plan import ParallelPlan
 from oases.planner.batch import BatchShape, region_rows
 from oases.planner.costs import Costs, region_kind, sp_mode
-from oases.planner.event_walk import SimResult, simulate_program
+from oases.planner.event_walk import SimResult, simulate_program, walk_tape
 from oases.planner.layout import (
     dp_bucket_bytes,
     dp_buckets,
@@ -51,9 +53,15 @@ from oases.planner.layout import (
     region_uses,
     zero_layout,
 )
-from oases.planner.peak_memory import peak_memory
-from oases.planner.plan_costs import plan_step_costs
+from oases.planner.peak_memory import peak_memory, peak_memory_tape
+from oases.planner.plan_costs import (
+    piece_prices,
+    plan_step_costs,
+    price_tape,
+    region_signatures,
+)
 from oases.planner.precision import precision_of
+from oases.planner.tape import COMPUTE, Tape, TapeError, compile_tape
 from oases.schedule.program import Instr, deferred_regions
 from oases.schedule.timeline import Event, Timeline
 
@@ -104,21 +112,57 @@ def plan_program(
     gathers of the updated weights, which come at the step's head)."""
     from oases.schedule.program import build_program
 
+    name, n_regions, n_sub, kw = _program_args(
+        cfg, plan, world_size, batch, max_inflight=max_inflight, n_micro=n_micro, dp=dp,
+        first=first, reshard_after_forward=reshard_after_forward)
+    return build_program(name, n_regions, n_sub, **dict(kw))
+
+
+def _program_args(
+    cfg: ModelConfig,
+    plan: ParallelPlan,
+    world_size: int,
+    batch: BatchShape,
+    *,
+    max_inflight: int,
+    n_micro: int | None,
+    dp: bool,
+    first: bool,
+    reshard_after_forward: bool,
+    buckets: dict[int, list[tuple[int, int]]] | None = None,
+) -> tuple[str, int, int, tuple[tuple[str, object], ...]]:
+    """``build_program``'s arguments for ``plan_program`` (hashable: a tape's key);
+    ``buckets``: the plan's DP buckets where already known."""
     degrees = tuple(r.tp for r in plan.regions)
     kinds = [region_kind(r.name) for r in plan.regions]
     stages = plan.zero_stages()
-    buckets = dp_buckets(cfg, kinds, list(degrees), world_size, stages) if dp else {}
-    return build_program(
-        plan.schedule,
-        len(degrees),
-        plan.n_sub,
-        n_micro=batch.n_micro() if n_micro is None else n_micro,
-        max_inflight=max_inflight,
-        dp_tasks=tuple(sorted(buckets)),
-        degrees=None if len(set(degrees)) == 1 else degrees,
-        zero=zero_layout(cfg, stages, reshard_after_forward, gather_updated=first, ends_step=dp),
-        sp=plan_sp(plan),
+    if not dp:
+        buckets = {}
+    elif buckets is None:
+        buckets = dp_buckets(cfg, kinds, list(degrees), world_size, stages)
+    return plan.schedule, len(degrees), plan.n_sub, (
+        ("n_micro", batch.n_micro() if n_micro is None else n_micro),
+        ("max_inflight", max_inflight),
+        ("dp_tasks", tuple(sorted(buckets))),
+        ("degrees", None if len(set(degrees)) == 1 else degrees),
+        ("zero", zero_layout(cfg, stages, reshard_after_forward, gather_updated=first,
+                             ends_step=dp)),
+        ("sp", plan_sp(plan)),
     )
+
+
+@functools.lru_cache(maxsize=256)
+def _tape(name: str, n_regions: int, n_sub: int,
+          kw: tuple[tuple[str, object], ...]) -> Tape | None:
+    """The compiled program of ``build_program(name, n_regions, n_sub, **kw)`` (None where
+    the tape cannot walk it: the reference walks do), remembered: every degree of a schedule
+    walks the same one."""
+    from oases.schedule.program import build_program
+
+    try:
+        return compile_tape(build_program(name, n_regions, n_sub, **dict(kw)))
+    except TapeError:
+        return None
 
 
 def simulate_plan(
@@ -133,6 +177,7 @@ def simulate_plan(
     timeline: bool = True,
     scaled: bool = True,
     reshard_after_forward: bool = True,
+    tapes: bool = True,
 ) -> PlanResult:
     """Predict one optimizer step of ``plan`` (its ``schedule`` and ``n_sub``): time, timeline
     (``timeline=False``: none, faster) and peak memory per device.
@@ -156,6 +201,11 @@ def simulate_plan(
 
     ``reshard_after_forward`` is stage 3's knob of that name.
 
+    Without a timeline the programs are walked compiled (``planner.tape``: ``walk_tape``,
+    ``peak_memory_tape``), each program compiled once and each distinct region priced once
+    (``plan_costs.price_tape``), to the same numbers; ``tapes=False`` walks the instructions
+    themselves (the reference the tests compare with).
+
     Bytes by dtype (``planner.precision``, the costs' ``precision``): TP all-reduces and
     reshards move activations in the compute dtype, DP all-reduces and ZeRO's reduce-scatters
     gradients in ``grad_reduce``, ZeRO's all-gathers master weights."""
@@ -178,16 +228,20 @@ def simulate_plan(
     buckets = dp_buckets(cfg, kinds, degrees, world_size, stages)
     n_micro = batch.n_micro()
     whole = not scaled or n_micro == 1
-    program = plan_program(
-        cfg,
-        plan,
-        world_size,
-        batch,
-        max_inflight=max_inflight,
-        n_micro=None if whole else 1,
-        first=whole,
-        reshard_after_forward=reshard_after_forward,
-    )
+    args = dict(max_inflight=max_inflight, reshard_after_forward=reshard_after_forward)
+
+    def tape(n: int | None, dp: bool, first: bool) -> Tape | None:
+        return _tape(*_program_args(cfg, plan, world_size, batch, n_micro=n, dp=dp,
+                                    first=first, buckets=buckets, **args))
+
+    last = None if timeline or not tapes else tape(None if whole else 1, True, whole)
+    program = last.program if last is not None else plan_program(
+        cfg, plan, world_size, batch, n_micro=None if whole else 1, first=whole, **args)
+    deferring = last.memo.get("deferring") if last is not None else None
+    if deferring is None:
+        deferring = deferred_regions(program)
+        if last is not None:
+            last.memo["deferring"] = deferring
     step = plan_step_costs(
         cfg,
         plan,
@@ -196,23 +250,26 @@ def simulate_plan(
         rows,
         state=state,
         buckets=buckets,
-        deferring=deferred_regions(program),
+        deferring=deferring,
     )
-    sim = simulate_program(program, step, rank=rank, record=timeline)
-    if not whole:  # the first micro-batch, n_micro - 2 without DP, the last (``program``)
+    fast = last is not None and step.slowdown is None and step.comm_slowdown is None
+    tapes = [last] if fast else []
+    if fast and not whole:
+        tapes.append(tape(1, False, False))
+        if any(z in (1, 2) for z in stages):
+            tapes.append(tape(1, False, True))
+        fast = None not in tapes
+    if fast:  # the same walks on compiled programs (``walk_tape``: the same numbers)
+        signatures = region_signatures(kinds, degrees, rows, stages, deferring)
+        sims = [walk_tape(t, *price_tape(step, t, signatures)) for t in tapes]
+        sim = sims[0] if whole else _repeat(sims[-1], sims[1], sims[0], n_micro, k)
+    else:
+        sim = simulate_program(program, step, rank=rank, record=timeline)
+    if not whole and not fast:  # the first micro-batch, n_micro - 2 without DP, the last
 
         def one(first: bool) -> SimResult:
             micro = plan_program(
-                cfg,
-                plan,
-                world_size,
-                batch,
-                max_inflight=max_inflight,
-                n_micro=1,
-                dp=False,
-                first=first,
-                reshard_after_forward=reshard_after_forward,
-            )
+                cfg, plan, world_size, batch, n_micro=1, dp=False, first=first, **args)
             return simulate_program(micro, step, rank=rank, record=timeline)
 
         middle = one(first=False)
@@ -220,9 +277,9 @@ def simulate_plan(
         sim = _repeat(head, middle, sim, n_micro, k)
     optimizer = getattr(costs, "optimizer_s", None)
     opt_s = optimizer(sum(state.updated(i) for i in range(n))) if optimizer is not None else 0.0
-    mem = peak_memory(
+    mem = (peak_memory_tape if last is not None else peak_memory)(
         cfg,
-        program,
+        last if last is not None else program,
         kinds,
         degrees,
         rows,
@@ -292,3 +349,64 @@ class _CachedCosts:
 
     def __getattr__(self, name: str) -> object:
         return getattr(self._costs, name)
+
+
+def region_compute_s(
+    cfg: ModelConfig,
+    plan: ParallelPlan,
+    costs: Costs,
+    world_size: int,
+    batch: BatchShape,
+    *,
+    max_inflight: int = 1,
+) -> list[float] | None:
+    """Seconds of compute every region of ``plan`` runs in a step (its pieces in every
+    micro-batch, as ``simulate_plan`` prices them), leaving out the recompute of glue ("epi"
+    in the recompute phase, which a plan that changes degree there skips): a lower bound on
+    the compute stream's busy time, region by region. Every plan whose region i has this
+    region's degree runs at least region i's share, whatever the other regions' degrees (the
+    pieces of a program are the same but for that glue; a piece's price reads only its
+    region's kind, degree and rows). None where the program is not one a tape walks."""
+    from oases.schedule.program import SPECS
+
+    costs = _CachedCosts(costs)
+    k = plan.n_sub if SPECS[plan.schedule].overlapped else 1
+    degrees = [r.tp for r in plan.regions]
+    kinds = [region_kind(r.name) for r in plan.regions]
+    rows = region_rows(plan, world_size, batch, k)
+    stages = plan.zero_stages()
+    buckets = dp_buckets(cfg, kinds, degrees, world_size, stages)
+    tape = _tape(*_program_args(cfg, plan, world_size, batch, max_inflight=max_inflight,
+                                n_micro=1, dp=True, first=True, reshard_after_forward=True,
+                                buckets=buckets))
+    if tape is None:
+        return None
+    deferring = tape.memo.get("deferring")
+    if deferring is None:
+        deferring = tape.memo["deferring"] = deferred_regions(tape.program)
+    step = plan_step_costs(cfg, plan, costs, world_size, rows,
+                           state=model_state(cfg, plan, world_size), buckets=buckets,
+                           deferring=deferring)
+    values = piece_prices(step, tape, region_signatures(kinds, degrees, rows, stages,
+                                                        deferring))
+    counts, regions = _piece_counts(tape)
+    per_micro = np.bincount(regions, weights=counts * values, minlength=len(degrees))
+    return (per_micro * batch.n_micro()).tolist()
+
+
+def _piece_counts(tape: Tape) -> tuple[np.ndarray, np.ndarray]:
+    """How many times each (phase, piece, region) of ``tape.pieces()`` runs (0 for a
+    recompute's glue), and its region."""
+    found = tape.memo.get("piece counts")
+    if found is None:
+        at = {t: j for j, t in enumerate(tape.pieces())}
+        runs = np.zeros(len(at))
+        for op, key, _ in tape.ops:
+            if op == COMPUTE:
+                phase, pieces = tape.compute_keys[key]
+                for piece, region in pieces:
+                    if not (phase == "recompute" and piece == "epi"):
+                        runs[at[phase, piece, region]] += 1
+        regions = np.array([r for _, _, r in tape.pieces()], dtype=np.int64)
+        found = tape.memo["piece counts"] = (runs, regions)
+    return found
