@@ -14,11 +14,14 @@ against that of 128x128)::
 
 K0 = 64 is the software pipeline's fill and the epilogue, about two 32-deep k-stages. Split-K
 (cuBLAS's answer to few output tiles and a long K) cuts K into 2, 4 or 8 pieces of at least
-256. ``e_max``, the efficiency of a full wave of the largest tiles, is solved so that the
-model reproduces the GPU's measured matmul efficiency (``GPU.matmul_efficiency_at``, the MAMF
-table's best shape) at the shape it was measured at (``gemm_anchor_*``): the anchor fixes the
-level, the tiles and waves the shape dependence. Shape legend: M rows of the output (tokens),
-N its columns, K the reduction, batch independent matmuls of that shape (attention's heads).
+256. ``e_max``, the efficiency of full waves of the largest tiles over a long K, is the GPU's
+measured matmul efficiency (``GPU.matmul_efficiency_at``): the MAMF table's figure is the best
+over a search of shapes, which is what such waves reach. Where the efficiency was measured at
+one shape instead (``gemm_anchor_*``: the RTX 3090's, from a layer of the Oases paper), e_max
+is solved so that the model reproduces it at that shape (at most 1). The level comes from the
+measurement, the shape dependence from the tiles and waves.
+Shape legend: M rows of the output (tokens), N its columns, K the reduction, batch
+independent matmuls of that shape (attention's heads).
 """
 
 from __future__ import annotations

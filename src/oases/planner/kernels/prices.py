@@ -45,12 +45,11 @@ class KernelPrices:
         self.bytes_per_s = gpu.memory_bandwidth_bytes_per_s * gpu.elementwise_efficiency
         self.sms = int(self.table.get("sms", 0)) or 100
         self.best_efficiency = gpu.matmul_efficiency_at(dtype)
-        m = int(self.table.get("gemm_anchor_m", 8192))
-        n = int(self.table.get("gemm_anchor_n", 8192))
-        k = int(self.table.get("gemm_anchor_k", 8192))
         self.has_attention_series = any(key.startswith("attn_") for key in self.table)
-        self.e_max = gemm_model.peak_efficiency((m, n, k), self.best_efficiency, self.sms,
-                                                self.peak, self.bytes_per_s)
+        anchor = tuple(int(self.table.get(f"gemm_anchor_{d}", 0)) for d in "mnk")
+        self.e_max = (gemm_model.peak_efficiency(anchor, self.best_efficiency, self.sms,
+                                                 self.peak, self.bytes_per_s)
+                      if all(anchor) else self.best_efficiency)
 
     def value(self, key: str) -> float:
         return float(self.table.get(key, DEFAULTS.get(key, 0.0)))

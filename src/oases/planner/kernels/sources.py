@@ -57,7 +57,8 @@ SOURCES = {
 # -- what the keys of a kernel table mean ------------------------------------------------------
 KERNEL_KEYS = {
     "sms": "streaming multiprocessors (the waves of a GEMM and of an attention kernel)",
-    "gemm_anchor_m": "M of the shape at which the GPU's matmul efficiency was measured",
+    "gemm_anchor_m": "M of the one shape the GPU's matmul efficiency was measured at (absent:"
+                     " it is the best over a search of shapes, reached by full waves)",
     "gemm_anchor_n": "N of that shape",
     "gemm_anchor_k": "K of that shape",
     "kernel_gap_s": "device time between two back-to-back kernels (launch latency)",
@@ -119,10 +120,10 @@ GPU_KERNELS: dict[str, dict[str, float]] = {
     # and wave model caps it at 1: no tile reaches 0.90 there on 82 SMs)
     "rtx3090": {"sms": 82, "gemm_anchor_m": 4096, "gemm_anchor_n": 2048,
                 "gemm_anchor_k": 2048, **_LAUNCH, "nccl_ctas": 2, **_A100_ATTN},
-    "a100": {"sms": 108, "gemm_anchor_m": 1024, "gemm_anchor_n": 10240,
-             "gemm_anchor_k": 5120, **_LAUNCH, "nccl_ctas": 12, **_A100_ATTN},
-    "h100": {"sms": 132, "gemm_anchor_m": 2048, "gemm_anchor_n": 2048,
-             "gemm_anchor_k": 13312, **_LAUNCH, "nccl_ctas": 18, **_H100_ATTN},
+    # the MAMF figure is the best over a search of shapes: no anchor, full waves of the
+    # largest tiles reach it (gemm.py)
+    "a100": {"sms": 108, **_LAUNCH, "nccl_ctas": 12, **_A100_ATTN},
+    "h100": {"sms": 132, **_LAUNCH, "nccl_ctas": 18, **_H100_ATTN},
 }
 GPU_KERNELS["h200"] = dict(GPU_KERNELS["h100"])  # H100's SMs and kernels (MAMF: "the same")
 
