@@ -20,8 +20,6 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping
 
-from oases.planner.kernels.sources import ATTN_SEQ
-
 BLOCK_Q = 128  # queries per thread block (FlashAttention-2's forward tile)
 
 
@@ -33,13 +31,19 @@ def attention_flops(b: int, heads: float, s: int, d: int, causal: bool, backward
 
 
 def _series(table: Mapping[str, float], direction: str, mask: str, d: int
-            ) -> tuple[int, list[float]] | None:
-    dims = sorted({int(key.split("_d")[1].split("_")[0]) for key in table
-                   if key.startswith(f"attn_{direction}_{mask}_d")})
-    if not dims:
+            ) -> tuple[list[int], list[float]] | None:
+    """(sequences, efficiencies) of the series nearest head dim ``d``, or None."""
+    prefix = f"attn_{direction}_{mask}_d"
+    points: dict[int, dict[int, float]] = {}
+    for key, value in table.items():
+        if key.startswith(prefix):
+            dim, seq = key[len(prefix):].split("_s")
+            points.setdefault(int(dim), {})[int(seq)] = float(value)
+    if not points:
         return None
-    near = min(dims, key=lambda x: (abs(math.log2(x / d)), x))
-    return near, [table[f"attn_{direction}_{mask}_d{near}_s{s}"] for s in ATTN_SEQ]
+    near = min(points, key=lambda x: (abs(math.log2(x / d)), x))
+    seqs = sorted(points[near])
+    return seqs, [points[near][s] for s in seqs]
 
 
 def fused_efficiency(table: Mapping[str, float], d: int, s: int, causal: bool,
@@ -49,9 +53,9 @@ def fused_efficiency(table: Mapping[str, float], d: int, s: int, causal: bool,
     found = _series(table, "bwd" if backward else "fwd", "causal" if causal else "full", d)
     if found is None:
         return 0.0
-    _, values = found
-    x = math.log2(max(ATTN_SEQ[0], min(ATTN_SEQ[-1], s)))
-    xs = [math.log2(v) for v in ATTN_SEQ]
+    seqs, values = found
+    x = math.log2(max(seqs[0], min(seqs[-1], s)))
+    xs = [math.log2(v) for v in seqs]
     for i in range(len(xs) - 1):
         if xs[i] <= x <= xs[i + 1]:
             t = (x - xs[i]) / (xs[i + 1] - xs[i])
