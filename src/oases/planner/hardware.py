@@ -7,28 +7,27 @@ machine offers the same methods)::
     compute_s(region, phase, piece, tp, rows)     seconds on one GPU of the cluster
     collective_s(op, group_size, nbytes)          seconds of the collective as NCCL runs it
 
-Compute is a roofline sum over a piece's kernels: matmul flops / (peak[dtype] x
-matmul efficiency at dtype) + bytes that elementwise and norm kernels move / (memory bandwidth x
-elementwise_efficiency) + one launch overhead per piece. Matmul flops are divided by the TP
-degree; elementwise work on the replicated [b, S, H] activations is not. Bytes are counted in
-*passes* over a tensor (one read or one write of every element); a dropout costs 2 passes plus a
-one-byte mask per element.
-
-Attention is priced as the paper's prototype ran it ("materialized"): QK^T and AV over the full
-S x S, and the [b, A/t, S, S] scores written by QK^T, masked and softmaxed in place (2 + 2
-passes), dropped out, and read by AV; ``attention="fused"`` prices a flash-style kernel instead
-(causal: half the flops, no score traffic).
+Compute is the kernels of the piece (``planner.kernels``): each GEMM by its shape (tiles and
+waves over the SMs, at the measured best matmul efficiency), attention as the published fused
+kernel series (or, "materialized", as the paper's prototype ran it: QK^T and AV as batched
+GEMMs over the full S x S and the scores masked, softmaxed and dropped out in memory-bound
+passes), every eager memory-bound op by the bytes it moves at the GPU's STREAM-like bandwidth,
+and the launches by kernel count (``max(kernels + gaps, host dispatch)``). ``breakdown`` says
+where a piece's time goes by kernel class; ``contention`` is compute's slowdown while a
+collective's CTAs hold SMs beside it (the simulator applies it, ``planner.event_walk``).
 
 Calibration, RTX 3090 compute (the profile table of the Oases paper, Li et al., IEEE TPDS
 2025: GPT layer H=2048, 32 heads, S=1024, 4 sequences per TP group, t=4, fp32, dropout 0.1;
 milliseconds, measured -> this model, see tests)::
 
-    attention forward   3.24 -> 3.23      attention backward  5.18 -> 4.98
-    MLP forward         2.69 -> 2.68      MLP backward        5.08 -> 4.93
+    attention forward   3.24 -> 3.49      attention backward  5.18 -> 5.67
+    MLP forward         2.69 -> 2.74      MLP backward        5.08 -> 5.32
 
-with matmul_efficiency 0.90 and elementwise_efficiency 0.82 (32.0 TFLOP/s, 768 GB/s), solved
-from the two forward times; the backward times are predictions. The other compute rows of that
-table (H=1024, H=4096 at t=4 and 16) come out within 17%.
+with the 3090's fp32 matmul efficiency (0.90, solved from the two forward times under the
+roofline model this replaced) anchored at that layer's fc1 GEMM, 4096 x 2048 x 2048, where
+the tile and wave model caps it at 1 (no tile reaches 0.90 there on 82 SMs), and the
+elementwise efficiency 0.82; the other compute rows of that table (H=1024, H=4096) come out
+within 10% (they were within 17%).
 
 Collectives are no longer calibrated on that table (until 2026-12-02 its all-reduce column set
 the PCIe efficiency to 0.44, a 6.9 GB/s bus bandwidth for a 4-GPU ring): the paper's prototype
@@ -143,13 +142,19 @@ class HardwareCosts:
         """Seconds of one sub-batch of ``rows`` sequences through ``piece`` of a ``region``
         at TP degree ``tp``: its kernels, launched (``planner.kernels``). Pieces that do no
         work (the head's epi, the embedding's norm backward) cost 0."""
-        return self.prices.piece_s(self.kernels(region, phase, piece, tp, rows))
+        return sum(self.breakdown(region, phase, piece, tp, rows).values())
 
     def breakdown(self, region: str, phase: str, piece: str, tp: int,
                   rows: int) -> dict[str, float]:
         """``compute_s`` by kernel class (``planner.kernels.CLASSES``; "launch" is what the
         launches add)."""
-        return self.prices.breakdown(self.kernels(region, phase, piece, tp, rows))
+        self.kernels(region, phase, piece, tp, rows)  # checks the arguments
+        return self._breakdown(region, phase, piece, tp, rows)
+
+    @functools.cache  # noqa: B019 (a HardwareCosts lives as long as its planning)
+    def _breakdown(self, region: str, phase: str, piece: str, tp: int, rows: int
+                   ) -> dict[str, float]:
+        return self.prices.breakdown(self._kernels(region, phase, piece, tp, rows))
 
     def work(self, region: str, phase: str, piece: str, tp: int,
              rows: int) -> tuple[float, float]:

@@ -17,6 +17,7 @@ Shape legend: b sequences, A query heads on this rank, S sequence, D head dim.
 
 from __future__ import annotations
 
+import functools
 import math
 from collections.abc import Mapping
 
@@ -33,17 +34,25 @@ def attention_flops(b: int, heads: float, s: int, d: int, causal: bool, backward
 def _series(table: Mapping[str, float], direction: str, mask: str, d: int
             ) -> tuple[list[int], list[float]] | None:
     """(sequences, efficiencies) of the series nearest head dim ``d``, or None."""
-    prefix = f"attn_{direction}_{mask}_d"
-    points: dict[int, dict[int, float]] = {}
-    for key, value in table.items():
-        if key.startswith(prefix):
-            dim, seq = key[len(prefix):].split("_s")
-            points.setdefault(int(dim), {})[int(seq)] = float(value)
+    points = _parsed(tuple(sorted(table.items()))).get((direction, mask), {})
     if not points:
         return None
     near = min(points, key=lambda x: (abs(math.log2(x / d)), x))
     seqs = sorted(points[near])
     return seqs, [points[near][s] for s in seqs]
+
+
+@functools.cache
+def _parsed(items: tuple[tuple[str, float], ...]
+            ) -> dict[tuple[str, str], dict[int, dict[int, float]]]:
+    """{(direction, mask): {head dim: {sequence: efficiency}}} of a table's ``attn_*`` keys."""
+    out: dict[tuple[str, str], dict[int, dict[int, float]]] = {}
+    for key, value in items:
+        if key.startswith("attn_"):
+            _, direction, mask, rest = key.split("_", 3)
+            dim, seq = rest.removeprefix("d").split("_s")
+            out.setdefault((direction, mask), {}).setdefault(int(dim), {})[int(seq)] = value
+    return out
 
 
 def fused_efficiency(table: Mapping[str, float], d: int, s: int, causal: bool,
