@@ -49,7 +49,8 @@ class KernelPrices:
         anchor = tuple(int(self.table.get(f"gemm_anchor_{d}", 0)) for d in "mnk")
         self.e_max = (gemm_model.peak_efficiency(anchor, self.best_efficiency, self.sms,
                                                  self.peak, self.bytes_per_s)
-                      if all(anchor) else self.best_efficiency)
+                      if all(anchor) and dtype not in gpu.dtype_efficiency
+                      else self.best_efficiency)  # the anchor is matmul_efficiency's shape
 
     def value(self, key: str) -> float:
         return float(self.table.get(key, DEFAULTS.get(key, 0.0)))

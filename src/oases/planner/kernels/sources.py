@@ -57,8 +57,9 @@ SOURCES = {
 # -- what the keys of a kernel table mean ------------------------------------------------------
 KERNEL_KEYS = {
     "sms": "streaming multiprocessors (the waves of a GEMM and of an attention kernel)",
-    "gemm_anchor_m": "M of the one shape the GPU's matmul efficiency was measured at (absent:"
-                     " it is the best over a search of shapes, reached by full waves)",
+    "gemm_anchor_m": "M of the one shape the GPU's matmul_efficiency was measured at (absent,"
+                     " and for every dtype_efficiency: the best over a search of shapes, "
+                     "reached by full waves)",
     "gemm_anchor_n": "N of that shape",
     "gemm_anchor_k": "K of that shape",
     "kernel_gap_s": "device time between two back-to-back kernels (launch latency)",
