@@ -17,9 +17,34 @@ def pct(x: float) -> str:
     return f"{x:.1%}"
 
 
+def condensed(before: list[dict], after: list[dict]) -> list[str]:
+    """One line per cluster, model and config: MFU before -> after at each S, and the GEMM and
+    attention efficiencies and memory-bound share at S=4096."""
+    lines = ["## Condensed: MFU before -> after at S = 2k / 4k / 8k; kernels at S = 4k", "",
+             "| cluster | model | config | S=2048 | S=4096 | S=8192 | GEMM eff | attention eff "
+             "| memory-bound share | launch share | fits at 4k |", "|---" * 11 + "|"]
+    keyed = {(a["cluster"], a["model"], a["config"], a["seq"]): (b, a)
+             for b, a in zip(before, after, strict=True) if not a.get("example")}
+    for cluster, model, config in dict.fromkeys((c, m, g) for c, m, g, _ in keyed):
+        pairs = [keyed[cluster, model, config, s] for s in (2048, 4096, 8192)]
+        cells = [f"{pct(b['mfu'])} -> **{pct(a['mfu'])}**" for b, a in pairs]
+        a = keyed[cluster, model, config, 4096][1]
+        k = a["kernels"]
+        mem = sum(k["shares"].get(c, 0.0) for c in ("norm", "rotary", "activation",
+                                                     "elementwise", "cross-entropy", "cast",
+                                                     "embedding", "optimizer", "grad-norm"))
+        lines.append(f"| {cluster} | {model} | {config} | {' | '.join(cells)} | "
+                     f"{pct(k['efficiency'].get('gemm', 0))} | "
+                     f"{pct(k['efficiency'].get('attention', 0))} | {pct(mem)} | "
+                     f"{pct(k['shares'].get('launch', 0))} | {'yes' if a['fits'] else 'no'} |")
+    return lines
+
+
 def main(before_path: str, after_path: str, out_path: str) -> None:
-    before = json.load(open(before_path))["rows"]
-    after = json.load(open(after_path))["rows"]
+    with open(before_path) as f:
+        before = json.load(f)["rows"]
+    with open(after_path) as f:
+        after = json.load(f)["rows"]
     head = ("| cluster | model | S | config | fits | MFU before | MFU after | GEMM share @ eff | "
             "attention share @ eff | memory-bound share | launch | interference | comm | "
             "bound | sane |")
@@ -52,10 +77,12 @@ def main(before_path: str, after_path: str, out_path: str) -> None:
             f"{pct(k['bound'])} | {'yes' if k['sane'] else 'NO'} |")
         drops.append(a["mfu"] / b["mfu"] - 1)
     drops.sort()
+    lines += ["", *condensed(before, after)]
     lines += ["", f"{len(drops)} rows; MFU change after/before - 1: median "
               f"{drops[len(drops) // 2]:+.1%}, range {drops[0]:+.1%} to {drops[-1]:+.1%}; every "
               f"row sane: {all(a['kernels']['sane'] for a in after)}."]
-    open(out_path, "w").write("\n".join(lines) + "\n")
+    with open(out_path, "w") as f:
+        f.write("\n".join(lines) + "\n")
     print("\n".join(lines[-1:]))
 
 

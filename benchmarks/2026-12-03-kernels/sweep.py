@@ -68,8 +68,8 @@ def main(path: str) -> None:
                     rows.append(run(model, seq, cluster, config, 1, TOKENS_PER_STEP // seq))
         for model, seq, micro, global_batch in EXAMPLES:
             rows.append(run(model, seq, cluster, "FSDP", micro, global_batch) | {"example": 1})
-    json.dump({"rows": rows, "seconds": time.perf_counter() - start}, open(path, "w"),
-              indent=1)
+    with open(path, "w") as f:
+        json.dump({"rows": rows, "seconds": time.perf_counter() - start}, f, indent=1)
     print(f"{len(rows)} rows in {time.perf_counter() - start:.1f} s -> {path}")
 
 
