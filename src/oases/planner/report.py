@@ -249,12 +249,12 @@ def kernel_lines(rep: Report) -> list[str]:
     is the rest), each flop class's efficiency, and the MFU's sanity bound
     (``planner.kernels.step``)."""
     head = "".join(f"{short:>7}" for _, short in KERNEL_COLUMNS)
-    lines = ["where the step goes, by kernel class (% of the step; the rest is exposed "
+    lines = ["where the step goes, by kernel class, row by row (% of the step; the rest is exposed "
              "communication), the GEMM and attention kernels' efficiency, and the sanity "
              "check: MFU <= bound = sum of (share x efficiency) over the flop classes",
-             f"  {'schedule':<20}{head}{'comm':>7}{'eff GEMM':>10}{'eff attn':>10}"
+             f"  {'row':<24}{head}{'comm':>7}{'eff GEMM':>10}{'eff attn':>10}"
              f"{'MFU':>7}{'bound':>7}  sane"]
-    for row in rep.rows:
+    for i, row in enumerate(rep.rows):
         k = row.kernels
         if k is None:
             continue
@@ -263,7 +263,8 @@ def kernel_lines(rep: Report) -> list[str]:
         cells = "".join(f"{share.get(c, 0.0):>7.1%}" for c, _ in KERNEL_COLUMNS)
         eff = "".join(f"{k.efficiency[c]:>10.1%}" if c in k.efficiency else f"{'-':>10}"
                       for c in ("gemm", "attention"))
-        lines.append(f"  {row.schedule:<20}{cells}{comm:>7.1%}{eff}{k.mfu:>7.1%}"
+        lines.append(f"  {'#' + str(i + 1) + ' ' + row.schedule:<24}{cells}{comm:>7.1%}{eff}"
+                     f"{k.mfu:>7.1%}"
                      f"{k.bound:>7.1%}  {'yes' if k.sane() else 'NO'}")
     return lines
 
