@@ -373,7 +373,8 @@ def help_text() -> str:
 A cluster preset names a whole machine room: servers x GPUs per server, the GPU (peak flops,
 memory, bandwidth, efficiencies), the link inside a server (PCIe, NVLink bridges, NVSwitch) and
 the link between servers (Ethernet, InfiniBand; ports per server). Every number comes from a
-public specification or microbenchmark named in the preset (nccl-tests, p2pBandwidthLatencyTest).
+public specification or microbenchmark named in the preset (nccl-tests, p2pBandwidthLatencyTest;
+compute: each piece's kernels, planner/kernels/sources.py).
   cluster presets: {', '.join(CLUSTERS)}
   model presets:   {', '.join(MODELS)} (or a TOML run file: its [model] table)
 
@@ -391,7 +392,9 @@ preset name or a table of its fields:
   # or, instead of link = "...", a link of your own (same for gpu: a [server.gpu] table with
   # name, peak_flops = {{fp32 = 35.6e12, bf16 = 71e12}}, memory_bytes,
   # memory_bandwidth_bytes_per_s, matmul_efficiency, elementwise_efficiency, and optionally
-  # dtype_efficiency = {{bf16 = 0.87}} where a dtype's matmuls reach another fraction):
+  # dtype_efficiency = {{bf16 = 0.87}} where a dtype's matmuls reach another fraction, and
+  # kernels = {{sms = 108, kernel_gap_s = 2e-6, host_op_s = 1e-5, nccl_ctas = 12, ...}}: the
+  # kernel table, which `oases profile --kernels` measures on a GPU and writes in a file):
   # [server.link]
   # name = "PCIe 4.0 x16"
   # latency_s = 0                    # added to NCCL's per-step latency
