@@ -165,7 +165,8 @@ def test_the_hardware_model_splits_a_backward_into_input_and_weight_gradients():
             dx = costs.work(region, "backward", "sp-dx", 4, 2)
             dw = costs.work(region, "backward", "sp-dw", 4, 2)
             assert dx[0] + dw[0] == pytest.approx(whole[0], rel=1e-12)
-            assert dx[1] == whole[1] and dw[1] == 0
+            assert dx[1] + dw[1] == pytest.approx(whole[1], rel=1e-12)  # dW's bytes: its
+            assert 0 < dw[1] < whole[1]  # casts and the gradient accumulation
             assert 0.25 < dw[0] / whole[0] <= 0.5  # a matmul's dW: half its backward or less
 
 
@@ -210,8 +211,10 @@ def test_the_simulator_prices_the_split_backward_as_the_whole_one():
         kind = "attn" if i % 2 else "mlp"
         dw, tp = compute[name, sub], compute[f"tp:{i}", sub]
         whole = costs.compute_s(kind, "backward", "tp", 4, 2)  # 4 sequences, 2 sub-batches
-        assert (dw.end_s - dw.start_s) + (tp.end_s - tp.start_s) == pytest.approx(
-            whole + cluster.server.gpu.launch_overhead_s, rel=1e-9)
+        split = sum(costs.compute_s(kind, "backward", p, 4, 2) for p in ("sp-dx", "sp-dw"))
+        took = (dw.end_s - dw.start_s) + (tp.end_s - tp.start_s)  # beside collectives: up
+        assert split * (1 - 1e-9) <= took <= split * costs.contention("all_gather") * (1 + 1e-9)
+        assert split >= whole * (1 - 1e-12)  # the same kernels, launched as two pieces
         assert comm[f"gb {i - 1}", sub].start_s <= dw.start_s
 
 

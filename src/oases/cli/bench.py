@@ -120,6 +120,18 @@ def _profile_arguments(profile: argparse.ArgumentParser) -> None:
         help="local ranks = the world size profiled (default: parallel.tp)",
     )
     profile.add_argument("--repeats", type=int, default=3, help="timed repeats per point")
+    profile.add_argument(
+        "--kernels",
+        action="store_true",
+        help="measure the kernel model's terms (GEMM, attention, STREAM-like bandwidth, "
+        "launch and host cost) on this device, the local GPU or else this CPU, in one process, "
+        "and write them as a cluster file for `oases simulate --cluster` (--out; the config "
+        "and --nproc-per-node are not used)",
+    )
+    profile.add_argument(
+        "--dtype", default="bf16", choices=("fp32", "bf16", "fp16"),
+        help="--kernels: the matmul and attention dtype measured (CPU: fp32) (default: bf16)",
+    )
 
 
 def _profile(ns: argparse.Namespace, overrides: list[str]) -> int:
@@ -127,6 +139,8 @@ def _profile(ns: argparse.Namespace, overrides: list[str]) -> int:
 
     from oases.bench.suite import launch_ranks, resolve_link
 
+    if ns.kernels:
+        return _profile_kernels(ns)
     cfg = load_config(ns.config, overrides)
     nproc = ns.nproc_per_node or cfg.parallel.tp
     if nproc < 1 or ns.repeats < 1:
@@ -150,6 +164,22 @@ def _profile(ns: argparse.Namespace, overrides: list[str]) -> int:
             Path(tmp),
         )
     print(f"wrote {out}")
+    return 0
+
+
+def _profile_kernels(ns: argparse.Namespace) -> int:
+    import torch
+
+    from oases.bench.kernel_profile import measure_kernels, write_kernel_profile
+
+    if ns.repeats < 1:
+        raise ValueError(f"--repeats={ns.repeats} must be >= 1")
+    device = torch.device("cuda", 0) if torch.cuda.is_available() else torch.device("cpu")
+    cluster = measure_kernels(device, ns.dtype, ns.repeats)
+    out = Path(ns.out).resolve()
+    out.parent.mkdir(parents=True, exist_ok=True)
+    write_kernel_profile(cluster, out)
+    print(f"{cluster.server.gpu.source}\nwrote {out} (oases simulate --cluster {out})")
     return 0
 
 

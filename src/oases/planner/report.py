@@ -245,6 +245,8 @@ def format_report(rep: Report) -> str:
               f"{rep.costs.dtype} peak)."]
     if rep.ranges is not None:
         lines.append(uncertainty_note(rep))
+    if any(row.kernels is not None for row in rep.rows):
+        lines += ["", *kernel_lines(rep)]
     if any(row.result.bound() == "DP comm" for row in rep.rows):
         lines.append(f"{DP_NOTE}.")
     for row in rep.rows:
@@ -254,6 +256,48 @@ def format_report(rep: Report) -> str:
                          f"{row.plan.degree_runs()}")
     lines.append(f"simulated and planned in {rep.planning_s:.2f} s")
     return "\n".join(lines)
+
+
+KERNEL_COLUMNS = (("gemm", "GEMM"), ("attention", "attn"), ("norm", "norm"),
+                  ("rotary", "rotary"), ("activation", "act"), ("elementwise", "elemw"),
+                  ("cross-entropy", "CE"), ("cast", "cast"), ("embedding", "embed"),
+                  ("launch", "launch"), ("interference", "interf"), ("optimizer", "optim"),
+                  ("grad-norm", "gnorm"))
+
+
+def kernel_lines(rep: Report) -> list[str]:
+    """Where each row's step goes by kernel class (% of the step; the exposed communication
+    is the rest), each flop class's efficiency, and the MFU's sanity bound
+    (``planner.kernels.step``)."""
+    head = "".join(f"{short:>7}" for _, short in KERNEL_COLUMNS)
+    lines = ["where the step goes, by kernel class, row by row (% of the step; the rest is exposed "
+             "communication), the GEMM and attention kernels' efficiency, and the sanity "
+             "check: MFU <= bound = sum of (share x efficiency) over the flop classes",
+             f"  {'row':<24}{head}{'comm':>7}{'eff GEMM':>10}{'eff attn':>10}"
+             f"{'MFU':>7}{'bound':>7}  sane"]
+    for i, row in enumerate(rep.rows):
+        k = row.kernels
+        if k is None:
+            continue
+        share = k.shares()
+        comm = max(0.0, 1 - sum(share.values()))
+        cells = "".join(f"{share.get(c, 0.0):>7.1%}" for c, _ in KERNEL_COLUMNS)
+        eff = "".join(f"{k.efficiency[c]:>10.1%}" if c in k.efficiency else f"{'-':>10}"
+                      for c in ("gemm", "attention"))
+        lines.append(f"  {'#' + str(i + 1) + ' ' + row.schedule:<24}{cells}{comm:>7.1%}{eff}"
+                     f"{k.mfu:>7.1%}"
+                     f"{k.bound:>7.1%}  {'yes' if k.sane() else 'NO'}")
+    return lines
+
+
+def kernels_json(row: Row) -> dict:
+    """A row's ``kernels`` entry of simulate.json."""
+    k = row.kernels
+    if k is None:
+        return {}
+    return {"kernels": {"seconds": k.seconds, "shares": k.shares(), "efficiency": k.efficiency,
+                        "flops": k.flops, "mfu": k.mfu, "mfu_bound": k.bound,
+                        "sane": k.sane()}}
 
 
 def range_cells(rep: Report, i: int) -> str:
@@ -303,6 +347,7 @@ def simulate_json(rep: Report) -> dict:
                   "peak_mem_bytes": r.result.peak_mem_bytes,
                   "fits": r.fits, "speedup": r.speedup, "found_by": r.found_by,
                   **parts_json(r.result), "breakdown": r.result.breakdown,
+                  **kernels_json(r),
                   **({} if rep.ranges is None else {"uncertainty": rep.ranges[i].to_json()})}
                  for i, r in enumerate(rep.rows)],
         **({} if rep.bounds is None else {"uncertain_inputs": {

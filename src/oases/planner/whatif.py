@@ -21,8 +21,9 @@ auto row's search found. Collectives are priced by their groups' ranks as NCCL r
 (``planner.collectives``; TP groups are contiguous ranks, DP groups strided); with
 ``uncertainty`` every row gets its range over the uncertain inputs (``planner.uncertainty``).
 The batch is given in training's terms (``planner.batch``: micro-batch per model replica);
-each row says what bounds its step (``PlanResult.step_parts``); ``planner.report`` prints the
-rows.
+each row says what bounds its step (``PlanResult.step_parts``) and where its time goes by
+kernel class, with its MFU's sanity bound (``planner.kernels.step``); ``planner.report`` prints
+the rows.
 
 ``dtype`` is the compute dtype (fp32, tf32, bf16, fp16: matmuls at that peak, activations and
 TP collectives in its bytes), ``grad_reduce`` the DP gradient reduction's (``planner.precision``);
@@ -49,6 +50,7 @@ from oases.planner.budget import Budget
 from oases.planner.clusters import Cluster, get_cluster, load_cluster
 from oases.planner.costs import model_flops
 from oases.planner.hardware import HardwareCosts
+from oases.planner.kernels.step import StepKernels, step_kernels
 from oases.planner.search import candidate_degrees, solve_plan, with_zero
 from oases.planner.simulate import PlanResult, simulate_plan
 from oases.planner.uncertainty import Range, input_bounds, simulate_ranges
@@ -183,6 +185,7 @@ class Row:
     found_by: str = ""  # auto: the schedule whose search found these degrees, if another's
     mfu: float = 0.0  # model FLOPs utilization (see the module docstring)
     world_size: int = 1
+    kernels: StepKernels | None = None  # the step by kernel class (planner.kernels.step)
 
     @property
     def tokens_per_s_per_gpu(self) -> float:
@@ -252,6 +255,8 @@ def simulate_cluster(cfg: ModelConfig, cluster: Cluster, entries: list[tuple[str
         row.speedup = rows[0].result.step_s / row.result.step_s
         row.world_size = world
         row.mfu = mfu(cfg, row.batch.global_batch * cfg.seq_len, row.result.step_s, world, peak)
+        row.kernels = step_kernels(cfg, row.plan, costs, world, row.batch, row.result, row.mfu,
+                                   peak)
     rep = Report(cfg, model_name, cluster, costs, batch, global_batch, budget, rows, planning_s)
     if uncertainty:
         rep.bounds = input_bounds(cluster, bounds)
@@ -426,7 +431,8 @@ def help_text() -> str:
 A cluster preset names a whole machine room: servers x GPUs per server, the GPU (peak flops,
 memory, bandwidth, efficiencies), the link inside a server (PCIe, NVLink bridges, NVSwitch) and
 the link between servers (Ethernet, InfiniBand; ports per server). Every number comes from a
-public specification or microbenchmark named in the preset (nccl-tests, p2pBandwidthLatencyTest).
+public specification or microbenchmark named in the preset (nccl-tests, p2pBandwidthLatencyTest;
+compute: each piece's kernels, planner/kernels/sources.py).
   cluster presets: {', '.join(CLUSTERS)}
   model presets:   {', '.join(MODELS)} (or a TOML run file: its [model] table)
 
@@ -444,7 +450,9 @@ preset name or a table of its fields:
   # or, instead of link = "...", a link of your own (same for gpu: a [server.gpu] table with
   # name, peak_flops = {{fp32 = 35.6e12, bf16 = 71e12}}, memory_bytes,
   # memory_bandwidth_bytes_per_s, matmul_efficiency, elementwise_efficiency, and optionally
-  # dtype_efficiency = {{bf16 = 0.87}} where a dtype's matmuls reach another fraction):
+  # dtype_efficiency = {{bf16 = 0.87}} where a dtype's matmuls reach another fraction, and
+  # kernels = {{sms = 108, kernel_gap_s = 2e-6, host_op_s = 1e-5, nccl_ctas = 12, ...}}: the
+  # kernel table, which `oases profile --kernels` measures on a GPU and writes in a file):
   # [server.link]
   # name = "PCIe 4.0 x16"
   # latency_s = 0                    # added to NCCL's per-step latency
