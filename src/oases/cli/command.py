@@ -1,10 +1,10 @@
 """What an ``oases`` subcommand is: its parser's texts and arguments, the function that runs it,
 and how ``oases.cli.main`` treats its overrides and errors; the help format they all share.
 
-    commands.add_parser(name, help, description, epilog)   SubCommand.add_parser
-    add_arguments(parser)                                   the subcommand's own options
-    ...
-    run(ns, overrides) -> exit code                         after ``main`` parsed the line
+    oases.cli._parser()   each SubCommand.add_parser: its texts, then add_arguments(parser)
+    oases.cli.main(argv)  split the overrides off, parse the rest, refuse overrides unless
+                          takes_overrides, run(ns, overrides) -> exit code; a ValueError or
+                          OSError (a RuntimeError too where launches_ranks) -> one error line
 """
 
 from __future__ import annotations
