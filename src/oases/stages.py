@@ -1,5 +1,6 @@
-"""Pipeline stages: which contiguous range of the chain's regions each stage holds. Pure (no
-torch), so the plan, the schedules, the runtime and (next) the simulator share one answer.
+"""Pipeline stages: which contiguous range of the chain's regions each stage holds, and the
+names of the pipeline schedules. Pure (no torch), so the config, the plan, the schedules, the
+runtime and (next) the simulator share one answer.
 
 The chain has R = 2L + 2 regions (``schedule/regions.py``): 0 the embedding, 2l+1 and 2l+2 block
 l's attention and MLP, R-1 the head. A pipeline of P stages cuts it between blocks: stage s holds
@@ -19,6 +20,19 @@ boundary b the forward sends x_b from stage s to s+1 and the backward sends dx_b
 from __future__ import annotations
 
 from dataclasses import dataclass
+
+PIPELINE_SCHEDULES = ("gpipe", "1f1b", "1f1b-pair")  # ``schedule/pipeline_order.py``
+PLANNED_SCHEDULES = ("interleaved", "zb")  # named by issue 28, not built yet
+
+
+def check_pipeline_schedule(name: str) -> None:
+    """ValueError unless ``name`` is a pipeline schedule this version runs."""
+    if name in PLANNED_SCHEDULES:
+        raise ValueError(f"parallel.pp_schedule={name!r} is not built yet (issue 28); "
+                         f"valid: {', '.join(PIPELINE_SCHEDULES)}")
+    if name not in PIPELINE_SCHEDULES:
+        raise ValueError(f"parallel.pp_schedule={name!r}; valid: "
+                         f"{', '.join(PIPELINE_SCHEDULES)}")
 
 
 def block_start(layer: int) -> int:

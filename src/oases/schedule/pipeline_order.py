@@ -45,21 +45,13 @@ pieces) are named by issue 28 and not built yet (``check_pipeline_schedule`` say
 
 from __future__ import annotations
 
+from oases.stages import PIPELINE_SCHEDULES, PLANNED_SCHEDULES, check_pipeline_schedule
+
+__all__ = ["PIPELINE_SCHEDULES", "PLANNED_SCHEDULES", "check_pipeline_schedule",
+           "gpipe_order", "in_flight", "one_f_one_b_order", "pipeline_order", "warmup_forwards"]
+
 Pass = tuple[str, int]  # ("F" | "B", micro-batch)
 Unit = tuple[Pass, ...]
-
-PIPELINE_SCHEDULES = ("gpipe", "1f1b", "1f1b-pair")
-PLANNED_SCHEDULES = ("interleaved", "zb")
-
-
-def check_pipeline_schedule(name: str) -> None:
-    """ValueError unless ``name`` is a pipeline schedule this version runs."""
-    if name in PLANNED_SCHEDULES:
-        raise ValueError(f"parallel.pp_schedule={name!r} is not built yet (issue 28); "
-                         f"valid: {', '.join(PIPELINE_SCHEDULES)}")
-    if name not in PIPELINE_SCHEDULES:
-        raise ValueError(f"parallel.pp_schedule={name!r}; valid: "
-                         f"{', '.join(PIPELINE_SCHEDULES)}")
 
 
 def warmup_forwards(pp: int, stage: int, n_micro: int, pair: bool = False) -> int:
