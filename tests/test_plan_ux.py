@@ -579,7 +579,8 @@ def _simulated(n_micro: int = 2) -> tuple[Timeline, int]:
 def test_timeline_lanes_and_sub_batches_are_read_off_the_events(tmp_path):
     timeline, k = _simulated()
     # A plan without ZeRO draws no "ZeRO gather" lane: only the lanes that have events.
-    assert list(LANES) == ["compute", "TP comm", "reshard", "DP comm", "ZeRO gather"]
+    assert list(LANES) == ["compute", "TP comm", "reshard", "DP comm", "ZeRO gather",
+                           "pipeline p2p"]
     assert timeline.lanes() == ["compute", "TP comm", "reshard", "DP comm"]
     assert timeline.sub_batches_per_micro_batch() == k
     timeline.save_chrome_trace(tmp_path / "t.json")

@@ -48,6 +48,14 @@ class ParallelConfig:
     "shards" (only slices: one gather per region in the recompute, less memory). Every TP
     degree must divide ``model.seq_len``; works with every ZeRO stage. The overlapped schedules
     hide every collective with ``schedule.n_sub >= 3`` (``schedule.program._staggered``).
+
+    ``pp``: pipeline stages (1: none); the world is ``pp`` stages of ``tp x dp`` ranks, TP
+    innermost, then DP, then PP (``parallel/context.py``); each stage holds a contiguous range
+    of blocks (the first the embedding, the last the head; balanced by blocks, or a plan file's
+    ``stage_starts``). ``pp_schedule``: the order of the stages' micro-batch passes, "gpipe",
+    "1f1b" or "1f1b-pair" (1F1B whose steady state overlaps a forward's collectives with
+    another micro-batch's backward, at twice the activations in flight; see
+    ``schedule/pipeline_order.py``). ``train.micro_batch`` is then a pipeline micro-batch.
     """
 
     tp: int = 1
@@ -62,13 +70,18 @@ class ParallelConfig:
     high_priority_tp: bool = False
     sequence_parallel: bool = False
     sp_recompute: str = "gathered"
+    pp: int = 1
+    pp_schedule: str = "1f1b"
 
     def __post_init__(self) -> None:
         _check(
             self.backend in ("auto", "gloo", "nccl"),
             f"parallel.backend={self.backend!r} must be one of auto, gloo, nccl",
         )
-        _positive("parallel", self, "tp", "timeout_s")
+        _positive("parallel", self, "tp", "timeout_s", "pp")
+        from oases.stages import check_pipeline_schedule  # (pure: no torch)
+
+        check_pipeline_schedule(self.pp_schedule)
         _check(self.memory_gb >= 0, f"parallel.memory_gb={self.memory_gb} must be >= 0")
         _check(self.zero in (0, 1, 2, 3), f"parallel.zero={self.zero} must be 0, 1, 2 or 3")
         _check(
@@ -241,14 +254,21 @@ class Config:
         replacing ``parallel.tp``; the batch is then split over the embedding's DP degree (the
         plan's own checks, ``ParallelPlan.check``, cover heads and ffn)."""
         m, tp, t, n_sub = self.model, self.parallel.tp, self.train, self.schedule.n_sub
+        pp = self.parallel.pp
         _check(world_size >= 1, f"world_size={world_size} must be >= 1")
+        _divisible("world_size", world_size, "parallel.pp", pp)
+        _check(m.n_layers >= pp, f"model.n_layers={m.n_layers} blocks do not fill "
+               f"parallel.pp={pp} pipeline stages (each holds at least one block)")
+        stage = world_size // pp  # ranks of one pipeline stage (the world without one)
         if degrees is None:
-            _divisible("world_size", world_size, "parallel.tp", tp)
+            _divisible("world_size / parallel.pp" if pp > 1 else "world_size", stage,
+                       "parallel.tp", tp)
             for name in ("n_heads", "n_kv_heads", "ffn_dim"):
                 _divisible(f"model.{name}", getattr(m, name), "parallel.tp", tp)
         else:
             for d in sorted(set(degrees)):
-                _divisible("world_size", world_size, "a tp degree of parallel.plan", d)
+                _divisible("world_size / parallel.pp" if pp > 1 else "world_size", stage,
+                           "a tp degree of parallel.plan", d)
             tp = degrees[0]
         _divisible("train.micro_batch", t.micro_batch, "schedule.n_sub", n_sub)
         sub = t.micro_batch // n_sub  # a sub-batch's rows in the embedding's layout
@@ -260,7 +280,7 @@ class Config:
             )
         if self.parallel.sequence_parallel:
             check_sequence_split(m.seq_len, degrees or (tp,))
-        dp = world_size // tp
+        dp = stage // tp
         _check(
             t.global_batch % (t.micro_batch * dp) == 0,
             f"train.global_batch={t.global_batch} is not divisible by train.micro_batch * dp"

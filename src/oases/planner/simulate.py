@@ -214,6 +214,9 @@ def simulate_plan(
     costs = _CachedCosts(costs)
 
     plan.check(cfg, world_size)
+    if plan.pp > 1:
+        raise ValueError(f"the simulator does not price pipeline stages yet (plan pp={plan.pp}): "
+                         "a plan with a pipeline runs with oases train, not simulate or plan")
     spec = SPECS[plan.schedule]
     k = plan.n_sub if spec.overlapped else 1
     degrees = [r.tp for r in plan.regions]

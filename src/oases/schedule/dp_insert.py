@@ -67,20 +67,29 @@ class ZeroLayout:
         return (i,)
 
 
-def insert_dp(body: list[Instr], dp_tasks: set[int], last_sub: int) -> list[Instr]:
+def insert_dp(body: list[Instr], dp_tasks: set[int], last_sub: int,
+              closed_by_norm: frozenset[int] = frozenset()) -> list[Instr]:
     """Start each DP bucket's all-reduce once its last backward task is done, but after the TP
-    gradient all-reduce that task starts (the next compute waits on that one, not on DP)."""
+    gradient all-reduce (or the pipeline's gradient send, "sb") that task starts (the next
+    compute waits on that one, not on DP). ``closed_by_norm``: buckets t that close with the
+    piece ("norm", t + 1) (a pipeline stage's first region, whose norm's backward runs alone
+    before the send of dx: ``pipeline_program``)."""
     out: list[Instr] = []
     pending: int | None = None
     deferred = deferred_regions(body)
     for ins in body:
-        if pending is not None and not (isinstance(ins, Start | Wait) and ins.kind == "bwd"):
+        if pending is not None and not (
+            (isinstance(ins, Start | Wait) and ins.kind == "bwd")
+            or (isinstance(ins, Start) and ins.kind == "sb")
+        ):
             out.append(Start("dp", pending))
             pending = None
         out.append(ins)
         if isinstance(ins, Compute) and ins.phase == "backward" and ins.sub == last_sub:
             kind, task = ins.pieces[-1]  # ("tp", i), or its deferred ("dw", i), closes task i
-            if task in dp_tasks and kind == ("dw" if task in deferred else "tp"):
+            if kind == "norm" and task - 1 in closed_by_norm:
+                pending = task - 1
+            elif task in dp_tasks and kind == ("dw" if task in deferred else "tp"):
                 pending = task
     if pending is not None:
         out.append(Start("dp", pending))
@@ -198,7 +207,10 @@ def insert_zero(program: tuple[Instr, ...], zero: ZeroLayout, k: int) -> tuple[I
     position = {i: pos for pos, i in enumerate(computes)}
     micro_of_pos = [program[i].sub // k for i in computes]
     for i, ins in enumerate(program):
-        if pending and not (isinstance(ins, Start | Wait) and ins.kind == "bwd"):
+        if pending and not (
+            (isinstance(ins, Start | Wait) and ins.kind == "bwd")
+            or (isinstance(ins, Start) and ins.kind == "sb")
+        ):
             flush()
         pos = position.get(i)
         if pos is not None:

@@ -46,11 +46,18 @@ instead ("rs": each rank keeps its shard of the mean) and, at stage 3, gather th
 before each pass ("ag") and free them after it (``Release``); ``dp_insert.insert_zero`` places
 these instructions.
 
+Pipeline stages (``plan.pp`` > 1): the executor runs a stage's program on the regions it holds
+(indices stay global); a stage boundary b splits tasks like a degree change (``changes``
+holds both), and x_b / dx_b arrive by point-to-point instead of a reshard. Only the first
+stage reads the tokens and only the last the targets (every stage is given both: they size
+the buffers), and only the last returns losses.
+
 This module builds the executor, runs a program's instructions in order, dispatches each
-compute's pieces and records timeline events; the pieces and collectives live in three mixins:
+compute's pieces and records timeline events; the pieces and collectives live in four mixins:
 ``executor_forward`` (forward and recompute pieces, what they keep, their RNG),
-``executor_backward`` (backward pieces, deferred weight gradients) and
-``executor_collectives`` (``Start``/``Wait`` of every collective kind).
+``executor_backward`` (backward pieces, deferred weight gradients),
+``executor_collectives`` (``Start``/``Wait`` of every collective kind) and ``executor_p2p``
+(the pipeline's point-to-point and tied-embedding instructions).
 
 Shape legend: b sub-batch rows, S sequence, H hidden.
 """
@@ -67,6 +74,7 @@ from oases.schedule.dp_insert import ZeroLayout
 from oases.schedule.executor_backward import BackwardPieces
 from oases.schedule.executor_collectives import CollectiveInstructions
 from oases.schedule.executor_forward import ForwardPieces
+from oases.schedule.executor_p2p import PointToPointInstructions
 from oases.schedule.instructions import Compute, Instr, Release, Start, deferred_regions, label
 from oases.schedule.regions import build_chain, dp_bucket_groups, dp_buckets
 from oases.schedule.specs import ScheduleSpec
@@ -75,7 +83,7 @@ from oases.schedule.timeline import Event, active_timelines
 from oases.timing import DeviceClock, Stamp
 
 
-class Executor(ForwardPieces, BackwardPieces, CollectiveInstructions):
+class Executor(ForwardPieces, BackwardPieces, CollectiveInstructions, PointToPointInstructions):
     """Runs programs for one parallelized model. Build once, call ``run`` every step.
 
     Construction, ``run`` (the loop over instructions), the dispatch of a compute's pieces,
@@ -96,7 +104,9 @@ class Executor(ForwardPieces, BackwardPieces, CollectiveInstructions):
         self.ctx = model.parallel_ctx
         self.chain = build_chain(model)
         self.degrees = tuple(r.tp for r in self.chain)
-        self.changes = degree_changes(len(self.chain), self.degrees)
+        self.layout = model.parallel_plan.stage_layout()  # pipeline stages (one: pp = 1)
+        self.stage = self.ctx.pp_rank
+        self.changes = degree_changes(len(self.chain), self.degrees) | self.layout.boundaries
         reduce = any(r.dp_group.size > 1 for r in self.chain)
         self.zero = zero_shards(model)
         skip = (
@@ -107,7 +117,7 @@ class Executor(ForwardPieces, BackwardPieces, CollectiveInstructions):
         self.buckets = dp_buckets(self.chain, skip) if reduce else {}
         self.bucket_groups = dp_bucket_groups(self.chain, skip) if reduce else {}
         self.zero_layout = None if self.zero is None else _zero_layout(self.chain, self.zero)
-        self.dp_head = self.ctx.world_size // self.chain[-1].tp  # distinct loss terms
+        self.dp_head = self.ctx.stage_size // self.chain[-1].tp  # distinct loss terms
         self.track_memory = False
         self._deferring = frozenset()  # regions whose "dw" the running program has
         self.skip_comm = False  # benchmarks only: compute-only timing, numbers are then wrong
@@ -142,8 +152,9 @@ class Executor(ForwardPieces, BackwardPieces, CollectiveInstructions):
     ) -> list[Tensor]:
         """Run ``program`` on sub-batches ``tokens[j]``/``targets[j]`` (the embedding's layout);
         returns the per-sub losses (of this rank's rows in the head's layout)."""
-        with torch.no_grad():  # a collective when embed and head differ in degree
-            targets = [self.model.target_reshard(y) for y in targets]
+        if self.layout.holds(self.stage, len(self.chain) - 1):
+            with torch.no_grad():  # a collective when embed and head differ in degree
+                targets = [self.model.target_reshard(y) for y in targets]
         self.tokens, self.targets, self.scale = tokens, targets, loss_scale
         self._deferring = deferred_regions(program)
         self._reset()

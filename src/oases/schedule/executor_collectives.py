@@ -12,6 +12,8 @@ A mixin of ``executor.Executor``. Per kind (``instructions``), what ``_start`` s
     dp          the gradient mean of bucket i over each of its DP groups
     rs, ag      ZeRO: region i's gradient reduce-scatter, weight all-gather (``parallel/shard``)
     sg          (sp) the glue's and norms' gradients summed over their TP groups
+    sf, rf, sb, rb, tie   pipeline stages: point-to-point and the tied embedding's gradient
+                (``executor_p2p``)
 
 Handles are kept in ``handles[kind, i, j]``; timelines get one "comm" event per collective that
 moves data (CPU: on completion; CUDA: an event on the clock's side stream). ``skip_comm``
@@ -25,9 +27,12 @@ import time
 from torch import Tensor
 
 from oases.parallel import comm
+from oases.schedule.executor_p2p import P2P
 from oases.schedule.instructions import Start, Wait, comm_name
 from oases.schedule.timeline import Event
 from oases.timing import DeviceClock
+
+PIPELINE_KINDS = (*P2P, "tie")
 
 
 class CollectiveInstructions:
@@ -38,7 +43,9 @@ class CollectiveInstructions:
         tag = f"{ins.kind}:{i}:{j}"
         issued = clock.now() if clock is not None else 0.0
         handles: list[tuple[comm.Handle, bool]] = []  # (handle, moves data between ranks)
-        if ins.kind == "rs":  # ZeRO: this rank's shard of region i's gradient
+        if ins.kind in PIPELINE_KINDS:
+            handles.append(self._start_pipeline(ins, tag))
+        elif ins.kind == "rs":  # ZeRO: this rank's shard of region i's gradient
             handles.append(
                 (
                     self.zero.start_grad_reduce(i, tag, self.grad_reduce_dtype),
@@ -189,7 +196,9 @@ class CollectiveInstructions:
     def _wait(self, ins: Wait) -> None:
         i, j = ins.index, ins.sub
         results = [h.wait() for h in self.handles.pop((ins.kind, i, j))]
-        if ins.kind == "rs":
+        if ins.kind in PIPELINE_KINDS:
+            self._wait_pipeline(ins, results[0])
+        elif ins.kind == "rs":
             self.zero.finish_grad_reduce(i, results[0], self.dp_head)
         elif ins.kind == "ag":  # the gathered weights live at a new address
             self._param_ptrs.add(self.zero.units[i].flat.untyped_storage().data_ptr())

@@ -30,6 +30,14 @@ Collectives (``Start``/``Wait`` kind, index, sub-batch):
                 (``Release(u)`` frees them after it); at stages 1-2 once, at the program's head,
                 of the shards the previous step's optimizer updated; see ``dp_insert``
 
+Pipeline stages (``pipeline_program``; b is the first region of the later stage)::
+
+    "sf", b     send x_b (made by epi:b-1 on stage s) to the next stage
+    "rf", b     receive it there, where body:b reads it
+    "sb", b     send dx_b (made by norm:b on stage s+1) back to the previous stage
+    "rb", b     receive it there, where epi:b-1's backward reads it
+    "tie", 0    sum the tied embedding's gradient over the first and last stage
+
 Sequence parallelism (``sp``, Megatron-LM's ``--sequence-parallel``; see ``sp_tasks``): the
 glue and norms run on this rank's S/t slice of the sequence, "fwd" and "bwd" become
 reduce-scatters along the sequence (same bytes as half an all-reduce each), and two gathers
@@ -62,7 +70,7 @@ class Compute:
 
 @dataclass(frozen=True)
 class Start:
-    kind: str  # "fwd" | "bwd" | "rsf" | "rsb" | "dp" | "rs" | "ag" | "gf" | "gb" | "gr"
+    kind: str  # "fwd" | "bwd" | "rsf" | "rsb" | "dp" | "rs" | "ag" | "gf" | "gb" | "gr" | ...
     index: int
     sub: int = 0
 
@@ -102,6 +110,6 @@ def comm_name(kind: str, index: int) -> str:
     sequence-parallel gather; its "fwd"/"bwd" reduce-scatters are named like the all-reduces)."""
     return (
         f"{kind} {index}"
-        if kind in ("rsf", "rsb", "rs", "ag", "gf", "gb", "gr")
+        if kind in ("rsf", "rsb", "rs", "ag", "gf", "gb", "gr", "sf", "rf", "sb", "rb", "tie")
         else f"{kind} AR {index}"
     )

@@ -75,6 +75,7 @@ from oases.train.evaluate import evaluate, loss_group
 from oases.train.generate import generate, sampling_generator
 from oases.train.metrics import LOSS_PLOT, TENSORBOARD_DIR, MetricsLog, metrics_path
 from oases.train.optim import build_optimizer, clip_grad_norm_, lr_at, whole_state
+from oases.train.pipeline_run import counted_once, pipeline_warnings
 from oases.train.resume import (
     check_corpus,
     check_resume_compatible,
@@ -130,7 +131,8 @@ def train(
         agree_on_value(ctx, zlib.crc32(plan.to_json().encode()) % (1 << 24),
                        "parallel.plan (every machine must read the same plan)")
         release_groups(ctx)  # the first context's groups (a communicator each on NCCL)
-        ctx = init_distributed(tp=plan.tp_of("embed"), degrees=plan.degrees(), **groups)
+        ctx = init_distributed(tp=plan.tp_of("embed"), degrees=plan.degrees(), pp=plan.pp,
+                               **groups)
     run = EffectiveRun.build(cfg, plan, ctx.world_size, precision)  # what this run does
     warnings += filter(None, [run.precision_mismatch()])
     try:  # nothing is written before every check of a resumed run has passed
@@ -209,6 +211,7 @@ def train(
     meshes = {d: build_tp_mesh(ctx, d) for d in plan.degrees()}  # checkpoints' DTensors
     tp_groups = {pid: ctx.groups_for(d)[0] for pid, d in parameter_degrees(model).items()}
     losses_over = loss_group(model, ctx)
+    norm_skips = counted_once(model)  # (pipeline stages: a tied embedding's second copy)
     start_step = 0
     if resume_from is not None:
         try:  # local checks first (complete, sizes, shapes), so a bad checkpoint never hangs
@@ -242,6 +245,7 @@ def train(
     if resume_from is not None:
         say(resume_line(resume_from, start_step, manifest, run))
         warnings += filter(None, [schedule_change(cfg, manifest, start_step)])
+    warnings += pipeline_warnings(cfg, plan, t.global_batch // (t.micro_batch * ctx.dp))
     for line in warnings:
         console.warn(line)
 
@@ -302,7 +306,7 @@ def train(
                     f"{run_dir / 'timeline.png'} (gathered and drawn in {drawing_s:.2f}s, "
                     "outside the step's time)")
             grad_norm = clip_grad_norm_(model.parameters(), t.grad_clip, ctx.tp_group,
-                                        tp_groups, shards, ctx.world_group)
+                                        tp_groups, shards, ctx.stage, ctx.pp_group, norm_skips)
             optimizer.step()
             optimizer.zero_grad(set_to_none=True)
             loss = float(comm.all_reduce_mean(upcast(local), losses_over))
@@ -335,7 +339,7 @@ def train(
             val_loss = run_eval(final)
         if saved_at != final and final > start_step:
             saved = save(final)
-        if t.sample_tokens:  # every rank samples (the logits are gathered over TP)
+        if t.sample_tokens and plan.pp == 1:  # every rank samples (logits gathered over TP)
             prompt = torch.tensor([[tok.doc_sep_id]], device=ctx.device)
             with materialized(model):
                 out = generate(model, prompt, t.sample_tokens,

@@ -29,6 +29,7 @@ from oases.schedule import build_schedule
 from oases.schedule.program import SPECS, sub_batches
 from oases.train.data import Corpus, build_tokenizer, stream_documents
 from oases.train.no_effect import no_effect_warnings
+from oases.train.pipeline_run import check_pipeline_run
 from oases.train.tokenizer import (
     BYTE_VOCAB,
     TOKENIZER_FILE,
@@ -50,12 +51,23 @@ def resolve_init_from(cfg: Config) -> None:
 
 
 def resolve_plan(cfg: Config, world_size: int) -> ParallelPlan | None:
-    """``parallel.plan``: None for "" (every region at ``parallel.tp``), the planner's choice
-    for "auto", else the plan file; checked against the model and the world size."""
+    """``parallel.plan``: None for "" (every region at ``parallel.tp``; with ``parallel.pp`` >
+    1 the uniform plan of those stages), the planner's choice for "auto", else the plan file;
+    checked against the model and the world size."""
     source = cfg.parallel.plan
+    if not source and cfg.parallel.pp > 1:
+        p = cfg.parallel
+        plan = ParallelPlan.uniform(cfg.model, world_size, p.tp, pp=p.pp,
+                                    pp_schedule=p.pp_schedule, schedule=cfg.schedule.name,
+                                    n_sub=cfg.schedule.n_sub, sequence_parallel=p.sp() or "")
+        plan.check(cfg.model, world_size)
+        return plan
     if not source:
         return None
     if source == "auto":
+        if cfg.parallel.pp > 1:
+            raise ValueError(f'parallel.plan="auto" with parallel.pp={cfg.parallel.pp}: the '
+                             "planner does not plan pipeline stages yet")
         from oases.planner import auto_plan
 
         plan = auto_plan(cfg, world_size)
@@ -73,6 +85,7 @@ def apply_plan_knobs(cfg: Config, plan: ParallelPlan, world_size: int) -> None:
     sequences across all ranks) sets ``train.micro_batch`` to the embedding layout's share of
     it. The effective config is the one logged and saved with the run."""
     cfg.schedule.name, cfg.schedule.n_sub = plan.schedule, plan.n_sub
+    cfg.parallel.pp, cfg.parallel.pp_schedule = plan.pp, plan.pp_schedule
     cfg.parallel.sequence_parallel = plan.sp() is not None
     if plan.sp() is not None:
         cfg.parallel.sp_recompute = plan.sp()
@@ -127,6 +140,7 @@ def resolve_setup(cfg: Config, world_size: int) -> Setup:
     plan = resolve_plan(cfg, world_size)
     apply_schedule_implications(cfg)
     cfg.validate(world_size, None if plan is None else tuple(r.tp for r in plan.regions))
+    check_pipeline_run(cfg, plan)
     hf_dir = cfg.model.init_from[3:]
     own_tokenizer = hf_dir and (Path(hf_dir) / TOKENIZER_FILE).is_file()
     if own_tokenizer and cfg.data.tokenizer != f"hf:{hf_dir}":

@@ -20,6 +20,7 @@ Modules, one concern each:
     seq        sequence parallelism: gathers and reduce-scatters along the sequence, its reshard
     reshard    activations between TP degrees along the batch (autograd pair and async)
     dp         data-parallel gradient means: one flat all-reduce per bucket
+    p2p        point-to-point between pipeline stages: async sends and receives
 """
 
 from __future__ import annotations
@@ -37,6 +38,7 @@ from oases.parallel.comm.core import (
     reduce_scatter_async,
 )
 from oases.parallel.comm.dp import GradientMean, flat_all_reduce_async, gradient_mean_async
+from oases.parallel.comm.p2p import p2p_tag, recv_async, send_async
 from oases.parallel.comm.record import _HOOKS as _HOOKS
 from oases.parallel.comm.record import _SEQ as _SEQ
 from oases.parallel.comm.record import CollectiveRecord, add_issue_hook, record_collectives
@@ -63,6 +65,8 @@ __all__ = [
     "flat_all_reduce_async",
     "gather_from_tp",
     "gradient_mean_async",
+    "p2p_tag",
+    "recv_async",
     "record_collectives",
     "reduce_from_tp",
     "reduce_scatter",
@@ -71,6 +75,7 @@ __all__ = [
     "reshard_batch_async",
     "reshard_seq_async",
     "scatter_to_tp",
+    "send_async",
     "seq_gather_async",
     "seq_reduce_scatter_async",
     "seq_slice",

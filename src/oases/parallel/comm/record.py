@@ -25,10 +25,11 @@ from oases.parallel.context import Group
 @dataclass(frozen=True)
 class CollectiveRecord:
     """One collective as issued: what, over which group, how big (bytes of the tensor it
-    reduces or gathers, in ``dtype``), in which pass."""
+    reduces or gathers, in ``dtype``), in which pass; a point-to-point "send" or "recv" names
+    its ``peer`` (a global rank; -1 for a collective)."""
 
     seq: int
-    op: str  # "all_reduce" | "all_gather" | "reduce_scatter"
+    op: str  # "all_reduce" | "all_gather" | "reduce_scatter" | "send" | "recv"
     group: str  # the group's name: "tp", "dp", ...
     group_size: int
     nbytes: int
@@ -37,6 +38,7 @@ class CollectiveRecord:
     is_async: bool
     issued_ns: int
     dtype: str = ""  # e.g. "torch.bfloat16"
+    peer: int = -1
 
 
 # Instrumentation only (like a profiler): the callbacks called with every collective as it is
@@ -71,7 +73,8 @@ def record_collectives() -> Iterator[list[CollectiveRecord]]:
         remove()
 
 
-def _issue(op: str, group: Group, t: Tensor, direction: str, tag: str, is_async: bool) -> None:
+def _issue(op: str, group: Group, t: Tensor, direction: str, tag: str, is_async: bool,
+           peer: int = -1) -> None:
     if _HOOKS:
         rec = CollectiveRecord(
             next(_SEQ),
@@ -84,6 +87,7 @@ def _issue(op: str, group: Group, t: Tensor, direction: str, tag: str, is_async:
             is_async,
             time.perf_counter_ns(),
             str(t.dtype),
+            peer,
         )
         for hook in tuple(_HOOKS):  # a hook may remove itself
             hook(rec)
