@@ -158,9 +158,9 @@ def _plan(ns: argparse.Namespace, overrides: list[str]) -> int:
                 tokens_per_step=cfg.train.global_batch * cfg.model.seq_len,
                 simulated=stats.simulated,
             ),
+            searched_line(stats, ns.exhaustive),
             *(["kept out of the search:", *(f"  {line}" for line in found.excluded)]
               if found.excluded else []),
-            searched_line(stats, ns.exhaustive),
         ]
     )
     print(text)
