@@ -148,8 +148,6 @@ class ParallelPlan:
             if r.tp < 1 or stage % r.tp or r.dp != stage // r.tp:
                 raise ValueError(f"plan region {r.name}: tp={r.tp}, dp={r.dp} do not fit "
                                  f"{where}")
-        if self.pp > 1:
-            self._check_pipeline(cfg)
             kind = r.name.rsplit(".", 1)[-1]
             checks = {"attn": (("n_heads", cfg.n_heads), ("n_kv_heads", cfg.n_kv_heads)),
                       "mlp": (("ffn_dim", cfg.ffn_dim),)}.get(kind, ())
@@ -157,6 +155,8 @@ class ParallelPlan:
                 if value % r.tp:
                     raise ValueError(f"plan region {r.name}: model.{key}={value} is not "
                                      f"divisible by tp={r.tp}")
+        if self.pp > 1:
+            self._check_pipeline(cfg)
         for a, b in zip(self.regions, self.regions[1:]):  # a reshard gathers or slices
             if max(a.tp, b.tp) % min(a.tp, b.tp):
                 raise ValueError(f"plan regions {a.name} (tp={a.tp}) and {b.name} (tp={b.tp}): "
