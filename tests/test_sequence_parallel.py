@@ -479,7 +479,10 @@ def test_simulated_sequence_parallel_steps_add_up_and_keep_less(name):
                                                             n_sub=2), costs, 32, batch)
             assert res.breakdown["activations_peak_bytes"] < \
                 plain.breakdown["activations_peak_bytes"]
-            assert res.breakdown["compute_s"] < plain.breakdown["compute_s"]  # glue on S/t
+            # glue on S/t; since the kernel model (issue 30) prices every piece's launches, the
+            # split pieces (norm | core, tp | dw) cost this tiny model up to ~2.2% of launch
+            # time, more than the glue saves: a bound, not a strict saving (follow-up)
+            assert res.breakdown["compute_s"] < 1.05 * plain.breakdown["compute_s"]
 
 
 def test_simulated_sequence_parallel_reshards_move_both_ways():
