@@ -251,3 +251,27 @@ def test_boundary_needs_one_degree():
     with pytest.raises(ValueError, match="either side of a stage boundary"):
         build_stage_program("megatron", 1, layout, 0, n_micro=1,
                             degrees=(2, 2, 2, 1, 1, 1))
+
+
+def test_tied_sum_comes_before_the_tied_weight_is_reduced():
+    """The first and last stage sum the tied weight's full gradient ("tie") after their last
+    compute, and only then reduce-scatter (ZeRO 1) or all-reduce (DP) the region holding it;
+    ZeRO 2 for that region and ZeRO 3 anywhere are refused with a pipeline."""
+    from oases.schedule.dp_insert import ZeroLayout
+
+    layout, n, n_micro = _layout(4, 2), 10, 3
+    uses = tuple((i,) for i in range(n))
+    for zero, kind in ((ZeroLayout((1,) * n, uses), "rs"), (None, "dp")):
+        for s, index in ((0, 0), (1, n - 1)):
+            prog = build_stage_program("oases", 2, layout, s, n_micro=n_micro, zero=zero,
+                                       dp_tasks=tuple(range(*layout.bounds(s))), tied=True)
+            sub = n_micro - 1 if kind == "rs" else 0
+            tie = prog.index(Start("tie", 0))
+            assert prog.index(Wait("tie", 0)) < prog.index(Start(kind, index, sub))
+            last = max(i for i, ins in enumerate(prog) if isinstance(ins, Compute))
+            assert last < tie < prog.index(Wait(kind, index, sub))
+    with pytest.raises(ValueError, match="ZeRO stage 2 of region 9"):
+        build_stage_program("oases", 2, layout, 1, n_micro=2, zero=ZeroLayout((2,) * n, uses),
+                            tied=True)
+    with pytest.raises(ValueError, match="ZeRO stage 3 inside pipeline stages"):
+        build_stage_program("oases", 2, layout, 0, n_micro=2, zero=ZeroLayout((3,) * n, uses))
