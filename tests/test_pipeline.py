@@ -27,7 +27,7 @@ from oases.config import TrainConfig
 from oases.parallel.apply import parameter_degrees, shard_spec, shard_tensor
 from oases.parallel.shard import materialized, shard_model
 from oases.parallel.stage_model import tied_copy
-from oases.plan import ParallelPlan
+from oases.plan import ParallelPlan, RegionPlan
 from oases.schedule import build_schedule
 from oases.train.optim import build_optimizer, clip_grad_norm_
 from test_mixed_plans import layout_rows, region_of
@@ -113,12 +113,16 @@ def _check(model, ctx, losses: list, want_losses: list, want_params: dict, where
 
 
 def _rank_parity(rank: int, world: int, pp: int, tp: int, cases: list, zero: int = 0,
-                 sp: str | None = None, pp_outer: bool = True) -> dict:
-    """Every (arch, pp_schedule, inner schedule) case against the reference."""
-    ctx = oases.init_distributed(tp=tp, pp=pp, timeout_s=TIMEOUT_S, pp_outer=pp_outer)
+                 sp: str | None = None, pp_outer: bool = True,
+                 degrees: tuple[int, ...] | None = None) -> dict:
+    """Every (arch, pp_schedule, inner schedule) case against the reference; ``degrees``: a
+    mixed plan's TP degree per region (``tp`` the embedding's)."""
+    ctx = oases.init_distributed(tp=tp, pp=pp, timeout_s=TIMEOUT_S, pp_outer=pp_outer,
+                                 degrees=degrees or ())
     dp = world // (pp * tp)
     n_sub = 2
-    batches = _batches(N_MICRO * n_sub * dp)
+    # (a mixed plan's lower degrees split each sub-batch's rows: two rows a sub-batch)
+    batches = _batches(N_MICRO * n_sub * dp * (2 if degrees else 1))
     out = {}
     refs: dict = {}
     for arch, pp_schedule, name in cases:
@@ -128,9 +132,12 @@ def _rank_parity(rank: int, world: int, pp: int, tp: int, cases: list, zero: int
             base = to64(oases.build_model(cfg))
             refs[arch] = (base, *_reference(base, batches))
         base, want_losses, want_params = refs[arch]
-        where = (f"{arch} pp={pp} tp={tp} dp={dp} {pp_schedule} {name} zero={zero} sp={sp} "
-                 f"pp_outer={pp_outer} rank {rank}")
+        where = (f"{arch} pp={pp} tp={degrees or tp} dp={dp} {pp_schedule} {name} "
+                 f"zero={zero} sp={sp} pp_outer={pp_outer} rank {rank}")
         plan = ParallelPlan.uniform(cfg, world, tp, pp=pp, pp_schedule=pp_schedule)
+        if degrees is not None:
+            plan.regions = [RegionPlan(r.name, t, world // (pp * t))
+                            for r, t in zip(plan.regions, degrees)]
         model = oases.parallelize(copy.deepcopy(base), ctx, plan)
         if zero:
             shard_model(model, zero)
@@ -169,16 +176,21 @@ def test_pp2_tp2_equals_the_single_device_model(tmp_path):
 @pytest.mark.exact
 def test_pp2_dp2_zero1_and_sequence_parallel(tmp_path):
     """pp=2 x dp=2 with ZeRO 1; pp=2 x tp=2 with sequence parallelism; pp=2 x tp=2 laid out
-    with the pipeline innermost."""
+    with the pipeline innermost; pp=2 with mixed TP degrees inside each stage."""
     cases = [("gpt2", "1f1b", "megatron"), ("gpt2", "1f1b", "oases"),
              ("llama", "1f1b-pair", "oases")]
     _spawn(tmp_path, _rank_more, 4, cases)
+
+
+# mixed degrees inside both stages of pp=2 on 4 ranks (the boundary at region 5: tp=2 both sides)
+MIXED = (2, 1, 2, 2, 2, 2, 1, 1, 2, 2)
 
 
 def _rank_more(rank: int, world: int, cases: list) -> dict:
     out = _rank_parity(rank, world, 2, 1, cases, zero=1)
     out.update(_rank_parity(rank, world, 2, 2, cases, sp="shards"))
     out.update(_rank_parity(rank, world, 2, 2, cases[1:2], pp_outer=False))
+    out.update(_rank_parity(rank, world, 2, 2, cases[:2], degrees=MIXED))
     return out
 
 

@@ -135,8 +135,6 @@ class ParallelPlan:
             if r.tp < 1 or stage % r.tp or r.dp != stage // r.tp:
                 raise ValueError(f"plan region {r.name}: tp={r.tp}, dp={r.dp} do not fit "
                                  f"{where}")
-        if self.pp > 1:
-            self._check_pipeline(cfg)
             kind = r.name.rsplit(".", 1)[-1]
             checks = {"attn": (("n_heads", cfg.n_heads), ("n_kv_heads", cfg.n_kv_heads)),
                       "mlp": (("ffn_dim", cfg.ffn_dim),)}.get(kind, ())
@@ -159,6 +157,8 @@ class ParallelPlan:
         if cfg.tie_embeddings and self.tp_of("embed") != self.tp_of("head"):
             raise ValueError(f"tied embeddings need one degree for embed and head, got "
                              f"{self.tp_of('embed')} and {self.tp_of('head')}")
+        if self.pp > 1:
+            self._check_pipeline(cfg)
 
     def _check_pipeline(self, cfg: ModelConfig) -> None:
         check_pipeline_schedule(self.pp_schedule)
