@@ -27,7 +27,7 @@ from oases.config import TrainConfig
 from oases.parallel.apply import parameter_degrees, shard_spec, shard_tensor
 from oases.parallel.shard import materialized, shard_model
 from oases.parallel.stage_model import tied_copy
-from oases.plan import ParallelPlan
+from oases.plan import ParallelPlan, RegionPlan
 from oases.schedule import build_schedule
 from oases.train.optim import build_optimizer, clip_grad_norm_
 from test_mixed_plans import layout_rows, region_of
@@ -113,12 +113,16 @@ def _check(model, ctx, losses: list, want_losses: list, want_params: dict, where
 
 
 def _rank_parity(rank: int, world: int, pp: int, tp: int, cases: list, zero: int = 0,
-                 sp: str | None = None, pp_outer: bool = True) -> dict:
-    """Every (arch, pp_schedule, inner schedule) case against the reference."""
-    ctx = oases.init_distributed(tp=tp, pp=pp, timeout_s=TIMEOUT_S, pp_outer=pp_outer)
+                 sp: str | None = None, pp_outer: bool = True,
+                 degrees: tuple[int, ...] | None = None) -> dict:
+    """Every (arch, pp_schedule, inner schedule) case against the reference; ``degrees``: a
+    mixed plan's TP degree per region (``tp`` the embedding's)."""
+    ctx = oases.init_distributed(tp=tp, pp=pp, timeout_s=TIMEOUT_S, pp_outer=pp_outer,
+                                 degrees=degrees or ())
     dp = world // (pp * tp)
     n_sub = 2
-    batches = _batches(N_MICRO * n_sub * dp)
+    # (a mixed plan's lower degrees split each sub-batch's rows: two rows a sub-batch)
+    batches = _batches(N_MICRO * n_sub * dp * (2 if degrees else 1))
     out = {}
     refs: dict = {}
     for arch, pp_schedule, name in cases:
@@ -128,9 +132,12 @@ def _rank_parity(rank: int, world: int, pp: int, tp: int, cases: list, zero: int
             base = to64(oases.build_model(cfg))
             refs[arch] = (base, *_reference(base, batches))
         base, want_losses, want_params = refs[arch]
-        where = (f"{arch} pp={pp} tp={tp} dp={dp} {pp_schedule} {name} zero={zero} sp={sp} "
-                 f"pp_outer={pp_outer} rank {rank}")
+        where = (f"{arch} pp={pp} tp={degrees or tp} dp={dp} {pp_schedule} {name} "
+                 f"zero={zero} sp={sp} pp_outer={pp_outer} rank {rank}")
         plan = ParallelPlan.uniform(cfg, world, tp, pp=pp, pp_schedule=pp_schedule)
+        if degrees is not None:
+            plan.regions = [RegionPlan(r.name, t, world // (pp * t))
+                            for r, t in zip(plan.regions, degrees)]
         model = oases.parallelize(copy.deepcopy(base), ctx, plan)
         if zero:
             shard_model(model, zero)
@@ -169,16 +176,21 @@ def test_pp2_tp2_equals_the_single_device_model(tmp_path):
 @pytest.mark.exact
 def test_pp2_dp2_zero1_and_sequence_parallel(tmp_path):
     """pp=2 x dp=2 with ZeRO 1; pp=2 x tp=2 with sequence parallelism; pp=2 x tp=2 laid out
-    with the pipeline innermost."""
+    with the pipeline innermost; pp=2 with mixed TP degrees inside each stage."""
     cases = [("gpt2", "1f1b", "megatron"), ("gpt2", "1f1b", "oases"),
              ("llama", "1f1b-pair", "oases")]
     _spawn(tmp_path, _rank_more, 4, cases)
+
+
+# mixed degrees inside both stages of pp=2 on 4 ranks (the boundary at region 5: tp=2 both sides)
+MIXED = (2, 1, 2, 2, 2, 2, 1, 1, 2, 2)
 
 
 def _rank_more(rank: int, world: int, cases: list) -> dict:
     out = _rank_parity(rank, world, 2, 1, cases, zero=1)
     out.update(_rank_parity(rank, world, 2, 2, cases, sp="shards"))
     out.update(_rank_parity(rank, world, 2, 2, cases[1:2], pp_outer=False))
+    out.update(_rank_parity(rank, world, 2, 2, cases[:2], degrees=MIXED))
     return out
 
 
@@ -269,19 +281,21 @@ def test_pp2_tp2_point_to_point_counts_and_recompute_twins(tmp_path):
 def test_cli_train_pp2_equals_one_rank(tmp_path):
     """``oases train --parallel.pp=2`` on 2 ranks (float64): every step's loss, the gradient
     norm and the validation losses equal a one-rank run's in this process; the loss line, the
-    metrics and a checkpoint come out; the sample is skipped with a line."""
+    metrics and checkpoints come out (the sample is skipped with a line); resumed from its
+    step-3 checkpoint it repeats steps 4-6 exactly; a resume at another pp is refused."""
     import io
     import json
+    import shutil
 
     from oases.config import load_config
     from oases.train.loop import train
     from test_train_cli import TINY, _run_cli
 
     run_dir = tmp_path / "run"
-    proc, _ = _run_cli([str(TINY), "--nproc-per-node", "2", f"--train.run_dir={run_dir}",
-                        "--train.precision=fp64", "--parallel.tp=1", "--parallel.pp=2",
-                        "--schedule.name=oases", "--train.micro_batch=1",
-                        "--schedule.n_sub=1", "--parallel.pp_schedule=1f1b-pair"], 240)
+    args = ["--nproc-per-node", "2", f"--train.run_dir={run_dir}", "--train.precision=fp64",
+            "--parallel.tp=1", "--parallel.pp=2", "--schedule.name=oases",
+            "--train.micro_batch=1", "--schedule.n_sub=1", "--parallel.pp_schedule=1f1b-pair"]
+    proc, _ = _run_cli([str(TINY), *args], 240)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert "pp=2 (stage 0)" in proc.stdout and "no sample at the end" in proc.stderr
     ref = train(load_config(TINY, [f"--train.run_dir={tmp_path / 'one'}", "--parallel.tp=1",
@@ -294,7 +308,21 @@ def test_cli_train_pp2_equals_one_rank(tmp_path):
     torch.testing.assert_close([r["grad_norm"] for r in rows], ref["grad_norms"], **EXACT64)
     evals = [r["val_loss"] for r in lines if "val_loss" in r]
     torch.testing.assert_close(evals[-1], ref["val_loss"], **EXACT64)
-    assert (run_dir / "checkpoints" / "step_000006").is_dir()
+    # resumed from its step-3 checkpoint at pp=2, the run repeats steps 4-6 exactly
+    again = tmp_path / "again"
+    shutil.copytree(run_dir, again)
+    shutil.rmtree(again / "checkpoints" / "step_000006")
+    proc, _ = _run_cli([str(TINY), "--nproc-per-node", "2", f"--train.run_dir={again}",
+                        *args[3:], "--train.sample_tokens=0"], 240)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "resumed from" in proc.stdout and "at step 3" in proc.stdout
+    resumed = [json.loads(x) for x in (again / "metrics.jsonl").read_text().splitlines()]
+    resumed = [r["loss"] for r in resumed if "loss" in r]
+    torch.testing.assert_close(resumed, [r["loss"] for r in rows], **EXACT64)
+    # ... and refuses another number of stages with one line
+    proc, _ = _run_cli([str(TINY), "--nproc-per-node", "2", f"--train.run_dir={again}",
+                        "--parallel.tp=2", "--train.precision=fp64"], 120)
+    assert proc.returncode != 0 and "saved with parallel.pp=2 (now 1)" in proc.stderr, proc.stderr
 
 
 @pytest.mark.slow
@@ -308,3 +336,47 @@ def test_cli_train_pp_errors_are_one_line(tmp_path):
         proc, _ = _run_cli([str(TINY), "--nproc-per-node", "2", "--parallel.tp=1",
                             "--parallel.pp=2", f"--train.run_dir={tmp_path / 'x'}", *extra], 120)
         assert proc.returncode != 0 and want in proc.stdout + proc.stderr, (extra, proc.stderr)
+
+
+# ---------------------------------------------------------------------------------- bf16
+
+
+def _rank_bf16(rank: int, world: int) -> dict:
+    """pp=2 under bf16 autocast (fp32 weights): activations and their gradients cross the
+    boundary in bf16 (half the bytes), the loss is within 1e-2 of the single-device model's
+    under the same autocast and each stage's gradients point its way (cosine > 0.999), as
+    ``tests/test_bf16.py`` bounds it."""
+    from oases.precision import resolve_precision
+
+    bf16 = resolve_precision("bf16", torch.device("cpu"))
+    ctx = oases.init_distributed(tp=1, pp=2, timeout_s=TIMEOUT_S)
+    tokens, targets = _batches(4)[0]
+    out = {}
+    for arch in ("gpt2", "llama"):
+        cfg = _cfg(arch)
+        torch.manual_seed(0)
+        ref = oases.build_model(cfg)
+        model = oases.parallelize(copy.deepcopy(ref), ctx, ParallelPlan.uniform(
+            cfg, world, 1, pp=2, pp_schedule="1f1b-pair"))
+        with bf16.autocast():
+            want = ref(tokens, targets)
+        want.backward()
+        with oases.record_collectives() as log, bf16.autocast():
+            got = build_schedule("oases", n_sub=1, micro_batch=1).step(model, tokens, targets)
+        p2p = [r for r in log if r.op in ("send", "recv")]
+        assert p2p and all(r.dtype == "torch.bfloat16" and r.nbytes == S * 32 * 2
+                           for r in p2p), p2p[:2]
+        torch.testing.assert_close(got.float(), want.float().detach(), rtol=1e-2, atol=0)
+        ref_grads = dict(ref.named_parameters())
+        if ctx.pp_rank == 1 and cfg.tie_embeddings:  # the tied copy: its sum with stage 0's
+            assert model.embed.weight.grad is not None
+        a = torch.cat([p.grad.flatten() for _, p in model.named_parameters()])
+        b = torch.cat([ref_grads[n].grad.flatten() for n, _ in model.named_parameters()])
+        cosine = float(torch.nn.functional.cosine_similarity(a.double(), b.double(), dim=0))
+        assert cosine > 0.999, (arch, rank, cosine)
+        out[arch] = cosine
+    return out
+
+
+def test_pp2_bf16_within_the_single_device_model_bounds(tmp_path):
+    _spawn(tmp_path, _rank_bf16, 2)

@@ -251,3 +251,59 @@ def test_boundary_needs_one_degree():
     with pytest.raises(ValueError, match="either side of a stage boundary"):
         build_stage_program("megatron", 1, layout, 0, n_micro=1,
                             degrees=(2, 2, 2, 1, 1, 1))
+
+
+def test_tied_sum_comes_before_the_tied_weight_is_reduced():
+    """The first and last stage sum the tied weight's full gradient ("tie") after their last
+    compute, and only then reduce-scatter (ZeRO 1) or all-reduce (DP) the region holding it;
+    ZeRO 2 for that region and ZeRO 3 anywhere are refused with a pipeline."""
+    from oases.schedule.dp_insert import ZeroLayout
+
+    layout, n, n_micro = _layout(4, 2), 10, 3
+    uses = tuple((i,) for i in range(n))
+    for zero, kind in ((ZeroLayout((1,) * n, uses), "rs"), (None, "dp")):
+        for s, index in ((0, 0), (1, n - 1)):
+            prog = build_stage_program("oases", 2, layout, s, n_micro=n_micro, zero=zero,
+                                       dp_tasks=tuple(range(*layout.bounds(s))), tied=True)
+            sub = n_micro - 1 if kind == "rs" else 0
+            tie = prog.index(Start("tie", 0))
+            assert prog.index(Wait("tie", 0)) < prog.index(Start(kind, index, sub))
+            last = max(i for i, ins in enumerate(prog) if isinstance(ins, Compute))
+            assert last < tie < prog.index(Wait(kind, index, sub))
+    with pytest.raises(ValueError, match="ZeRO stage 2 of region 9"):
+        build_stage_program("oases", 2, layout, 1, n_micro=2, zero=ZeroLayout((2,) * n, uses),
+                            tied=True)
+    with pytest.raises(ValueError, match="ZeRO stage 3 inside pipeline stages"):
+        build_stage_program("oases", 2, layout, 0, n_micro=2, zero=ZeroLayout((3,) * n, uses))
+
+
+def test_pipeline_plan_checks_and_json_round_trip():
+    from oases.config import ModelConfig
+    from oases.plan import ParallelPlan, RegionPlan, region_names
+
+    cfg = ModelConfig(arch="llama", n_layers=4, dim=32, n_heads=4, n_kv_heads=2)
+    plan = ParallelPlan.uniform(cfg, 8, 2, pp=2, pp_schedule="1f1b-pair")
+    plan.check(cfg, 8)
+    assert [r.dp for r in plan.regions] == [2] * 10 and plan.stage_layout().starts == (5,)
+    again = ParallelPlan.from_json(plan.to_json())
+    assert again == plan and '"pp": 2' in plan.to_json()
+    assert '"pp"' not in ParallelPlan.uniform(cfg, 8, 2).to_json()  # pp=1 plans read as before
+    with pytest.raises(ValueError, match="model.n_kv_heads=2 is not divisible by tp=4"):
+        ParallelPlan.uniform(cfg, 8, 4, pp=2).check(cfg, 8)
+    with pytest.raises(ValueError, match="made for 16 ranks .* this run has 8"):
+        ParallelPlan([RegionPlan(n, 2, 4) for n in region_names(cfg)], pp=2).check(cfg, 8)
+    with pytest.raises(ValueError, match="do not fit world size 8 over pp=2 stages"):
+        ParallelPlan([RegionPlan(n, 2, 4 if i else 2) for i, n in enumerate(region_names(cfg))],
+                     pp=2).check(cfg, 8)
+    with pytest.raises(ValueError, match="not the attention region"):
+        ParallelPlan.uniform(cfg, 8, 2, pp=2, stage_starts=[4]).check(cfg, 8)
+    with pytest.raises(ValueError, match="not built yet"):
+        ParallelPlan.uniform(cfg, 8, 2, pp=2, pp_schedule="zb").check(cfg, 8)
+    mixed = ParallelPlan([RegionPlan(n, 1 if i < 5 else 2, 4 if i < 5 else 2)
+                          for i, n in enumerate(region_names(cfg))], pp=2)
+    with pytest.raises(ValueError, match="either side of a pipeline stage boundary"):
+        mixed.check(cfg, 8)
+    mixed.stage_starts = [3]  # the degree changes inside stage 1 (at block 1's MLP): fine
+    mixed.regions = [RegionPlan(n, 1 if i < 4 else 2, 4 if i < 4 else 2)
+                     for i, n in enumerate(region_names(cfg))]
+    mixed.check(cfg, 8)

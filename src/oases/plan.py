@@ -155,8 +155,6 @@ class ParallelPlan:
                 if value % r.tp:
                     raise ValueError(f"plan region {r.name}: model.{key}={value} is not "
                                      f"divisible by tp={r.tp}")
-        if self.pp > 1:
-            self._check_pipeline(cfg)
         for a, b in zip(self.regions, self.regions[1:]):  # a reshard gathers or slices
             if max(a.tp, b.tp) % min(a.tp, b.tp):
                 raise ValueError(f"plan regions {a.name} (tp={a.tp}) and {b.name} (tp={b.tp}): "
@@ -169,6 +167,8 @@ class ParallelPlan:
         if cfg.tie_embeddings and self.tp_of("embed") != self.tp_of("head"):
             raise ValueError(f"tied embeddings need one degree for embed and head, got "
                              f"{self.tp_of('embed')} and {self.tp_of('head')}")
+        if self.pp > 1:
+            self._check_pipeline(cfg)
 
     def _check_pipeline(self, cfg: ModelConfig) -> None:
         check_pipeline_schedule(self.pp_schedule)

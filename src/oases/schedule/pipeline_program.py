@@ -108,6 +108,9 @@ def build_stage_program(
                              "degree on both sides (change degrees inside a stage)")
     if zero is not None and (len(zero.stages) != n or len(zero.uses) != n):
         raise ValueError(f"zero layout for {len(zero.stages)} regions, program of {n}")
+    if zero is not None and layout.pp > 1 and max(zero.stages) == 3:
+        raise ValueError("ZeRO stage 3 inside pipeline stages is not built yet (its gathers "
+                         "around every pass of interleaved micro-batches)")
     if sp is None and spec.sequence_parallel:
         sp = "gathered"
     if sp is not None and sp not in SP_MODES:
@@ -121,6 +124,10 @@ def build_stage_program(
     if tied and layout.pp > 1 and stage in (0, layout.pp - 1):
         index = 0 if stage == 0 else n - 1
         sharded = zero is not None and zero.stages[index] > 0
+        if sharded and zero.stages[index] > 1:  # (its shards' layouts differ on the stages)
+            raise ValueError(f"a tied embedding across pipeline stages sums its full gradient "
+                             f"once a step: ZeRO stage {zero.stages[index]} of region {index} "
+                             "reduce-scatters it every micro-batch (use stage 1)")
         program = _tie_before_reduce(program, index, sharded, n_micro - 1)
     if sp is not None:  # after every gradient is final (ZeRO's scatters waited too)
         program += [Start("sg", 0), Wait("sg", 0)]

@@ -54,6 +54,14 @@ cross-pass overlap). Per block and pass, with sub-batches a and b::
 
 so one collective per block and pass is exposed (oases hides it behind the next block).
 
+Pipeline stages (``parallel.pp``): a stage's program is these same per-micro-batch tasks,
+restricted to the stage's regions, with sends and receives where a boundary cuts them and the
+passes in a pipeline order (``pipeline_order``: gpipe, 1f1b, 1f1b-pair);
+``pipeline_program.build_stage_program`` assembles it::
+
+    stage 0:    F0 | F1 B0 | F2 B1 | F3 B2 | B3        (1f1b, P = 2, M = 4)
+                [epi b-1] sf(b) ~~> stage s+1: rf(b) [body b]     (and back: sb(b) ~~> rb(b))
+
 The instruction set, the specs and the queries on programs are re-exported here: this module
 is where the rest of the library and its users import a schedule's program from.
 """

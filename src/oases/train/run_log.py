@@ -80,9 +80,11 @@ def timeline_title(cfg: Config, plan: ParallelPlan, world_size: int, step: int) 
     (every rank: ``save_timeline`` gathers them all)."""
     if plan.is_uniform():
         tp = plan.degrees()[0]
-        layout = f"tp={tp} x dp={world_size // tp}"
+        layout = f"tp={tp} x dp={world_size // (plan.pp * tp)}"
     else:
         layout = f"mixed plan ({plan.degree_runs()})"
+    if plan.pp > 1:
+        layout = f"pp={plan.pp} ({plan.pp_schedule}) x {layout}"
     ranks = f"ranks 0-{world_size - 1}" if world_size > 1 else "rank 0"
     return f"{cfg.schedule.name} (n_sub={cfg.schedule.n_sub}), step {step}, {layout}: {ranks}"
 
