@@ -182,7 +182,7 @@ def search_plans(cfg: Config, world_size: int, costs: Costs, budget_bytes: float
         space.narrow_degrees(lambda t: t in measured, "the profile",
                              f"it measured tp {'/'.join(map(str, measured))}")
     if max_tp is not None:
-        space.narrow_degrees(lambda t: t <= max_tp, f"--max-tp {max_tp}", "above it")
+        space.narrow_degrees(lambda t: t <= max_tp, f"--max-tp={max_tp}", "above it")
     space.narrow_zeros(_prices_zero(costs, world_size, space.degrees))
     space.narrow_sps(_prices_sp(costs, space.degrees))
     zero_flag = f"--zero {'/'.join(map(str, space.zeros))}"
