@@ -212,5 +212,5 @@ def test_max_tp_bounds_the_degrees_searched():
     costs = HardwareCosts(get_cluster("paper-3090-pcie-32"), GPT)
     best, cands = plan_model(cfg, 32, costs, float("inf"), schedules=("megatron",), max_tp=2)
     assert {t for c in cands for t in c.plan.degrees()} <= {1, 2}
-    with pytest.raises(ValueError, match="--max-tp 0: no candidate degree"):
+    with pytest.raises(ValueError, match="--max-tp=0: no candidate degree"):
         plan_model(cfg, 32, costs, float("inf"), max_tp=0)
