@@ -182,6 +182,16 @@ def test_pp2_dp2_zero1_and_sequence_parallel(tmp_path):
     _spawn(tmp_path, _rank_more, 4, cases)
 
 
+@pytest.mark.exact
+def test_pp2_dp2_zero2(tmp_path):
+    """pp=2 x dp=2 with ZeRO 2 (each micro-batch's gradients reduce-scattered into the shards
+    as its backward ends, every pipeline order; llama: GPT-2's tied embedding needs its full
+    gradient once a step, refused at stage 2 with one line)."""
+    cases = [("llama", "gpipe", "megatron"), ("llama", "1f1b", "oases"),
+             ("llama", "1f1b-pair", "oases")]
+    _spawn(tmp_path, _rank_parity, 4, 2, 1, cases, 2)
+
+
 # mixed degrees inside both stages of pp=2 on 4 ranks (the boundary at region 5: tp=2 both sides)
 MIXED = (2, 1, 2, 2, 2, 2, 1, 1, 2, 2)
 
@@ -369,7 +379,9 @@ def test_cli_train_pp_errors_are_one_line(tmp_path):
     """What a pipeline does not run yet fails before training, with the numbers."""
     from test_train_cli import TINY, _run_cli
 
-    for extra, want in ((["--parallel.zero=2"], "ZeRO stage 1 at most"),
+    for extra, want in ((["--parallel.zero=3"], "ZeRO stage 2 at most"),
+                        (["--parallel.zero=2", "--model.tie_embeddings=true"],
+                         "runs the embedding and head at ZeRO stage 1 at most (got 2)"),
                         (["--model.n_layers=1"], "model.n_layers=1 blocks do not fill"),
                         (["--parallel.pp_schedule=zb"], "not built yet")):
         proc, _ = _run_cli([str(TINY), "--nproc-per-node", "2", "--parallel.tp=1",
