@@ -152,9 +152,12 @@ def _spawn(tmp_path, fn, world: int, *args, timeout_s: float = 600.0) -> list:
                      collective_timeout_s=TIMEOUT_S)
 
 
-# gpt2 (tied) and llama x gpipe and 1f1b x megatron and oases; 1f1b-pair with oases
+# gpt2 (tied) and llama x gpipe and 1f1b x megatron and oases; 1f1b-pair with oases; zb-h1
+# (its W passes: every block's weight gradients deferred) with megatron on gpt2, oases on llama
 CASES = [(arch, order, name) for arch in ("gpt2", "llama") for order in ("gpipe", "1f1b")
-         for name in ("megatron", "oases")] + [(a, "1f1b-pair", "oases") for a in ("gpt2", "llama")]
+         for name in ("megatron", "oases")] + [(a, "1f1b-pair", "oases") for a in ("gpt2", "llama")
+                                               ] + [("gpt2", "zb-h1", "megatron"),
+                                                    ("llama", "zb-h1", "oases")]
 
 
 @pytest.mark.exact
@@ -178,7 +181,7 @@ def test_pp2_dp2_zero1_and_sequence_parallel(tmp_path):
     """pp=2 x dp=2 with ZeRO 1; pp=2 x tp=2 with sequence parallelism; pp=2 x tp=2 laid out
     with the pipeline innermost; pp=2 with mixed TP degrees inside each stage."""
     cases = [("gpt2", "1f1b", "megatron"), ("gpt2", "1f1b", "oases"),
-             ("llama", "1f1b-pair", "oases")]
+             ("llama", "1f1b-pair", "oases"), ("llama", "zb-h1", "overlap")]
     _spawn(tmp_path, _rank_more, 4, cases)
 
 
@@ -188,7 +191,7 @@ def test_pp2_dp2_zero2(tmp_path):
     as its backward ends, every pipeline order; llama: GPT-2's tied embedding needs its full
     gradient once a step, refused at stage 2 with one line)."""
     cases = [("llama", "gpipe", "megatron"), ("llama", "1f1b", "oases"),
-             ("llama", "1f1b-pair", "oases")]
+             ("llama", "1f1b-pair", "oases"), ("llama", "zb-h1", "overlap")]
     _spawn(tmp_path, _rank_parity, 4, 2, 1, cases, 2)
 
 
@@ -383,7 +386,7 @@ def test_cli_train_pp_errors_are_one_line(tmp_path):
                         (["--parallel.zero=2", "--model.tie_embeddings=true"],
                          "runs the embedding and head at ZeRO stage 1 at most (got 2)"),
                         (["--model.n_layers=1"], "model.n_layers=1 blocks do not fill"),
-                        (["--parallel.pp_schedule=zb"], "not built yet")):
+                        (["--parallel.pp_schedule=interleaved"], "not built yet")):
         proc, _ = _run_cli([str(TINY), "--nproc-per-node", "2", "--parallel.tp=1",
                             "--parallel.pp=2", f"--train.run_dir={tmp_path / 'x'}", *extra], 120)
         assert proc.returncode != 0 and want in proc.stdout + proc.stderr, (extra, proc.stderr)
