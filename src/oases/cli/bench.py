@@ -51,6 +51,16 @@ def _bench_arguments(bench: argparse.ArgumentParser) -> None:
         "(default: forward, backward and the gradient sync)",
     )
     bench.add_argument(
+        "--layouts",
+        nargs="+",
+        default=None,
+        metavar="LAYOUT",
+        help="instead of --schedules: the model laid out several ways on the same ranks, "
+        "each SCHEDULE@tp=T[,pp=P][,zero=Z][,pps=ORDER] or torch-pp@pp=P[,pps=gpipe|1f1b] "
+        "(PyTorch's pipelining), e.g. megatron@tp=2 megatron@tp=1,zero=1 megatron@pp=2 "
+        "torch-pp@pp=2 (--link none or a rate)",
+    )
+    bench.add_argument(
         "--memory",
         action="store_true",
         help="instead of timing: each entry in a launch of its own, unshaped; "
@@ -73,6 +83,12 @@ def _bench(ns: argparse.Namespace, overrides: list[str]) -> int:
     if ns.steps < 1 or ns.warmup < 0:
         raise ValueError(f"--steps={ns.steps} must be >= 1 and --warmup={ns.warmup} >= 0")
     nproc = ns.nproc_per_node or load_config(ns.config, overrides).parallel.tp
+    if ns.layouts:
+        from oases.bench.layouts import run_layouts
+
+        run_layouts(ns.config, overrides, ns.layouts, ns.link, ns.steps, Path(ns.out),
+                    nproc=nproc, warmup=ns.warmup)
+        return 0
     if ns.memory:
         from oases.bench.suite import run_memory
 
