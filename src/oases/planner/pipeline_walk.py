@@ -140,7 +140,8 @@ def simulate_pipeline(cfg: ModelConfig, plan: ParallelPlan, costs: Costs, world_
                       reshard_after_forward: bool = True) -> PlanResult:
     """Predict one optimizer step of ``plan`` with its pipeline stages (module docstring): a
     ``simulate.PlanResult`` whose breakdown is the bounding stage's, with
-    ``stage{s}_step_s``, ``stage{s}_bubble_s`` and ``stage{s}_peak_bytes`` for every stage."""
+    ``stage{s}_step_s``, ``stage{s}_bubble_s``, ``stage{s}_peak_bytes``, ``..._params_bytes``
+    and ``..._activations_bytes`` (its peak) for every stage."""
     from oases.planner.simulate import PlanResult
     from oases.schedule.pipeline_program import build_stage_program
     from oases.schedule.program import SPECS, deferred_regions
@@ -211,6 +212,8 @@ def simulate_pipeline(cfg: ModelConfig, plan: ParallelPlan, costs: Costs, world_
         per_stage[f"stage{s}_step_s"] = totals[s]
         per_stage[f"stage{s}_bubble_s"] = sims[s].exposed_s.get("pp", 0.0)
         per_stage[f"stage{s}_peak_bytes"] = mems[s]["peak"]
+        per_stage[f"stage{s}_params_bytes"] = mems[s]["params"]
+        per_stage[f"stage{s}_activations_bytes"] = mems[s]["activations_peak"]
     return PlanResult(totals[bound], mems[fullest]["peak"], events, {
         "compute_s": sim.compute_busy_s,
         "comm_s": sim.comm_busy_s,
