@@ -293,7 +293,9 @@ def test_a_step_is_its_compute_plus_the_exposed_collectives_plus_the_optimizer(n
         for batch in (BatchShape(64, 64), BatchShape(192, 64)):
             res = simulate_plan(cfg, plan, costs, 32, batch)
             parts = res.step_parts()
-            assert set(parts) == {"compute", "TP comm", "DP comm", "reshard", "optimizer"}
+            assert set(parts) == {"compute", "TP comm", "DP comm", "reshard", "bubble",
+                                  "optimizer"}
+            assert parts["bubble"] == 0.0  # no pipeline
             assert sum(parts.values()) == pytest.approx(res.step_s, rel=1e-12)
             assert all(v >= 0 for v in parts.values())
             assert (parts["reshard"] > 0) == (len(set(degrees)) > 1)
@@ -316,8 +318,8 @@ def test_equal_megatron_steps_are_explained_by_the_dp_bound(capsys, tmp_path):
     assert b["step_parts_s"]["compute"] > 1.2 * a["step_parts_s"]["compute"]
     assert "bound by DP comm: the gradient all-reduce outlasts the backward" in out
     header = _line(out, "  schedule")
-    assert "tokens/s" in header and header.split()[-8:] == [
-        "bound", "compute", "TP", "comm", "DP", "comm", "reshard", "optimizer"]
+    assert "tokens/s" in header and header.split()[-9:] == [
+        "bound", "compute", "TP", "comm", "DP", "comm", "reshard", "bubble", "optimizer"]
 
 
 # --------------------------------------------------------------------- one micro-batch
@@ -535,9 +537,9 @@ def test_a_table_states_its_time_unit_and_its_parts_add_up_in_it(capsys, tmp_pat
     assert "(in ms, as the step column)" in out
     cells = _group(out, "chosen plan:")[0].split("chosen")[0].split()
     label_end = max(i for i, c in enumerate(cells) if "=" in c)  # n_sub=, zero=, n_micro=
-    step, parts = float(cells[label_end + 1]), [float(x) for x in cells[-5:]]
+    step, parts = float(cells[label_end + 1]), [float(x) for x in cells[-6:]]
     assert step == pytest.approx(plan["predicted_step_s"] * 1e3, abs=0.005)
-    assert sum(parts) == pytest.approx(step, abs=0.005 * 6)  # six cells rounded to 0.01 ms
+    assert sum(parts) == pytest.approx(step, abs=0.005 * 7)  # seven cells rounded to 0.01 ms
     assert max(parts) > 1  # milliseconds, not seconds
     (tmp_path / "lab.toml").write_text(LAB)  # a 4 s step: seconds
     code, out, err = _main(capsys, "simulate", "--model", "paper-h2048-l24", "--cluster",
@@ -549,9 +551,9 @@ def test_a_table_states_its_time_unit_and_its_parts_add_up_in_it(capsys, tmp_pat
     row = json.loads((tmp_path / "out" / "simulate.json").read_text())["rows"][0]
     cells = _line(out, "  megatron").split()
     assert float(cells[cells.index("x") + 2]) == pytest.approx(row["step_s"], abs=0.0005)
-    assert [float(x) for x in cells[-5:]] == pytest.approx(
+    assert [float(x) for x in cells[-6:]] == pytest.approx(
         [row["step_parts_s"][p] for p in ("compute", "TP comm", "DP comm", "reshard",
-                                          "optimizer")], abs=0.0005)
+                                          "bubble", "optimizer")], abs=0.0005)
 
 
 def test_the_command_for_a_cluster_is_torchrun_on_every_server():

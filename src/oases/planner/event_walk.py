@@ -9,6 +9,13 @@ default one for TP collectives and one for data-parallel gradient all-reduces)::
                                   (a zero-cost one, a reshard's slicing direction, is done at once)
     Wait(k)      compute stream:  now = max(now, end of k)
 
+Pipeline stages (``planner.pipeline_walk`` walks every stage's program with ``walk_program``,
+side by side): a send ("sf", "sb") is a collective on the sender's "p2p" stream that takes the
+transfer; a receive's Start ("rf", "rb") moves nothing on the receiving side, and its Wait waits
+until the matching send (same boundary and sub-batch) has arrived (its begin + transfer): the
+walk yields until another stage's walk has started that send. The time a stage waits there is
+its pipeline bubble (class "pp").
+
 and returns a ``SimResult``: the step time, how long the compute stream computed and waited on
 each class of collective (``COMM_CLASS``), and (``record``) a ``Timeline`` in the executor's
 format. Contention (``StepCosts.slowdown``, ``comm_slowdown``) stretches a compute that runs
@@ -21,7 +28,7 @@ prices a measured run's own).
 
 from __future__ import annotations
 
-from collections.abc import Callable, Hashable
+from collections.abc import Callable, Generator, Hashable
 from dataclasses import dataclass, field
 
 from oases.planner.tape import CLASSES, COMPUTE, START, Tape
@@ -77,6 +84,7 @@ COLLECTIVE_OP = {
     "gb": "all_gather",
     "gr": "all_gather",
     "sg": "all_reduce",
+    "tie": "all_reduce",
 }
 # what a collective kind is, in a step's breakdown: TP all-reduces, reshards, DP all-reduces
 COMM_CLASS = {
@@ -91,7 +99,14 @@ COMM_CLASS = {
     "gb": "tp",
     "gr": "tp",
     "sg": "tp",
+    "tie": "dp",
+    "sf": "pp",
+    "sb": "pp",
+    "rf": "pp",
+    "rb": "pp",
 }
+RECEIVES = {"rf": "sf", "rb": "sb"}  # a receive's kind -> its matching send's
+SENDS = frozenset(RECEIVES.values())
 
 
 def collective_op(kind: str, sp: bool) -> str:
@@ -135,10 +150,12 @@ def simulate_program(
     rank: int = 0,
     record: bool = True,
 ) -> SimResult:
-    """Predict one step of ``program``. ``commfree``: recomputed bodies skip their last matmul
-    (as the executor does for communication-free recomputation). ``record=False`` leaves the
-    timeline empty (the planner's search needs only the times). The result says how long the
-    compute stream waited on each class of collective (``exposed_s``: "tp", "reshard", "dp").
+    """Predict one step of ``program`` (``walk_program`` to its end: a program of one pipeline
+    stage waits for the sends of others, ``pipeline_walk``). ``commfree``: recomputed bodies
+    skip their last matmul (as the executor does for communication-free recomputation).
+    ``record=False`` leaves the timeline empty (the planner's search needs only the times). The
+    result says how long the compute stream waited on each class of collective (``exposed_s``:
+    "tp", "reshard", "dp"; "pp" a pipeline stage's point-to-point).
 
     Contention (``StepCosts.slowdown``, ``comm_slowdown``): a collective is priced as running
     beside compute (``cost x comm factor``) from its Start; when the compute stream waits for
@@ -146,6 +163,28 @@ def simulate_program(
     finish at their full rate from then on (a collective issued and waited at once takes its
     own time). Collectives on other streams are priced as if compute ran beside them
     throughout."""
+    walk = walk_program(program, costs, commfree=commfree, rank=rank, record=record, sent={})
+    try:
+        key = next(walk)
+    except StopIteration as done:
+        return done.value
+    raise ValueError(f"program waits for {key}, which no other program's walk sends "
+                     "(a pipeline stage's program: walk the stages with pipeline_walk)")
+
+
+def walk_program(
+    program: list[Instr],
+    costs: StepCosts,
+    *,
+    commfree: bool,
+    rank: int,
+    record: bool,
+    sent: dict[tuple[str, int, int], tuple[float, float]],
+) -> Generator[tuple[str, int, int], None, SimResult]:
+    """``simulate_program``'s walk, as a generator: at the Wait of a receive whose send
+    (``sent``: (kind, index, sub) -> (begin, arrival), shared by the stages' walks) is not
+    there yet, it yields that send's key and goes on once it is; a send's Start puts its own
+    key there. Returns the ``SimResult``."""
     timeline = Timeline()
     now = 0.0
     exposed = dict.fromkeys(("tp", "reshard", "dp"), 0.0)
@@ -212,6 +251,8 @@ def simulate_program(
             now += cost
             compute_busy += cost
         elif isinstance(ins, Start):
+            if ins.kind in RECEIVES:  # posted: nothing moves on this side until the send
+                continue
             stream = (
                 ("dp" if ins.kind in ("dp", "rs", "ag") else "tp")
                 if costs.stream_of is None
@@ -221,14 +262,31 @@ def simulate_program(
             key = (ins.kind, ins.index, ins.sub)
             if cost <= 0:  # nothing moves (a reshard's slicing direction): done at once
                 done_at[key] = now
+                if ins.kind in SENDS:
+                    sent[key] = (now, now)
                 continue
             queue = queues.setdefault(stream, [])
             begin = max([now, *(f.end_s for f in queue[-1:])])
-            g = 1.0 if costs.comm_slowdown is None else max(1.0, costs.comm_slowdown(ins.kind))
-            f = 1.0 if costs.slowdown is None else costs.slowdown(ins.kind)
+            plain = ins.kind in SENDS  # a send's link is not the cores' (no contention)
+            g = 1.0 if costs.comm_slowdown is None or plain else max(
+                1.0, costs.comm_slowdown(ins.kind))
+            f = 1.0 if costs.slowdown is None or plain else costs.slowdown(ins.kind)
             fl = _Flight(key, stream, now, cost, begin, begin + cost * g, g, f)
             queue.append(fl)
             flights[key] = fl
+            if plain:  # (alone on its stream at factor 1: its times never change)
+                sent[key] = (fl.begin_s, fl.end_s)
+        elif isinstance(ins, Wait) and ins.kind in RECEIVES:
+            key = (RECEIVES[ins.kind], ins.index, ins.sub)
+            while key not in sent:
+                yield key
+            begin, arrival = sent.pop(key)
+            if arrival > now:
+                exposed["pp"] = exposed.get("pp", 0.0) + arrival - now
+                now = arrival
+            if record and arrival > begin:
+                timeline.add(Event(rank, "comm", comm_name(ins.kind, ins.index), ins.kind,
+                                   ins.sub, begin, arrival))
         elif isinstance(ins, Wait):
             key = (ins.kind, ins.index, ins.sub)
             if key in done_at:
@@ -237,7 +295,8 @@ def simulate_program(
             fl = flights.pop(key)
             if fl.end_s > now:
                 idle_until_done(fl)
-                exposed[COMM_CLASS[ins.kind]] += fl.end_s - now
+                cls = COMM_CLASS[ins.kind]
+                exposed[cls] = exposed.get(cls, 0.0) + fl.end_s - now
                 now = fl.end_s
             queues[fl.stream].remove(fl)
             comm_busy += fl.end_s - fl.begin_s

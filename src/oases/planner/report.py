@@ -4,11 +4,12 @@ step cut into what bounds it, ``oases simulate``'s table and ``simulate.json``, 
 
 A step's parts (``PlanResult.step_parts``) add up to the step::
 
-    step = compute + TP comm + DP comm + reshard + optimizer
+    step = compute + TP comm + DP comm + reshard + bubble + optimizer
 
 compute: the compute stream busy (recompute included); TP comm, DP comm, reshard: the time the
-compute stream waits on those collectives (what overlap does not hide); optimizer: the AdamW
-step. The largest part bounds the step.
+compute stream waits on those collectives (what overlap does not hide); bubble: the time a
+pipeline stage waits on its neighbours' sends (of the slowest stage: ``planner.pipeline_walk``;
+0 without a pipeline); optimizer: the AdamW step. The largest part bounds the step.
 """
 
 from __future__ import annotations
@@ -31,7 +32,7 @@ from oases.schedule.program import SPECS
 if TYPE_CHECKING:
     from oases.planner.whatif import Report, Row
 
-PARTS = ("compute", "TP comm", "DP comm", "reshard", "optimizer")
+PARTS = ("compute", "TP comm", "DP comm", "reshard", "bubble", "optimizer")
 DP_NOTE = ("bound by DP comm: the gradient all-reduce outlasts the backward it overlaps, so "
            "compute added to the backward (recompute) hides under it and such plans can take "
            "the same time; more micro-batches per step or a faster link between servers "
@@ -56,10 +57,11 @@ class TimeUnit:
 
 
 def parts_note(unit: TimeUnit) -> str:
-    return (f"step = compute + TP comm + DP comm + reshard + optimizer (in {unit.name}, as the "
-            "step column): compute is the compute stream busy (recompute included); TP comm, "
-            "DP comm and reshard are the time it waits on those collectives (exposed, not "
-            "hidden by overlap); the largest part bounds the step")
+    return (f"step = compute + TP comm + DP comm + reshard + bubble + optimizer (in {unit.name}, "
+            "as the step column): compute is the compute stream busy (recompute included); TP "
+            "comm, DP comm and reshard are the time it waits on those collectives (exposed, not "
+            "hidden by overlap); bubble the time a pipeline stage waits on its neighbours (the "
+            "slowest stage's parts); the largest part bounds the step")
 
 
 def searched_line(stats: SearchStats, exhaustive: bool = False) -> str:

@@ -75,13 +75,16 @@ class PlanResult:
 
     def step_parts(self) -> dict[str, float]:
         """The step cut into what the compute stream did: compute, waiting on each class of
-        collective (exposed communication), the optimizer. The parts add up to ``step_s``."""
+        collective (exposed communication), waiting on another pipeline stage (the bubble:
+        its point-to-point receives and sends), the optimizer. The parts add up to ``step_s``
+        (of a pipeline: the bounding stage's, ``planner.pipeline_walk``)."""
         b = self.breakdown
         return {
             "compute": b.get("compute_s", 0.0),
             "TP comm": b.get("exposed_tp_s", 0.0),
             "DP comm": b.get("exposed_dp_s", 0.0),
             "reshard": b.get("exposed_reshard_s", 0.0),
+            "bubble": b.get("exposed_pp_s", 0.0),
             "optimizer": b.get("optimizer_s", 0.0),
         }
 
@@ -214,9 +217,11 @@ def simulate_plan(
     costs = _CachedCosts(costs)
 
     plan.check(cfg, world_size)
-    if plan.pp > 1:
-        raise ValueError(f"the simulator does not price pipeline stages yet (plan pp={plan.pp}): "
-                         "a plan with a pipeline runs with oases train, not simulate or plan")
+    if plan.pp > 1:  # the stages' programs walked together
+        from oases.planner.pipeline_walk import simulate_pipeline
+
+        return simulate_pipeline(cfg, plan, costs, world_size, batch, max_inflight=max_inflight,
+                                 timeline=timeline)
     spec = SPECS[plan.schedule]
     k = plan.n_sub if spec.overlapped else 1
     degrees = [r.tp for r in plan.regions]

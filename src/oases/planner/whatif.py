@@ -14,6 +14,8 @@ memory per GPU and the speedup over the first schedule listed. Entries look like
                            recompute keeping slices (sp=gathered: gathered inputs; auto searches
                            both beside plans without it unless sp=MODE or sp=off fixes it)
     megatron-sp@tp=4       Megatron-LM with --sequence-parallel (no overlap)
+    oases@tp=4,pp=8        tp=4 in 8 pipeline stages simulated together (pipeline_walk), 1F1B
+                           or ,pps=gpipe|1f1b|1f1b-pair; zero= and sp= compose
 
 "auto" searches the powers of two up to the GPUs of one server (``max_tp``), doubling that cap
 while no plan fits, and 1, 2, 4 (and ``--n-sub``) sub-batches; then also the degrees every other
@@ -56,6 +58,7 @@ from oases.planner.simulate import PlanResult, simulate_plan
 from oases.planner.uncertainty import Range, input_bounds, simulate_ranges
 from oases.schedule.program import SPECS
 from oases.schedule.timeline import Timeline
+from oases.stages import PIPELINE_SCHEDULES
 
 
 @dataclass(frozen=True)
@@ -70,11 +73,16 @@ class PlanSpec:
     at_least: bool = False
     zero: int | None = None
     sp: str | None = None
+    pp: int = 1  # pipeline stages
+    pps: str | None = None  # pipeline schedule (None: the plan's default)
 
     def __str__(self) -> str:
         zero = "" if self.zero is None else f",zero={self.zero}"
         sp = "" if self.sp is None or (self.sp == "off" and not self.auto) else f",sp={self.sp}"
-        return ("auto" if self.auto else f"tp={self.tp}{'+' if self.at_least else ''}") + zero + sp
+        pp = (f",pp={self.pp}" if self.pp > 1 else "") + (
+            f",pps={self.pps}" if self.pps is not None else "")
+        return (("auto" if self.auto else f"tp={self.tp}{'+' if self.at_least else ''}") + pp
+                + zero + sp)
 
     def sp_modes(self) -> tuple[str, ...]:
         """The sequence-parallel modes an auto row searches."""
@@ -84,33 +92,46 @@ class PlanSpec:
 
 
 def parse_plan(text: str) -> PlanSpec:
-    """"auto", "tp=N" or "tp=N+", each optionally followed by ",zero=Z" and ",sp=MODE" (MODE:
-    gathered, shards or off; ValueError otherwise)."""
+    """"auto", "tp=N" or "tp=N+", each optionally followed by ",zero=Z", ",sp=MODE" (MODE:
+    gathered, shards or off), ",pp=P" (P pipeline stages) and ",pps=NAME" (the pipeline
+    schedule, ``stages.PIPELINE_SCHEDULES``); ValueError otherwise. A pipeline needs a degree:
+    the planner does not search stages yet."""
     head, *tails = text.split(",")
-    zero, sp = None, None
+    zero, sp, pp, pps = None, None, None, None
     for tail in tails:
         if tail.startswith("zero=") and tail[5:] in ("0", "1", "2", "3") and zero is None:
             zero = int(tail[5:])
         elif tail.startswith("sp=") and tail[3:] in ("gathered", "shards", "off") and sp is None:
             sp = tail[3:]
+        elif tail.startswith("pp=") and tail[3:].isdigit() and int(tail[3:]) >= 1 and pp is None:
+            pp = int(tail[3:])
+        elif tail.startswith("pps=") and tail[4:] in PIPELINE_SCHEDULES and pps is None:
+            pps = tail[4:]
         else:
-            raise ValueError(f"plan {text!r}: after the degree, give zero=Z (Z = 0, 1, 2 or 3) "
-                             "and/or sp=gathered|shards|off")
+            raise ValueError(f"plan {text!r}: after the degree, give zero=Z (Z = 0, 1, 2 or 3), "
+                             "sp=gathered|shards|off, pp=P (P >= 1 pipeline stages) and/or "
+                             f"pps={'|'.join(PIPELINE_SCHEDULES)}")
+    if pps is not None and (pp or 1) == 1:
+        raise ValueError(f"plan {text!r}: pps={pps} names a pipeline schedule: give pp=P "
+                         "(P >= 2 stages) too")
     if head == "auto":
+        if (pp or 1) > 1:
+            raise ValueError(f"plan {text!r}: auto does not search pipeline stages yet "
+                             "(issue 28 item 7): give tp=N,pp=P")
         return PlanSpec(True, zero=zero, sp=sp)
     body = head[3:].removesuffix("+") if head.startswith("tp=") else ""
     if not body.isdigit() or int(body) < 1:
         raise ValueError(f"plan {text!r}: give auto, tp=N or tp=N+ (N >= 1), then optionally "
-                         ",zero=Z and ,sp=MODE")
-    return PlanSpec(False, int(body), head.endswith("+"), zero, sp)
+                         ",zero=Z, ,sp=MODE, ,pp=P and ,pps=NAME")
+    return PlanSpec(False, int(body), head.endswith("+"), zero, sp, pp or 1, pps)
 
 
 def parse_entries(text: str, default: str) -> list[tuple[str, PlanSpec]]:
     """"a,b@tp=4,c@auto,d@tp=2,zero=1" -> [(schedule, plan)], the default plan where none is
-    given (a ",zero=Z" or ",sp=MODE" belongs to the entry before it)."""
+    given (a ",zero=Z", ",sp=MODE", ",pp=P" or ",pps=NAME" belongs to the entry before it)."""
     items: list[str] = []
     for item in (s.strip() for s in text.split(",")):
-        if (item.startswith("zero=") or item.startswith("sp=")) and items:
+        if item.startswith(("zero=", "sp=", "pp=", "pps=")) and items:
             items[-1] += "," + item
         elif item:
             items.append(item)
@@ -237,7 +258,7 @@ def simulate_cluster(cfg: ModelConfig, cluster: Cluster, entries: list[tuple[str
     world = cluster.world_size
     degrees = candidate_degrees(cfg, world)
     global_batch = batch.global_batch or max(
-        batch.micro_rows(world, None if spec.auto else spec.tp) for _, spec in entries)
+        batch.micro_rows(world // spec.pp, None if spec.auto else spec.tp) for _, spec in entries)
     start = time.perf_counter()
     rows, searched = [], {}
     for name, spec in entries:
@@ -255,8 +276,8 @@ def simulate_cluster(cfg: ModelConfig, cluster: Cluster, entries: list[tuple[str
         row.speedup = rows[0].result.step_s / row.result.step_s
         row.world_size = world
         row.mfu = mfu(cfg, row.batch.global_batch * cfg.seq_len, row.result.step_s, world, peak)
-        row.kernels = step_kernels(cfg, row.plan, costs, world, row.batch, row.result, row.mfu,
-                                   peak)
+        row.kernels = None if row.plan.pp > 1 else step_kernels(  # (one program: not stages)
+            cfg, row.plan, costs, world, row.batch, row.result, row.mfu, peak)
     rep = Report(cfg, model_name, cluster, costs, batch, global_batch, budget, rows, planning_s)
     if uncertainty:
         rep.bounds = input_bounds(cluster, bounds)
@@ -297,16 +318,23 @@ def _row(cfg: ModelConfig, costs: HardwareCosts, world: int, spec_batch: BatchSp
         found = {"degrees": tuple(r.tp for r in plan.regions), "allowed": allowed,
                  "batch": batch}
     else:
-        tried = [t for t in degrees if t >= spec.tp] if spec.at_least else [spec.tp]
-        if not tried or (not spec.at_least and spec.tp not in degrees):
+        if world % spec.pp:
+            raise ValueError(f"{name}@{spec}: pp={spec.pp} does not divide the {world} GPUs")
+        stage = world // spec.pp  # ranks per pipeline stage
+        tried = [t for t in degrees if t >= spec.tp and stage % t == 0] if spec.at_least else [
+            spec.tp]
+        if not tried or (not spec.at_least and (spec.tp not in degrees or stage % spec.tp)):
             raise ValueError(f"{name}@{spec}: tp={spec.tp} is not a candidate degree of this "
-                             f"model on {world} GPUs ({degrees})")
+                             f"model on {world} GPUs ({degrees})"
+                             + (f" in stages of {stage}" if spec.pp > 1 else ""))
         plan = None
+        pipeline = {"pp": spec.pp, "pp_schedule": spec.pps or "1f1b"} if spec.pp > 1 else {}
         for t in tried:
-            batch = spec_batch.shape(world, global_batch, t)
+            batch = spec_batch.shape(stage, global_batch, t)
             plan = with_zero(ParallelPlan.uniform(
                 cfg, world, t, schedule=name, n_sub=k,
-                sequence_parallel="" if spec.sp in (None, "off") else spec.sp), spec.zero or 0)
+                sequence_parallel="" if spec.sp in (None, "off") else spec.sp, **pipeline),
+                spec.zero or 0)
             peak = simulate_plan(cfg, plan, costs, world, batch, timeline=False).peak_mem_bytes
             if not spec.at_least or peak <= budget_bytes:
                 break
