@@ -188,3 +188,33 @@ def test_simulate_prints_pipeline_rows_with_their_bubble(capsys, tmp_path):
     assert "bubble" in out and "tp=4,pp=4" in out and "tp=4,pp=4,pps=gpipe,zero=1" in out
     rows = json.loads((tmp_path / "simulate.json").read_text())["rows"]
     assert [r["step_parts_s"]["bubble"] > 0 for r in rows] == [False, True, True]
+
+
+class _HandSplit(_Hand):
+    """``_Hand`` where zb-h1's split backward prices its input gradient ("sp-dx") and weight
+    gradients ("sp-dw") at half the backward each: the same work as the whole backward."""
+
+    def compute_s(self, region: str, phase: str, piece: str, tp: int, rows: int) -> float:
+        if region in ("attn", "mlp") and phase == "backward" and piece in ("sp-dx", "sp-dw"):
+            return self.b / 2
+        return super().compute_s(region, phase, piece, tp, rows)
+
+
+@pytest.mark.parametrize("pp,n_layers", [(2, 4), (4, 8)])
+def test_zb_h1_prices_its_weight_gradients_and_shortens_the_step(pp, n_layers):
+    """zb-h1's programs carry "dw" pieces without sequence parallelism: the simulator prices
+    a deferring region's backward "tp" as its input gradient and "dw" as its weight
+    gradients, so the compute is 1F1B's, and the step is shorter (the W's fill 1F1B's
+    waits)."""
+    cfg = dataclasses.replace(CFG, tie_embeddings=False, n_layers=n_layers)
+    res = {}
+    for order in ("1f1b", "zb-h1"):
+        plan = ParallelPlan.uniform(cfg, pp, 1, schedule="megatron", n_sub=1, pp=pp,
+                                    pp_schedule=order)
+        res[order] = simulate_pipeline(cfg, plan, _HandSplit(1.0, 2.0, 0.1), pp,
+                                       BatchShape(8, 1), timeline=False)
+    assert res["zb-h1"].step_parts()["compute"] == pytest.approx(
+        res["1f1b"].step_parts()["compute"], rel=1e-12)
+    assert res["zb-h1"].step_s < 0.97 * res["1f1b"].step_s, (res["zb-h1"].step_s,
+                                                             res["1f1b"].step_s)
+    assert res["zb-h1"].step_parts()["bubble"] < res["1f1b"].step_parts()["bubble"]

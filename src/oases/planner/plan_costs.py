@@ -152,9 +152,11 @@ def plan_step_costs(
         the costs' "sp-" ones (a recompute of a norm or glue is priced as its forward)."""
         if phase == "recompute" and piece == "body" and commfree:
             piece = "body-commfree"
-        if piece == "dw" and degrees[i] == 1:  # a degree-1 region's "tp" is priced whole
+        if piece == "dw" and degrees[i] == 1 and sp:  # a degree-1 region's "tp" is whole
             return 0.0
-        if sp and degrees[i] == 1 and piece in ("norm", "core") and phase != "backward":
+        if not sp and i in deferring and phase == "backward" and piece in ("tp", "dw"):
+            piece = "sp-dx" if piece == "tp" else "sp-dw"  # zb-h1's B and W (the same split)
+        elif sp and degrees[i] == 1 and piece in ("norm", "core") and phase != "backward":
             if piece == "norm":  # a degree-1 region's slice is the whole sequence: its norm
                 return 0.0  # and core are the body (priced whole with the core)
             piece = "body-commfree" if phase == "recompute" and commfree else "body"
