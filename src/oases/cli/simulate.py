@@ -38,7 +38,7 @@ def _simulate_arguments(sim: argparse.ArgumentParser) -> None:
         help="plan of schedules without @PLAN: auto, tp=N or tp=N+, each "
         "optionally with ,zero=Z (ZeRO stage Z for every region; auto without it "
         "searches stages 0-3), ,sp=MODE; tp=N also with ,pp=P (P pipeline stages, "
-        "simulated together) and ,pps=gpipe|1f1b|1f1b-pair (default: auto)",
+        "simulated together) and ,pps=gpipe|1f1b|1f1b-pair|zb-h1 (default: auto)",
     )
     sim.add_argument(
         "--global-batch",

@@ -15,7 +15,7 @@ memory per GPU and the speedup over the first schedule listed. Entries look like
                            both beside plans without it unless sp=MODE or sp=off fixes it)
     megatron-sp@tp=4       Megatron-LM with --sequence-parallel (no overlap)
     oases@tp=4,pp=8        tp=4 in 8 pipeline stages simulated together (pipeline_walk), 1F1B
-                           or ,pps=gpipe|1f1b|1f1b-pair; zero= and sp= compose
+                           or ,pps=gpipe|1f1b|1f1b-pair|zb-h1; zero=, sp= compose
 
 "auto" searches the powers of two up to the GPUs of one server (``max_tp``), doubling that cap
 while no plan fits, and 1, 2, 4 (and ``--n-sub``) sub-batches; then also the degrees every other
