@@ -76,6 +76,7 @@ COLLECTIVE_OP = {
     "gf": "all_gather",
     "gb": "all_gather",
     "gr": "all_gather",
+    "gh": "all_gather",
     "sg": "all_reduce",
 }
 # what a collective kind is, in a step's breakdown: TP all-reduces, reshards, DP all-reduces
@@ -90,6 +91,7 @@ COMM_CLASS = {
     "gf": "tp",
     "gb": "tp",
     "gr": "tp",
+    "gh": "tp",
     "sg": "tp",
 }
 
