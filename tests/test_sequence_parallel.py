@@ -370,6 +370,7 @@ def test_reduce_scatters_and_gathers_replace_the_all_reduces(sp_collectives, nam
         assert got["bytes"]["bwd", "reduce_scatter"] == act
         assert got["bytes"]["gf", "all_gather"] == act // t
         assert got["bytes"]["gb", "all_gather"] == act // t
+        assert got["bytes"].get(("gh", "all_gather"), act // t) == act // t
         # one gather before each region's TP matmuls and its backward, per pass that runs them
         for blk in range(N_LAYERS):
             for j in range(k):
@@ -385,6 +386,9 @@ def test_reduce_scatters_and_gathers_replace_the_all_reduces(sp_collectives, nam
                     assert fwd == 4 and recompute_gathers == 0  # Megatron's repeats all
                 else:
                     assert fwd == 2 and recompute_gathers == 0
+                # without recompute h_i is gathered again in the backward ("gh", regather.py)
+                again = got["counts"].get(("gh", "all_gather", blk, j), 0)
+                assert again == (2 if name in ("megatron", "overlap", "megatron-sp") else 0)
         assert got["sg"] == [("all_reduce", "tp")]  # the glue's gradients, once a step
         # norms and biases only (the simulator's count): GPT-2's position table's gradient
         # comes from the gathered embedding gradient, whole on every rank
