@@ -23,6 +23,7 @@ from oases.config import Config, ModelConfig, ParallelConfig
 from oases.model import build_model
 from oases.parallel.apply import parallelize, shard_spec, shard_tensor
 from oases.parallel.context import init_distributed
+from oases.planner.activation_terms import schedule_block_bytes
 from oases.planner.layout import glue_param_count
 from oases.schedule import SCHEDULES, build_schedule
 from oases.schedule.instructions import Start, Wait
@@ -414,6 +415,11 @@ def test_saved_activations_per_block_with_and_without_sequence_parallelism(spawn
                 assert saved[arch, name, None][blk] == act
             for name in ("megatron", "overlap"):  # norms, dropout masks and residuals on slices
                 assert saved[arch, name, "gathered"][blk] < saved[arch, name, None][blk], name
+                # ... and tensor by tensor what planner.activation_terms counts: the gathered
+                # input of the TP matmuls is not kept ("gh" gathers it again)
+                for sp in (None, "gathered", "shards"):
+                    want = schedule_block_bytes(_cfg(arch, t), "none", B, t, sp, 4)
+                    assert saved[arch, name, sp][blk] == want, (arch, name, sp)
         assert saved[arch, "megatron-sp", "gathered"] == saved[arch, "megatron", "gathered"]
 
 
