@@ -275,8 +275,8 @@ def _rank_collectives(rank: int, world_size: int) -> dict:
         issued = [r.tag for r in records if not r.tag.startswith("ce-")]  # (the loss's)
         assert issued == starts, f"{name} sp={sp}: issued {issued}\n program {starts}"
         nbytes = {(r.tag.split(":")[0], r.op): r.nbytes for r in records
-                  if re.match(r"(fwd|bwd|gf|gb|gr):", r.tag)}
-        out[name, sp] = {"counts": dict(_tag_counts(records, "fwd|bwd|gf|gb|gr")),
+                  if re.match(r"(fwd|bwd|gf|gb|gr|gh):", r.tag)}
+        out[name, sp] = {"counts": dict(_tag_counts(records, "fwd|bwd|gf|gb|gr|gh")),
                          "bytes": nbytes,
                          "sg": [(r.op, r.group) for r in records if r.tag.startswith("sg")],
                          "sg bytes": sum(r.nbytes for r in records if r.tag.startswith("sg")),
