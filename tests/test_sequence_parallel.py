@@ -23,6 +23,7 @@ from oases.config import Config, ModelConfig, ParallelConfig
 from oases.model import build_model
 from oases.parallel.apply import parallelize, shard_spec, shard_tensor
 from oases.parallel.context import init_distributed
+from oases.planner.activation_terms import schedule_block_bytes
 from oases.planner.layout import glue_param_count
 from oases.schedule import SCHEDULES, build_schedule
 from oases.schedule.instructions import Start, Wait
@@ -274,8 +275,8 @@ def _rank_collectives(rank: int, world_size: int) -> dict:
         issued = [r.tag for r in records if not r.tag.startswith("ce-")]  # (the loss's)
         assert issued == starts, f"{name} sp={sp}: issued {issued}\n program {starts}"
         nbytes = {(r.tag.split(":")[0], r.op): r.nbytes for r in records
-                  if re.match(r"(fwd|bwd|gf|gb|gr):", r.tag)}
-        out[name, sp] = {"counts": dict(_tag_counts(records, "fwd|bwd|gf|gb|gr")),
+                  if re.match(r"(fwd|bwd|gf|gb|gr|gh):", r.tag)}
+        out[name, sp] = {"counts": dict(_tag_counts(records, "fwd|bwd|gf|gb|gr|gh")),
                          "bytes": nbytes,
                          "sg": [(r.op, r.group) for r in records if r.tag.startswith("sg")],
                          "sg bytes": sum(r.nbytes for r in records if r.tag.startswith("sg")),
@@ -370,6 +371,7 @@ def test_reduce_scatters_and_gathers_replace_the_all_reduces(sp_collectives, nam
         assert got["bytes"]["bwd", "reduce_scatter"] == act
         assert got["bytes"]["gf", "all_gather"] == act // t
         assert got["bytes"]["gb", "all_gather"] == act // t
+        assert got["bytes"].get(("gh", "all_gather"), act // t) == act // t
         # one gather before each region's TP matmuls and its backward, per pass that runs them
         for blk in range(N_LAYERS):
             for j in range(k):
@@ -385,6 +387,9 @@ def test_reduce_scatters_and_gathers_replace_the_all_reduces(sp_collectives, nam
                     assert fwd == 4 and recompute_gathers == 0  # Megatron's repeats all
                 else:
                     assert fwd == 2 and recompute_gathers == 0
+                # without recompute h_i is gathered again in the backward ("gh", regather.py)
+                again = got["counts"].get(("gh", "all_gather", blk, j), 0)
+                assert again == (2 if name in ("megatron", "overlap", "megatron-sp") else 0)
         assert got["sg"] == [("all_reduce", "tp")]  # the glue's gradients, once a step
         # norms and biases only (the simulator's count): GPT-2's position table's gradient
         # comes from the gathered embedding gradient, whole on every rank
@@ -410,6 +415,11 @@ def test_saved_activations_per_block_with_and_without_sequence_parallelism(spawn
                 assert saved[arch, name, None][blk] == act
             for name in ("megatron", "overlap"):  # norms, dropout masks and residuals on slices
                 assert saved[arch, name, "gathered"][blk] < saved[arch, name, None][blk], name
+                # ... and tensor by tensor what planner.activation_terms counts: the gathered
+                # input of the TP matmuls is not kept ("gh" gathers it again)
+                for sp in (None, "gathered", "shards"):
+                    want = schedule_block_bytes(_cfg(arch, t), "none", B, t, sp, 4)
+                    assert saved[arch, name, sp][blk] == want, (arch, name, sp)
         assert saved[arch, "megatron-sp", "gathered"] == saved[arch, "megatron", "gathered"]
 
 

@@ -199,7 +199,11 @@ def test_bench_memory_counts_the_model_state_the_simulator_counts(tmp_path, caps
         state = {k: rank0[k] for k in ("weights", "gradients", "optimizer")}
         assert state == got[entry]["predicted"]["model_state"], entry
         assert rank0["peak_over_base_mb"] > 0
+        # the counted step: saved bytes per block as planner.activation_terms counts them
+        assert rank0["saved_per_block"][-1] == got[entry]["analytic_saved_per_block"], entry
+        assert rank0["peak_live"] > 0
     assert "sim peak" in (tmp_path / "memory.md").read_text()
+    assert "meas/anal" in (tmp_path / "memory.md").read_text()
 
 
 def test_max_tp_bounds_the_degrees_searched():

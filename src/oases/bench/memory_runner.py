@@ -12,6 +12,9 @@ freed tensors go back to the system instead of staying in malloc's heap) does::
     warm-up + measured steps       forward, backward, clipping, AdamW, as ``oases bench
                                    --with-optimizer``; the peak window spans every measured step
     model state                    ``model_state_bytes`` after the last backward, before zero_grad
+    one counted step               after the peak window: saved bytes per block and the peak
+                                   of live tensor bytes, gradients' allocation included
+                                   (``activation_memory.measure_step``; not for fsdp2)
 
 and rank 0 writes ``memory-ENTRY.json``: per rank, the model-state bytes by kind (weights,
 gradients, optimizer) from the tensors themselves, and the measured peak minus the baseline (on a
@@ -29,6 +32,7 @@ import torch
 from torch.distributed.tensor import DTensor
 
 from oases.bench import parse_entry, run_rank_spec
+from oases.bench.activation_memory import measure_step
 from oases.bench.profile_runner import runtime_baseline_bytes
 from oases.config import load_config
 from oases.memory import file_backed_memory_bytes, peak_memory_mb, reset_peak_memory
@@ -124,6 +128,12 @@ def run(spec: dict) -> None:
         optimizer.step()
         optimizer.zero_grad(set_to_none=True)
     peak = peak_memory_mb(ctx.device) - base_mb
+    counted = {"saved_per_block": [], "peak_live": 0}
+    if name != "fsdp2":  # one more step, counted in tensors (after the resident peak's window)
+        with precision.autocast():
+            counted = measure_step(schedule, model, tokens, targets, ctx.device)
+        optimizer.zero_grad(set_to_none=True)
+    counted_all = comm.all_gather_objects(counted, ctx.world_group)
     # code pages the entry's first steps paged in (kernels torch ran for the first time): in a
     # CPU's resident peak, not in any tensor (0 on CUDA, whose peak is the allocator's)
     code_mb = (0.0 if ctx.device.type == "cuda"
@@ -132,7 +142,8 @@ def run(spec: dict) -> None:
     every = comm.all_gather_objects(mine.tolist(), ctx.world_group)
     if ctx.rank == 0:
         ranks = [{"peak_over_base_mb": r[0], "base_mb": r[1], "code_pages_mb": r[2],
-                  **dict(zip(state, (int(v) for v in r[3:])))} for r in every]
+                  **dict(zip(state, (int(v) for v in r[3:]))), **c}
+                 for r, c in zip(every, counted_all)]
         out = Path(spec["out"])
         out.mkdir(parents=True, exist_ok=True)
         (out / f"memory-{parse_entry(entry).stem()}.json").write_text(json.dumps(

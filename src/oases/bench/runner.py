@@ -72,7 +72,7 @@ def comm_only_step(schedule: Schedule, model: torch.nn.Module, rows: int, seq: i
             elif ins.kind == "sg":  # sequence parallelism: the glue's gradients
                 handles[key] = comm.all_reduce_async(torch.zeros(glue, device=ctx.device),
                                                      ctx.tp_group)
-            elif ins.kind in ("gf", "gb", "gr"):  # sequence parallelism: gathers
+            elif ins.kind in ("gf", "gb", "gr", "gh"):  # sequence parallelism: gathers
                 handles[key] = comm.seq_gather_async(comm.seq_slice(act, ctx.tp_group),
                                                      ctx.tp_group)
             elif ex.sp is not None:  # "fwd"/"bwd" reduce-scatter along the sequence

@@ -328,10 +328,12 @@ def run_memory(config: str | None, overrides: list[str], entries: list[str], ste
             if entry.name not in PEERS:
                 row["predicted"] = predicted_peak_bytes(cfg, entry.name, entry.zero, nproc,
                                                         costs, entry.sp)
+                row["analytic_saved_per_block"] = analytic_saved_per_block(
+                    cfg, entry, raw["rows"], raw["tp"])
             rows[e] = row
     result = {"world_size": nproc, "tp": cfg.parallel.tp, "entries": rows}
     (out / "memory.json").write_text(json.dumps(result, indent=1))
-    table = format_memory_table(result)
+    table = format_memory_table(result) + "\n\n" + format_saved_table(result)
     print(table, flush=True)
     info = machine_info()
     (out / "memory.md").write_text("\n".join([
@@ -390,6 +392,36 @@ class _NoTime:
 
 
 CODE_SHARE = 0.25  # a row whose measured peak is at least this much code pages gets a note
+
+
+def analytic_saved_per_block(cfg, entry: object, rows: int, tp: int) -> int:  # noqa: ANN001
+    """``planner.activation_terms``' bytes per block for a memory entry's schedule, sp mode
+    and precision (bf16: 2-byte activations, else the float32 default)."""
+    from oases.planner.activation_terms import schedule_block_bytes
+    from oases.schedule import SPECS
+
+    spec = SPECS[entry.name]
+    sp = entry.sp or ("gathered" if spec.sequence_parallel else None)
+    precision = entry.precision or cfg.train.precision
+    elt = 2 if precision == "bf16" else 4
+    return schedule_block_bytes(cfg.model, spec.recompute, rows, tp, sp, elt)
+
+
+def format_saved_table(result: dict) -> str:
+    """Rank 0's saved bytes per block (the last block; ``bench.activation_memory``) against
+    ``planner.activation_terms``, and its peak of live tensor bytes in one step (MiB)."""
+    mib = 2**20
+    lines = [f"{'entry':<24}{'saved/blk':>10}{'analytic':>10}{'meas/anal':>10}"
+             f"{'live peak':>10}{'resident':>10}"]
+    for e, row in result["entries"].items():
+        r = row["ranks"][0]
+        if not r.get("saved_per_block"):
+            continue
+        meas, anal = r["saved_per_block"][-1], row.get("analytic_saved_per_block")
+        ratio = f"{meas / anal:>10.3f}" if anal else f"{'-':>10}"
+        lines.append(f"{e:<24}{meas / mib:>10.2f}{(anal or 0) / mib:>10.2f}{ratio}"
+                     f"{r['peak_live'] / mib:>10.1f}{r['peak_over_base_mb']:>10.1f}")
+    return "\n".join(lines)
 
 
 def format_memory_table(result: dict) -> str:

@@ -45,7 +45,9 @@ class ParallelConfig:
     becomes a reduce-scatter plus a gather along the sequence (the same bytes).
     ``sp_recompute``: what a communication-free recompute (oases, commfree-recompute) keeps
     under it: "gathered" (each region's gathered input: no collective in the recompute) or
-    "shards" (only slices: one gather per region in the recompute, less memory). Every TP
+    "shards" (only slices: one gather per region in the recompute, less memory); the
+    schedules without recompute always keep slices and gather again in the backward ("gh",
+    ``schedule.regather``), block recompute keeps the block input's slice. Every TP
     degree must divide ``model.seq_len``; works with every ZeRO stage. The overlapped schedules
     hide every collective with ``schedule.n_sub >= 3`` (``schedule.program._staggered``).
 

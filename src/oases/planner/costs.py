@@ -24,6 +24,7 @@ from __future__ import annotations
 from typing import Protocol
 
 from oases.config import ModelConfig
+from oases.planner.activation_terms import region_terms
 from oases.planner.precision import FP32, PlanPrecision
 
 
@@ -108,9 +109,11 @@ def analytic_saved_bytes(cfg: ModelConfig, kind: str, mode: str, tp: int, rows: 
     bf16) plus a one-byte dropout mask per element. Region i owns the glue before it
     (epi:i-1), as the executor counts.
 
-    Sequence parallelism keeps the norm's input, the dropout mask and the post-collective
-    (x, r) on a 1/t slice; the TP matmuls still keep their gathered input h [b, S, H]."""
-    H, S, F = cfg.dim, cfg.seq_len, cfg.ffn_dim
+    Without recompute a block region's tensors are ``activation_terms.region_terms``'. Sequence
+    parallelism keeps the norm's input and output, the dropout mask and the post-collective
+    (x, r) on a 1/t slice; the TP matmuls' gathered input h [b, S, H] is gathered again in the
+    backward."""
+    H, S = cfg.dim, cfg.seq_len
     tok = rows * S
     e = precision.activation_bytes
     mask = 1.0 if cfg.dropout > 0 else 0.0  # a bool dropout mask per element, bytes
@@ -124,12 +127,18 @@ def analytic_saved_bytes(cfg: ModelConfig, kind: str, mode: str, tp: int, rows: 
         return tok * e * 2 * H  # the post-collective (x, r) of the glue before it
     if mode == "block":
         return tok * e * H if kind == "attn" else 0.0  # the block input
-    if kind == "attn":
-        qkv = (cfg.n_heads + 2 * cfg.n_kv_heads) * cfg.head_dim / tp
-        rope = qkv * 2 / 3 if cfg.arch == "llama" else 0.0
-        return tok * (e * (3 * H + qkv + rope + 2 * H / tp) + mask * H)
-    fc1 = F * (3 if cfg.arch == "llama" else 2) / tp  # fc1 out (+ gate act), act out
-    return tok * (e * (3 * H + fc1) + mask * H)
+    return _block_region_bytes(cfg, kind, tp, rows, e, mask, False)
+
+
+def _block_region_bytes(cfg: ModelConfig, kind: str, tp: int, rows: int, e: float,
+                        mask: float, sp: bool) -> float:
+    """A block region's tensors without recompute, term by term as
+    ``activation_terms.region_terms`` counts them (what the executor keeps; the per-module
+    rotary tables, a few S x D, left out: they are not per sub-batch)."""
+    terms = region_terms(cfg, kind, rows, tp, sp, 1, mask_bytes=0)  # elements, mask apart
+    terms.pop("rope tables", None)
+    mask_terms = region_terms(cfg, kind, rows, tp, sp, 1, mask_bytes=1)["mask"] * mask
+    return e * sum(terms.values()) + mask_terms
 
 
 def matmul_params(cfg: ModelConfig) -> int:
@@ -160,7 +169,7 @@ def _sp_saved_bytes(cfg: ModelConfig, kind: str, mode: str, tp: int, tok: int,
                     mask: float, e: float) -> float:
     """``analytic_saved_bytes`` under sequence parallelism (see there): ``e`` bytes an
     activation element, ``mask`` bytes a dropout mask element."""
-    H, F = cfg.dim, cfg.ffn_dim
+    H = cfg.dim
     if kind == "head":  # norm in on a slice, its gathered output, logits and the CE's softmax
         return tok * (e * (H / tp + H + 2 * padded_vocab(cfg, tp) / tp) + mask * H / tp)
     if mode == "sp-commfree-shards":
@@ -169,12 +178,6 @@ def _sp_saved_bytes(cfg: ModelConfig, kind: str, mode: str, tp: int, tok: int,
         return tok * e * (2 * H / tp + H)  # ... and the gathered input h
     if mode == "sp-block":
         return tok * e * H / tp if kind == "attn" else 0.0  # the block input's slice
-    # of the unsliced 3H only the norm's input is a slice (the executor's accounting: a block
-    # of the bench model keeps 18.0 MiB instead of 20.0 at tp=2, one [b, S, H] less per block)
-    glue = H / tp + 2 * H
-    if kind == "attn":
-        qkv = (cfg.n_heads + 2 * cfg.n_kv_heads) * cfg.head_dim / tp
-        rope = qkv * 2 / 3 if cfg.arch == "llama" else 0.0
-        return tok * (e * (glue + qkv + rope + 2 * H / tp) + mask * H / tp)
-    fc1 = F * (3 if cfg.arch == "llama" else 2) / tp
-    return tok * (e * (glue + fc1) + mask * H / tp)
+    # the norm's input and output on slices, the gathered input of the TP matmuls not kept
+    # (gathered again in the backward, ``schedule.regather``): Korthikanti's sbh(34/t)
+    return _block_region_bytes(cfg, kind, tp, tok // cfg.seq_len, e, mask, True)

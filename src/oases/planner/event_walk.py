@@ -83,6 +83,7 @@ COLLECTIVE_OP = {
     "gf": "all_gather",
     "gb": "all_gather",
     "gr": "all_gather",
+    "gh": "all_gather",
     "sg": "all_reduce",
     "tie": "all_reduce",
 }
@@ -98,6 +99,7 @@ COMM_CLASS = {
     "gf": "tp",
     "gb": "tp",
     "gr": "tp",
+    "gh": "tp",
     "sg": "tp",
     "tie": "dp",
     "sf": "pp",

@@ -242,12 +242,12 @@ def peak_memory(cfg: ModelConfig, program: list[Instr], kinds: list[str], degree
                 if ins.index in gathered:
                     gathered.discard(ins.index)
                     held -= padded[ins.index]
-            elif isinstance(ins, Start) and ins.kind in ("gf", "gb", "gr", "fwd", "bwd"):
+            elif isinstance(ins, Start) and ins.kind in ("gf", "gb", "gr", "gh", "fwd", "bwd"):
                 held_now = seq[ins.kind in ("fwd", "bwd")][ins.index]
                 if held_now:
                     inflight[ins.kind, ins.index, ins.sub] = held_now
                     moving += held_now
-            elif isinstance(ins, Wait) and ins.kind in ("gf", "gb", "gr", "fwd", "bwd"):
+            elif isinstance(ins, Wait) and ins.kind in ("gf", "gb", "gr", "gh", "fwd", "bwd"):
                 moving -= inflight.pop((ins.kind, ins.index, ins.sub), 0.0)
             elif isinstance(ins, Start) and ins.kind == "dp":
                 inflight[ins.kind, ins.index, ins.sub] = bucket_bytes.get(ins.index, 0.0)
@@ -394,12 +394,12 @@ def _compile_memory(program: tuple[Instr, ...], n: int, stages: tuple[int, ...],
                 gathered.discard(ins.index)
                 change(HELD, "padded", ins.index, -1.0)
         elif isinstance(ins, Start) and (ins.kind == "dp" or (
-                sp and ins.kind in ("gf", "gb", "gr", "fwd", "bwd"))):
+                sp and ins.kind in ("gf", "gb", "gr", "gh", "fwd", "bwd"))):
             row = ("bucket" if ins.kind == "dp" else "seq1" if ins.kind in ("fwd", "bwd")
                    else "seq0")
             inflight[ins.kind, ins.index, ins.sub] = row
             change(MOVING, row, ins.index, 1.0)
-        elif isinstance(ins, Wait) and ins.kind in ("rs", "ag", "dp", "gf", "gb", "gr", "fwd",
+        elif isinstance(ins, Wait) and ins.kind in ("rs", "ag", "dp", "gf", "gb", "gr", "gh", "fwd",
                                                     "bwd"):
             row = inflight.pop((ins.kind, ins.index, ins.sub), None)
             if row is not None:

@@ -94,7 +94,7 @@ def plan_step_costs(
     sp = plan_sp(plan)
 
     def collective_s(kind: str, index: int) -> float:
-        if kind in ("gf", "gb", "gr"):  # sequence parallelism: [b, S, H] gathered
+        if kind in ("gf", "gb", "gr", "gh"):  # sequence parallelism: [b, S, H] gathered
             return priced(
                 "all_gather", group_ranks("tp", degrees[index], 0, world_size), act_bytes[index]
             )

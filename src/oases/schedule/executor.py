@@ -76,6 +76,7 @@ from oases.schedule.executor_collectives import CollectiveInstructions
 from oases.schedule.executor_forward import ForwardPieces
 from oases.schedule.executor_p2p import PointToPointInstructions
 from oases.schedule.instructions import Compute, Instr, Release, Start, deferred_regions, label
+from oases.schedule.regather import regathered_regions
 from oases.schedule.regions import build_chain, dp_bucket_groups, dp_buckets
 from oases.schedule.specs import ScheduleSpec
 from oases.schedule.tasks import degree_changes
@@ -120,6 +121,7 @@ class Executor(ForwardPieces, BackwardPieces, CollectiveInstructions, PointToPoi
         self.dp_head = self.ctx.stage_size // self.chain[-1].tp  # distinct loss terms
         self.track_memory = False
         self._deferring = frozenset()  # regions whose "dw" the running program has
+        self._regathering = frozenset()  # regions whose h_i it gathers again ("gh")
         self.skip_comm = False  # benchmarks only: compute-only timing, numbers are then wrong
         self.saved_bytes: dict[int, int] = {}  # region -> bytes kept from forward to backward
         self._param_ptrs = {p.untyped_storage().data_ptr() for p in model.parameters()}
@@ -157,6 +159,7 @@ class Executor(ForwardPieces, BackwardPieces, CollectiveInstructions, PointToPoi
                 targets = [self.model.target_reshard(y) for y in targets]
         self.tokens, self.targets, self.scale = tokens, targets, loss_scale
         self._deferring = deferred_regions(program)
+        self._regathering = regathered_regions(program)
         self._reset()
         timelines = list(active_timelines())
         # honest device times without a synchronize inside the step (``oases.timing``)
@@ -197,6 +200,7 @@ class Executor(ForwardPieces, BackwardPieces, CollectiveInstructions, PointToPoi
                 "h slices": self.hs,
                 "gathered h": self.hfull,
                 "kept h": self.hkeep,
+                "re-gathered h": self.hagain,
                 "grads": self.gx,
                 "residual grads": self.gres,
                 "dr": self.dr,
@@ -236,6 +240,7 @@ class Executor(ForwardPieces, BackwardPieces, CollectiveInstructions, PointToPoi
         self.hs: dict = {}  # (i, j) -> norm:i's output slice, to gather (sp)
         self.hfull: dict = {}  # (i, j) -> the gathered h_i, for core:i (sp)
         self.hkeep: dict = {}  # (i, j) -> a gathered h_i kept for a recompute (sp="gathered")
+        self.hagain: dict = {}  # (i, j) -> h_i gathered again in the backward ("gh", sp)
         self.gres: dict = {}
         self.gx: dict = {}
         self.dr: dict = {}

@@ -97,6 +97,7 @@ class BackwardPieces:
             dy = region.row.backward_partial(out, self.dr.pop((i, j)))  # [b, S, I/t]
             torch.autograd.backward(out, dy)
         self.bg[i, j] = (xl, h, hl, None)
+        self.hagain.pop((i, j), None)  # (dw:i's stash keeps what it still reads)
         self.dh[i, j] = hl.grad  # partial sums of dL/dh over the TP group
 
     def _bwd_dw(self, i: int, j: int) -> None:

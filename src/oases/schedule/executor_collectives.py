@@ -9,6 +9,8 @@ A mixin of ``executor.Executor``. Per kind (``instructions``), what ``_start`` s
     rsf, rsb    x[i, j] / gx[i, j] resharded between regions i-1 and i (batch rows, and under
                 sp sequence slices): the result replaces them in the other layout
     gf, gr, gb  (sp) hs[i, j] -> hfull[i, j], dr[i, j] -> dr[i, j]: gathered along the sequence
+    gh          (sp) norm:i's slice kept in bg[i, j] -> hagain[i, j]: h_i gathered again for
+                tp:i (``regather``)
     dp          the gradient mean of bucket i over each of its DP groups
     rs, ag      ZeRO: region i's gradient reduce-scatter, weight all-gather (``parallel/shard``)
     sg          (sp) the glue's and norms' gradients summed over their TP groups
@@ -113,13 +115,14 @@ class CollectiveInstructions:
                 grads = self._glue_grads(params)
                 if grads and group.size > 1 and not self.skip_comm:
                     handles.append((comm.flat_all_reduce_async(grads, group, tag=tag), True))
-        elif ins.kind in ("gf", "gr", "gb"):  # sp: gather h_i (or dr_i) along the sequence
+        elif ins.kind in ("gf", "gr", "gb", "gh"):  # sp: gather h_i (or dr_i) along the sequence
             group = self.chain[i].tp_group
-            x, direction = (
-                (self.dr[i, j], "backward")
-                if ins.kind == "gb"
-                else (self.hs.pop((i, j)), "forward")
-            )
+            if ins.kind == "gb":
+                x, direction = self.dr[i, j], "backward"
+            elif ins.kind == "gh":  # norm:i's slice, kept in its graph since the forward
+                x, direction = self.bg[i, j][1].detach(), "backward"
+            else:
+                x, direction = self.hs.pop((i, j)), "forward"
             handles.append(
                 (
                     comm.Handle(x.repeat(1, group.size, 1), None)
@@ -210,6 +213,8 @@ class CollectiveInstructions:
             self.hfull[i, j] = results[0]
         elif ins.kind == "gb":
             self.dr[i, j] = results[0]
+        elif ins.kind == "gh":
+            self.hagain[i, j] = results[0]
         elif self.sp is not None and ins.kind == "fwd":  # the reduce-scattered slices
             self.p[i, j] = results[0]
         elif self.sp is not None and ins.kind == "bwd":

@@ -17,6 +17,8 @@ What a piece keeps for the backward or its recompute:
     saved[i, j]   (x_i, r_i): commfree, epi:i's post-collective inputs
     inputs[i, j]  x_i: a block's input, or a commfree input that arrived through a reshard
     hkeep[i, j]   a gathered h_i (sp="gathered" commfree recompute)
+    (sp, no recompute: core:i's graph keeps no gathered h_i; its saved uses are tokens that
+    tp:i resolves to h_i gathered again from norm:i's slice, "gh": ``regather``)
     rng[i, j]     epi:i's RNG state before its dropout (recomputed glue)
 
 and what the next piece or collective reads: p[i, j] (partial sums, reduced in place),
@@ -35,6 +37,8 @@ import contextlib
 
 import torch
 from torch import Tensor
+
+from oases.schedule.regather import swapping_pack
 
 
 class ForwardPieces:
@@ -62,20 +66,27 @@ class ForwardPieces:
             return self.chain[i].kind == "attn"
         return mode == "commfree" and i in self.changes and self._in_segment("body", i)
 
-    def _track(self, i: int, recompute: bool):  # noqa: ANN202
+    def _track(self, i: int, recompute: bool, swap: tuple | None = None):  # noqa: ANN202
         """Count storages autograd keeps from the forward for region i (not parameters, not
-        the transient graphs of a recompute)."""
-        if not self.track_memory or recompute:
-            return contextlib.nullcontext()
+        the transient graphs of a recompute). ``swap`` (gathered h_i, sub-batch j): its saved
+        uses are packed as tokens resolved to the "gh" result in the backward (``regather``)."""
+        track = self.track_memory and not recompute
 
-        def pack(t: Tensor) -> Tensor:
+        def count(t: Tensor) -> Tensor:
             ptr = t.untyped_storage().data_ptr()
-            if ptr not in self._param_ptrs and ptr not in self._seen:
+            if track and ptr not in self._param_ptrs and ptr not in self._seen:
                 self._seen.add(ptr)
                 self.saved_bytes[i] = self.saved_bytes.get(i, 0) + t.untyped_storage().nbytes()
             return t
 
-        return torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t)
+        if swap is not None:
+            gathered, j = swap
+            return torch.autograd.graph.saved_tensors_hooks(
+                *swapping_pack(gathered, lambda: self.hagain[i, j], count)
+            )
+        if not track:
+            return contextlib.nullcontext()
+        return torch.autograd.graph.saved_tensors_hooks(count, lambda t: t)
 
     def _count_saved(self, i: int, *tensors: Tensor | None) -> None:
         if self.track_memory:
@@ -157,6 +168,8 @@ class ForwardPieces:
             self.hs[i, j] = h.detach()
         if grad:
             self.bg[i, j] = (xl, h, None, None)
+            if not recompute:  # kept to the norm's backward (and gathered again: "gh")
+                self._count_saved(i, h)
 
     def _core(self, i: int, j: int, grad: bool, recompute: bool, need_p: bool) -> None:
         """Sequence parallelism's core:i on the gathered h_i [b, S, H] -> p_i (or the loss)."""
@@ -173,9 +186,13 @@ class ForwardPieces:
         ):
             self.hkeep[i, j] = h
             self._count_saved(i, h)
-        with torch.set_grad_enabled(grad), self._track(i, recompute):
-            hl = h.detach().requires_grad_(grad)
+        # (at degree 1 the "gathered" h_i is norm:i's output itself: nothing to save on)
+        regather = grad and not recompute and i in self._regathering and self.chain[i].tp > 1
+        hl = h.detach().requires_grad_(grad)
+        with torch.set_grad_enabled(grad), self._track(i, recompute, (hl, j) if regather else None):
             out = self._tp_core(i, j, hl)
+        if regather:  # nothing reads the gathered h_i again: tp:i reads "gh"'s (hl: its grad)
+            hl.untyped_storage().resize_(0)
         xl, h_slice = self.bg[i, j][:2] if grad else (None, None)
         self._after_core(i, j, grad, recompute, need_p, (xl, h_slice, hl, out))
 

@@ -47,6 +47,8 @@ along the sequence join them (the other half)::
     "gb", i     all-gather of dr_i (epi:i's input-gradient slice) before tp:i's backward
     "gr", i     "gf" again in a communication-free recompute that keeps only slices
                 (``sp="shards"``; ``sp="gathered"`` keeps the gathered h_i and gathers nothing)
+    "gh", i     "gf" again in the backward of a schedule without recompute, before tp:i: the
+                forward kept norm:i's slice, not the gathered h_i (``regather``)
     "sg", 0     the sum over the TP group of the gradients of the parameters the glue and norms
                 use (each rank's come from its slice of the sequence): one all-reduce at the
                 end of the step (after ZeRO's reduce-scatters: it sums their shards' parts
@@ -70,7 +72,7 @@ class Compute:
 
 @dataclass(frozen=True)
 class Start:
-    kind: str  # "fwd" | "bwd" | "rsf" | "rsb" | "dp" | "rs" | "ag" | "gf" | "gb" | "gr" | ...
+    kind: str  # "fwd" | "bwd" | "rsf" | "rsb" | "dp" | "rs" | "ag" | "gf" | "gb" | "gr" | "gh" ..
     index: int
     sub: int = 0
 
@@ -110,6 +112,7 @@ def comm_name(kind: str, index: int) -> str:
     sequence-parallel gather; its "fwd"/"bwd" reduce-scatters are named like the all-reduces)."""
     return (
         f"{kind} {index}"
-        if kind in ("rsf", "rsb", "rs", "ag", "gf", "gb", "gr", "sf", "rf", "sb", "rb", "tie")
+        if kind
+        in ("rsf", "rsb", "rs", "ag", "gf", "gb", "gr", "gh", "sf", "rf", "sb", "rb", "tie")
         else f"{kind} AR {index}"
     )

@@ -11,11 +11,13 @@ planner's simulator on costs. Its parts, each in its own module::
     sp_tasks.py        the same under sequence parallelism (``sp``)
     dw_tasks.py        which backward tasks leave their weight gradients to a later "dw" task
     list_scheduler.py  tasks in priority order -> instructions, ``max_inflight`` collectives open
+    regather.py        sp without recompute: h_i gathered again in the backward ("gh")
     dp_insert.py       the data-parallel and ZeRO gradient and weight collectives, placed after
 
 and ``build_program`` assembles them, per micro-batch::
 
-    tasks (tasks.py, or sp_tasks.py staggered)  ->  list_schedule  ->  insert_dp (last micro)
+    tasks (tasks.py, or sp_tasks.py staggered)  ->  list_schedule  ->  (sp) insert_regathers
+    ->  insert_dp (last micro)
     ... every micro-batch ...  ->  insert_zero  ->  + Start/Wait "sg" (sp: the glue's gradients)
 
 With two sub-batches a and b the forward steady state is::
@@ -85,6 +87,7 @@ from oases.schedule.instructions import (
     label,
 )
 from oases.schedule.list_scheduler import block_groups, list_schedule, staggered
+from oases.schedule.regather import insert_regathers, regathers
 from oases.schedule.sp_tasks import sp_chain
 from oases.schedule.specs import BASELINES, SP_MODES, SPECS, ScheduleSpec, sub_batches
 from oases.schedule.tasks import backward_tasks, degree_changes, forward_tasks
@@ -201,6 +204,8 @@ def _build_program(
             ]
         else:
             body = list_schedule(tasks, max_inflight, synchronous=not spec.overlapped)
+        if sp is not None and regathers(spec.recompute, spec.scope):
+            body = insert_regathers(body, n_regions, synchronous=not spec.overlapped)
         if m == n_micro - 1 and dp_tasks:
             body = insert_dp(body, set(dp_tasks), subs[-1])
         program.extend(body)

@@ -1,0 +1,86 @@
+"""Issue 32: the backward's re-gather of h_i under sequence parallelism ("gh", regather.py) as
+instructions of the programs, and the per-tensor activation count (planner.activation_terms).
+The executor's measured bytes against the count: test_sequence_parallel (multi-rank)."""
+
+from __future__ import annotations
+
+import pytest
+
+from oases.config import ModelConfig
+from oases.planner.activation_terms import block_terms, korthikanti_block_bytes, region_terms
+from oases.schedule.instructions import Compute, Start, Wait
+from oases.schedule.program import build_program
+
+R = 6  # embedding, 2 blocks, head
+
+
+def _position(program: list, ins: object) -> int:
+    return program.index(ins)
+
+
+@pytest.mark.parametrize("name", ["overlap", "megatron", "megatron-sp"])
+def test_schedules_without_recompute_gather_h_again_before_each_block_region_backward(name):
+    k = 2 if name == "overlap" else 1
+    program = build_program(name, R, 2, sp="shards")
+    for j in range(k):
+        for i in range(1, R - 1):
+            start = _position(program, Start("gh", i, j))
+            wait = _position(program, Wait("gh", i, j))
+            tp = next(n for n, ins in enumerate(program) if isinstance(ins, Compute)
+                      and ins.sub == j and ("tp", i) in ins.pieces)
+            assert start < wait < tp
+            if name == "overlap":  # flies with bwd(i+1), under the next tasks
+                assert program[start - 1] == Start("bwd", i + 1, j)
+                assert any(isinstance(ins, Compute) for ins in program[start:wait])
+            else:  # a synchronous program overlaps nothing
+                assert (wait, tp) == (start + 1, start + 2)
+    assert not [ins for ins in program if isinstance(ins, Start) and ins.kind == "gh"
+                and not 0 < ins.index < R - 1]
+
+
+@pytest.mark.parametrize("name", ["oases", "commfree-recompute", "megatron-recompute",
+                                  "overlap-recompute", "merak"])
+def test_recompute_schedules_and_plain_programs_gather_nothing_again(name):
+    for sp in ("gathered", "shards", None):
+        program = build_program(name, R, 2, sp=sp)
+        assert not [ins for ins in program if isinstance(ins, Start) and ins.kind == "gh"]
+    assert not [ins for ins in build_program("overlap", R, 2)
+                if isinstance(ins, Start) and ins.kind == "gh"]
+
+
+def test_korthikanti_counts_of_a_block():
+    tokens, dim = 2048 * 4, 1024
+    sbh = tokens * dim
+    for t in (1, 2, 4, 8):  # 16-bit: sbh(10 + 24/t) and sbh(34/t)
+        assert korthikanti_block_bytes(tokens, dim, t, False) == sbh * 10 + sbh * 24 // t
+        assert korthikanti_block_bytes(tokens, dim, t, True) == sbh * 34 // t
+
+
+def test_our_terms_split_by_sequence_parallelism_as_megatron_keeps_them():
+    """With sp every term is 1/t of the replicated one; without it only the norms' inputs,
+    outputs, statistics and masks stay whole (GPT-2's is the paper's block with the norms'
+    statistics and logsumexp on top)."""
+    for arch in ("gpt2", "llama"):
+        cfg = ModelConfig(arch=arch, n_layers=2, dim=64, n_heads=4, vocab_size=256,
+                          seq_len=256, dropout=0.1)
+        one = block_terms(cfg, 2, 1, False, 4)
+        for t in (2, 4):
+            plain, sp = block_terms(cfg, 2, t, False, 4), block_terms(cfg, 2, t, True, 4)
+            for name, value in one.items():
+                if name == "rope tables":  # per module, not per token
+                    assert plain[name] == sp[name] == value
+                    continue
+                assert sp[name] == value // t, (arch, name)
+                whole = name in ("x (norm input)", "norm stats", "h (norm output)", "mask")
+                assert plain[name] == (value if whole else value // t), (arch, name)
+    gpt2 = ModelConfig(arch="gpt2", n_layers=2, dim=64, n_heads=4, vocab_size=256,
+                       seq_len=256, dropout=0.1)
+    n, h = 2 * 256, 64
+    for t in (1, 2, 4):
+        for sp in (False, True):
+            ours = sum(block_terms(gpt2, 2, t, sp, 2, mask_bytes=1).values())
+            # LayerNorm's mean and rstd, flash attention's logsumexp (2-byte elements)
+            stats = (2 * 2 * n * 2 // (t if sp else 1)) + n * 4 * 2 // t
+            assert ours - stats == korthikanti_block_bytes(n, h, t, sp), (t, sp)
+    with pytest.raises(ValueError, match="must be attn or mlp"):
+        region_terms(gpt2, "head", 2, 2, False, 4)
