@@ -25,6 +25,7 @@ import textwrap
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
+from oases import cli_data
 from oases.config import SECTIONS, Config, load_config
 from oases.train.launch import EXIT_USER_ERROR  # one definition, where the ranks exit with it
 
@@ -218,6 +219,7 @@ def _parser() -> argparse.ArgumentParser:
                       help="with --verify: every uniform candidate and the chosen plan, or "
                       "only the chosen plan")
     _simulate_parser(commands)
+    cli_data.add_parser(commands)  # oases data prepare|inspect
     export = commands.add_parser(
         "export",
         allow_abbrev=False,
@@ -487,7 +489,8 @@ def _train(ns: argparse.Namespace, overrides: list[str]) -> int:
 
 Command = Callable[[argparse.Namespace, list[str]], int]
 COMMANDS: dict[str, Command] = {"train": _train, "bench": _bench, "profile": _profile,
-                                "plan": _plan, "simulate": _simulate, "export": _export}
+                                "plan": _plan, "simulate": _simulate, "export": _export,
+                                "data": lambda ns, _: cli_data.run(ns)}
 TAKES_OVERRIDES = {"train", "bench", "profile", "plan"}
 # Their ranks run in child processes; RuntimeError("... ranks failed; see output above") is
 # the one line after the ranks' own output. Anywhere else a RuntimeError is a bug: traceback.
