@@ -83,7 +83,8 @@ def run_task(task: Task, root: Path, encoder: Encoder, extra: dict[str, Any]) ->
     writer = ShardWriter(root, task.name, encoder.spec.dtype)
     try:
         chunks = chain.from_iterable(piece_chunks(p) for p in task.pieces)
-        for block in cut_blocks(chunks):
+        # bytes are tokens: any cut is exact, so the chunks as read are the blocks
+        for block in chunks if encoder.tokenizer is None else cut_blocks(chunks):
             tokens, ends = encoder.encode(block)
             writer.write(tokens, ends, len(block))
     except BaseException:

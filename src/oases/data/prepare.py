@@ -235,9 +235,10 @@ def _split_entry(tasks: list[Task], records: dict[str, dict[str, Any]]) -> dict[
             "text_bytes": sum(s["text_bytes"] for s in shards), "shards": shards}
 
 
-def prepare(req: PrepareRequest, log: TextIO | None = None, bar: bool | None = None
-            ) -> dict[str, Any]:
-    """Prepare ``req`` into ``req.out`` (module docstring); returns the manifest."""
+def prepare(req: PrepareRequest, log: TextIO | None = None, bar: bool | None = None,
+            quiet: bool = False) -> dict[str, Any]:
+    """Prepare ``req`` into ``req.out`` (module docstring); returns the manifest. ``bar``: a
+    progress bar (None: on a terminal), else lines; ``quiet``: only the summary lines."""
     log = log or sys.stderr
     start = time.perf_counter()
     check_request(req)
@@ -277,12 +278,11 @@ def prepare(req: PrepareRequest, log: TextIO | None = None, bar: bool | None = N
                        tok.doc_sep_id, tok.vocab_size, dtype)
     todo_bytes = sum(t.input_bytes for t in todo)
     workers = req.workers or (1 if todo_bytes < SMALL_BYTES else os.cpu_count() or 1)
-    progress = Progress(todo_bytes, len(todo), log, bar, len(records))
-    extra_named = dict(extra)
+    progress = Progress(todo_bytes, len(todo), log, bar, len(records), quiet)
     try:
-        _encode(todo, spec, extra_named, min(workers, max(len(todo), 1)), req.out, progress)
+        _encode(todo, spec, extra, min(workers, max(len(todo), 1)), req.out, progress)
     finally:
-        progress.close()
+        progress.close()  # stops the encode clock
     for task in todo:
         records[task.name] = read_done(req.out, task.name) or {}
     sources = []
@@ -305,6 +305,8 @@ def prepare(req: PrepareRequest, log: TextIO | None = None, bar: bool | None = N
                 "dtype": dtype, "sources": sources,
                 "fingerprint": _fingerprint(sources, tok_info, dtype),
                 "prepared": {"seconds": round(elapsed, 3), "workers": workers,
+                             "encode_seconds": round(progress.seconds_done, 3),
+                             "encoded_text_bytes": progress.text,
                              "encoded_shards": len(todo), "reused_shards": len(tasks) - len(todo)}}
     write_json_atomic(req.out / MANIFEST, manifest)
     (req.out / REQUEST).unlink(missing_ok=True)

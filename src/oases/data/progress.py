@@ -1,5 +1,5 @@
 """What ``oases data prepare`` prints while it encodes: a tqdm bar on a terminal (else a line
-at every tenth of the input), and one throughput line at the end::
+at every tenth of the input; ``quiet``: none), and one throughput line at the end::
 
     prepare: 1073.7 MB of text in 8.12s: 132.3 MB/s with 2 workers (66.1 MB/s per worker);
              1073.7 M tokens (uint8) in 64 shards, 52 documents -> DIR (fingerprint 3f2a...)
@@ -17,15 +17,17 @@ class Progress:
     """Counts finished tasks' input bytes, text bytes and tokens (encode time only)."""
 
     def __init__(self, total_bytes: int, n_tasks: int, log: TextIO, bar: bool | None,
-                 reused: int) -> None:
+                 reused: int, quiet: bool = False) -> None:
         self.total, self.n_tasks, self.log = max(total_bytes, 1), n_tasks, log
         self.read = self.text = self.tokens = 0
         self.start = time.perf_counter()
+        self.stopped: float | None = None
         self.next_line = 0.1
         if reused:
             print(f"prepare: resuming: {reused} shards already finished, {n_tasks} to go",
                   file=log, flush=True)
         use_bar = log.isatty() if bar is None else bar
+        self.quiet = quiet
         self.bar = None
         if use_bar and n_tasks:
             from tqdm import tqdm
@@ -40,6 +42,8 @@ class Progress:
         if self.bar is not None:
             self.bar.update(task.input_bytes)
             return
+        if self.quiet:
+            return
         frac = self.read / self.total
         if frac >= self.next_line or self.read >= self.total:
             dt = max(time.perf_counter() - self.start, 1e-9)
@@ -51,17 +55,19 @@ class Progress:
                 self.next_line += 0.1
 
     @property
-    def seconds(self) -> float:
-        return time.perf_counter() - self.start
+    def seconds_done(self) -> float:
+        """Seconds from the start of encoding (worker start-up included) to ``close``."""
+        return (self.stopped or time.perf_counter()) - self.start
 
     def close(self) -> None:
+        self.stopped = self.stopped or time.perf_counter()
         if self.bar is not None:
             self.bar.close()
             self.bar = None
 
     def summary(self, manifest: dict[str, Any], elapsed: float, workers: int, out: Any) -> None:
         """The throughput line (this run's encoding) and what the dataset holds."""
-        dt = max(self.seconds, 1e-9)
+        dt = max(self.seconds_done, 1e-9)
         sources = manifest["sources"]
         tokens = sum(s[k]["tokens"] for s in sources for k in ("train", "val"))
         docs = sum(s[k]["documents"] for s in sources for k in ("train", "val"))

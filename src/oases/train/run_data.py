@@ -136,7 +136,7 @@ def open_run_data(cfg: Config, fingerprint: Fingerprint, resume_from: Path | Non
         if _cache_is_stale(req, fingerprint):
             remove_dataset(req.out)
         if not (req.out / MANIFEST).is_file():
-            prepare(req, log=log or io.StringIO(), bar=False)
+            prepare(req, log=log or io.StringIO(), bar=False, quiet=True)
     ds = open_dataset(req.out)
     tok = ds.tokenizer()
     check_tokenizer(cfg, ds, tok)
