@@ -19,6 +19,7 @@ nor the training code, so a worker starts in a fraction of a second.
 from __future__ import annotations
 
 import os
+import signal
 from dataclasses import dataclass
 from itertools import chain
 from pathlib import Path
@@ -99,7 +100,9 @@ _WORKER: dict[str, Any] = {}
 
 
 def init_worker(spec: EncoderSpec | None, root: str, extra: dict[str, Any]) -> None:
-    """A worker process's set-up: one thread for the tokenizer library, the encoder."""
+    """A worker process's set-up: one thread for the tokenizer library, the encoder; Ctrl-C
+    is the parent's to handle (it terminates the workers)."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
     os.environ["RAYON_NUM_THREADS"] = "1"
     os.environ["TOKENIZERS_PARALLELISM"] = "false"
     _WORKER.update(encoder=None if spec is None else Encoder(spec), root=Path(root), extra=extra)

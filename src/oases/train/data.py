@@ -1,28 +1,27 @@
-"""Training text: the embedded default corpus, user files, token streams and packed batches.
+"""The in-memory path: a source read and tokenized whole, in one process (the reference).
+
+Training reads memory-mapped shards (``oases.data``, ``train.run_data``); this module keeps the
+path every rank used to run at start-up, because it defines the token stream: the shards of a
+prepared source hold exactly ``tokenize_corpus(load_corpus(source), tok)`` (a test proves it),
+and ``PackedBatches`` is the small-data batcher the shards' ``ShardBatches`` mirrors.
 
 Shape legend: G global batch (sequences per step), dp data-parallel degree, B = G // dp rows per
 DP rank, S sequence length (``model.seq_len``), W = S + 1 window length.
 
-``data.source = "stdlib"`` (the default) is the running interpreter's own standard library: every
-UTF-8 ``.py`` file under ``sysconfig.get_paths()["stdlib"]`` outside ``site-packages`` and test
-directories, a deterministic choice of files capped at ``STDLIB_CAP_BYTES`` so start-up stays
-fast. Any other source is a file, a directory (every file below it) or a glob of user text
-files; files ending in ``.jsonl`` hold one JSON object per line with a ``"text"`` field.
+Sources (``oases.data.files``): ``"stdlib"`` (the running interpreter's standard library
+sources, its UTF-8 files only) or a file, a directory or a glob of user text files; files ending
+in ``.jsonl`` hold one JSON object per line with a ``"text"`` field.
 
 Validation is split off by file: file i (in sorted order) is held out when
 ``i % VAL_EVERY == VAL_EVERY - 1``. With fewer than ``VAL_EVERY`` files no file is held out and
-the last 1/VAL_EVERY of the token stream is used instead.
+the last 1/VAL_EVERY of the byte stream is used instead.
 
-Every corpus carries a ``Fingerprint``: a hash of its files' names (relative to the stdlib root,
-or to the common folder of a user source) and sizes, with their count and total size. Checkpoints
-record it, so a run resumed on other data (another Python version's stdlib, edited files) is
-caught; it costs one ``stat`` per file, never a second read.
-
-Documents are joined with ``DOC_SEP`` (byte 0, absent from text) into one stream of tokens that
-is cut into non-overlapping windows of W tokens; a window gives ``tokens = w[:-1]`` and
-``targets = w[1:]``. ``PackedBatches`` orders the windows by a seeded permutation per epoch and
-deals them out in global batches of G; DP rank r gets the B contiguous rows ``[r*B, (r+1)*B)`` of
-each global batch, and every TP rank of a DP group gets the same rows.
+Documents are joined with ``DOC_SEP`` (byte 0, absent from text) into one stream; a tokenizer
+encodes each piece between separators on its own. The stream is cut into non-overlapping
+windows of W tokens; a window gives ``tokens = w[:-1]`` and ``targets = w[1:]``.
+``PackedBatches`` orders the windows by a seeded permutation per epoch and deals them out in
+global batches of G; DP rank r gets the B contiguous rows ``[r*B, (r+1)*B)`` of each global
+batch, and every TP rank of a DP group gets the same rows.
 """
 
 from __future__ import annotations

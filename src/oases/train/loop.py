@@ -36,8 +36,10 @@ step and so the LR schedule, data position, RNG), at any tp or plan, once ``oase
 has checked that the checkpoint can serve this config and data - before anything is written.
 A resumed run keeps the metrics lines up to its step.
 
-Setup before the model (``setup``: config, plan, tokenizer) runs on every rank without a
-collective; ``agree`` then makes every rank stop with the same one line if any rank failed.
+Setup before the model (``setup``: config, plan, tokenizer name; ``run_data``: the dataset,
+prepared once into ``<run_dir>/data`` when ``data.source`` is not a prepared folder, memory-
+mapped, its tokenizer) runs on every rank without a collective; ``agree`` then makes every rank
+stop with the same one line if any rank failed.
 """
 
 from __future__ import annotations
