@@ -236,7 +236,10 @@ STEPS = ["--train.steps=3", "--train.eval_every=0", "--checkpoint.every=0",
          "--train.sample_tokens=0", "--train.log_every=1"]
 
 
-def startup(root: Path, out: Path, before_src: Path) -> None:
+def startup(root: Path, out: Path, before_src: Path, repeats: int = 3) -> None:
+    """Per corpus: prepare (byte), open time; then ``repeats`` rounds, interleaved, of
+    `oases train` on each prepared folder and, up to 1 GB, the in-memory path of before (the
+    1 GB one once: it takes a minute and 3 GB per rank)."""
     work = root / "prep"
     for name in SIZES:
         ds = work / f"start-{name}"
@@ -244,13 +247,18 @@ def startup(root: Path, out: Path, before_src: Path) -> None:
             record(out, "prepare", {"corpus": name, "tokenizer": "byte",
                                     **_prepare(root / f"text-{name}", ds)})
         record(out, "open", {"corpus": name, **open_time(ds)})
-        row = train_run(REPO / "src", root / "runs" / f"after-{name}",
-                        f"--data.source={ds}", *STEPS)
-        record(out, "startup", {"corpus": name, "code": "after (prepared folder)", **row})
-        if name in ("10M", "100M", "1G"):  # the in-memory path: every rank reads it all
-            row = train_run(before_src, root / "runs" / f"before-{name}",
-                            f"--data.source={root / f'text-{name}'}", *STEPS)
-            record(out, "startup", {"corpus": name, "code": "before (in memory)", **row})
+    for rep in range(repeats):
+        for name in SIZES:
+            ds = work / f"start-{name}"
+            row = train_run(REPO / "src", root / "runs" / f"after-{name}",
+                            f"--data.source={ds}", *STEPS)
+            record(out, "startup", {"corpus": name, "code": "after (prepared folder)",
+                                    "rep": rep, **row})
+            if name in ("10M", "100M") or (name == "1G" and rep == 0):
+                row = train_run(before_src, root / "runs" / f"before-{name}",
+                                f"--data.source={root / f'text-{name}'}", *STEPS)
+                record(out, "startup", {"corpus": name, "code": "before (in memory)",
+                                        "rep": rep, **row})
 
 
 def make_train(out: Path, before_src: Path, root: Path) -> None:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import sys
 from pathlib import Path
+from statistics import median
 
 
 def main(path: str) -> None:
@@ -36,16 +37,21 @@ def main(path: str) -> None:
         if r["kind"] == "open":
             print(f"| {r['corpus']} | {r['windows']:,} | {r['import_s']:.2f} | "
                   f"{r['open_and_first_batch_s']:.3f} | {r['process_peak_rss_mb']:.0f} |")
-    print("\n## oases train, 2 ranks (tp=2), 3 steps\n")
-    print("| corpus | data path | command start to first step s | launch to first step s | "
-          "peak RSS per rank MB | file-backed RSS per rank MB | load |")
+    print("\n## oases train, 2 ranks (tp=2), 3 steps: medians over the runs (range)\n")
+    print("| corpus | data path | runs | command start to first step s | launch to first step s "
+          "| peak RSS rank 0 / rank 1 MB | load |")
     print("|---|---|---|---|---|---|---|")
+    groups: dict[tuple[str, str], list[dict]] = {}
     for r in rows:
         if r["kind"] == "startup":
-            print(f"| {r['corpus']} | {r['code']} | {r['first_step_s']:.1f} | "
-                  f"{r['launch_to_first_step_s']:.1f} | "
-                  f"{' / '.join(f'{x:.0f}' for x in r['rank_peak_rss_mb'])} | "
-                  f"{' / '.join(f'{x:.0f}' for x in r['rank_rss_file_mb'])} | {r['load']:.1f} |")
+            groups.setdefault((r["corpus"], r["code"]), []).append(r)
+    for (corpus, code), rs in groups.items():
+        first = [r["first_step_s"] for r in rs]
+        launch = [r["launch_to_first_step_s"] for r in rs]
+        peaks = [median([r["rank_peak_rss_mb"][i] for r in rs]) for i in range(2)]
+        print(f"| {corpus} | {code} | {len(rs)} | {median(first):.1f} ({min(first):.1f}-"
+              f"{max(first):.1f}) | {median(launch):.1f} ({min(launch):.1f}-{max(launch):.1f}) "
+              f"| {peaks[0]:.0f} / {peaks[1]:.0f} | {median([r['load'] for r in rs]):.1f} |")
     print("\n## make train (configs/default.toml, 200 steps)\n")
     print("| code | wall s | first step s | final validation loss | peak RSS per rank MB | "
           "load |")

@@ -22,21 +22,28 @@ hardware (1.5 GB/s a core here, three times BLAKE2b).
 preparation's time); the ``.json`` marker and the manifest are flushed to disk, and a resumed
 preparation reuses a finished shard only when its sizes and quick checksum match the marker.
 
-``TokenStream`` is one split of one source: its shards end to end as one sequence of tokens,
-each shard ``np.memmap``'d on first use, so reading a window costs its bytes, never the corpus.
+``TokenStream`` is one split of one source: its shards end to end as one sequence of tokens.
+The files are raw arrays (``np.memmap`` maps them: ``map_shard``), but training reads each
+window with ``os.pread`` into a buffer of its own, through the page cache: nothing is mapped
+into the rank, so its resident memory stays the same however much of the corpus it has read.
+(Measured on this machine, a memory map instead grew a rank by about 1.5 MB per window read:
+the kernel maps whole large page-cache folios, 8 MB readahead, even under ``MADV_RANDOM``.)
 """
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import os
+from collections import OrderedDict
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
 QUICK_BYTES = 1 << 16
+OPEN_FILES = 64  # shard files a TokenStream keeps open
 DTYPES = {"uint8": np.uint8, "uint16": np.uint16, "uint32": np.uint32}
 
 
@@ -161,23 +168,34 @@ def check_shard(root: Path, shard: dict[str, Any], itemsize: int, full: bool = F
 
 
 class TokenStream:
-    """The shards of one split of one source as one sequence of tokens (memory-mapped)."""
+    """The shards of one split of one source as one sequence of tokens (module docstring)."""
 
     def __init__(self, root: Path, shards: list[dict[str, Any]], dtype: str) -> None:
-        self.root, self.shards, self.dtype = root, shards, DTYPES[dtype]
+        self.root, self.shards = root, shards
+        self.dtype = np.dtype(DTYPES[dtype]).newbyteorder("<")
         sizes = np.array([s["tokens"] for s in shards], dtype=np.int64)
         self.starts = np.concatenate([[0], np.cumsum(sizes)])  # [n_shards + 1]
-        self._maps: dict[int, np.ndarray] = {}
+        self._files: OrderedDict[int, int] = OrderedDict()  # shard -> open descriptor (LRU)
 
     def __len__(self) -> int:
         return int(self.starts[-1])
 
-    def _map(self, k: int) -> np.ndarray:
-        if k not in self._maps:
-            path = self.root / self.shards[k]["file"]
-            self._maps[k] = np.memmap(path, dtype=np.dtype(self.dtype).newbyteorder("<"),
-                                      mode="r", shape=(int(self.shards[k]["tokens"]),))
-        return self._maps[k]
+    def _fd(self, k: int) -> int:
+        if k in self._files:
+            self._files.move_to_end(k)
+            return self._files[k]
+        if len(self._files) >= OPEN_FILES:
+            os.close(self._files.popitem(last=False)[1])
+        self._files[k] = os.open(self.root / self.shards[k]["file"], os.O_RDONLY)
+        return self._files[k]
+
+    def _pread(self, k: int, lo: int, n: int) -> np.ndarray:
+        size = self.dtype.itemsize
+        data = os.pread(self._fd(k), n * size, lo * size)
+        if len(data) != n * size:
+            raise ValueError(f"{self.root / self.shards[k]['file']}: truncated since it was "
+                             "opened (prepare the dataset again)")
+        return np.frombuffer(data, dtype=self.dtype)
 
     def read(self, start: int, length: int) -> np.ndarray:
         """Tokens ``[start, start + length)`` as a new int64 array."""
@@ -189,7 +207,7 @@ class TokenStream:
             lo = start + at - int(self.starts[k])
             n = min(length - at, int(self.starts[k + 1]) - (start + at))
             if n > 0:
-                out[at:at + n] = self._map(k)[lo:lo + n]
+                out[at:at + n] = self._pread(k, lo, n)
                 at += n
             k += 1
         return out
@@ -197,3 +215,13 @@ class TokenStream:
     def read_all(self) -> np.ndarray:
         """Every token (tests and small streams only)."""
         return self.read(0, len(self))
+
+    def map_shard(self, k: int) -> np.ndarray:
+        """Shard k as a read-only ``np.memmap`` (tools; training reads with ``read``)."""
+        return np.memmap(self.root / self.shards[k]["file"], dtype=self.dtype, mode="r",
+                         shape=(int(self.shards[k]["tokens"]),))
+
+    def __del__(self) -> None:
+        for fd in getattr(self, "_files", {}).values():
+            with contextlib.suppress(OSError):
+                os.close(fd)
