@@ -262,6 +262,9 @@ def test_an_interrupted_preparation_resumes_and_keeps_finished_shards(tmp_path, 
     assert manifest["fingerprint"] == clean["fingerprint"]
     again = _prepare(src, tmp_path / "ds")  # finished: nothing to do
     assert again == manifest
+    inside = _prepare(src, src / "prepared")  # DIR inside SOURCE: its own files left out
+    assert inside["fingerprint"] == _prepare(src, src / "prepared")["fingerprint"]
+    assert inside["sources"][0]["fingerprint"] == clean["sources"][0]["fingerprint"]
     before = {p: p.stat().st_mtime_ns for p in (tmp_path / "ds").rglob("*")}
     with pytest.raises(ValueError, match="already holds a prepared dataset"):
         _prepare(src, tmp_path / "ds", "bpe", vocab_size=300)

@@ -6,7 +6,8 @@
     bench.py startup ROOT OUT SRC   per corpus: prepare (byte), data open time, `oases train`
                                     time to the first step and resident memory per rank; SRC:
                                     the source tree of the commit before this work ("before")
-    bench.py train OUT SRC          `oases train` (configs/default.toml) before and after
+    bench.py train OUT SRC ROOT     `oases train` (configs/default.toml) before and after
+    bench.py bpe-sample ROOT OUT    BPE training time, memory, compression by sample size
 Each step appends its rows to OUT/results.json.
 """
 
@@ -135,7 +136,8 @@ def throughput(root: Path, out: Path) -> None:
                 continue
             row = _prepare(root / f"text-{name}", work / f"{name}-{tok}-w{workers}", *args,
                            "--workers", str(workers))
-            record(out, "prepare", {"corpus": name, "tokenizer": tok, **row})
+            record(out, "prepare", {"corpus": name, "tokenizer": tok, "purpose": "throughput",
+                                    **row})
         if name == "1G":
             continue
         tj = work / f"{name}-{tok}-w2" / "tokenizer.json"
@@ -245,6 +247,7 @@ def startup(root: Path, out: Path, before_src: Path, repeats: int = 3) -> None:
         ds = work / f"start-{name}"
         if not (ds / "dataset.json").is_file():
             record(out, "prepare", {"corpus": name, "tokenizer": "byte",
+                                    "purpose": "start-up corpora",
                                     **_prepare(root / f"text-{name}", ds)})
         record(out, "open", {"corpus": name, **open_time(ds)})
     for rep in range(repeats):
@@ -259,6 +262,38 @@ def startup(root: Path, out: Path, before_src: Path, repeats: int = 3) -> None:
                                 f"--data.source={root / f'text-{name}'}", *STEPS)
                 record(out, "startup", {"corpus": name, "code": "before (in memory)",
                                         "rep": rep, **row})
+
+
+def bpe_sample(root: Path, out: Path) -> None:
+    """A BPE of 4096 tokens trained on the first 4, 16 and 64 MiB of the 1 GB corpus (each in a
+    fresh process): training time, the process's peak memory, and its tokens per byte on the
+    10 MB corpus (other files, held out)."""
+    for mib in (4, 16, 64):
+        code = f"""
+import json, resource, sys, time
+from pathlib import Path
+sys.path.insert(0, {str(Path(__file__).parent)!r})
+from bench import _texts
+from oases.train.tokenizer import train_bpe
+texts, size = [], 0
+for p in sorted(Path({str(root / "text-1G")!r}).glob("*.txt")):
+    data = p.read_bytes()[: {mib} * 2**20 - size]
+    texts.append(data.decode("utf-8", errors="replace"))
+    size += len(data)
+    if size >= {mib} * 2**20:
+        break
+t0 = time.perf_counter()
+tok = train_bpe(texts, 4096)
+dt = time.perf_counter() - t0
+held = _texts(Path({str(root / "text-10M")!r}))
+n = sum(len(t.encode()) for t in held)
+ids = sum(len(x) for x in tok.encode_batch(held))
+print(json.dumps({{"sample_mib": {mib}, "train_s": dt, "tokens_per_byte": ids / n,
+                  "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024}}))
+"""
+        res = subprocess.run([PY, "-c", code], capture_output=True, text=True, check=True,
+                             env=_env(REPO / "src"))
+        record(out, "bpe_sample", json.loads(res.stdout.strip().splitlines()[-1]))
 
 
 def make_train(out: Path, before_src: Path, root: Path) -> None:
@@ -277,5 +312,7 @@ if __name__ == "__main__":
         startup(args[0], args[1], args[2])
     elif step == "train":
         make_train(args[0], args[1], args[2])
+    elif step == "bpe-sample":
+        bpe_sample(args[0], args[1])
     else:
         raise SystemExit(__doc__)

@@ -21,5 +21,6 @@ $py $out/bench.py corpora "$root"
 flock /tmp/oases-cpu.lock $py $out/bench.py throughput "$root" $out
 flock /tmp/oases-cpu.lock $py $out/bench.py startup "$root" $out "$base/src"
 flock /tmp/oases-cpu.lock $py $out/bench.py train $out "$base/src" "$root"
+flock /tmp/oases-cpu.lock $py $out/bench.py bpe-sample "$root" $out
 $py $out/tables.py $out/results.json > $out/results.md
 echo "load average after: $(cut -d' ' -f1-3 /proc/loadavg)"

@@ -12,15 +12,16 @@ def main(path: str) -> None:
     rows = json.loads(Path(path).read_text())
     print("## Prepare throughput\n")
     print("| corpus | tokenizer | workers | text MB | encode s | MB/s | MB/s per core | "
-          "whole command s | shards | load |")
-    print("|---|---|---|---|---|---|---|---|---|---|")
+          "whole command s | shards | run for | load |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|")
     for r in rows:
         if r["kind"] == "prepare":
             mb = r["text_bytes"] / 1e6
             rate = mb / r["encode_s"]
             print(f"| {r['corpus']} | {r['tokenizer']} | {r['workers']} | {mb:.0f} | "
                   f"{r['encode_s']:.2f} | {rate:.1f} | {rate / r['workers']:.1f} | "
-                  f"{r['wall_s']:.1f} | {r['shards']} | {r['load']:.1f} |")
+                  f"{r['wall_s']:.1f} | {r['shards']} | {r.get('purpose', '')} | "
+                  f"{r['load']:.1f} |")
     print("\n## The tokenizers library, one encode_batch call on the same text\n")
     print("| corpus | tokenizer | text MB | s | MB/s (all cores) | MB/s per core | load |")
     print("|---|---|---|---|---|---|---|")
@@ -52,6 +53,13 @@ def main(path: str) -> None:
         print(f"| {corpus} | {code} | {len(rs)} | {median(first):.1f} ({min(first):.1f}-"
               f"{max(first):.1f}) | {median(launch):.1f} ({min(launch):.1f}-{max(launch):.1f}) "
               f"| {peaks[0]:.0f} / {peaks[1]:.0f} | {median([r['load'] for r in rs]):.1f} |")
+    print("\n## BPE (4096 tokens) trained on the first MiBs of the 1 GB corpus\n")
+    print("| sample MiB | training s | process peak RSS MB | tokens per byte on the 10 MB corpus |")
+    print("|---|---|---|---|")
+    for r in rows:
+        if r["kind"] == "bpe_sample":
+            print(f"| {r['sample_mib']} | {r['train_s']:.1f} | {r['peak_rss_mb']:.0f} | "
+                  f"{r['tokens_per_byte']:.4f} |")
     print("\n## make train (configs/default.toml, 200 steps)\n")
     print("| code | wall s | first step s | final validation loss | peak RSS per rank MB | "
           "load |")

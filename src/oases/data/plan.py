@@ -122,10 +122,12 @@ def _dataset_piece(spec: str, text_field: str) -> tuple[Piece, Fingerprint, int]
     return piece, Fingerprint(digest, 1, nbytes), nbytes
 
 
-def plan_source(spec: str, text_field: str = "text") -> SourcePlan:
+def plan_source(spec: str, text_field: str = "text", exclude: Path | None = None
+                ) -> SourcePlan:
     """The files of SOURCE (``stdlib``, a file, folder or glob, a ``datasets`` folder, or
     ``hfds:NAME[:SPLIT]``) as whole-file pieces, with the fingerprint the in-memory path gives
-    the same files; ValueError naming SOURCE when there is nothing to read."""
+    the same files; files under ``exclude`` (the dataset being written, when it lies inside
+    SOURCE) are left out. ValueError naming SOURCE when there is nothing to read."""
     if spec.startswith(HFDS_PREFIX) or _is_saved_dataset(Path(spec).expanduser()):
         name = spec if spec.startswith(HFDS_PREFIX) else str(Path(spec).expanduser())
         piece, fp, nbytes = _dataset_piece(name, text_field)
@@ -134,6 +136,11 @@ def plan_source(spec: str, text_field: str = "text") -> SourcePlan:
         paths, root = _stdlib_files(), stdlib_root()
     else:
         paths = [p.resolve() for p in resolve_source(spec)]
+        if exclude is not None:
+            out = exclude.resolve()
+            paths = [p for p in paths if out not in p.parents]
+            if not paths:
+                raise ValueError(f"data.source={spec!r}: no files outside {out}")
         root = source_root(paths)
     pieces, total = [], 0
     for path in paths:

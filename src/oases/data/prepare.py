@@ -246,7 +246,7 @@ def prepare(req: PrepareRequest, log: TextIO | None = None, bar: bool | None = N
 
     def plan_all() -> list[SourcePlan]:
         if not plans:
-            plans.extend(plan_source(s, req.text_field) for s in req.sources)
+            plans.extend(plan_source(s, req.text_field, req.out) for s in req.sources)
         return plans
 
     done = _check_folder(req, plan_all)

@@ -58,7 +58,7 @@ def data_fingerprint(cfg: Config) -> Fingerprint:
     ``stat`` per file (the stdlib's files are read once to skip those that are not UTF-8)."""
     if is_prepared(cfg.data.source):
         return open_dataset(cfg.data.source).fingerprint
-    return plan_source(cfg.data.source).fingerprint
+    return plan_source(cfg.data.source, exclude=Path(cfg.train.run_dir) / RUN_DATA).fingerprint
 
 
 def _request(cfg: Config, out: Path, resume_from: Path | None) -> PrepareRequest:
