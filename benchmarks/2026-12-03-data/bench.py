@@ -238,7 +238,7 @@ STEPS = ["--train.steps=3", "--train.eval_every=0", "--checkpoint.every=0",
          "--train.sample_tokens=0", "--train.log_every=1"]
 
 
-def startup(root: Path, out: Path, before_src: Path, repeats: int = 3) -> None:
+def startup(root: Path, out: Path, before_src: Path, repeats: int = 2) -> None:
     """Per corpus: prepare (byte), open time; then ``repeats`` rounds, interleaved, of
     `oases train` on each prepared folder and, up to 1 GB, the in-memory path of before (the
     1 GB one once: it takes a minute and 3 GB per rank)."""
