@@ -15,17 +15,16 @@ import pytest
 from distributed import REPO_ROOT, run_ranks
 from oases.config import ModelConfig
 from oases.plan import ParallelPlan, RegionPlan, region_names
+from oases.planner.batch import BatchShape
 from oases.planner.clusters import get_cluster
 from oases.planner.costs import region_param_count
 from oases.planner.hardware import HardwareCosts
 from oases.planner.models import MODELS, PAPER_SHAPES, load_model
-from oases.planner.simulate import (
-    BatchShape,
-    plan_program,
-    simulate_plan,
-)
+from oases.planner.simulate import plan_program, simulate_plan
 from oases.schedule import SCHEDULES
-from oases.schedule.program import BASELINES, SPECS, Compute, Start, Wait, build_program
+from oases.schedule.instructions import Compute, Start, Wait
+from oases.schedule.program import build_program
+from oases.schedule.specs import BASELINES, SPECS
 
 TINY = ModelConfig(arch="gpt2", n_layers=2, dim=32, n_heads=4, vocab_size=101, seq_len=16,
                    tie_embeddings=True)

@@ -397,7 +397,7 @@ def test_a_plan_replaces_parallel_tp(tmp_path):
         cfg = plan_cfg(degrees, world, *overrides)
         with pytest.raises(ValueError, match=message.replace("*", r"\*")):
             check_config(cfg, world)
-    with pytest.raises(ValueError, match="do not fit world size 4"):  # saved for 2 ranks
+    with pytest.raises(ValueError, match="the plan was made for 2 ranks"):  # on 4
         check_config(plan_cfg((1, 2, 1, 2, 2, 1), 2), 4)
     cfg = load_config(overrides=[f"--parallel.plan={tmp_path / 'missing.json'}"])
     with pytest.raises(ValueError, match="cannot read plan"):

@@ -22,13 +22,16 @@ def test_plain_lines_every_log_every_and_the_first_and_last_step():
     assert not console.tty
     _run(console)
     lines = out.getvalue().splitlines()
-    steps = [int(line.split()[1].split("/")[0]) for line in lines if "loss 2.0" in line
+    steps = [int(line.split()[1].split("/")[0]) for line in lines if "loss 2." in line
              and "validation" not in line]
     assert steps == [1, 4, 8, 10]
     assert "\r" not in out.getvalue()
-    # the mean over the steps since the previous line: steps 5..8 -> 2.065
+    # the step's own loss (as metrics.jsonl), then the mean over the steps since the previous
+    # line, named: steps 5..8 -> 2.065
     line8 = next(line for line in lines if line.startswith("step     8/10"))
-    assert "loss 2.0650" in line8 and "100,000 tok/s" in line8
+    assert "loss 2.0800  mean 2.0650 over steps 5-8" in line8 and "100,000 tok/s" in line8
+    line1 = next(line for line in lines if line.startswith("step     1/10"))
+    assert "loss 2.0100  lr" in line1  # one step: no mean
     assert lines[-1] == "done" and "step     5/10  validation loss 2.0000" in lines
 
 

@@ -17,15 +17,10 @@ from exactness import EXACT64
 from oases.config import ModelConfig
 from oases.parallel.context import Group
 from oases.parallel.layers import ColumnParallelLinear, RowParallelLinear, deferred_weight_grads
-from oases.schedule.program import (
-    SP_MODES,
-    SPECS,
-    Compute,
-    Start,
-    Wait,
-    build_program,
-    defers_weight_grad,
-)
+from oases.schedule.dw_tasks import defers_weight_grad
+from oases.schedule.instructions import Compute, Start, Wait
+from oases.schedule.program import build_program
+from oases.schedule.specs import SP_MODES, SPECS
 
 N_REGIONS = 2 * 3 + 2  # three layers: embedding, 3 x (attention, MLP), head
 SOLO = Group("tp", (0,), 0)  # a TP group of one rank: no communication
@@ -170,7 +165,8 @@ def test_the_hardware_model_splits_a_backward_into_input_and_weight_gradients():
             dx = costs.work(region, "backward", "sp-dx", 4, 2)
             dw = costs.work(region, "backward", "sp-dw", 4, 2)
             assert dx[0] + dw[0] == pytest.approx(whole[0], rel=1e-12)
-            assert dx[1] == whole[1] and dw[1] == 0
+            assert dx[1] + dw[1] == pytest.approx(whole[1], rel=1e-12)  # dW's bytes: its
+            assert 0 < dw[1] < whole[1]  # casts and the gradient accumulation
             assert 0.25 < dw[0] / whole[0] <= 0.5  # a matmul's dW: half its backward or less
 
 
@@ -194,9 +190,10 @@ def test_the_simulator_prices_the_split_backward_as_the_whole_one():
     "tp" and "dw" computes take what its whole TP backward takes (plus one more kernel
     launch), and the "dw" starts after the next gather, gb(i-1), was issued."""
     from oases.plan import ParallelPlan
+    from oases.planner.batch import BatchShape
     from oases.planner.clusters import get_cluster
     from oases.planner.hardware import HardwareCosts
-    from oases.planner.simulate import BatchShape, simulate_plan
+    from oases.planner.simulate import simulate_plan
 
     cfg = ModelConfig(arch="gpt2", n_layers=3, dim=1024, n_heads=16, vocab_size=50304,
                       seq_len=1024)
@@ -214,8 +211,10 @@ def test_the_simulator_prices_the_split_backward_as_the_whole_one():
         kind = "attn" if i % 2 else "mlp"
         dw, tp = compute[name, sub], compute[f"tp:{i}", sub]
         whole = costs.compute_s(kind, "backward", "tp", 4, 2)  # 4 sequences, 2 sub-batches
-        assert (dw.end_s - dw.start_s) + (tp.end_s - tp.start_s) == pytest.approx(
-            whole + cluster.server.gpu.launch_overhead_s, rel=1e-9)
+        split = sum(costs.compute_s(kind, "backward", p, 4, 2) for p in ("sp-dx", "sp-dw"))
+        took = (dw.end_s - dw.start_s) + (tp.end_s - tp.start_s)  # beside collectives: up
+        assert split * (1 - 1e-9) <= took <= split * costs.contention("all_gather") * (1 + 1e-9)
+        assert split >= whole * (1 - 1e-12)  # the same kernels, launched as two pieces
         assert comm[f"gb {i - 1}", sub].start_s <= dw.start_s
 
 

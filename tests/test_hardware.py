@@ -82,9 +82,13 @@ def test_link_presets_derive_from_hardware():
     assert comm_to_compute(CLUSTERS["rtx3090-pcie"], REF, 4, 4) == pytest.approx(
         pcie.comm_to_compute, abs=0.005)
     # a 4-GPU ring of host-staged PCIe 4.0 hops: 32 MiB in 1.5 x 32 MiB / 11.0 GB/s + NCCL's
-    # Simple latency, over the mean of the attention and MLP forwards
+    # Simple latency, over the mean of the attention and MLP forwards the kernel model prices
+    # (3.49 and 2.74 ms; the paper measured 3.24 and 2.69)
+    c = HardwareCosts(CLUSTERS["rtx3090-pcie"], REF, "fp32")
+    forward = (forward_s(c, "attn", 4) + forward_s(c, "mlp", 4)) / 2
+    assert forward == pytest.approx((3.49 + 2.74) / 2 * MS, rel=0.01)
     want = (1.5 * 4 * 1024 * 2048 * 4 / LINKS["pcie4-x16-geforce"].duplex_bytes_per_s
-            + (8.4 + 6 * 5.7) * 1e-6) / ((3.23 + 2.68) / 2 * MS)
+            + (8.4 + 6 * 5.7) * 1e-6) / forward
     assert pcie.comm_to_compute == pytest.approx(want, rel=0.02)
 
 
@@ -219,9 +223,12 @@ def test_compute_scales_with_tp_and_rows(arch):
     c = HardwareCosts(CLUSTERS["h100-nvlink"], m, "bf16")
     for region, phase, piece in MATMUL_PIECES:
         t1, t8 = (c.compute_s(region, phase, piece, tp, 4) for tp in (1, 8))
-        assert 6 < t1 / t8 <= 8, (region, phase, piece, t1 / t8)  # ~1/tp, launch + norms
+        assert 1 < t1 / t8 <= 8, (region, phase, piece, t1 / t8)  # norms do not shrink
+        g1, g8 = (c.breakdown(region, phase, piece, tp, 4)["gemm"] for tp in (1, 8))
+        assert 5 < g1 / g8 <= 8.5, (region, phase, piece, g1 / g8)  # ~1/tp, tiles and waves
         r1, r8 = (c.compute_s(region, phase, piece, 2, rows) for rows in (1, 8))
-        assert 7 < r8 / r1 <= 8, (region, phase, piece, r8 / r1)  # ~linear in rows
+        assert 5 < r8 / r1 <= 8.5, (region, phase, piece, r8 / r1)  # ~linear in rows but
+        # the weights' casts and gradient accumulation, which do not grow with rows
     # elementwise work on the replicated activations does not shrink with tp
     for region, phase, piece in [("attn", "forward", "epi"), ("mlp", "backward", "norm")]:
         assert c.compute_s(region, phase, piece, 1, 4) == c.compute_s(region, phase, piece, 8, 4)

@@ -526,8 +526,8 @@ def test_export_a_run_directory_with_its_tokenizer(tmp_path, tokenizer):
     assert model.config.bos_token_id == ours.doc_sep_id
     # the run's own checkpoint folder and a step folder name the same checkpoint
     step = tmp_path / "run" / "checkpoints" / "step_000006"
-    for path in (tmp_path / "run" / "checkpoints", step):
-        again = export_checkpoint(path, tmp_path / "again")
+    for path in (tmp_path / "run" / "checkpoints", step):  # the second over the first
+        again = export_checkpoint(path, tmp_path / "again", overwrite=path == step)
         assert (again / "model.safetensors").read_bytes() == \
             (out / "model.safetensors").read_bytes()
     with pytest.raises(ValueError, match=r"no complete checkpoint \(looked in "):

@@ -12,11 +12,11 @@ from oases.memory import device_baseline_bytes, peak_memory_mb, peak_reserved_mb
 from oases.parallel import comm
 from oases.plan import ParallelPlan, RegionPlan, region_names
 from oases.planner.costs import region_kind
+from oases.planner.layout import dp_bucket_bytes, dp_buckets
 from oases.planner.peak_memory import ModelState, peak_memory
-from oases.planner.simulate import _dp_buckets, dp_bucket_bytes
 from oases.planner.verify import predicted_peak_bytes
 from oases.schedule import build_schedule
-from oases.schedule.program import Compute, Start, Wait
+from oases.schedule.instructions import Compute, Start, Wait
 
 CFG = oases.ModelConfig(arch="gpt2", dim=32, n_heads=2, n_layers=2, vocab_size=64, seq_len=8)
 
@@ -99,9 +99,9 @@ def test_simulated_bucket_copies_match_the_executors(spawn_ranks):
     for key, plan in _plans(world).items():
         kinds = [region_kind(r.name) for r in plan.regions]
         degrees = [r.tp for r in plan.regions]
-        simulated = dp_bucket_bytes(_dp_buckets(CFG, kinds, degrees, world))
+        simulated = dp_bucket_bytes(dp_buckets(CFG, kinds, degrees, world))
         real = {t: b for t, b in measured[key].items() if b}
         assert {t: b for t, b in simulated.items() if b} == real, key
-    assert any(b == 0 for b in dp_bucket_bytes(_dp_buckets(
+    assert any(b == 0 for b in dp_bucket_bytes(dp_buckets(
         CFG, [region_kind(r.name) for r in _plans(world)["mixed"].regions],
         [r.tp for r in _plans(world)["mixed"].regions], world)).values())

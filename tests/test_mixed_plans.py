@@ -106,7 +106,7 @@ def test_plan_checks_and_json_round_trip(tmp_path):
     bad = ParallelPlan([RegionPlan(n, 4, 1) for n in region_names(cfg)])
     with pytest.raises(ValueError, match=r"blocks.0.attn: model.n_kv_heads=2 is not divisible"):
         bad.check(cfg, 4)
-    with pytest.raises(ValueError, match="do not fit world size 6"):
+    with pytest.raises(ValueError, match="the plan was made for 4 ranks"):
         plan.check(cfg, 6)
     with pytest.raises(ValueError, match="not a plan"):
         ParallelPlan.from_json('{"regions": [{"name": 1}]}')

@@ -23,7 +23,9 @@ from oases import record_collectives
 from oases.parallel.apply import shard_spec, shard_tensor
 from oases.plan import ParallelPlan, RegionPlan, region_names
 from oases.schedule import SCHEDULES, build_schedule
-from oases.schedule.program import SPECS, Compute, Start, Wait, build_program, sub_batches
+from oases.schedule.instructions import Compute, Start, Wait
+from oases.schedule.program import build_program
+from oases.schedule.specs import SPECS, sub_batches
 from test_mixed_plans import layout_rows, region_of
 
 B, S, VOCAB = 8, 16, 101

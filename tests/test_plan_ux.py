@@ -14,6 +14,7 @@ import pytest
 from distributed import REPO_ROOT
 from oases.config import ModelConfig, load_config
 from oases.plan import ParallelPlan
+from oases.planner.batch import BatchShape
 from oases.planner.budget import (
     DEFAULT_MEMORY_FRACTION,
     GB,
@@ -28,9 +29,9 @@ from oases.planner.models import MODELS
 from oases.planner.profile import Profile
 from oases.planner.report import format_candidates, run_command
 from oases.planner.search import solve_plan
-from oases.planner.simulate import BatchShape, simulate_plan
+from oases.planner.simulate import simulate_plan
 from oases.planner.whatif import parse_entries, simulate_cluster
-from oases.schedule.program import SPECS
+from oases.schedule.specs import SPECS
 from oases.schedule.timeline import LANES, Timeline
 
 LAB = """name = "lab"
@@ -578,7 +579,8 @@ def _simulated(n_micro: int = 2) -> tuple[Timeline, int]:
 def test_timeline_lanes_and_sub_batches_are_read_off_the_events(tmp_path):
     timeline, k = _simulated()
     # A plan without ZeRO draws no "ZeRO gather" lane: only the lanes that have events.
-    assert list(LANES) == ["compute", "TP comm", "reshard", "DP comm", "ZeRO gather"]
+    assert list(LANES) == ["compute", "TP comm", "reshard", "DP comm", "ZeRO gather",
+                           "pipeline p2p"]
     assert timeline.lanes() == ["compute", "TP comm", "reshard", "DP comm"]
     assert timeline.sub_batches_per_micro_batch() == k
     timeline.save_chrome_trace(tmp_path / "t.json")
@@ -627,7 +629,7 @@ def test_readme_cli_row_names_every_subcommand():
     from oases.cli import _parser
 
     readme = (REPO_ROOT / "README.md").read_text()
-    row = next(line for line in readme.splitlines() if line.startswith("| `oases/cli.py`"))
+    row = next(line for line in readme.splitlines() if line.startswith("| `oases/cli/__init__.py`"))
     commands = _parser()._subparsers._group_actions[0].choices
     assert set(commands) == {"train", "export", "bench", "profile", "plan", "simulate"}
     for name in commands:

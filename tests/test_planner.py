@@ -12,11 +12,12 @@ from distributed import REPO_ROOT, run_ranks
 from oases.config import ModelConfig, load_config
 from oases.plan import ParallelPlan, RegionPlan, region_names
 from oases.planner import batch_shape, format_candidates, plan_model
+from oases.planner.batch import BatchShape
 from oases.planner.costs import region_param_count, region_params
 from oases.planner.profile import Profile, fit_latency_bandwidth
 from oases.planner.search import solve_plan
-from oases.planner.simulate import BatchShape, plan_program, simulate_plan
-from oases.schedule.program import Start
+from oases.planner.simulate import plan_program, simulate_plan
+from oases.schedule.instructions import Start
 
 CFG = ModelConfig(arch="gpt2", n_layers=4, dim=64, n_heads=4, vocab_size=128, seq_len=32)
 PIECES = [("forward", "body"), ("forward", "epi"), ("recompute", "body"),

@@ -11,7 +11,7 @@ import pytest
 from oases.config import ModelConfig
 from oases.plan import ParallelPlan
 from oases.planner import load_costs
-from oases.planner.batch import BatchSpec
+from oases.planner.batch import BatchShape, BatchSpec
 from oases.planner.clusters import CLUSTERS
 from oases.planner.costs import analytic_saved_bytes, matmul_params, model_flops
 from oases.planner.hardware import HardwareCosts
@@ -26,7 +26,7 @@ from oases.planner.presets import MAMF_A100_SXM, MAMF_H100_SXM
 from oases.planner.profile import Profile
 from oases.planner.report import format_report
 from oases.planner.search import with_zero
-from oases.planner.simulate import BatchShape, simulate_plan
+from oases.planner.simulate import simulate_plan
 from oases.planner.whatif import parse_entries, simulate_cluster
 
 # a small GPT without dropout, so every activation byte is in the compute dtype

@@ -11,7 +11,9 @@ import itertools
 import pytest
 
 from oases.schedule import SCHEDULES, build_schedule
-from oases.schedule.program import SPECS, Compute, Start, Wait, build_program, sub_batches
+from oases.schedule.instructions import Compute, Start, Wait
+from oases.schedule.program import build_program
+from oases.schedule.specs import SPECS, sub_batches
 
 N_SUBS = (1, 2, 3)
 LAYERS = (1, 2, 3)

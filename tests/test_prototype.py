@@ -10,12 +10,13 @@ import itertools
 import pytest
 
 from oases.plan import region_names
+from oases.planner.batch import BatchShape, BatchSplitError
 from oases.planner.clusters import get_cluster
 from oases.planner.costs import region_kind
 from oases.planner.hardware import HardwareCosts
 from oases.planner.models import MODELS
 from oases.planner.prototype import _plan, node_seconds, prototype_plan
-from oases.planner.simulate import BatchShape, BatchSplitError, simulate_plan
+from oases.planner.simulate import simulate_plan
 
 CLUSTER = get_cluster("paper-3090-pcie-32")
 CFG = dataclasses.replace(MODELS["paper-h4096-l16"], n_layers=3)

@@ -29,7 +29,8 @@ import pytest
 
 from oases.config import load_config
 from oases.parallel import comm
-from oases.schedule.program import Start, Wait, build_program
+from oases.schedule.instructions import Start, Wait
+from oases.schedule.program import build_program
 from oases.train import checkpoint as ckpt
 from oases.train import faults
 from oases.train.faults import parse

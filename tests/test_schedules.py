@@ -30,7 +30,7 @@ from oases.model import build_model
 from oases.parallel.apply import parallelize, shard_spec, shard_tensor
 from oases.parallel.context import init_distributed
 from oases.schedule import SCHEDULES, build_schedule, record_timeline
-from oases.schedule.program import Start
+from oases.schedule.instructions import Start
 
 B, S, DIM, N_LAYERS, VOCAB = 4, 16, 32, 2, 101
 LR = 1e-2

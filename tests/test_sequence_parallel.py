@@ -23,9 +23,11 @@ from oases.config import Config, ModelConfig, ParallelConfig
 from oases.model import build_model
 from oases.parallel.apply import parallelize, shard_spec, shard_tensor
 from oases.parallel.context import init_distributed
-from oases.planner.simulate import glue_param_count
+from oases.planner.layout import glue_param_count
 from oases.schedule import SCHEDULES, build_schedule
-from oases.schedule.program import SP_MODES, Start, Wait, build_program
+from oases.schedule.instructions import Start, Wait
+from oases.schedule.program import build_program
+from oases.schedule.specs import SP_MODES
 
 B, S, DIM, N_LAYERS, VOCAB = 4, 16, 32, 2, 101
 ALL = (*SCHEDULES, "megatron-sp")
@@ -460,7 +462,8 @@ def test_simulated_sequence_parallel_steps_add_up_and_keep_less(name):
     """A sequence-parallel plan's step is its parts; its TP traffic is the all-reduce
     version's (every gather and reduce-scatter priced, none free); it keeps less."""
     from oases.plan import ParallelPlan
-    from oases.planner.simulate import BatchShape, simulate_plan
+    from oases.planner.batch import BatchShape
+    from oases.planner.simulate import simulate_plan
 
     cfg, costs = _sim_setup()
     batch = BatchShape(32, 16)
@@ -476,12 +479,16 @@ def test_simulated_sequence_parallel_steps_add_up_and_keep_less(name):
                                                             n_sub=2), costs, 32, batch)
             assert res.breakdown["activations_peak_bytes"] < \
                 plain.breakdown["activations_peak_bytes"]
-            assert res.breakdown["compute_s"] < plain.breakdown["compute_s"]  # glue on S/t
+            # glue on S/t; since the kernel model (issue 30) prices every piece's launches, the
+            # split pieces (norm | core, tp | dw) cost this tiny model up to ~2.2% of launch
+            # time, more than the glue saves: a bound, not a strict saving (follow-up)
+            assert res.breakdown["compute_s"] < 1.05 * plain.breakdown["compute_s"]
 
 
 def test_simulated_sequence_parallel_reshards_move_both_ways():
     from oases.plan import ParallelPlan, RegionPlan, region_names
-    from oases.planner.simulate import BatchShape, simulate_plan
+    from oases.planner.batch import BatchShape
+    from oases.planner.simulate import simulate_plan
 
     cfg, costs = _sim_setup()
     degrees = [2, 2, 2, 4, 4, 4, 4, 4, 4, 2]
@@ -494,8 +501,8 @@ def test_simulated_sequence_parallel_reshards_move_both_ways():
 
 
 def test_the_planner_turns_to_sequence_parallelism_when_memory_binds():
+    from oases.planner.batch import BatchShape
     from oases.planner.search import solve_plan
-    from oases.planner.simulate import BatchShape
 
     cfg, costs = _sim_setup()
     batch = BatchShape(32, 32)

@@ -2,9 +2,10 @@
 
 import pytest
 
-from oases.planner.simulate import StepCosts, simulate_program
+from oases.planner.event_walk import StepCosts, simulate_program
 from oases.schedule import SCHEDULES
-from oases.schedule.program import Compute, Start, build_program
+from oases.schedule.instructions import Compute, Start
+from oases.schedule.program import build_program
 
 L = 3
 R = 2 * L + 2
@@ -82,8 +83,8 @@ def test_compute_beside_a_collective_is_slowed_by_its_contention():
     collective ends. Hand-computed: compute pieces of 1 s, an all-reduce of 0.5 s started
     before the second piece, f = 2: the second piece takes 0.5 s (0.25 s of work at half rate)
     + 0.75 s = 1.25 s. No slowdown (f = 1, or none given) leaves the step as it was."""
-    from oases.planner.simulate import _stretched
-    from oases.schedule.program import Wait
+    from oases.planner.event_walk import _stretched
+    from oases.schedule.instructions import Wait
 
     program = [Compute("forward", (("body", 0),), 0), Start("fwd", 0),
                Compute("forward", (("body", 1),), 0), Wait("fwd", 0)]
@@ -116,7 +117,7 @@ def test_a_collective_under_compute_is_slowed_until_the_compute_stream_waits_for
     0.75 s is left at full rate (step 1.25 s); under a compute of 3 s it is done at 2 s, hidden
     (step 3 s). A second collective queued behind it on the same stream starts when it ends
     and runs beside the compute that follows the wait."""
-    from oases.schedule.program import Wait
+    from oases.schedule.instructions import Wait
 
     def costs(comm_s, g):
         return StepCosts(piece_s=lambda p, k, i: 0.5 if i == 0 else 3.0,

@@ -9,9 +9,9 @@ import json
 import pytest
 
 from oases.plan import ParallelPlan
+from oases.planner.batch import BatchShape
 from oases.planner.clusters import get_cluster
 from oases.planner.models import MODELS
-from oases.planner.simulate import BatchShape
 from oases.planner.uncertainty import INPUTS, input_bounds, perturb, simulate_ranges
 
 CFG = dataclasses.replace(MODELS["paper-h2048-l24"], n_layers=2)

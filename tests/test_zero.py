@@ -25,7 +25,9 @@ from oases.parallel.apply import parameter_degrees, shard_spec, shard_tensor
 from oases.parallel.shard import materialized, shard_model
 from oases.plan import ParallelPlan, RegionPlan, region_names
 from oases.schedule import build_schedule
-from oases.schedule.program import Release, Start, Wait, ZeroLayout, build_program
+from oases.schedule.dp_insert import ZeroLayout
+from oases.schedule.instructions import Release, Start, Wait
+from oases.schedule.program import build_program
 from oases.train.checkpoint import read_full_tensors
 from oases.train.optim import ZeroAdamW, build_optimizer, clip_grad_norm_
 from test_mixed_plans import layout_rows, region_of

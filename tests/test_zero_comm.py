@@ -101,8 +101,9 @@ def test_the_memory_walk_counts_the_workspace_and_gloo_gather_copies():
     from oases.bench.suite import _NoTime
     from oases.config import load_config
     from oases.plan import ParallelPlan
+    from oases.planner.batch import BatchShape
     from oases.planner.search import with_zero
-    from oases.planner.simulate import BatchShape, simulate_plan
+    from oases.planner.simulate import simulate_plan
 
     cfg = load_config("configs/bench.toml", ["--parallel.tp=1"]).model
 
@@ -131,7 +132,8 @@ def test_one_sub_batch_is_priced_with_the_synchronous_pieces():
     overlapped ones from two sub-batches on."""
     from oases.config import load_config
     from oases.plan import ParallelPlan
-    from oases.planner.simulate import BatchShape, simulate_plan
+    from oases.planner.batch import BatchShape
+    from oases.planner.simulate import simulate_plan
 
     cfg = load_config("configs/bench.toml", ["--parallel.tp=1"]).model
 

@@ -14,9 +14,11 @@ import pytest
 
 from oases.config import ModelConfig
 from oases.plan import ParallelPlan
+from oases.planner.batch import BatchShape
 from oases.planner.clusters import get_cluster
 from oases.planner.hardware import HardwareCosts
-from oases.planner.simulate import BatchShape, model_state, simulate_plan
+from oases.planner.layout import model_state
+from oases.planner.simulate import simulate_plan
 from test_zero import _cfg, _rank_state_bytes
 
 GPT = ModelConfig(arch="gpt2", n_layers=8, dim=1024, n_heads=16, vocab_size=50304,
@@ -210,5 +212,5 @@ def test_max_tp_bounds_the_degrees_searched():
     costs = HardwareCosts(get_cluster("paper-3090-pcie-32"), GPT)
     best, cands = plan_model(cfg, 32, costs, float("inf"), schedules=("megatron",), max_tp=2)
     assert {t for c in cands for t in c.plan.degrees()} <= {1, 2}
-    with pytest.raises(ValueError, match="--max-tp=0"):
+    with pytest.raises(ValueError, match="--max-tp=0: no candidate degree"):
         plan_model(cfg, 32, costs, float("inf"), max_tp=0)

@@ -61,6 +61,13 @@ def resident_memory_bytes() -> float:
     return (_proc_status_kb("VmRSS") or 0) * 1024.0
 
 
+def file_backed_memory_bytes() -> float:
+    """This process's resident file-backed pages now (``RssFile``: mostly shared libraries'
+    code, paged in as torch first runs a kernel; 0 where ``/proc`` is missing). A CPU's peak
+    resident set counts them, a tensor accounting does not."""
+    return (_proc_status_kb("RssFile") or 0) * 1024.0
+
+
 def peak_reserved_mb(device: torch.device) -> float:
     """The allocator's peak reserved memory in MiB on CUDA (cached segments, >= the allocated
     peak); on a CPU the peak resident set, as ``peak_memory_mb``."""

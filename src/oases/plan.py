@@ -7,8 +7,16 @@ consecutive regions differ, the activations are resharded along the batch betwee
 ``n_sub``, ``schedule``, ``predicted_step_s``, ``predicted_peak_mem_bytes``; a region may add
 ``zero`` (its ZeRO stage, 0-3; absent: the run's ``parallel.zero``). ``sequence_parallel``
 ("" off; "gathered" or "shards": Megatron's sequence parallelism, naming what a
-communication-free recompute keeps, ``schedule.program._sp_chain``) is per plan: every degree
-must divide the sequence.
+communication-free recompute keeps, ``schedule.sp_tasks.sp_chain``) is per plan: every degree
+must divide the sequence. ``precision`` (``{compute, grad_reduce, master}`` dtype names,
+``planner.precision.PlanPrecision.describe``) is what the planner priced the plan in; a run in
+other dtypes says so in one line (``train.effective``); absent in plans from before it was
+recorded.
+
+Pipeline (``pp`` > 1, written only then): ``pp`` stages of ``world_size / pp`` ranks each, every
+region's ``dp = world_size / (pp * tp)``; ``stage_starts`` the first region of each stage after
+the first (empty: ``oases.stages.default_stage_starts``, balanced by blocks); ``pp_schedule``
+the order of the stages' passes (``schedule.pipeline_order``).
 """
 
 from __future__ import annotations
@@ -19,6 +27,13 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from oases.config import ModelConfig
+from oases.config.checks import check_sequence_split
+from oases.stages import (
+    StageLayout,
+    check_pipeline_schedule,
+    check_stage_starts,
+    default_stage_starts,
+)
 
 
 @dataclass(frozen=True)
@@ -44,11 +59,15 @@ class ParallelPlan:
     predicted_peak_mem_bytes: int | None = None
     notes: dict = field(default_factory=dict)
     sequence_parallel: str = ""  # "" | "gathered" | "shards"
+    precision: dict[str, str] | None = None  # the dtypes it was priced in (None: unknown)
+    pp: int = 1  # pipeline stages
+    pp_schedule: str = "1f1b"  # schedule.pipeline_order.PIPELINE_SCHEDULES
+    stage_starts: list[int] = field(default_factory=list)  # [] = default_stage_starts
 
     def sp(self) -> str | None:
         """``build_schedule``'s ``sp``: None when off (a schedule that is always
         sequence-parallel, megatron-sp, is "gathered" without it)."""
-        from oases.schedule.program import SPECS
+        from oases.schedule.specs import SPECS
 
         spec = SPECS.get(self.schedule)
         return self.sequence_parallel or (
@@ -56,8 +75,17 @@ class ParallelPlan:
 
     @staticmethod
     def uniform(cfg: ModelConfig, world_size: int, tp: int, **kw: object) -> ParallelPlan:
-        return ParallelPlan([RegionPlan(n, tp, world_size // tp) for n in region_names(cfg)],
-                            **kw)
+        """Every region at ``tp`` (``kw``: the other fields, e.g. ``pp=2``)."""
+        pp = int(kw.get("pp", 1))  # type: ignore[call-overload]
+        dp = world_size // (pp * tp) if pp >= 1 else 0
+        return ParallelPlan([RegionPlan(n, tp, dp) for n in region_names(cfg)], **kw)
+
+    def stage_layout(self) -> StageLayout:
+        """Which regions each pipeline stage holds (one stage when ``pp`` is 1)."""
+        n_layers = (len(self.regions) - 2) // 2
+        starts = (tuple(self.stage_starts) if self.stage_starts
+                  else default_stage_starts(n_layers, self.pp))
+        return StageLayout(len(self.regions), starts)
 
     def tp_of(self, name: str) -> int:
         for r in self.regions:
@@ -102,10 +130,24 @@ class ParallelPlan:
             raise ValueError(f"plan regions {names[:3]}... do not match the model's chain "
                              f"{region_names(cfg)[:3]}... ({len(names)} vs "
                              f"{len(region_names(cfg))} regions)")
+        made_for = {r.tp * r.dp * self.pp for r in self.regions}
+        if len(made_for) == 1 and made_for != {world_size}:
+            (planned,) = made_for
+            first = self.regions[0]
+            raise ValueError(f"the plan was made for {planned} ranks ({first.name}: tp={first.tp}"
+                             f" x dp={first.dp}), this run has {world_size}: run it on "
+                             f"{planned} ranks (--nproc-per-node {planned}), or plan again for "
+                             f"{world_size}")
+        if self.pp < 1 or world_size % self.pp:
+            raise ValueError(f"plan pp={self.pp} must be a positive divisor of the world size "
+                             f"{world_size}")
+        stage = world_size // self.pp  # ranks per pipeline stage
+        where = f"world size {world_size}" + (f" over pp={self.pp} stages" if self.pp > 1
+                                              else "")
         for r in self.regions:
-            if r.tp < 1 or world_size % r.tp or r.dp != world_size // r.tp:
+            if r.tp < 1 or stage % r.tp or r.dp != stage // r.tp:
                 raise ValueError(f"plan region {r.name}: tp={r.tp}, dp={r.dp} do not fit "
-                                 f"world size {world_size}")
+                                 f"{where}")
             kind = r.name.rsplit(".", 1)[-1]
             checks = {"attn": (("n_heads", cfg.n_heads), ("n_kv_heads", cfg.n_kv_heads)),
                       "mlp": (("ffn_dim", cfg.ffn_dim),)}.get(kind, ())
@@ -121,13 +163,24 @@ class ParallelPlan:
             if self.sp() not in ("gathered", "shards"):
                 raise ValueError(f"plan sequence_parallel={self.sequence_parallel!r} must be "
                                  '"", "gathered" or "shards"')
-            for t in self.degrees():
-                if cfg.seq_len % t:
-                    raise ValueError(f"sequence parallelism: model.seq_len={cfg.seq_len} is "
-                                     f"not divisible by tp={t}")
+            check_sequence_split(cfg.seq_len, self.degrees())
         if cfg.tie_embeddings and self.tp_of("embed") != self.tp_of("head"):
             raise ValueError(f"tied embeddings need one degree for embed and head, got "
                              f"{self.tp_of('embed')} and {self.tp_of('head')}")
+        if self.pp > 1:
+            self._check_pipeline(cfg)
+
+    def _check_pipeline(self, cfg: ModelConfig) -> None:
+        check_pipeline_schedule(self.pp_schedule)
+        if self.stage_starts:
+            check_stage_starts(tuple(self.stage_starts), cfg.n_layers, self.pp)
+        layout = self.stage_layout()
+        for b in layout.starts:
+            before, after = self.regions[b - 1], self.regions[b]
+            if before.tp != after.tp:
+                raise ValueError(f"plan regions {before.name} (tp={before.tp}) and {after.name} "
+                                 f"(tp={after.tp}) sit on either side of a pipeline stage "
+                                 "boundary, which needs one TP degree on both sides")
 
     def zero_stages(self, default: int = 0) -> tuple[int, ...]:
         """The ZeRO stage of every region (``default`` where the plan gives none)."""
@@ -135,9 +188,14 @@ class ParallelPlan:
 
     def to_json(self) -> str:
         raw = asdict(self)
+        if raw["precision"] is None:
+            del raw["precision"]
         for r in raw["regions"]:
             if r["zero"] is None:
                 del r["zero"]
+        if self.pp == 1:  # a plan without a pipeline reads as before
+            for key in ("pp", "pp_schedule", "stage_starts"):
+                del raw[key]
         return json.dumps(raw, indent=1)
 
     @staticmethod

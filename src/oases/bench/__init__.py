@@ -59,8 +59,8 @@ def parse_entry(entry: str) -> Entry:
     """A bench entry: ``oases`` -> Entry("oases"), ``oases@zero=3`` (sharded data parallelism,
     ``oases.parallel.shard``), ``oases@precision=bf16`` (``oases.precision``),
     ``megatron@zero=1,precision=bf16``, ``oases@sp=gathered`` (sequence parallelism,
-    ``schedule.program._sp_chain``), ``oases@sp=gathered,dw=off`` (its weight gradients not
-    deferred: the comparison for ``program.defers_weight_grad``). ValueError naming the
+    ``schedule.sp_tasks.sp_chain``), ``oases@sp=gathered,dw=off`` (its weight gradients not
+    deferred: the comparison for ``dw_tasks.defers_weight_grad``). ValueError naming the
     syntax otherwise."""
     name, at, opts = entry.partition("@")
     values: dict[str, str] = {}

@@ -31,7 +31,7 @@ from torch.distributed.tensor import DTensor
 from oases.bench import parse_entry, run_rank_spec
 from oases.bench.profile_runner import runtime_baseline_bytes
 from oases.config import load_config
-from oases.memory import peak_memory_mb, reset_peak_memory
+from oases.memory import file_backed_memory_bytes, peak_memory_mb, reset_peak_memory
 from oases.model import build_model
 from oases.parallel import comm
 from oases.parallel.apply import parallelize
@@ -79,6 +79,7 @@ def run(spec: dict) -> None:
         torch.cuda.empty_cache()
     # after the code autograd and AdamW load on first use, as the profile's baseline
     base_mb = 0.0 if ctx.device.type == "cuda" else runtime_baseline_bytes() / 2**20
+    code_base_mb = file_backed_memory_bytes() / 2**20  # code pages before the entry's model
 
     torch.manual_seed(cfg.train.seed)
     if name == "fsdp2":
@@ -123,11 +124,15 @@ def run(spec: dict) -> None:
         optimizer.step()
         optimizer.zero_grad(set_to_none=True)
     peak = peak_memory_mb(ctx.device) - base_mb
-    mine = torch.tensor([peak, base_mb, *state.values()], dtype=torch.float64)
+    # code pages the entry's first steps paged in (kernels torch ran for the first time): in a
+    # CPU's resident peak, not in any tensor (0 on CUDA, whose peak is the allocator's)
+    code_mb = (0.0 if ctx.device.type == "cuda"
+               else file_backed_memory_bytes() / 2**20 - code_base_mb)
+    mine = torch.tensor([peak, base_mb, code_mb, *state.values()], dtype=torch.float64)
     every = comm.all_gather_objects(mine.tolist(), ctx.world_group)
     if ctx.rank == 0:
-        ranks = [{"peak_over_base_mb": r[0], "base_mb": r[1],
-                  **dict(zip(state, (int(v) for v in r[2:])))} for r in every]
+        ranks = [{"peak_over_base_mb": r[0], "base_mb": r[1], "code_pages_mb": r[2],
+                  **dict(zip(state, (int(v) for v in r[3:])))} for r in every]
         out = Path(spec["out"])
         out.mkdir(parents=True, exist_ok=True)
         (out / f"memory-{parse_entry(entry).stem()}.json").write_text(json.dumps(

@@ -33,7 +33,7 @@ from oases.plan import ParallelPlan
 from oases.planner import batch_shape
 from oases.precision import Precision, resolve_precision
 from oases.schedule import build_schedule
-from oases.schedule.program import SPECS, sub_batches
+from oases.schedule.specs import SPECS, sub_batches
 from oases.timing import DeviceClock
 from oases.train.optim import build_optimizer
 

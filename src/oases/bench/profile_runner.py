@@ -55,7 +55,7 @@ from oases.planner.profile import Profile, check_collective_fit
 from oases.planner.search import candidate_degrees
 from oases.precision import Precision, resolve_precision
 from oases.schedule import build_schedule, record_timeline
-from oases.schedule.program import Compute, Instr, deferred_regions
+from oases.schedule.instructions import Compute, Instr, deferred_regions
 from oases.timing import DeviceClock
 from oases.train.optim import build_optimizer
 

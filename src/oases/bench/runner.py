@@ -32,7 +32,7 @@ from oases.parallel.context import ParallelContext, init_distributed
 from oases.parallel.shard import shard_model
 from oases.precision import Precision, resolve_precision
 from oases.schedule import Schedule, build_schedule, record_timeline
-from oases.schedule.program import Start, Wait, label
+from oases.schedule.instructions import Start, Wait, label
 from oases.schedule.timeline import Timeline
 from oases.timing import DeviceClock
 from oases.train.optim import build_optimizer, clip_grad_norm_
@@ -127,7 +127,7 @@ def predict_step(sched: Schedule, model: torch.nn.Module, rows: int, seq: int,
     """The simulator's step time for this schedule: compute from this machine's measured
     compute-only timeline (median per instruction), collectives from the all-reduce fit, at
     the bytes ``precision`` moves."""
-    from oases.planner.simulate import StepCosts, simulate_program
+    from oases.planner.event_walk import StepCosts, simulate_program
 
     per: dict[tuple[str, str], list[float]] = {}
     for e in profile.events:

@@ -83,7 +83,7 @@ def run_bench(config: str | None, overrides: list[str], schedules: list[str], li
               with_optimizer: bool = False) -> dict:
     from oases.config import load_config
     from oases.schedule import SCHEDULES
-    from oases.schedule.program import BASELINES
+    from oases.schedule.specs import BASELINES
 
     cfg = load_config(config, overrides)  # fail fast, before any rank starts
     cfg.validate(nproc)
@@ -92,6 +92,7 @@ def run_bench(config: str | None, overrides: list[str], schedules: list[str], li
     if unknown:
         raise ValueError(f"unknown schedule(s) {unknown}; valid: "
                          f"{', '.join(valid)}")
+    warn_no_effect(schedules, nproc // cfg.parallel.tp)
     if any(parse_entry(s).name == "fsdp2" for s in schedules):
         from oases.bench.runner import fsdp2_rows
 
@@ -111,6 +112,16 @@ def run_bench(config: str | None, overrides: list[str], schedules: list[str], li
     plot_bars(result, out / "bench.png")
     write_report(result, out, sys.argv)
     return result
+
+
+def warn_no_effect(entries: list[str], dp: int) -> None:
+    """A warning line per entry whose setting does nothing on this layout (``train.no_effect``:
+    a ZeRO stage at dp=1)."""
+    from oases.train.no_effect import bench_entry_warnings
+
+    pairs = [(e, parse_entry(e).zero) for e in entries]
+    for line in bench_entry_warnings(pairs, dp):
+        print(f"warning: {line}", file=sys.stderr, flush=True)
 
 
 def resolve_link(link: str, config: str | None, overrides: list[str], nproc: int,
@@ -254,8 +265,26 @@ def machine_info() -> dict:
         pass
     return {"cpu": cpu, "cores": os.cpu_count(), "python": platform.python_version(),
             "torch": torch.__version__, "platform": platform.platform(),
-            "git": subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True,
-                                  text=True).stdout.strip()}
+            "git": source_revision()}
+
+
+def source_revision() -> str:
+    """The commit of the oases source that ran (``git`` in the package's own folder, wherever
+    the command ran from), ``+dirty`` with uncommitted changes; outside a checkout (an
+    installed copy), the package version and that no commit is known."""
+    from oases import __version__
+
+    here = Path(__file__).resolve().parents[1]  # the oases package
+    try:
+        head = subprocess.run(["git", "-C", str(here), "rev-parse", "--short", "HEAD"],
+                              capture_output=True, text=True, timeout=10)
+        dirty = subprocess.run(["git", "-C", str(here), "status", "--porcelain", "--", "."],
+                               capture_output=True, text=True, timeout=10)
+    except (OSError, subprocess.SubprocessError):
+        head = dirty = None
+    if head is None or head.returncode != 0 or not head.stdout.strip():
+        return f"none (oases {__version__}, not run from a git checkout)"
+    return head.stdout.strip() + ("+dirty" if dirty is not None and dirty.stdout.strip() else "")
 
 
 def write_report(result: dict, out: Path, argv: list[str]) -> None:
@@ -280,6 +309,7 @@ def run_memory(config: str | None, overrides: list[str], entries: list[str], ste
     cfg.validate(nproc)
     for e in entries:
         parse_entry(e)
+    warn_no_effect(entries, nproc // cfg.parallel.tp)
     costs = None
     if profile:
         from oases.planner import load_costs
@@ -321,8 +351,10 @@ def predicted_peak_bytes(cfg, schedule: str, zero: int, world: int,  # noqa: ANN
     ``sp``: sequence parallelism's mode ("" off): {"model_state": bytes by kind, "peak": bytes
     over the baseline}."""
     from oases.plan import ParallelPlan
+    from oases.planner.batch import BatchShape
+    from oases.planner.layout import model_state
     from oases.planner.search import with_zero
-    from oases.planner.simulate import BatchShape, model_state, simulate_plan
+    from oases.planner.simulate import simulate_plan
 
     tp = cfg.parallel.tp
     plan = with_zero(ParallelPlan.uniform(cfg.model, world, tp, schedule=schedule,
@@ -357,13 +389,20 @@ class _NoTime:
         return 0.0
 
 
+CODE_SHARE = 0.25  # a row whose measured peak is at least this much code pages gets a note
+
+
 def format_memory_table(result: dict) -> str:
     """Rank 0's row per entry (MiB): model state by kind, its sum, measured peak over the
-    baseline, the simulator's predicted peak and its error."""
+    baseline, the simulator's predicted peak and its error. A row whose measured peak is
+    mostly code pages (``code_pages_mb``: kernels torch ran for the first time in the entry,
+    paged in from its libraries: resident, in no tensor, not in the simulator's count) is
+    marked ``*`` and a note below says how much, and the peak and error without them."""
     mib = 2**20
     lines = [f"tp={result['tp']} world={result['world_size']} (MiB per rank, rank 0)",
              f"{'entry':<16}{'weights':>9}{'grads':>9}{'adam':>9}{'state':>9}{'sim state':>10}"
              f"{'peak':>9}{'sim peak':>10}{'err':>7}"]
+    notes = []
     for e, row in result["entries"].items():
         r = row["ranks"][0]
         state = r["weights"] + r["gradients"] + r["optimizer"]
@@ -372,7 +411,22 @@ def format_memory_table(result: dict) -> str:
         sim_peak = f"{pred['peak'] / mib:>10.1f}" if pred else f"{'-':>10}"
         err = (f"{pred['peak'] / mib / r['peak_over_base_mb'] - 1:>+7.0%}" if pred
                else f"{'-':>7}")
+        code = r.get("code_pages_mb", 0.0)
+        mark = ""
+        if code >= CODE_SHARE * r["peak_over_base_mb"]:
+            mark = "*"
+            rest = r["peak_over_base_mb"] - code
+            without = (f", err {pred['peak'] / mib / rest - 1:+.0%}" if pred and rest > 0
+                       else "")
+            notes.append(f"  {e}: {code:.1f} of its {r['peak_over_base_mb']:.1f} MiB peak are "
+                         f"code pages; without them {rest:.1f} MiB{without}")
         lines.append(f"{e:<16}{r['weights'] / mib:>9.1f}{r['gradients'] / mib:>9.1f}"
                      f"{r['optimizer'] / mib:>9.1f}{state / mib:>9.1f}{sim_state}"
-                     f"{r['peak_over_base_mb']:>9.1f}{sim_peak}{err}")
+                     f"{r['peak_over_base_mb']:>9.1f}{sim_peak}{err}{mark}")
+    if notes:
+        lines += ["* peak is the process's resident set over its baseline; on a CPU it also "
+                  "holds the code of every kernel torch first runs in the entry (paged in from "
+                  "its libraries, RssFile), which no tensor holds, so the simulator (a count of "
+                  "tensors) does not see it; in these rows it is a quarter of the peak or more:",
+                  *notes]
     return "\n".join(lines)

@@ -13,6 +13,7 @@ rank 0 writes; the other ranks drop the full tensors at once.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
 import os
@@ -153,20 +154,42 @@ def _full_from_checkpoint(saved: dict[str, Tensor], name: str, shape: torch.Size
     raise ValueError(f"checkpoint parts of model.{name} do not form its shape {list(shape)}")
 
 
+MODEL_FILES = (SINGLE_FILE, "config.json", TOKENIZER_FILE)  # what an export writes over
+
+
+def check_out_dir(out_dir: Path) -> None:
+    """ValueError when ``out_dir`` already holds a model (one of ``MODEL_FILES``): an export
+    never writes over another model unless asked (``overwrite``)."""
+    held = [name for name in MODEL_FILES if (out_dir / name).exists()]
+    if not held:
+        return
+    what = ""
+    with contextlib.suppress(OSError, ValueError, AttributeError):
+        conf = json.loads((out_dir / "config.json").read_text(encoding="utf-8"))
+        what = (f" ({conf.get('model_type', 'a model')}, {conf.get('num_hidden_layers', '?')} "
+                f"layers, hidden size {conf.get('hidden_size', '?')})")
+    raise ValueError(f"{out_dir} already holds a model{what}: {', '.join(held)}; give "
+                     "--overwrite to replace it, or another --out")
+
+
 @user_input_errors
 def export_checkpoint(
-    checkpoint_dir: str | os.PathLike[str], out_dir: str | os.PathLike[str], dtype: str = "fp32"
+    checkpoint_dir: str | os.PathLike[str], out_dir: str | os.PathLike[str], dtype: str = "fp32",
+    overwrite: bool = False,
 ) -> Path:
     """Write the HF directory of an Oases checkpoint (saved at any tp and precision), in this
     process alone (no process group), its weights in ``dtype`` ("fp32" | "bf16" | "fp16", cast
     from the checkpoint's master weights). ``checkpoint_dir`` is a checkpoint
     (``.../step_000123``), a folder of them or a run directory (the newest complete one:
-    ``resume.find_checkpoint``). The run's tokenizer goes with it (``write_tokenizer_files``)."""
+    ``resume.find_checkpoint``). The run's tokenizer goes with it (``write_tokenizer_files``).
+    A folder that already holds a model is refused (``check_out_dir``) unless ``overwrite``."""
     from oases.train.checkpoint import read_full_tensors, read_manifest
     from oases.train.resume import find_checkpoint
 
     path = find_checkpoint(Path(checkpoint_dir))
     manifest = read_manifest(path)
+    if not overwrite:
+        check_out_dir(Path(out_dir))
     known = {f.name for f in dataclasses.fields(ModelConfig)}
     cfg = ModelConfig(**{k: v for k, v in manifest["config"]["model"].items() if k in known})
     tok = _checkpoint_tokenizer(path, manifest)

@@ -13,6 +13,9 @@ then parallelized equals the single-device model built from the same seed)::
     gather_logits         -> GatherLogits
     norms, pos_embed      replicated
 
+With pipeline stages (``ctx.pp`` > 1) each rank then keeps only its stage's modules
+(``stage_model.keep_stage``).
+
 Degree checks run before anything changes and before any collective, on every rank alike.
 """
 
@@ -33,6 +36,7 @@ from oases.parallel.layers import (
     shard_spec,
     shard_tensor,
 )
+from oases.parallel.stage_model import keep_stage
 from oases.plan import ParallelPlan
 
 __all__ = ["check_model_degrees", "parallelize", "shard_spec", "shard_tensor", "ShardSpec"]
@@ -84,8 +88,12 @@ def parallelize(model: Transformer, ctx: ParallelContext,
     cfg = model.cfg
     if plan is None:
         check_model_degrees(model, ctx.tp)
-        plan = ParallelPlan.uniform(cfg, ctx.world_size, ctx.tp)
+        plan = ParallelPlan.uniform(cfg, ctx.world_size, ctx.tp,
+                                    **({"pp": ctx.pp} if ctx.pp > 1 else {}))
     plan.check(cfg, ctx.world_size)
+    if plan.pp != ctx.pp:
+        raise ValueError(f"plan pp={plan.pp} but the process groups have pp={ctx.pp} "
+                         "(init_distributed(pp=...))")
     tied = model.head.weight is model.embed.weight
 
     def group(name: str) -> Group:
@@ -117,22 +125,25 @@ def parallelize(model: Transformer, ctx: ParallelContext,
     model.head_reshard = _reshard(ctx, plan.tp_of(prev), plan.tp_of("head"))
     model.target_reshard = _reshard(ctx, plan.tp_of("embed"), plan.tp_of("head"))
     model.parallel_ctx, model.parallel_plan = ctx, plan
+    keep_stage(model)  # (pipeline stages: only this stage's modules)
     if any(p.is_meta for p in model.parameters()):
         return model  # built on "meta" (oases.hf.load_hf): the caller materializes it
     return model.to(ctx.device)
 
 
 def region_parameters(model: Transformer) -> dict[str, list[nn.Parameter]]:
-    """Each plan region's parameters (a tied weight once, under the embedding)."""
-    out: dict[str, list[nn.Parameter]] = {"embed": [*model.embed.parameters()]}
-    if model.pos_embed is not None:
-        out["embed"] += list(model.pos_embed.parameters())
+    """Each plan region's parameters (a tied weight once, under the embedding; a pipeline
+    stage's model: those it holds, the other regions' lists empty)."""
+    def params(*modules: nn.Module | None) -> list[nn.Parameter]:
+        return [p for m in modules if m is not None for p in m.parameters()]
+
+    out: dict[str, list[nn.Parameter]] = {"embed": params(model.embed, model.pos_embed)}
     for layer, block in enumerate(model.blocks):
-        out[f"blocks.{layer}.attn"] = [*block.attn_norm.parameters(), *block.attn.parameters()]
-        out[f"blocks.{layer}.mlp"] = [*block.mlp_norm.parameters(), *block.mlp.parameters()]
+        attn, mlp = (getattr(block, n, None) for n in ("attn", "mlp"))
+        out[f"blocks.{layer}.attn"] = params(getattr(block, "attn_norm", None), attn)
+        out[f"blocks.{layer}.mlp"] = params(getattr(block, "mlp_norm", None), mlp)
     seen = {id(p) for ps in out.values() for p in ps}
-    out["head"] = [p for p in (*model.norm.parameters(), *model.head.parameters())
-                   if id(p) not in seen]
+    out["head"] = [p for p in params(model.norm, model.head) if id(p) not in seen]
     return out
 
 
@@ -149,7 +160,7 @@ def reduce_gradients(model: Transformer) -> None:
     summed over its own DP group and divided by the head's DP degree (the number of distinct
     loss terms), which is the plain mean when the plan is uniform."""
     ctx, plan = model.parallel_ctx, model.parallel_plan
-    dp_head = ctx.world_size // plan.tp_of("head")
+    dp_head = ctx.stage_size // plan.tp_of("head")
     handles = [comm.gradient_mean_async(params, ctx.groups_for(plan.tp_of(name))[1],
                                         divisor=dp_head)
                for name, params in region_parameters(model).items()]

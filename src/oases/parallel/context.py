@@ -5,10 +5,25 @@ in Oases reads environment variables or keeps process-wide state. One more varia
 here, only for testing: ``OASES_FAULT`` (``fault_spec()``), the fault that ``train/faults.py``
 injects into a rank; unset in any real run.
 
-Rank layout for world size W = tp * dp (TP groups are contiguous, so on a multi-GPU server a TP
-group stays on one machine's fast links)::
+Rank layout for world size W = pp * dp * tp: TP innermost (TP groups are contiguous, so on a
+multi-GPU server a TP group stays on one machine's fast links), then DP, then the pipeline
+stages (across servers: only activations cross a stage boundary)::
 
-    tp=2, dp=2:   TP groups {0,1} {2,3}     DP groups {0,2} {1,3}
+    tp=2, dp=2:          TP groups {0,1} {2,3}     DP groups {0,2} {1,3}
+    pp=2, tp=2, dp=2:    stage 0 = ranks 0-3, stage 1 = ranks 4-7, each laid out as above
+                         (TP {0,1} {2,3} | {4,5} {6,7}; DP {0,2} {1,3} | {4,6} {5,7})
+
+global rank = pp_rank * (W / pp) + stage rank, where the stage rank is the rank inside the
+stage's own tp x dp world (``stage_ranks``). ``pp_outer=False`` turns it around (stage rank
+* pp + pp_rank: a pipeline's stages on neighbouring ranks, e.g. inside one server, and each
+stage's TP and DP groups strided across servers). Every stage builds its TP, DP and reshard
+groups over its own ranks. Across stages: the ``pp`` group (the ranks of one stage rank in
+every stage: the loss and the gradient norm), the ``embed`` group (the first and last stage's
+ranks of one stage rank: a tied embedding's gradient) and, per boundary and stage rank, two
+point-to-point pairs, one a direction (``p2p``; NCCL runs a group's operations in order on
+one stream, so a receive posted early in one direction never blocks a send in the other)::
+
+    pp=2, tp=2, dp=1:    pp groups {0,2} {1,3}   embed {0,2} {1,3}   p2p fwd/bwd {0,2} {1,3}
 """
 
 from __future__ import annotations
@@ -55,6 +70,36 @@ class ParallelContext:
     timeout_s: float
     groups: dict[int, tuple[Group, Group]] = field(default_factory=dict, compare=False)
     merge_groups: dict[tuple[int, int], Group] = field(default_factory=dict, compare=False)
+    pp: int = 1
+    pp_rank: int = 0
+    pp_outer: bool = True  # the rank layout (``stage_ranks``)
+    stage_group: Group | None = None  # this stage's ranks (None: one stage, ``world_group``)
+    pp_group: Group | None = None  # this stage rank in every stage
+    embed_group: Group | None = None  # this stage rank on the first and last stage
+    # ("fwd" | "bwd", "prev" | "next") -> the pair with the neighbouring stage's rank
+    p2p_groups: dict[tuple[str, str], Group] = field(default_factory=dict, compare=False)
+
+    @property
+    def stage(self) -> Group:
+        """The ranks of this pipeline stage (the whole world without a pipeline)."""
+        return self.stage_group if self.stage_group is not None else self.world_group
+
+    @property
+    def stage_size(self) -> int:
+        """Ranks per pipeline stage: the tp x dp world every stage lays out alike."""
+        return self.world_size // self.pp
+
+    @property
+    def prev_rank(self) -> int | None:
+        """The previous stage's rank of the same stage rank (None on the first stage)."""
+        group = self.p2p_groups.get(("fwd", "prev"))
+        return None if group is None else group.ranks[0]
+
+    @property
+    def next_rank(self) -> int | None:
+        """The next stage's rank of the same stage rank (None on the last stage)."""
+        group = self.p2p_groups.get(("fwd", "next"))
+        return None if group is None else group.ranks[1]
 
     def groups_for(self, tp: int) -> tuple[Group, Group]:
         """(TP group, DP group) at degree ``tp`` (built by ``init_distributed(degrees=...)``)."""
@@ -79,18 +124,31 @@ class ParallelContext:
         return self.dp_group.rank
 
     def __str__(self) -> str:
+        pp = f"pp={self.pp} (stage {self.pp_rank}) " if self.pp > 1 else ""
         return (
-            f"rank {self.rank}/{self.world_size} tp={self.tp} (tp_rank {self.tp_rank}) "
+            f"rank {self.rank}/{self.world_size} {pp}tp={self.tp} (tp_rank {self.tp_rank}) "
             f"dp={self.dp} (dp_rank {self.dp_rank}) {self.backend} on {self.device}"
         )
 
 
-def check_degrees(world_size: int, tp: int) -> None:
-    """Raise ValueError unless tp is a positive divisor of world_size."""
-    if tp < 1 or world_size % tp != 0:
+def check_degrees(world_size: int, tp: int, pp: int = 1) -> None:
+    """Raise ValueError unless pp divides world_size and tp the ranks of one stage."""
+    if pp < 1 or world_size % pp != 0:
         raise ValueError(
-            f"parallel.tp={tp} must be a positive divisor of the world size {world_size}"
+            f"parallel.pp={pp} must be a positive divisor of the world size {world_size}"
         )
+    stage = world_size // pp
+    if tp < 1 or stage % tp != 0:
+        where = f"the {stage} ranks of a pipeline stage" if pp > 1 else "the world size"
+        raise ValueError(f"parallel.tp={tp} must be a positive divisor of {where} {stage}")
+
+
+def stage_ranks(world_size: int, pp: int, stage: int, pp_outer: bool = True) -> list[int]:
+    """The global ranks of pipeline ``stage``, in stage-rank order (module docstring)."""
+    size = world_size // pp
+    if pp_outer:
+        return [stage * size + i for i in range(size)]
+    return [i * pp + stage for i in range(size)]
 
 
 def check_local_devices(local_rank: int, local_world_size: int, device_count: int) -> None:
@@ -125,50 +183,87 @@ def _new_group(ranks: list[int], timeout: datetime.timedelta,
             else None)
 
 
-def _groups_for(d: int, world_size: int, rank: int, timeout: datetime.timedelta,
-                device: torch.device, tp_options: Any = None) -> tuple[Group, Group]:
-    """This rank's TP group (contiguous ranks) and DP group (equal TP rank) at degree ``d``;
-    ``tp_options``: the TP groups' ``pg_options``."""
+def _groups_for(d: int, members: list[int], rank: int, timeout: datetime.timedelta,
+                device: torch.device, tp_options: Any = None,
+                many: bool = True) -> tuple[Group, Group] | None:
+    """The TP group (contiguous stage ranks) and DP group (equal TP rank) at degree ``d`` of
+    the stage whose global ranks are ``members`` (in stage-rank order), for this ``rank``
+    (None if it is not a member); ``tp_options``: the TP groups' ``pg_options``; ``many``:
+    more than one process in the job (else no process group is made)."""
     tp_group = dp_group = None
-    index, tp_rank = divmod(rank, d)
-    for i in range(world_size // d):
-        ranks = list(range(i * d, (i + 1) * d))
-        pg = _new_group(ranks, timeout, tp_options) if world_size > 1 else None
-        if i == index:
+    size = len(members)
+    mine = members.index(rank) if rank in members else -1
+    index, tp_rank = divmod(mine, d)
+    for i in range(size // d):
+        ranks = members[i * d:(i + 1) * d]
+        pg = _new_group(ranks, timeout, tp_options) if many else None
+        if mine >= 0 and i == index:
             tp_group = Group("tp", tuple(ranks), tp_rank, pg, device)
     for j in range(d):
-        ranks = list(range(j, world_size, d))
-        pg = _new_group(ranks, timeout) if world_size > 1 else None
-        if j == tp_rank:
+        ranks = members[j::d]
+        pg = _new_group(ranks, timeout) if many else None
+        if mine >= 0 and j == tp_rank:
             dp_group = Group("dp", tuple(ranks), index, pg, device)
+    if mine < 0:
+        return None
     assert tp_group is not None and dp_group is not None
     return tp_group, dp_group
 
 
-def _merge_group(a: int, b: int, world_size: int, rank: int, timeout: datetime.timedelta,
-                 device: torch.device) -> Group:
+def _merge_group(a: int, b: int, members: list[int], rank: int, timeout: datetime.timedelta,
+                 device: torch.device, many: bool = True) -> Group | None:
     """The ranks whose degree-``a`` TP groups merge into this rank's degree-``b`` group and
-    that hold the same shard (equal rank % a): a reshard between degrees a < b gathers (or
-    slices) the batch over these b/a ranks, in rank order::
+    that hold the same shard (equal stage rank % a), in the stage of global ranks
+    ``members``: a reshard between degrees a < b gathers (or slices) the batch over these b/a
+    ranks, in rank order (None if ``rank`` is not in the stage)::
 
         world 4, a=1, b=4: {0,1,2,3}          world 4, a=2, b=4: {0,2} {1,3}
     """
     mine = None
-    for base in range(0, world_size, b):
+    for base in range(0, len(members), b):
         for offset in range(a):
-            ranks = [base + offset + j * a for j in range(b // a)]
-            pg = _new_group(ranks, timeout) if world_size > 1 else None
+            ranks = [members[base + offset + j * a] for j in range(b // a)]
+            pg = _new_group(ranks, timeout) if many else None
             if rank in ranks:
                 mine = Group(f"merge{a}-{b}", tuple(ranks), ranks.index(rank), pg, device)
-    assert mine is not None
     return mine
+
+
+def _pipeline_groups(world_size: int, pp: int, rank: int, pp_outer: bool,
+                     timeout: datetime.timedelta, device: torch.device) -> dict[str, Any]:
+    """The groups across stages (module docstring), built by every rank in one order:
+    ``stage_group``, ``pp_group``, ``embed_group`` and ``p2p_groups`` of ``ParallelContext``."""
+    stages = [stage_ranks(world_size, pp, s, pp_outer) for s in range(pp)]
+    out: dict[str, Any] = {"p2p_groups": {}}
+    for s, members in enumerate(stages):
+        pg = _new_group(members, timeout)
+        if rank in members:
+            out["stage_group"] = Group("stage", tuple(members), members.index(rank), pg, device)
+            out["pp_rank"] = s
+    for i in range(world_size // pp):
+        column = [members[i] for members in stages]
+        for name, ranks in (("pp", column), ("embed", [column[0], column[-1]])):
+            pg = _new_group(ranks, timeout)
+            if rank in ranks:
+                out[f"{name}_group"] = Group(name, tuple(ranks), ranks.index(rank), pg, device)
+        for s in range(pp - 1):
+            for direction in ("fwd", "bwd"):  # one pair a direction (module docstring)
+                pair = [column[s], column[s + 1]]
+                pg = _new_group(pair, timeout)
+                if rank in pair:
+                    side = "next" if rank == pair[0] else "prev"
+                    out["p2p_groups"][direction, side] = Group(
+                        f"p2p-{direction}", tuple(pair), pair.index(rank), pg, device)
+    return out
 
 
 def init_distributed(
     tp: int = 1, *, backend: str | None = None, timeout_s: float = 60.0,
-    degrees: tuple[int, ...] = (), high_priority_tp: bool = False,
+    degrees: tuple[int, ...] = (), high_priority_tp: bool = False, pp: int = 1,
+    pp_outer: bool = True,
 ) -> ParallelContext:
-    """Join (or reuse) the default process group and build the TP and DP groups.
+    """Join (or reuse) the default process group and build the TP and DP groups (of every
+    pipeline stage, ``pp`` > 1: ``stage_ranks``, and the groups across stages).
 
     Launch under ``torchrun`` (RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR, MASTER_PORT); an already
     initialized default group (a test's file:// rendezvous) is reused; with neither, this is a
@@ -202,7 +297,7 @@ def init_distributed(
             backend = "nccl" if torch.cuda.is_available() else "gloo"
     local_rank = int(os.environ.get("LOCAL_RANK", str(rank)))
     local_world_size = int(os.environ.get("LOCAL_WORLD_SIZE", str(local_rank + 1)))
-    check_degrees(world_size, tp)
+    check_degrees(world_size, tp, pp)
 
     if backend == "nccl":
         if not torch.cuda.is_available():
@@ -221,14 +316,26 @@ def init_distributed(
 
     all_degrees = sorted({tp, *degrees})
     for d in all_degrees:
-        check_degrees(world_size, d)
+        check_degrees(world_size, d, pp)
     # Every rank creates every group, in this same order (new_group is collective).
-    groups = {d: _groups_for(d, world_size, rank, timeout, device, tp_options)
-              for d in all_degrees}
-    merges = {(a, b): _merge_group(a, b, world_size, rank, timeout, device)
-              for a in all_degrees for b in all_degrees if a < b}
+    stages = [stage_ranks(world_size, pp, s, pp_outer) for s in range(pp)]
+    many = world_size > 1
+    groups, merges = {}, {}
+    for d in all_degrees:
+        for members in stages:
+            built = _groups_for(d, members, rank, timeout, device, tp_options, many)
+            if built is not None:
+                groups[d] = built
+    for a in all_degrees:
+        for b in all_degrees:
+            if a < b:
+                for members in stages:
+                    built_merge = _merge_group(a, b, members, rank, timeout, device, many)
+                    if built_merge is not None:
+                        merges[a, b] = built_merge
+    pipeline = _pipeline_groups(world_size, pp, rank, pp_outer, timeout, device) if pp > 1 else {}
     tp_group, dp_group = groups[tp]
-    dp = world_size // tp
+    dp = world_size // (pp * tp)
     world = Group("world", tuple(range(world_size)), rank,
                   dist.group.WORLD if world_size > 1 else None, device)
     return ParallelContext(
@@ -245,6 +352,9 @@ def init_distributed(
         device=device,
         backend=backend,
         timeout_s=timeout_s,
+        pp=pp,
+        pp_outer=pp_outer,
+        **pipeline,
     )
 
 
@@ -275,6 +385,8 @@ def release_groups(ctx: ParallelContext) -> None:
         return
     pgs = {id(g.pg): g.pg for pair in ctx.groups.values() for g in pair if g.pg is not None}
     pgs.update({id(g.pg): g.pg for g in ctx.merge_groups.values() if g.pg is not None})
+    across = [ctx.stage_group, ctx.pp_group, ctx.embed_group, *ctx.p2p_groups.values()]
+    pgs.update({id(g.pg): g.pg for g in across if g is not None and g.pg is not None})
     for pg in pgs.values():
         if pg is not dist.group.WORLD:
             dist.destroy_process_group(pg)
@@ -292,14 +404,19 @@ def build_tp_mesh(ctx: ParallelContext, tp: int | None = None) -> Any:
     DTensor: checkpoints, the torch-tp peer), or None when nothing is sharded across processes
     (tp == 1 or one process). Collective: every rank calls it, in the same order. The row-major
     (dp, tp) layout puts ranks ``i*tp .. i*tp+tp-1`` in one TP mesh, exactly the TP group of
-    ``ctx.groups_for(tp)`` (checked)."""
+    ``ctx.groups_for(tp)`` (checked); with pipeline stages, a (pp, dp, tp) mesh (the default
+    ``pp_outer`` layout)."""
     tp = ctx.tp if tp is None else tp
     if tp == 1 or not (dist.is_available() and dist.is_initialized()):
         return None
     from torch.distributed.device_mesh import init_device_mesh
 
-    mesh = init_device_mesh(ctx.device.type, (ctx.world_size // tp, tp),
-                            mesh_dim_names=("dp", "tp"))
+    if ctx.pp > 1:
+        mesh = init_device_mesh(ctx.device.type, (ctx.pp, ctx.stage_size // tp, tp),
+                                mesh_dim_names=("pp", "dp", "tp"))
+    else:
+        mesh = init_device_mesh(ctx.device.type, (ctx.world_size // tp, tp),
+                                mesh_dim_names=("dp", "tp"))
     tp_mesh = mesh["tp"]
     ranks = tuple(int(r) for r in tp_mesh.mesh.flatten().tolist())
     group = ctx.groups_for(tp)[0]

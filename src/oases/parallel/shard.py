@@ -27,7 +27,7 @@ What each stage keeps on a rank between steps (16 bytes per parameter in fp32 Ad
               its last (``release``). Views stay valid: freeing resizes the storage to 0.
 
 The schedule programs place these collectives (``program.ZeroLayout``); the executor runs them
-through this module, and ``parallel/comm.py`` issues them. ``materialized`` gathers everything
+through this module, and ``parallel/comm/`` issues them. ``materialized`` gathers everything
 for code that needs whole weights (evaluation, sampling, checkpoints): between steps, read a
 sharded model's weights only inside it (stage 3 holds none; stages 1-2 hold stale values of the
 other ranks' shards until the next step's gathers).

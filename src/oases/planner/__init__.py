@@ -7,28 +7,31 @@ choose every region's TP degree and the schedule knobs under a memory budget.
     best, all = plan_model(cfg, world_size, costs, budget.bytes)
     print(format_candidates(best, all, budget.bytes))
 
-Modules: ``costs`` (the interface, parameter and activation sizes), ``precision`` (bytes per
-tensor kind by dtype), ``profile`` (a measured
-profile; ``bench.profile_runner`` measures it), ``hardware``/``clusters`` (presets), ``models``
-(the paper's models), ``simulate`` (programs on costs), ``chain`` (the chain solvers),
-``search`` (the plan search), ``batch`` (a step's batch and what a micro-batch counts),
-``budget`` (the memory budget: unit and default), ``report`` (what plan and simulate print),
-``verify`` (prediction against measurement), ``whatif`` (``oases simulate``).
+Modules: ``costs`` (the interface, parameter and activation sizes), ``precision`` (bytes per tensor
+kind by dtype), ``profile`` (a measured profile; ``bench.profile_runner`` measures it),
+``hardware``/``clusters`` (presets), ``models`` (the paper's models), ``simulate`` (a plan's step on
+costs: ``event_walk`` walks one program, ``plan_costs`` prices its instructions, ``layout`` places
+groups, buckets and shards), ``chain`` (the chain solvers), ``search`` (the plan search),
+``space`` (what a search covers and what its flags kept out), ``batch`` (a step's batch, what
+a micro-batch counts, each region's rows), ``budget`` (the memory budget: unit and default),
+``report`` (what plan and simulate print), ``verify`` (prediction against measurement),
+``whatif`` (``oases simulate``).
 Nothing here calls ``torch.distributed``: what needs ranks lives in ``oases.bench``.
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 from oases.config import Config, ModelConfig
-from oases.planner.batch import config_batch
+from oases.planner.batch import BatchShape, config_batch
 from oases.planner.budget import costs_budget
 from oases.planner.costs import Costs
 from oases.planner.report import format_candidates
-from oases.planner.search import Candidate, solve_plan
-from oases.planner.simulate import BatchShape
+from oases.planner.search import Candidate, Progress, SearchStats, solve_plan
 
-__all__ = ["auto_plan", "batch_shape", "costs_budget", "format_candidates", "load_costs",
-           "plan_model"]
+__all__ = ["PlanSearch", "auto_plan", "batch_shape", "costs_budget", "format_candidates",
+           "load_costs", "plan_model", "search_plans"]
 
 
 def load_costs(source: str, model: ModelConfig, precision: str | None = None,
@@ -110,21 +113,52 @@ def _prices_sp(costs: Costs, degrees: list[int]) -> bool:
     return True
 
 
+@dataclass
+class PlanSearch:
+    """What ``search_plans`` found: the ``best`` plan, every candidate simulated, and what the
+    flags or the costs kept out of the search (``planner.space``), a line each."""
+
+    best: Candidate
+    candidates: list[Candidate]
+    excluded: list[str]
+
+
 def plan_model(cfg: Config, world_size: int, costs: Costs, budget_bytes: float,
                schedules: tuple[str, ...] | None = None,
                n_subs: tuple[int, ...] = (1, 2, 4), zeros: tuple[int, ...] = (0, 1, 2, 3),
                search_micro_batch: bool = True,
                max_tp: int | None = None,
-               sps: tuple[str, ...] = ("gathered", "shards")
-               ) -> tuple[Candidate, list[Candidate]]:
+               sps: tuple[str, ...] = ("gathered", "shards"),
+               progress: Progress | None = None, stats: SearchStats | None = None,
+               exhaustive: bool = False) -> tuple[Candidate, list[Candidate]]:
+    """``search_plans``' best plan and candidates."""
+    found = search_plans(cfg, world_size, costs, budget_bytes, schedules, n_subs, zeros,
+                         search_micro_batch, max_tp, sps, progress=progress, stats=stats,
+                         exhaustive=exhaustive)
+    return found.best, found.candidates
+
+
+def search_plans(cfg: Config, world_size: int, costs: Costs, budget_bytes: float,
+                 schedules: tuple[str, ...] | None = None,
+                 n_subs: tuple[int, ...] = (1, 2, 4), zeros: tuple[int, ...] = (0, 1, 2, 3),
+                 search_micro_batch: bool = True,
+                 max_tp: int | None = None,
+                 sps: tuple[str, ...] = ("gathered", "shards"),
+                 progress: Progress | None = None, stats: SearchStats | None = None,
+                 exhaustive: bool = False) -> PlanSearch:
     """Plan ``cfg`` for ``world_size`` ranks: every schedule, sub-batch count, ZeRO stage of
     ``zeros``, sequence-parallel mode of ``sps`` and (``search_micro_batch``) micro-batch of
     ``micro_batch_options`` under the config's global batch (``solve_plan``), TP degrees up to
     ``max_tp`` (default: all). Costs that cannot price ZeRO's collectives (a profile from
     before ``oases profile`` measured reduce-scatters) plan without it, and costs that cannot
-    price sequence parallelism's pieces (a profile from before it measured them) without that.
-    Every candidate's plan notes the batch it assumed, so a run reproduces it."""
+    price sequence parallelism's pieces (a profile from before it measured them) without that;
+    each such narrowing, and what a fixed ZeRO stage or mode leaves out, is a line of
+    ``excluded``. Every candidate's plan notes the batch it assumed, so a run reproduces it,
+    and the precision it was priced in. ``progress``, ``stats``, ``exhaustive``:
+    ``solve_plan``'s."""
+    from oases.planner.precision import precision_of
     from oases.planner.search import candidate_degrees
+    from oases.planner.space import SearchSpace
     from oases.schedule.program import SPECS
 
     cluster = getattr(costs, "cluster", None)
@@ -132,39 +166,42 @@ def plan_model(cfg: Config, world_size: int, costs: Costs, budget_bytes: float,
         from oases.planner.clusters import check_world_size
 
         check_world_size(cluster, world_size)
-    kw: dict = {}
     if schedules is not None:
         unknown = [s for s in schedules if s not in SPECS]
         if unknown or not schedules:
             raise ValueError(f"unknown schedule(s) {unknown}; valid: {', '.join(SPECS)}")
-        kw["schedules"] = schedules
+    every = tuple(n for n, s in SPECS.items() if not s.sequence_parallel)
+    space = SearchSpace(world_size, candidate_degrees(cfg.model, world_size), tuple(zeros),
+                        tuple(sps), schedules or every)
     degrees = getattr(costs, "degrees", None)
     if degrees is not None:  # a profile prices only the degrees it measured
-        kw["degrees"] = [t for t in candidate_degrees(cfg.model, world_size) if t in degrees()]
-        if not kw["degrees"]:
-            raise ValueError(f"the profile measured tp {degrees()}, none of which fits "
+        measured = degrees()
+        if not any(t in measured for t in space.degrees):
+            raise ValueError(f"the profile measured tp {measured}, none of which fits "
                              f"{world_size} ranks and this model: profile with this world size")
+        space.narrow_degrees(lambda t: t in measured, "the profile",
+                             f"it measured tp {'/'.join(map(str, measured))}")
     if max_tp is not None:
-        kw["degrees"] = [t for t in kw.get("degrees") or candidate_degrees(cfg.model, world_size)
-                         if t <= max_tp]
-        if not kw["degrees"]:
-            raise ValueError(f"--max-tp={max_tp}: no candidate degree of this model is that low")
-    if not _prices_zero(costs, world_size, kw.get("degrees") or candidate_degrees(
-            cfg.model, world_size)):
-        zeros = tuple(z for z in zeros if z == 0) or (0,)  # an older profile: no ZeRO
-    if sps and not _prices_sp(costs, kw.get("degrees") or candidate_degrees(cfg.model,
-                                                                            world_size)):
-        sps = ()  # an older profile: no sequence parallelism
+        space.narrow_degrees(lambda t: t <= max_tp, f"--max-tp={max_tp}", "above it")
+    space.narrow_zeros(_prices_zero(costs, world_size, space.degrees))
+    space.narrow_sps(_prices_sp(costs, space.degrees))
+    zero_flag = f"--zero {'/'.join(map(str, space.zeros))}"
+    sp_flag = f"--sequence-parallel {'/'.join(space.sps)}"
+    space.note_flag_effects(cfg.model, zero_flag, sp_flag)
+    kw: dict = {"schedules": schedules} if schedules is not None else {}
     batch = batch_shape(cfg, world_size)
     best, candidates = solve_plan(
         cfg.model, costs, world_size, batch, budget_bytes, n_subs=n_subs,
-        max_inflight=cfg.schedule.max_inflight, zeros=zeros, sps=sps,
-        micro_batches=micro_batch_options(batch) if search_micro_batch else (), **kw)
+        max_inflight=cfg.schedule.max_inflight, zeros=space.zeros, sps=space.sps,
+        micro_batches=micro_batch_options(batch) if search_micro_batch else (),
+        degrees=space.degrees, progress=progress, stats=stats, exhaustive=exhaustive, **kw)
+    priced = precision_of(costs).describe()
     for c in candidates:  # what the prediction assumed, so a run reproduces it
         shape = c.batch or batch
         c.plan.notes.update(world_size=world_size, global_batch=shape.global_batch,
                             micro_rows=shape.micro_rows)
-    return best, candidates
+        c.plan.precision = dict(priced)
+    return PlanSearch(best, candidates, space.excluded)
 
 
 def auto_plan(cfg: Config, world_size: int):  # noqa: ANN201 - ParallelPlan

@@ -38,8 +38,12 @@ class GPU:
     of peak flops and of memory bandwidth that large matmuls and streaming kernels reach;
     ``dtype_efficiency`` gives the matmul efficiency of a dtype where a microbenchmark says it
     differs (bf16 tensor-core matmuls: ``matmul_efficiency_at``);
-    ``launch_overhead_s`` is charged once per scheduled compute piece; ``compute_capability``
-    picks the row of NCCL's tuning tables (8.x Ampere, 9.0 Hopper)."""
+    ``launch_overhead_s`` is the flat per-piece launch cost of profiles and cluster files made
+    before the kernel model (kept for reading them; the kernel model prices launches by
+    kernel count); ``compute_capability`` picks the row of NCCL's tuning tables (8.x Ampere,
+    9.0 Hopper); ``kernels`` is the GPU's kernel table (``planner.kernels.sources``: SMs,
+    the GEMM anchor shape, launch and host costs, NCCL's SMs, fused-attention series; {}:
+    the kernel model's defaults), which ``oases profile --kernels`` measures."""
 
     name: str
     peak_flops: dict[str, float]
@@ -51,6 +55,7 @@ class GPU:
     launch_overhead_s: float = 20e-6
     compute_capability: float = 8.0
     dtype_efficiency: dict[str, float] = field(default_factory=dict)
+    kernels: dict[str, float] = field(default_factory=dict)
 
     def matmul_efficiency_at(self, dtype: str) -> float:
         """The fraction of ``peak_flops[dtype]`` large matmuls in ``dtype`` reach."""

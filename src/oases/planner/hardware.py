@@ -7,28 +7,27 @@ machine offers the same methods)::
     compute_s(region, phase, piece, tp, rows)     seconds on one GPU of the cluster
     collective_s(op, group_size, nbytes)          seconds of the collective as NCCL runs it
 
-Compute is a roofline sum over a piece's kernels: matmul flops / (peak[dtype] x
-matmul efficiency at dtype) + bytes that elementwise and norm kernels move / (memory bandwidth x
-elementwise_efficiency) + one launch overhead per piece. Matmul flops are divided by the TP
-degree; elementwise work on the replicated [b, S, H] activations is not. Bytes are counted in
-*passes* over a tensor (one read or one write of every element); a dropout costs 2 passes plus a
-one-byte mask per element.
-
-Attention is priced as the paper's prototype ran it ("materialized"): QK^T and AV over the full
-S x S, and the [b, A/t, S, S] scores written by QK^T, masked and softmaxed in place (2 + 2
-passes), dropped out, and read by AV; ``attention="fused"`` prices a flash-style kernel instead
-(causal: half the flops, no score traffic).
+Compute is the kernels of the piece (``planner.kernels``): each GEMM by its shape (tiles and
+waves over the SMs, at the measured best matmul efficiency), attention as the published fused
+kernel series (or, "materialized", as the paper's prototype ran it: QK^T and AV as batched
+GEMMs over the full S x S and the scores masked, softmaxed and dropped out in memory-bound
+passes), every eager memory-bound op by the bytes it moves at the GPU's STREAM-like bandwidth,
+and the launches by kernel count (``max(kernels + gaps, host dispatch)``). ``breakdown`` says
+where a piece's time goes by kernel class; ``contention`` is compute's slowdown while a
+collective's CTAs hold SMs beside it (the simulator applies it, ``planner.event_walk``).
 
 Calibration, RTX 3090 compute (the profile table of the Oases paper, Li et al., IEEE TPDS
 2025: GPT layer H=2048, 32 heads, S=1024, 4 sequences per TP group, t=4, fp32, dropout 0.1;
 milliseconds, measured -> this model, see tests)::
 
-    attention forward   3.24 -> 3.23      attention backward  5.18 -> 4.98
-    MLP forward         2.69 -> 2.68      MLP backward        5.08 -> 4.93
+    attention forward   3.24 -> 3.49      attention backward  5.18 -> 5.67
+    MLP forward         2.69 -> 2.74      MLP backward        5.08 -> 5.32
 
-with matmul_efficiency 0.90 and elementwise_efficiency 0.82 (32.0 TFLOP/s, 768 GB/s), solved
-from the two forward times; the backward times are predictions. The other compute rows of that
-table (H=1024, H=4096 at t=4 and 16) come out within 17%.
+with the 3090's fp32 matmul efficiency (0.90, solved from the two forward times under the
+roofline model this replaced) anchored at that layer's fc1 GEMM, 4096 x 2048 x 2048, where
+the tile and wave model caps it at 1 (no tile reaches 0.90 there on 82 SMs), and the
+elementwise efficiency 0.82; the other compute rows of that table (H=1024, H=4096) come out
+within 10% (they were within 17%).
 
 Collectives are no longer calibrated on that table (until 2026-12-02 its all-reduce column set
 the PCIe efficiency to 0.44, a 6.9 GB/s bus bandwidth for a 4-GPU ring): the paper's prototype
@@ -52,6 +51,7 @@ gradients and AdamW's moments stay fp32 (``precision``, which the simulator pric
 
 from __future__ import annotations
 
+import functools
 import math
 from collections.abc import Iterable, Sequence
 
@@ -73,6 +73,8 @@ from oases.planner.clusters import (
     save_cluster,
 )
 from oases.planner.collectives import ALGORITHMS, NCCL_ALGORITHMS, OPS, Choice, collective
+from oases.planner.kernels import FLOP_CLASSES, Kernel, KernelPrices, PieceKernels
+from oases.planner.kernels.pieces import memory
 from oases.planner.precision import PlanPrecision
 
 __all__ = ["CLUSTERS", "DTYPE_BYTES", "GPU", "GPUS", "LINKS", "PAPER_REFERENCE_MODEL", "Cluster",
@@ -88,14 +90,6 @@ SP_FORWARD_PIECES = ("sp-norm", "sp-core", "sp-core-commfree", "sp-epi")
 _FORWARD_PIECES = ("body", "body-commfree", "epi", *SP_FORWARD_PIECES)
 PIECES = {"forward": _FORWARD_PIECES, "recompute": _FORWARD_PIECES,
           "backward": ("norm", "epi", "tp", "sp-norm", "sp-epi", "sp-dx", "sp-dw")}
-
-# Passes over a tensor (one read or one write of each element) of the kernels of each piece.
-NORM_FWD_PASSES = 2  # read x, write y
-NORM_BWD_PASSES = 7  # read x and dy, write dx, a pass for the weight gradients; + residual add (3)
-SCORE_FWD_PASSES = 6  # QK^T writes, mask (2), softmax (2), AV reads; + dropout
-SCORE_BWD_PASSES = 8  # dP written, softmax backward (3), mask backward (2), two reads by matmuls
-RESIDUAL_PASSES = 3  # x + r: two reads, one write
-OPTIMIZER_PASSES = 7  # AdamW over fp32 states: read param, grad, m, v; write param, m, v
 
 # The Oases paper's reference GPT layer (its profile table): what the bench's link presets
 # speak for.
@@ -134,6 +128,8 @@ class HardwareCosts:
         self.matmul_efficiency = gpu.matmul_efficiency_at(dtype)
         self.matmul_flops_per_s = gpu.peak_flops[dtype] * self.matmul_efficiency
         self.memory_bytes_per_s = gpu.memory_bandwidth_bytes_per_s * gpu.elementwise_efficiency
+        self.prices = KernelPrices(gpu, dtype, self.elem_bytes)
+        self._pieces = PieceKernels(model, self.elem_bytes, attention)
 
     @property
     def memory_bytes(self) -> float:
@@ -144,17 +140,34 @@ class HardwareCosts:
 
     def compute_s(self, region: str, phase: str, piece: str, tp: int, rows: int) -> float:
         """Seconds of one sub-batch of ``rows`` sequences through ``piece`` of a ``region``
-        at TP degree ``tp``. Pieces that do no work (the head's epi, the embedding's norm
-        backward) cost 0."""
-        flops, nbytes = self.work(region, phase, piece, tp, rows)
-        if flops == 0 and nbytes == 0:
-            return 0.0
-        return (flops / self.matmul_flops_per_s + nbytes / self.memory_bytes_per_s
-                + self.cluster.server.gpu.launch_overhead_s)
+        at TP degree ``tp``: its kernels, launched (``planner.kernels``). Pieces that do no
+        work (the head's epi, the embedding's norm backward) cost 0."""
+        return sum(self.breakdown(region, phase, piece, tp, rows).values())
+
+    def breakdown(self, region: str, phase: str, piece: str, tp: int,
+                  rows: int) -> dict[str, float]:
+        """``compute_s`` by kernel class (``planner.kernels.CLASSES``; "launch" is what the
+        launches add)."""
+        self.kernels(region, phase, piece, tp, rows)  # checks the arguments
+        return self._breakdown(region, phase, piece, tp, rows)
+
+    @functools.cache  # noqa: B019 (a HardwareCosts lives as long as its planning)
+    def _breakdown(self, region: str, phase: str, piece: str, tp: int, rows: int
+                   ) -> dict[str, float]:
+        return self.prices.breakdown(self._kernels(region, phase, piece, tp, rows))
 
     def work(self, region: str, phase: str, piece: str, tp: int,
              rows: int) -> tuple[float, float]:
-        """(matmul flops, bytes moved by elementwise and norm kernels) of one piece."""
+        """(GEMM and attention flops, bytes moved by memory-bound kernels) of one piece."""
+        ks = self.kernels(region, phase, piece, tp, rows)
+        return (sum(k.flops for k in ks if k.cls in FLOP_CLASSES),
+                sum(k.nbytes for k in ks if k.cls not in FLOP_CLASSES))
+
+    def kernels(self, region: str, phase: str, piece: str, tp: int, rows: int
+                ) -> list[Kernel]:
+        """The kernels of one piece (``planner.kernels.pieces``); a sequence-parallel piece
+        is the plain one's: the norm and the glue on 1/tp of the tokens, the TP matmuls
+        without the norm, the backward split into weight gradients ("sp-dw") and the rest."""
         if region not in REGIONS:
             raise ValueError(f"region={region!r}; valid: {', '.join(REGIONS)}")
         if phase not in PIECES or piece not in PIECES[phase]:
@@ -162,120 +175,41 @@ class HardwareCosts:
             raise ValueError(f"phase={phase!r} piece={piece!r}; valid pieces: {valid}")
         if tp < 1 or rows < 1:
             raise ValueError(f"tp={tp} and rows={rows} must be >= 1")
-        if piece.startswith("sp-"):
-            return self._sequence_parallel(region, phase, piece, tp, rows)
-        if phase == "backward":
-            return self._backward(region, piece, tp, rows)
-        return self._forward(region, piece, tp, rows)
+        return self._kernels(region, phase, piece, tp, rows)
 
-    def _sequence_parallel(self, region: str, phase: str, piece: str, tp: int,
-                           rows: int) -> tuple[float, float]:
-        """A sequence-parallel piece: the non-sequence-parallel one's work, the norm's and the
-        glue's on 1/tp of the tokens, the matmuls' without the norm's passes."""
-        norm_passes = NORM_BWD_PASSES if phase == "backward" else NORM_FWD_PASSES
-        norm = 0.0 if region == "embed" else norm_passes * self._shapes(tp, rows)["THe"]
+    @functools.cache  # noqa: B019 (a HardwareCosts lives as long as its planning)
+    def _kernels(self, region: str, phase: str, piece: str, tp: int, rows: int
+                 ) -> list[Kernel]:
+        pk, backward = self._pieces, phase == "backward"
+        if not piece.startswith("sp-"):
+            return (pk.backward if backward else pk.forward)(region, piece, tp, rows)
+        tokens = rows * self.model.seq_len
         if piece == "sp-norm":
-            return 0.0, norm / tp
+            if region == "embed":
+                return []
+            elements = tokens * self.model.dim / tp
+            return (memory(pk.norm, "norm", elements, self.elem_bytes, backward)
+                    + (memory("residual", "residual gradient sum", elements, self.elem_bytes,
+                              True) if backward else []))
         if piece == "sp-epi":
-            flops, nbytes = (self._backward if phase == "backward" else self._forward)(
-                region, "epi", tp, rows)
-            return flops / tp, nbytes / tp
-        if piece in ("sp-dx", "sp-dw"):  # the TP matmuls' backward without / with only
-            flops, nbytes = self._backward(region, "tp", tp, rows)  # its weight gradients
-            matmuls, _ = self._matmuls(region, tp, rows)
-            dw = matmuls - (self._shapes(tp, rows)["score_flops"] if region == "attn" else 0)
-            return (flops - dw, nbytes) if piece == "sp-dx" else (dw, 0.0)
-        flops, nbytes = self._forward(region, piece.removeprefix("sp-").replace("core", "body"),
-                                      tp, rows)
-        return flops, max(0.0, nbytes - norm)
-
-    def _shapes(self, tp: int, rows: int) -> dict[str, float]:
-        m, e = self.model, self.elem_bytes
-        drop = 2 + 1 / e if m.dropout > 0 else 0.0  # read, write, a one-byte mask
-        T = rows * m.seq_len
-        score_elems = rows * m.n_heads / tp * m.seq_len * m.seq_len  # [b, A/t, S, S]
-        score_flops = 2 * 2 * rows * m.n_heads / tp * m.seq_len ** 2 * m.head_dim  # QK^T, AV
-        if self.attention == "fused":
-            score_flops /= 2  # causal blocks skipped
-        return {"T": T, "e": e, "drop": drop, "THe": T * m.dim * e, "score_elems": score_elems,
-                "score_flops": score_flops, "Vt": math.ceil(m.vocab_size / tp),
-                "bias": 1.0 if m.arch == "gpt2" else 0.0}
-
-    def _matmuls(self, region: str, tp: int, rows: int) -> tuple[float, float]:
-        """(all forward matmul flops, flops of the last row-parallel matmul) of a region."""
-        m, x = self.model, self._shapes(tp, rows)
-        T, H, D = x["T"], m.dim, m.head_dim
-        if region == "attn":
-            proj = 2 * T * m.n_heads * D * H / tp
-            qkv = 2 * T * H * (m.n_heads + 2 * m.n_kv_heads) * D / tp
-            return qkv + x["score_flops"] + proj, proj
-        if region == "mlp":
-            fc1_out = 2 * m.ffn_dim if m.arch == "llama" else m.ffn_dim
-            fc2 = 2 * T * m.ffn_dim * H / tp
-            return 2 * T * H * fc1_out / tp + fc2, fc2
-        if region == "head":
-            return 2 * T * H * x["Vt"], 0.0
-        return 0.0, 0.0
-
-    def _forward(self, region: str, piece: str, tp: int, rows: int) -> tuple[float, float]:
-        m, x = self.model, self._shapes(tp, rows)
-        T, e, THe = x["T"], x["e"], x["THe"]
-        if piece == "epi":
-            if region == "head":
-                return 0.0, 0.0
-            if region == "embed":  # + positions (GPT-2), dropout
-                return 0.0, THe * (RESIDUAL_PASSES * x["bias"] + x["drop"])
-            return 0.0, THe * (2 * x["bias"] + RESIDUAL_PASSES + x["drop"])  # bias, res, drop
-        if region == "embed":  # vocab-parallel lookup: gather rows, mask foreign ids, write
-            return 0.0, 4 * THe
-        flops, last = self._matmuls(region, tp, rows)
-        if piece == "body-commfree":
-            flops -= last
-        nbytes = NORM_FWD_PASSES * THe
-        if region == "attn":
-            if self.attention == "materialized":
-                nbytes += x["score_elems"] * e * (SCORE_FWD_PASSES + x["drop"])
-            if m.arch == "llama":  # rotary on q and k
-                nbytes += 4 * T * (m.n_heads + m.n_kv_heads) * m.head_dim / tp * e
-        elif region == "mlp":  # GELU (2 passes) or silu(gate) * up (5)
-            nbytes += (5 if m.arch == "llama" else 2) * T * m.ffn_dim / tp * e
-        else:  # head: vocab-parallel cross-entropy over [T, V/t]
-            nbytes += 6 * T * x["Vt"] * e
-        return flops, nbytes
-
-    def _backward(self, region: str, piece: str, tp: int, rows: int) -> tuple[float, float]:
-        m, x = self.model, self._shapes(tp, rows)
-        T, e, THe = x["T"], x["e"], x["THe"]
-        if piece == "norm":
-            return 0.0, (0.0 if region == "embed" else NORM_BWD_PASSES * THe)
-        if piece == "epi":
-            if region == "head":
-                return 0.0, 0.0
-            return 0.0, THe * (x["bias"] + x["drop"])  # bias (or position) grad, dropout
-        flops, _ = self._matmuls(region, tp, rows)
-        if region == "embed":  # zero the [V/t, H] gradient, scatter-add the rows into it
-            return 0.0, 2 * THe + x["Vt"] * m.dim * e
-        if region == "head":  # logits dX and dW; cross-entropy backward over [T, V/t]
-            return 2 * flops, 3 * T * x["Vt"] * e
-        if region == "mlp":
-            return 2 * flops, (8 if m.arch == "llama" else 3) * T * m.ffn_dim / tp * e
-        nbytes = 0.0
-        if self.attention == "materialized":
-            nbytes += x["score_elems"] * e * (SCORE_BWD_PASSES + x["drop"])
-        else:  # flash backward recomputes the scores: 2.5x the forward attention flops
-            flops += 1.5 * x["score_flops"]
-        if m.arch == "llama":
-            nbytes += 4 * T * (m.n_heads + m.n_kv_heads) * m.head_dim / tp * e
-        return 2 * flops, nbytes
+            return pk.epi(region, tokens / tp, backward)
+        if piece in ("sp-dx", "sp-dw"):
+            dw = piece == "sp-dw"
+            return [k for k in pk.backward(region, "tp", tp, rows) if k.weight_grad == dw]
+        body = pk.forward(region, piece.removeprefix("sp-").replace("core", "body"), tp, rows)
+        return [k for k in body if k.label != "norm"]
 
     def optimizer_s(self, n_params: int) -> float:
-        """One fused AdamW step over ``n_params`` local master (fp32) parameters
-        (memory-bound)."""
+        """torch's foreach AdamW over ``n_params`` local master (fp32) parameters and the
+        gradient-norm clipping (memory-bound, ``planner.kernels.memory_bound``)."""
         if n_params <= 0:
             return 0.0
-        return (OPTIMIZER_PASSES * self.precision.master_bytes * n_params
-                / self.memory_bytes_per_s
-                + self.cluster.server.gpu.launch_overhead_s)
+        return sum(self.prices.optimizer_breakdown(n_params).values())
+
+    def contention(self, op: str) -> float:
+        """Compute's slowdown while collective ``op`` runs beside it: its NCCL CTAs hold
+        SMs (``KernelPrices.slowdown``); the same for every op."""
+        return self.prices.slowdown()
 
     def saved_bytes(self, region: str, mode: str, tp: int, rows: int) -> None:
         """Presets measure no activations: None means 'use the analytic estimate'."""
@@ -347,15 +281,20 @@ class HardwareCosts:
                  f"{c.nics_per_server} port(s) per server, shared by the server's GPUs' groups)"
                  if c.inter_link is not None and c.servers > 1 else "")
         algos = "/".join(self.algorithms)
+        pr = self.prices
         return (f"{c.name}: {c.servers} server(s) x {s.gpus_per_server} {g.name} "
-                f"({g.memory_bytes / 1e9:.0f} GB); {self.dtype} matmuls at "
-                f"{self.matmul_flops_per_s / 1e12:.1f} TFLOP/s ({self.matmul_efficiency:.0%} of "
-                f"{g.peak_flops[self.dtype] / 1e12:.1f} peak), elementwise and norm kernels at "
-                f"{self.memory_bytes_per_s / 1e9:.0f} GB/s ({g.elementwise_efficiency:.0%} of "
-                f"{g.memory_bandwidth_bytes_per_s / 1e9:.0f}), "
-                f"{g.launch_overhead_s * 1e6:.0f} us launch overhead per piece, "
-                f"{self.precision.label()}, "
-                f"{self.attention} attention; collectives as NCCL's tuner picks them ({algos} x "
+                f"({g.memory_bytes / 1e9:.0f} GB); {self.dtype} matmuls by shape on {pr.sms} "
+                f"SMs (tiles and waves; {self.matmul_efficiency:.0%} of "
+                f"{g.peak_flops[self.dtype] / 1e12:.1f} TFLOP/s peak at the best shape), "
+                f"{self.attention} attention"
+                + (" (FlashAttention-2 series)" if self.attention == "fused"
+                   and pr.has_attention_series else "")
+                + f", memory-bound kernels at {self.memory_bytes_per_s / 1e9:.0f} GB/s "
+                f"({g.elementwise_efficiency:.0%} of {g.memory_bandwidth_bytes_per_s / 1e9:.0f}),"
+                f" {pr.value('kernel_gap_s') * 1e6:.0f} us per kernel launch, "
+                f"{pr.value('host_op_s') * 1e6:.0f} us host per op, compute x"
+                f"{pr.slowdown():.2f} beside a collective, "
+                f"{self.precision.label()}; collectives as NCCL's tuner picks them ({algos} x "
                 f"LL/LL128/Simple), inside a server over {link.name} "
                 f"({link.effective_bytes_per_s / 1e9:.1f} GB/s bus bandwidth{both}){pair}{inter}. "
                 f"Sources: {g.source}; {link.source}.")

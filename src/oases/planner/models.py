@@ -21,7 +21,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from oases.config import ModelConfig
+from oases.config import ModelConfig, format_params
 
 # (H, L) of the paper's table, in its order
 PAPER_SHAPES = ((1024, 24), (2048, 24), (3072, 24), (4096, 16), (6144, 16), (8192, 8),
@@ -64,4 +64,4 @@ def describe_model(cfg: ModelConfig) -> str:
     n_params = sum(region_param_count(cfg, region_kind(n), 1) for n in region_names(cfg))
     return (f"{cfg.arch} H={cfg.dim} L={cfg.n_layers} heads={cfg.n_heads} S={cfg.seq_len} "
             f"V={cfg.vocab_size}{' tied' if cfg.tie_embeddings else ''}: "
-            f"{n_params / 1e9:.2f} B parameters")
+            f"{format_params(n_params)} parameters")

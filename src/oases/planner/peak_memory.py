@@ -37,9 +37,12 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+import numpy as np
+
 from oases.config import ModelConfig
 from oases.planner.costs import Costs, analytic_saved_bytes
 from oases.planner.precision import FP32, PlanPrecision, precision_of
+from oases.planner.tape import Tape
 from oases.schedule.program import Compute, Instr, Release, Start, Wait, deferred_regions
 
 
@@ -98,6 +101,66 @@ def saved_bytes(costs: Costs, cfg: ModelConfig, kind: str, mode: str, t: int,
     return value
 
 
+@dataclass(frozen=True)
+class _Bytes:
+    """Per region i, the bytes the walks add and take away (see ``peak_memory``)."""
+
+    kept: list[float]  # activations a forward piece keeps for its backward
+    graph: list[float]  # a recompute's whole graph
+    full: list[float]  # a whole gradient
+    shard: list[float]  # a ZeRO shard
+    padded: list[float]  # the padded flat buffer of the region's parameters
+    scattering: list[float]  # a reduce-scatter in flight
+    gather_copy: list[float]  # an all-gather's own output buffer (gloo)
+    seq: tuple[list[float], list[float]]  # sequence parallelism's gather, reduce-scatter
+    deferred: list[float]  # what a deferred weight gradient holds
+
+
+def _region_bytes(cfg: ModelConfig, kinds: list[str], degrees: list[int], rows: list[int],
+                  mode: str, graph_mode: str, costs: Costs, state: ModelState) -> _Bytes:
+    """Every region's ``_Bytes`` (computed once per distinct region: the blocks of a model
+    repeat)."""
+    n = len(kinds)
+    prec = precision_of(costs)
+    w, g = prec.master_bytes, prec.grad_reduce_bytes
+    # a reduce-scatter in flight holds its flat input and its output (and, on gloo, a copy),
+    # in the dtype it reduces in
+    scatter_copy = bool(getattr(costs, "reduce_scatter_copies_input", False))
+    # an all-gather in flight: gloo's own output-size buffer (and at stages 1-2 the shard's copy)
+    gather_copies = bool(getattr(costs, "all_gather_copies_output", False))
+    sp = mode.startswith("sp-")
+    memo: dict[tuple, tuple[float, ...]] = {}
+    out: list[tuple[float, ...]] = []
+    for i in range(n):
+        key = (kinds[i], degrees[i], rows[i], state.numel[i], state.dp[i])
+        row = memo.get(key)
+        if row is None:
+            kind, t, r = key[:3]
+            padded = state.padded(i) * w
+            # sequence parallelism's collectives in flight (``comm.seq_*_async``): a gather
+            # holds its slice and its rank-major [t, b, S/t, H] output; a reduce-scatter the
+            # rank-major copy of the partial sums (for one row, the partial sums themselves),
+            # its slice and, on gloo, the all-to-all's receive buffer (the partial sums it
+            # was given)
+            act = r * cfg.seq_len * cfg.dim * prec.activation_bytes if sp else 0.0
+            row = memo[key] = (
+                saved_bytes(costs, cfg, kind, mode, t, r),
+                saved_bytes(costs, cfg, kind, graph_mode, t, r),
+                state.numel[i] * w, state.shard(i) * w, padded,
+                state.padded(i) * g * (2 if scatter_copy else 1) + state.shard(i) * g,
+                padded if gather_copies else 0.0,
+                act * (1 / t + 1) if sp else 0.0,
+                act * (1 + 1 / t + (1 if scatter_copy else 0)) if sp else 0.0,
+                # deferred weight gradients (sequence parallelism's "dw" pieces): from tp:i
+                # to dw:i a block's region holds the gathered h_i and dr_i, the row-parallel
+                # input y_i and the column-parallel output's gradient
+                r * cfg.seq_len * prec.activation_bytes
+                * (2 * cfg.dim + _column_out(cfg, kind) / t + _row_in(cfg, kind) / t))
+        out.append(row)
+    cols = [list(c) for c in zip(*out)] if out else [[] for _ in range(10)]
+    return _Bytes(*cols[:7], (cols[7], cols[8]), cols[9])
+
+
 def peak_memory(cfg: ModelConfig, program: list[Instr], kinds: list[str], degrees: list[int],
                 rows: list[int], mode: str, costs: Costs, state: ModelState,
                 uses: tuple[tuple[int, ...], ...], bucket_bytes: dict[int, float],
@@ -109,45 +172,16 @@ def peak_memory(cfg: ModelConfig, program: list[Instr], kinds: list[str], degree
     first micro-batch and as a later one, which finds every accumulated gradient (stages 0-1)
     or shard (2-3) there. ``mode``/``graph_mode``: the saved-activation modes of what a region
     keeps and of its full graph (under sequence parallelism "sp-..." modes, ``costs.sp_mode``;
-    a region's TP matmuls are then its "core" piece)."""
+    a region's TP matmuls are then its "core" piece). ``peak_memory_tape`` walks a compiled
+    program to the same numbers."""
     n = len(kinds)
     prec = precision_of(costs)
     by_kind = state.bytes_by_kind(prec)
     static = by_kind["weights"] + by_kind["optimizer"]
-    kept = [saved_bytes(costs, cfg, kinds[i], mode, degrees[i], rows[i]) for i in range(n)]
-    graph = [saved_bytes(costs, cfg, kinds[i], graph_mode, degrees[i], rows[i])
-             for i in range(n)]
-    w, g = prec.master_bytes, prec.grad_reduce_bytes
-    full = [state.numel[i] * w for i in range(n)]
-    shard = [state.shard(i) * w for i in range(n)]
-    padded = [state.padded(i) * w for i in range(n)]
-    # a reduce-scatter in flight holds its flat input and its output (and, on gloo, a copy),
-    # in the dtype it reduces in
-    scatter_copy = bool(getattr(costs, "reduce_scatter_copies_input", False))
-    scattering = [state.padded(i) * g * (2 if scatter_copy else 1) + state.shard(i) * g
-                  for i in range(n)]
-    # an all-gather in flight: gloo's own output-size buffer (and at stages 1-2 the shard's copy)
-    gather_copy = [padded[i] if getattr(costs, "all_gather_copies_output", False) else 0.0
-                   for i in range(n)]
-
-    # sequence parallelism's collectives in flight (``comm.seq_*_async``): a gather holds its
-    # slice and its rank-major [t, b, S/t, H] output; a reduce-scatter the rank-major copy of
-    # the partial sums (for one row, the partial sums themselves), its slice and, on gloo, the
-    # all-to-all's receive buffer (the partial sums it was given)
-    seq = [0.0] * n, [0.0] * n
-    if mode.startswith("sp-"):
-        act = [rows[i] * cfg.seq_len * cfg.dim * prec.activation_bytes for i in range(n)]
-        seq = ([act[i] * (1 / degrees[i] + 1) for i in range(n)],
-               [act[i] * (1 + 1 / degrees[i] + (1 if scatter_copy else 0)) for i in range(n)])
-
-    # deferred weight gradients (sequence parallelism's "dw" pieces): from tp:i to dw:i a
-    # block's region holds the gathered h_i and dr_i, the row-parallel input y_i and the
-    # column-parallel output's gradient
+    b = _region_bytes(cfg, kinds, degrees, rows, mode, graph_mode, costs, state)
+    kept, graph, full, shard, padded = b.kept, b.graph, b.full, b.shard, b.padded
+    scattering, gather_copy, seq, deferred = b.scattering, b.gather_copy, b.seq, b.deferred
     deferring = deferred_regions(program)
-    deferred = [rows[i] * cfg.seq_len * prec.activation_bytes
-                * (2 * cfg.dim + _column_out(cfg, kinds[i]) / degrees[i]
-                   + _row_in(cfg, kinds[i]) / degrees[i]) for i in range(n)]
-
     def walk(later: bool) -> tuple[float, float, float]:
         whole: set[int] = set()  # regions whose full gradient is alive
         shards: set[int] = set()  # regions whose gradient shard exists (ZeRO)
@@ -228,6 +262,15 @@ def peak_memory(cfg: ModelConfig, program: list[Instr], kinds: list[str], degree
     if repeats > 1:
         later_peak, later_act, end = walk(later=True)
         peak, peak_act = max(peak, later_peak), max(peak_act, later_act)
+    return _with_step(peak, peak_act, end, static, by_kind, shard, state, costs)
+
+
+def _with_step(peak: float, peak_act: float, end: float, static: float,
+               by_kind: dict[str, float], shard: list[float], state: ModelState,
+               costs: Costs) -> dict[str, float]:
+    """The peak of the walks with the optimizer step's, and its parts."""
+    n = len(shard)
+    w = precision_of(costs).master_bytes
     # the optimizer step: the gradients as they end, plus foreach temporaries of about one
     # copy of what it updates; stages 1-2 gather the updated shards at the next step's head
     # (a copy of each shard in flight: walked above when the program has the head; counted
@@ -243,3 +286,207 @@ def peak_memory(cfg: ModelConfig, program: list[Instr], kinds: list[str], degree
             "baseline": baseline, "workspace": workspace,
             "params": by_kind["weights"], "grads": grads_end,
             "optimizer_state": by_kind["optimizer"], "activations_peak": peak_act}
+
+
+# ------------------------------------------------------------------ the walk on a tape
+ACT, GRADS, MOVING, HELD = range(4)
+# the per-region value rows of ``_memory_values``, in order (then one row per alive pattern)
+_ROWS = ("kept", "graph", "graph-kept", "full", "shard", "padded", "scattering",
+         "gather_copy", "shard+gather_copy", "seq0", "seq1", "deferred", "bucket")
+_ROW = {name: r for r, name in enumerate(_ROWS)}
+
+
+@dataclass(frozen=True)
+class _MemoryEvents:
+    """``peak_memory``'s walk of one program, compiled for one layout: every change of a
+    running total (``var``: ACT, GRADS, MOVING or HELD) in walk order, its value (an index
+    into ``_memory_values``'s table) and sign; the events after which the walk takes its
+    peak (``checkpoints``, -1: before any), and the reduce-scatters that take it before their
+    own changes, with the padded buffer they add (``rs_before``, ``rs_value``): the states the
+    walk takes its peak in (an instruction that changes nothing repeats the state before it).
+    """
+
+    var: np.ndarray
+    value: np.ndarray
+    sign: np.ndarray
+    checkpoints: np.ndarray
+    rs_before: np.ndarray
+    rs_value: np.ndarray
+    patterns: tuple[str, ...]  # what a (region, sub-batch)'s activations were built by
+    whole: set[int]  # regions whose gradient is whole at the start (a later micro-batch)
+    shards: set[int]
+
+
+def _compile_memory(program: tuple[Instr, ...], n: int, stages: tuple[int, ...],
+                    uses: tuple[tuple[int, ...], ...], sp: bool, later: bool) -> _MemoryEvents:
+    """The events of ``peak_memory``'s ``walk(later)`` on ``program`` (which sets hold which
+    region depends on the program and the stages only, never on the bytes)."""
+    deferring = deferred_regions(program)
+    var: list[int] = []
+    value: list[int] = []
+    sign: list[float] = []
+    checkpoints: list[int] = []
+    rs_before: list[int] = []
+    rs_value: list[int] = []
+    patterns: dict[str, int] = {}
+
+    def change(v: int, row: str | int, i: int, s: float) -> None:
+        var.append(v)
+        value.append((_ROW[row] if isinstance(row, str) else row) * n + i)
+        sign.append(s)
+
+    def pattern_row(p: str) -> int:
+        return len(_ROWS) + patterns.setdefault(p, len(patterns))
+
+    whole = {i for i in range(n) if stages[i] <= 1} if later else set()
+    shards = {i for i in range(n) if stages[i] >= 2} if later else set()
+    start_whole, start_shards = set(whole), set(shards)
+    alive: dict[tuple[int, int], str] = {}  # (region, sub) -> how its bytes were built
+    inflight: dict[tuple[str, int, int], str] = {}  # collective -> the row it holds
+    gathered: set[int] = set()
+    for ins in program:
+        before = len(var)
+        if isinstance(ins, Compute):
+            for piece, i in ins.pieces:
+                if ins.phase == "forward" and piece in ("body", "core"):
+                    alive[i, ins.sub] = alive.get((i, ins.sub), "") + "F"
+                    change(ACT, "kept", i, 1.0)
+                elif ins.phase == "recompute" and piece in ("body", "core"):
+                    alive[i, ins.sub] = alive.get((i, ins.sub), "") + "R"
+                    change(ACT, "graph-kept", i, 1.0)
+                elif ins.phase == "backward" and piece == "tp":
+                    p = alive.pop((i, ins.sub), "")
+                    if p:
+                        change(ACT, pattern_row(p), i, -1.0)
+                    if i in deferring:
+                        alive[i, ins.sub] = "D"
+                        change(ACT, "deferred", i, 1.0)
+                    for u in uses[i]:
+                        if u not in whole:
+                            whole.add(u)
+                            change(GRADS, "full", u, 1.0)
+                elif ins.phase == "backward" and piece == "dw":
+                    p = alive.pop((i, ins.sub), "")
+                    if p:
+                        change(ACT, pattern_row(p), i, -1.0)
+        elif isinstance(ins, Start) and ins.kind == "rs":
+            u = ins.index
+            rs_before.append(len(var) - 1)
+            rs_value.append(_ROW["padded"] * n + u)
+            if u in whole:
+                whole.discard(u)
+                change(GRADS, "full", u, -1.0)
+            inflight[ins.kind, u, ins.sub] = "scattering"
+            change(MOVING, "scattering", u, 1.0)
+        elif isinstance(ins, Start) and ins.kind == "ag":
+            u = ins.index
+            if stages[u] < 3:
+                inflight[ins.kind, u, ins.sub] = "shard+gather_copy"
+            elif u not in gathered:
+                gathered.add(u)
+                change(HELD, "padded", u, 1.0)
+                inflight[ins.kind, u, ins.sub] = "gather_copy"
+            row = inflight.get((ins.kind, u, ins.sub))
+            if row is not None:
+                change(MOVING, row, u, 1.0)
+        elif isinstance(ins, Release):
+            if ins.index in gathered:
+                gathered.discard(ins.index)
+                change(HELD, "padded", ins.index, -1.0)
+        elif isinstance(ins, Start) and (ins.kind == "dp" or (
+                sp and ins.kind in ("gf", "gb", "gr", "fwd", "bwd"))):
+            row = ("bucket" if ins.kind == "dp" else "seq1" if ins.kind in ("fwd", "bwd")
+                   else "seq0")
+            inflight[ins.kind, ins.index, ins.sub] = row
+            change(MOVING, row, ins.index, 1.0)
+        elif isinstance(ins, Wait) and ins.kind in ("rs", "ag", "dp", "gf", "gb", "gr", "fwd",
+                                                    "bwd"):
+            row = inflight.pop((ins.kind, ins.index, ins.sub), None)
+            if row is not None:
+                change(MOVING, row, ins.index, -1.0)
+            if ins.kind == "rs" and ins.index not in shards:  # accumulated into the one shard
+                shards.add(ins.index)
+                change(GRADS, "shard", ins.index, 1.0)
+        if len(var) > before:
+            checkpoints.append(len(var) - 1)
+        elif not checkpoints:  # the state the walk starts in, taken after this instruction
+            checkpoints.append(-1)
+    return _MemoryEvents(np.array(var, dtype=np.int8), np.array(value, dtype=np.int64),
+                         np.array(sign), np.array(checkpoints, dtype=np.int64),
+                         np.array(rs_before, dtype=np.int64), np.array(rs_value, dtype=np.int64),
+                         tuple(patterns), start_whole, start_shards)
+
+
+def _memory_values(b: _Bytes, bucket_bytes: dict[int, float],
+                   patterns: tuple[str, ...]) -> np.ndarray:
+    """The table the events index: ``_ROWS`` then one row per alive pattern, each a value per
+    region, computed as the walk computes it (``alive[i, sub]`` grows by ``kept`` in a
+    forward, by ``graph`` less ``kept`` in a recompute, is set to ``deferred``)."""
+    n = len(b.kept)
+    kept, graph = np.array(b.kept, dtype=float), np.array(b.graph, dtype=float)
+    shard, gather_copy = np.array(b.shard, dtype=float), np.array(b.gather_copy, dtype=float)
+    deferred = np.array(b.deferred, dtype=float)
+    rows = [kept, graph, graph - kept, np.array(b.full, dtype=float), shard,
+            np.array(b.padded, dtype=float), np.array(b.scattering, dtype=float), gather_copy,
+            shard + gather_copy, np.array(b.seq[0], dtype=float), np.array(b.seq[1], dtype=float),
+            deferred, np.array([bucket_bytes.get(t, 0.0) for t in range(n)], dtype=float)]
+    for p in patterns:
+        v = np.zeros(n)
+        for c in p:
+            v = v + kept if c == "F" else (v + graph) - kept if c == "R" else deferred.copy()
+        rows.append(v)
+    return np.concatenate(rows) if n else np.zeros(0)
+
+
+def _walk_events(ev: _MemoryEvents, table: np.ndarray, static: float, b: _Bytes
+                 ) -> tuple[float, float, float]:
+    """``walk`` on compiled events: each running total is the running sum of its own changes
+    (``np.cumsum`` adds in order, as the walk does), the peak taken where the walk takes it."""
+    grads0 = sum(b.full[u] for u in ev.whole) + sum(b.shard[u] for u in ev.shards)
+    m = len(ev.var)
+    changes = table[ev.value] * ev.sign
+    totals = []
+    for v, start in ((ACT, 0.0), (GRADS, grads0), (MOVING, 0.0), (HELD, 0.0)):
+        steps = np.zeros(m + 1)
+        steps[0] = start
+        mine = ev.var == v
+        steps[1:][mine] = changes[mine]
+        totals.append(np.cumsum(steps))
+    act, grads, moving, held = totals
+    peak = peak_act = 0.0
+    if len(ev.checkpoints):
+        at = ev.checkpoints + 1
+        peak = max(peak, float((static + act[at] + grads[at] + moving[at] + held[at]).max()))
+        peak_act = max(peak_act, float(act[at].max()))
+    if len(ev.rs_before):
+        at = ev.rs_before + 1
+        peak = max(peak, float((static + act[at] + grads[at] + moving[at] + held[at]
+                                + table[ev.rs_value]).max()))
+    return peak, peak_act, float(grads[-1])
+
+
+def peak_memory_tape(cfg: ModelConfig, tape: Tape, kinds: list[str], degrees: list[int],
+                     rows: list[int], mode: str, costs: Costs, state: ModelState,
+                     uses: tuple[tuple[int, ...], ...], bucket_bytes: dict[int, float],
+                     repeats: int = 1, graph_mode: str = "none") -> dict[str, float]:
+    """``peak_memory`` of ``tape.program``, the same numbers: the walk compiled once per
+    program and layout (``_compile_memory``, remembered on the tape), then run on every plan's
+    bytes as running sums (``_walk_events``)."""
+    prec = precision_of(costs)
+    by_kind = state.bytes_by_kind(prec)
+    static = by_kind["weights"] + by_kind["optimizer"]
+    b = _region_bytes(cfg, kinds, degrees, rows, mode, graph_mode, costs, state)
+    sp = mode.startswith("sp-")
+    walks = []
+    for later in (False, True)[:2 if repeats > 1 else 1]:
+        key = ("memory", state.stages, uses, sp, later)
+        ev = tape.memo.get(key)
+        if ev is None:
+            ev = tape.memo[key] = _compile_memory(tape.program, len(kinds), state.stages, uses,
+                                                  sp, later)
+        walks.append(_walk_events(ev, _memory_values(b, bucket_bytes, ev.patterns), static, b))
+    peak, peak_act, end = walks[0]
+    if repeats > 1:
+        later_peak, later_act, end = walks[1]
+        peak, peak_act = max(peak, later_peak), max(peak_act, later_act)
+    return _with_step(peak, peak_act, end, static, by_kind, b.shard, state, costs)

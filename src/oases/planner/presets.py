@@ -12,6 +12,7 @@ efficiency may be off.
 from __future__ import annotations
 
 from oases.planner.clusters import GPU, Cluster, Link, Server
+from oases.planner.kernels.sources import BABELSTREAM, GPU_KERNELS, STREAM_EFFICIENCY
 
 _AMPERE = "NVIDIA Ampere GA102 GPU architecture whitepaper v2.1, table 9 (GeForce RTX 3090)"
 # bf16 matmul efficiencies: the Maximum Achievable Matmul FLOPS (MAMF) table of Stas Bekman's
@@ -39,6 +40,7 @@ GPUS: dict[str, GPU] = {
         "tensor-core generation) is assumed",
         compute_capability=8.6,
         dtype_efficiency={"bf16": MAMF_A100_SXM, "fp16": MAMF_A100_SXM},
+        kernels=GPU_KERNELS["rtx3090"],
     ),
     "a100": GPU(
         "NVIDIA A100 SXM4 80GB",
@@ -46,13 +48,15 @@ GPUS: dict[str, GPU] = {
         80e9,
         2039e9,
         0.80,
-        0.85,
+        STREAM_EFFICIENCY["a100"],
         "NVIDIA A100 Tensor Core GPU datasheet: 19.5 TFLOP/s fp32, 156 tf32, 312 bf16/fp16 "
-        "dense, 80 GB HBM2e at 2039 GB/s. fp32/tf32 and elementwise efficiencies assumed "
-        "(typical large cuBLAS GEMMs, STREAM-like copies), not calibrated here; bf16 (and "
-        f"fp16, the same tensor-core rate) from {_MAMF}: 271.2 of 312 TFLOP/s (0.869)",
+        "dense, 80 GB HBM2e at 2039 GB/s. fp32/tf32 matmul efficiency assumed (typical large "
+        f"cuBLAS GEMMs); bf16 (and fp16, the same tensor-core rate) from {_MAMF}: 271.2 of "
+        f"312 TFLOP/s (0.869); memory-bound kernels at {BABELSTREAM}: triad 1724.8 of 2039 "
+        "GB/s (0.846); kernels: planner.kernels.sources",
         compute_capability=8.0,
         dtype_efficiency={"bf16": MAMF_A100_SXM, "fp16": MAMF_A100_SXM},
+        kernels=GPU_KERNELS["a100"],
     ),
     "h100": GPU(
         "NVIDIA H100 SXM5 80GB",
@@ -60,13 +64,15 @@ GPUS: dict[str, GPU] = {
         80e9,
         3.35e12,
         0.70,
-        0.85,
+        STREAM_EFFICIENCY["h100"],
         "NVIDIA H100 Tensor Core GPU datasheet (SXM5): 67 TFLOP/s fp32, 989 tf32 and 1979 "
-        "bf16/fp16 with sparsity (half dense), 80 GB HBM3 at 3.35 TB/s. fp32/tf32 and "
-        f"elementwise efficiencies assumed; bf16 (and fp16) from {_MAMF}: 794.5 of 989 "
-        "TFLOP/s (0.803)",
+        "bf16/fp16 with sparsity (half dense), 80 GB HBM3 at 3.35 TB/s. fp32/tf32 matmul "
+        f"efficiency assumed; bf16 (and fp16) from {_MAMF}: 794.5 of 989 TFLOP/s (0.803); "
+        f"memory-bound kernels at {BABELSTREAM}: triad 2.97 of 3.35 TB/s (0.887); kernels: "
+        "planner.kernels.sources",
         compute_capability=9.0,
         dtype_efficiency={"bf16": MAMF_H100_SXM, "fp16": MAMF_H100_SXM},
+        kernels=GPU_KERNELS["h100"],
     ),
     "h200": GPU(
         "NVIDIA H200 SXM 141GB",
@@ -74,13 +80,16 @@ GPUS: dict[str, GPU] = {
         141e9,
         4.8e12,
         0.70,
-        0.85,
+        STREAM_EFFICIENCY["h200"],
         "NVIDIA H200 Tensor Core GPU datasheet (SXM): H100's compute (67 TFLOP/s fp32, 989 "
         "tf32 and 1979 bf16 with sparsity, half dense), 141 GB HBM3e at 4.8 TB/s. fp32/tf32 "
-        f"and elementwise efficiencies assumed; bf16 (and fp16) from {_MAMF}: its H100 SXM "
-        "row, 794.5 of 989 TFLOP/s (0.803), which it says H200 matches",
+        f"matmul efficiency assumed; bf16 (and fp16) from {_MAMF}: its H100 SXM row, 794.5 of "
+        f"989 TFLOP/s (0.803), which it says H200 matches; memory-bound kernels at "
+        f"{BABELSTREAM}: triad 4.15 of 4.8 TB/s (0.865); kernels: H100's "
+        "(planner.kernels.sources)",
         compute_capability=9.0,
         dtype_efficiency={"bf16": MAMF_H100_SXM, "fp16": MAMF_H100_SXM},
+        kernels=GPU_KERNELS["h200"],
     ),
 }
 

@@ -105,9 +105,9 @@ class Profile:
     @property
     def reduce_scatter_copies_input(self) -> bool:
         """A reduce-scatter on gloo holds a second full-size buffer beside its input: the
-        all-to-all's receive buffer of ``comm._ReduceScatter`` (gloo's own reduce-scatter, which
-        it replaces, held a full-size copy too: a 47.7 MiB scatter over 2 ranks raised the peak
-        by 73 MiB); the memory walk counts it (``planner.peak_memory``)."""
+        all-to-all's receive buffer of ``comm.core._ReduceScatter`` (gloo's own reduce-scatter,
+        which it replaces, held a full-size copy too: a 47.7 MiB scatter over 2 ranks raised
+        the peak by 73 MiB); the memory walk counts it (``planner.peak_memory``)."""
         return self.machine.get("backend") == "gloo"
 
     @property

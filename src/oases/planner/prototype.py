@@ -24,11 +24,12 @@ from dataclasses import dataclass
 
 from oases.config import ModelConfig
 from oases.plan import ParallelPlan, RegionPlan, region_names
+from oases.planner.batch import BatchShape, BatchSplitError
 from oases.planner.costs import region_kind
 from oases.planner.hardware import HardwareCosts
 from oases.planner.precision import precision_of
 from oases.planner.search import candidate_degrees
-from oases.planner.simulate import BatchShape, BatchSplitError, PlanResult, simulate_plan
+from oases.planner.simulate import PlanResult, simulate_plan
 
 N_SUB = 2  # the paper's sub-batches
 

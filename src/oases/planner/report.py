@@ -19,11 +19,11 @@ import shlex
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from oases.config import Config
+from oases.config import Config, format_params
 from oases.planner.budget import Budget
 from oases.planner.costs import matmul_params
 from oases.planner.precision import precision_of
-from oases.planner.search import Candidate
+from oases.planner.search import Candidate, SearchStats
 from oases.planner.simulate import PlanResult
 from oases.planner.uncertainty import INPUTS
 from oases.schedule.program import SPECS
@@ -62,6 +62,13 @@ def parts_note(unit: TimeUnit) -> str:
             "hidden by overlap); the largest part bounds the step")
 
 
+def searched_line(stats: SearchStats, exhaustive: bool = False) -> str:
+    """One line: how long the search took and what it did (``search.SearchStats``)."""
+    how = "exhaustive search" if exhaustive else "searched"
+    return (f"{how} in {stats.wall_s:.1f} s: {stats.simulated} plans simulated, "
+            f"{stats.chains} chains solved, {stats.skipped_chains} skipped by their bounds")
+
+
 def fmt_time(seconds: float) -> str:
     return f"{seconds * 1e3:.1f} ms" if seconds < 1 else f"{seconds:.3f} s"
 
@@ -81,11 +88,13 @@ def parts_json(result: PlanResult) -> dict:
 
 
 def format_candidates(best: Candidate, candidates: list[Candidate], budget_bytes: float,
-                      top: int = 12, tokens_per_step: int | None = None) -> str:
+                      top: int = 12, tokens_per_step: int | None = None,
+                      simulated: int | None = None) -> str:
     """The chosen plan, then the fastest uniform plan of each degree that fits, then the
     fastest other plans, each group fastest first with plans over the budget last; each row
     with tokens/s (given ``tokens_per_step``), peak memory, what bounds it and its parts, and
-    why it loses (slower by how much, or over the budget by how much)."""
+    why it loses (slower by how much, or over the budget by how much). ``simulated``: how many
+    plans the search simulated in all (default: the candidates)."""
 
     def why(c: Candidate) -> str:
         if c is best:
@@ -135,7 +144,9 @@ def format_candidates(best: Candidate, candidates: list[Candidate], budget_bytes
         if members:
             lines.append(f"{title}:")
             lines += [row(c) for c in members]
-    lines.append(f"({len(candidates)} plans simulated; {parts_note(unit)})")
+    count = (f"{len(candidates)} plans simulated" if simulated is None else
+             f"{len(candidates)} candidates of {simulated} plans simulated")
+    lines.append(f"({count}; {parts_note(unit)})")
     if s.bound() == "DP comm":
         lines.append(DP_NOTE)
     return "\n".join(lines)
@@ -157,9 +168,13 @@ def plan_header(config: str, cfg: Config, costs: object, profile: str | None, wo
                  f"{precision_of(costs).label()}")
     batch = config_batch(cfg).describe(world_size, cfg.train.global_batch, every_plan=True,
                                        searched=searched_micro_batch)
+    as_gpus = (", auto resolved as on GPUs" if cfg.train.precision == "auto"
+               and getattr(costs, "cluster", None) is not None else "")
+    priced = (f"{precision_of(costs).label()} (train.precision={cfg.train.precision}{as_gpus}; "
+              "the plan records it, and a run in other dtypes says so)")
     return "\n".join([f"model    {config}: {describe_model(cfg.model)}", f"costs    {where}",
                       f"world    {world_size} ranks", f"batch    {batch}",
-                      f"budget   {budget.text}"])
+                      f"budget   {budget.text}", f"priced   {priced}"])
 
 
 def run_command(config: str, overrides: list[str], plan_path: str, world_size: int,
@@ -197,12 +212,17 @@ def format_report(rep: Report) -> str:
     unit = TimeUnit.for_step(min(r.result.step_s for r in rep.rows))
     batch = rep.batch.describe(rep.cluster.world_size, rep.global_batch, every_plan=False,
                                auto_rows=any(r.spec.auto for r in rep.rows))
+    # columns as wide as their longest cell (and a space), so no row shifts the next columns
+    sched_w = max(20, *(len(r.schedule) + 2 for r in rep.rows))
+    plan_w = max(30, *(len(plan_label(r)) + 2 for r in rep.rows))
     lines = [f"model    {rep.model_name + ': ' if rep.model_name else ''}"
              f"{describe_model(rep.model)}",
              f"cluster  {rep.costs.describe().split(' Sources: ')[0]}",
-             f"batch    {batch}; {rep.costs.precision.label()}",
+             f"batch    {batch}; {rep.costs.precision.label()}"
+             + (f" (dtypes: {rep.precision_source})" if rep.precision_source else ""),
              f"budget   {rep.budget.text}", "",
-             f"  {'schedule':<20}{'plan':<30}{'micro x n':>11}{'step ' + unit.name:>10}"
+             f"  {'schedule':<{sched_w}}{'plan':<{plan_w}}{'micro x n':>11}"
+             f"{'step ' + unit.name:>10}"
              f"{'tokens/s':>11}{'tok/s/GPU':>10}{'MFU':>7}"
              f"{'peak GiB':>10}{'vs ' + base:>24}{parts_header()}"]
     if rep.ranges is not None:
@@ -210,7 +230,7 @@ def format_report(rep: Report) -> str:
     for i, row in enumerate(rep.rows):
         over = "" if row.fits else "  over budget"
         micro = f"{row.batch.micro_rows} x {row.batch.n_micro()}"
-        lines.append(f"  {row.schedule:<20}{plan_label(row):<30}{micro:>11}"
+        lines.append(f"  {row.schedule:<{sched_w}}{plan_label(row):<{plan_w}}{micro:>11}"
                      f"{unit.cell(row.result.step_s)}{row.tokens_per_s:>11,.0f}"
                      f"{row.tokens_per_s_per_gpu:>10,.0f}{row.mfu:>7.1%}"
                      f"{row.result.peak_mem_bytes / 2**30:>10.2f}{row.speedup:>23.2f}x"
@@ -219,11 +239,14 @@ def format_report(rep: Report) -> str:
     lines += ["", f"micro x n: sequences per micro-batch across the cluster x micro-batches per "
               f"step. {parts_note(unit)}.",
               f"MFU = model FLOPs per step (6 N tokens + 12 L H S tokens, N = "
-              f"{matmul_params(rep.model) / 1e9:.2f} B matmul parameters; recompute not counted) "
+              f"{format_params(matmul_params(rep.model))} matmul parameters; recompute not "
+              "counted) "
               f"/ (step x {rep.cluster.world_size} GPUs x {peak / 1e12:.1f} TFLOP/s "
               f"{rep.costs.dtype} peak)."]
     if rep.ranges is not None:
         lines.append(uncertainty_note(rep))
+    if any(row.kernels is not None for row in rep.rows):
+        lines += ["", *kernel_lines(rep)]
     if any(row.result.bound() == "DP comm" for row in rep.rows):
         lines.append(f"{DP_NOTE}.")
     for row in rep.rows:
@@ -233,6 +256,48 @@ def format_report(rep: Report) -> str:
                          f"{row.plan.degree_runs()}")
     lines.append(f"simulated and planned in {rep.planning_s:.2f} s")
     return "\n".join(lines)
+
+
+KERNEL_COLUMNS = (("gemm", "GEMM"), ("attention", "attn"), ("norm", "norm"),
+                  ("rotary", "rotary"), ("activation", "act"), ("elementwise", "elemw"),
+                  ("cross-entropy", "CE"), ("cast", "cast"), ("embedding", "embed"),
+                  ("launch", "launch"), ("interference", "interf"), ("optimizer", "optim"),
+                  ("grad-norm", "gnorm"))
+
+
+def kernel_lines(rep: Report) -> list[str]:
+    """Where each row's step goes by kernel class (% of the step; the exposed communication
+    is the rest), each flop class's efficiency, and the MFU's sanity bound
+    (``planner.kernels.step``)."""
+    head = "".join(f"{short:>7}" for _, short in KERNEL_COLUMNS)
+    lines = ["where the step goes, by kernel class, row by row (% of the step; the rest is exposed "
+             "communication), the GEMM and attention kernels' efficiency, and the sanity "
+             "check: MFU <= bound = sum of (share x efficiency) over the flop classes",
+             f"  {'row':<24}{head}{'comm':>7}{'eff GEMM':>10}{'eff attn':>10}"
+             f"{'MFU':>7}{'bound':>7}  sane"]
+    for i, row in enumerate(rep.rows):
+        k = row.kernels
+        if k is None:
+            continue
+        share = k.shares()
+        comm = max(0.0, 1 - sum(share.values()))
+        cells = "".join(f"{share.get(c, 0.0):>7.1%}" for c, _ in KERNEL_COLUMNS)
+        eff = "".join(f"{k.efficiency[c]:>10.1%}" if c in k.efficiency else f"{'-':>10}"
+                      for c in ("gemm", "attention"))
+        lines.append(f"  {'#' + str(i + 1) + ' ' + row.schedule:<24}{cells}{comm:>7.1%}{eff}"
+                     f"{k.mfu:>7.1%}"
+                     f"{k.bound:>7.1%}  {'yes' if k.sane() else 'NO'}")
+    return lines
+
+
+def kernels_json(row: Row) -> dict:
+    """A row's ``kernels`` entry of simulate.json."""
+    k = row.kernels
+    if k is None:
+        return {}
+    return {"kernels": {"seconds": k.seconds, "shares": k.shares(), "efficiency": k.efficiency,
+                        "flops": k.flops, "mfu": k.mfu, "mfu_bound": k.bound,
+                        "sane": k.sane()}}
 
 
 def range_cells(rep: Report, i: int) -> str:
@@ -264,6 +329,7 @@ def simulate_json(rep: Report) -> dict:
         "costs": rep.costs.describe(),
         "dtype": rep.costs.dtype,
         "precision": rep.costs.precision.describe(), "attention": rep.costs.attention,
+        "precision_source": rep.precision_source,
         "peak_flops_per_gpu": rep.cluster.server.gpu.peak_flops[rep.costs.dtype],
         "mfu_formula": "(6 N tokens + 12 L H S tokens) / (step_s x world_size x peak_flops)",
         "batch": {"global_batch": rep.global_batch, "micro_batch": b.micro_batch,
@@ -281,6 +347,7 @@ def simulate_json(rep: Report) -> dict:
                   "peak_mem_bytes": r.result.peak_mem_bytes,
                   "fits": r.fits, "speedup": r.speedup, "found_by": r.found_by,
                   **parts_json(r.result), "breakdown": r.result.breakdown,
+                  **kernels_json(r),
                   **({} if rep.ranges is None else {"uncertainty": rep.ranges[i].to_json()})}
                  for i, r in enumerate(rep.rows)],
         **({} if rep.bounds is None else {"uncertain_inputs": {

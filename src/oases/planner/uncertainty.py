@@ -34,8 +34,9 @@ from dataclasses import dataclass
 
 from oases.config import ModelConfig
 from oases.plan import ParallelPlan
+from oases.planner.batch import BatchShape
 from oases.planner.clusters import Cluster
-from oases.planner.simulate import BatchShape, simulate_plan
+from oases.planner.simulate import simulate_plan
 
 
 @dataclass(frozen=True)

@@ -21,8 +21,9 @@ auto row's search found. Collectives are priced by their groups' ranks as NCCL r
 (``planner.collectives``; TP groups are contiguous ranks, DP groups strided); with
 ``uncertainty`` every row gets its range over the uncertain inputs (``planner.uncertainty``).
 The batch is given in training's terms (``planner.batch``: micro-batch per model replica);
-each row says what bounds its step (``PlanResult.step_parts``); ``planner.report`` prints the
-rows.
+each row says what bounds its step (``PlanResult.step_parts``) and where its time goes by
+kernel class, with its MFU's sanity bound (``planner.kernels.step``); ``planner.report`` prints
+the rows.
 
 ``dtype`` is the compute dtype (fp32, tf32, bf16, fp16: matmuls at that peak, activations and
 TP collectives in its bytes), ``grad_reduce`` the DP gradient reduction's (``planner.precision``);
@@ -44,13 +45,14 @@ from pathlib import Path
 
 from oases.config import ModelConfig
 from oases.plan import ParallelPlan, RegionPlan
-from oases.planner.batch import BatchSpec
+from oases.planner.batch import BatchShape, BatchSpec, BatchSplitError
 from oases.planner.budget import Budget
 from oases.planner.clusters import Cluster, get_cluster, load_cluster
 from oases.planner.costs import model_flops
 from oases.planner.hardware import HardwareCosts
+from oases.planner.kernels.step import StepKernels, step_kernels
 from oases.planner.search import candidate_degrees, solve_plan, with_zero
-from oases.planner.simulate import BatchShape, BatchSplitError, PlanResult, simulate_plan
+from oases.planner.simulate import PlanResult, simulate_plan
 from oases.planner.uncertainty import Range, input_bounds, simulate_ranges
 from oases.schedule.program import SPECS
 from oases.schedule.timeline import Timeline
@@ -123,6 +125,37 @@ def parse_entries(text: str, default: str) -> list[tuple[str, PlanSpec]]:
     return entries
 
 
+def simulate_precision(model: str, dtype: str = "auto",
+                       grad_reduce: str = "auto") -> tuple[str, str, str]:
+    """``oases simulate``'s (compute dtype, grad-reduce dtype, where they came from). "auto":
+    for a TOML run file, its ``train.precision`` and ``parallel.grad_reduce_dtype`` as
+    training resolves them on GPUs (``planner.precision.resolve_plan_precision``: "auto" is
+    bf16), the dtypes ``oases plan`` prices the same file in; for a model preset, the paper's
+    fp32. A flag given wins."""
+    from oases.planner.precision import resolve_plan_precision
+
+    if Path(model).suffix == ".toml":
+        from oases.config import load_config
+
+        cfg = load_config(model, [])
+        run = resolve_plan_precision(cfg.train.precision, cfg.parallel.grad_reduce_dtype)
+        if run.compute == "fp64" and dtype == "auto":
+            raise ValueError(f"{model}: train.precision=fp64 has no GPU peak to price; give "
+                             "--dtype fp32, tf32, bf16 or fp16")
+        where = (f"{model}'s train.precision={cfg.train.precision}"
+                 + (" as on GPUs" if cfg.train.precision == "auto" else ""))
+        auto = (run.compute, run.grad_reduce) if run.compute != "fp64" else ("fp32", "fp32")
+    else:
+        where, auto = "the paper's fp32 (a model preset)", ("fp32", "fp32")
+    picked = (auto[0] if dtype == "auto" else dtype,
+              auto[1] if grad_reduce == "auto" else grad_reduce)
+    given = [f for f, v in (("--dtype", dtype), ("--grad-reduce-dtype", grad_reduce))
+             if v != "auto"]
+    source = (" and ".join(given) if len(given) == 2 else
+              f"{where}" + (f"; {given[0]}" if given else ""))
+    return picked[0], picked[1], source
+
+
 def load_any_cluster(source: str, inter_gbps: float | None = None) -> Cluster:
     """A preset name or a TOML/JSON cluster file; ``inter_gbps`` replaces the nominal rate of
     the link between servers (Gb/s; its efficiency and latency stay)."""
@@ -152,6 +185,7 @@ class Row:
     found_by: str = ""  # auto: the schedule whose search found these degrees, if another's
     mfu: float = 0.0  # model FLOPs utilization (see the module docstring)
     world_size: int = 1
+    kernels: StepKernels | None = None  # the step by kernel class (planner.kernels.step)
 
     @property
     def tokens_per_s_per_gpu(self) -> float:
@@ -171,6 +205,7 @@ class Report:
     planning_s: float
     ranges: list[Range] | None = None  # --uncertainty: each row's range (planner.uncertainty)
     bounds: dict[str, tuple[float, float]] | None = None
+    precision_source: str = ""  # where the dtypes came from (``simulate_precision``)
 
     @property
     def budget_bytes(self) -> float:
@@ -220,6 +255,8 @@ def simulate_cluster(cfg: ModelConfig, cluster: Cluster, entries: list[tuple[str
         row.speedup = rows[0].result.step_s / row.result.step_s
         row.world_size = world
         row.mfu = mfu(cfg, row.batch.global_batch * cfg.seq_len, row.result.step_s, world, peak)
+        row.kernels = step_kernels(cfg, row.plan, costs, world, row.batch, row.result, row.mfu,
+                                   peak)
     rep = Report(cfg, model_name, cluster, costs, batch, global_batch, budget, rows, planning_s)
     if uncertainty:
         rep.bounds = input_bounds(cluster, bounds)
@@ -237,14 +274,19 @@ def mfu(cfg: ModelConfig, tokens: float, step_s: float, world_size: int,
 
 
 def _n_subs(name: str, n_sub: int) -> tuple[int, ...]:
-    """Sub-batch counts an auto row searches: 1, 2, 4 and ``n_sub`` if overlapped."""
-    return tuple(sorted({1, 2, 4, n_sub})) if SPECS[name].overlapped else (1,)
+    """Sub-batch counts an auto row searches: 1, 2, 4 and ``n_sub`` if overlapped (from the
+    schedule's least, ``ScheduleSpec.min_sub``: merak's 2)."""
+    if not SPECS[name].overlapped:
+        return (1,)
+    return tuple(k for k in sorted({1, 2, 4, n_sub}) if k >= SPECS[name].min_sub)
 
 
 def _row(cfg: ModelConfig, costs: HardwareCosts, world: int, spec_batch: BatchSpec,
          global_batch: int, budget_bytes: float, name: str, spec: PlanSpec, n_sub: int,
          max_tp: int | None, degrees: list[int]) -> tuple[Row, dict | None]:
     k = n_sub if SPECS[name].overlapped else 1
+    if not spec.auto:
+        SPECS[name].check_n_sub(k)
     found = None
     if spec.auto:
         batch = spec_batch.shape(world, global_batch)
@@ -338,25 +380,46 @@ def last_micro_batch(row: Row) -> Timeline:
                      if e.sub >= first or e.phase in ("dp", "optimizer")])
 
 
+def timeline_stems(rows: list[Row]) -> list[str]:
+    """A file stem per row, unique within the report: ``timeline-oases`` where a schedule has
+    one row, else the row's plan too (``timeline-oases-tp4-zero3``, ``timeline-oases-auto``),
+    and a count where two rows are the same entry."""
+    names = [r.schedule for r in rows]
+    stems = []
+    for r in rows:
+        stem = f"timeline-{r.schedule}"
+        if names.count(r.schedule) > 1:
+            spec = str(r.spec).replace("=", "").replace("+", "plus").replace(",", "-")
+            stem += f"-{spec}"
+        while stem in stems:
+            stem += "-again"
+        stems.append(stem)
+    return stems
+
+
 def write_report(rep: Report, out: Path) -> list[Path]:
-    """``simulate.json`` and the timeline PNG of the oases row (the planned one if there are
-    several; else the last row)."""
+    """``simulate.json`` and a timeline PNG of every oases row (each its own file,
+    ``timeline_stems``), or of the last row where none is an oases row."""
     from oases.planner.report import plan_label, simulate_json
 
     out.mkdir(parents=True, exist_ok=True)
     path = out / "simulate.json"
     path.write_text(json.dumps(simulate_json(rep), indent=1), encoding="utf-8")
-    oases = [r for r in rep.rows if r.schedule == "oases"]
-    row = next((r for r in oases if r.spec.auto), oases[-1] if oases else rep.rows[-1])
-    png = out / f"timeline-{row.schedule}.png"
-    n = row.batch.n_micro()
-    drawn = f"the last of {n} micro-batches" if n > 1 else "the step's one micro-batch"
-    title = (f"{row.schedule} ({plan_label(row)}) on {rep.cluster.name}, predicted: rank 0, "
-             f"{drawn} with the DP all-reduces and the optimizer "
-             f"({row.result.step_s:.3f} s step, bound by {row.result.bound()})")
-    k = row.plan.n_sub if SPECS[row.schedule].overlapped else 1
-    last_micro_batch(row).plot(png, title=title, n_sub=k)
-    return [path, png]
+    stems = timeline_stems(rep.rows)
+    drawn = [i for i, r in enumerate(rep.rows) if r.schedule == "oases"] or [len(rep.rows) - 1]
+    paths = [path]
+    for i in drawn:
+        row = rep.rows[i]
+        png = out / f"{stems[i]}.png"
+        n = row.batch.n_micro()
+        which = f"the last of {n} micro-batches" if n > 1 else "the step's one micro-batch"
+        title = (f"{row.schedule} ({plan_label(row)}) on {rep.cluster.name}, predicted: rank 0, "
+                 f"{which} with the DP all-reduces and the optimizer "
+                 f"({row.result.step_s:.3f} s step, bound by {row.result.bound()})")
+        k = row.plan.n_sub if SPECS[row.schedule].overlapped else 1
+        last_micro_batch(row).plot(png, title=title, n_sub=k)
+        paths.append(png)
+    return paths
 
 
 def help_text() -> str:
@@ -368,7 +431,8 @@ def help_text() -> str:
 A cluster preset names a whole machine room: servers x GPUs per server, the GPU (peak flops,
 memory, bandwidth, efficiencies), the link inside a server (PCIe, NVLink bridges, NVSwitch) and
 the link between servers (Ethernet, InfiniBand; ports per server). Every number comes from a
-public specification or microbenchmark named in the preset (nccl-tests, p2pBandwidthLatencyTest).
+public specification or microbenchmark named in the preset (nccl-tests, p2pBandwidthLatencyTest;
+compute: each piece's kernels, planner/kernels/sources.py).
   cluster presets: {', '.join(CLUSTERS)}
   model presets:   {', '.join(MODELS)} (or a TOML run file: its [model] table)
 
@@ -386,7 +450,9 @@ preset name or a table of its fields:
   # or, instead of link = "...", a link of your own (same for gpu: a [server.gpu] table with
   # name, peak_flops = {{fp32 = 35.6e12, bf16 = 71e12}}, memory_bytes,
   # memory_bandwidth_bytes_per_s, matmul_efficiency, elementwise_efficiency, and optionally
-  # dtype_efficiency = {{bf16 = 0.87}} where a dtype's matmuls reach another fraction):
+  # dtype_efficiency = {{bf16 = 0.87}} where a dtype's matmuls reach another fraction, and
+  # kernels = {{sms = 108, kernel_gap_s = 2e-6, host_op_s = 1e-5, nccl_ctas = 12, ...}}: the
+  # kernel table, which `oases profile --kernels` measures on a GPU and writes in a file):
   # [server.link]
   # name = "PCIe 4.0 x16"
   # latency_s = 0                    # added to NCCL's per-step latency

@@ -4,12 +4,18 @@
 runs forward and backward of this rank's share of the batch through the executor, leaves
 gradients averaged over data parallelism in ``.grad`` and returns the mean loss of this rank's
 rows. Names: megatron, megatron-recompute, commfree-recompute, overlap, overlap-recompute, oases
-(``SCHEDULES``, the paper's ablation set), and the baseline merak (``program.BASELINES``).
+(``SCHEDULES``, the paper's ablation set), and the baselines merak and megatron-sp
+(``specs.BASELINES``).
 
 Under a mixed-degree plan (``parallelize(model, ctx, plan)``) the batch is in the embedding's
 layout (``world_size / tp_of("embed")`` data-parallel shares), every region runs at its own
 degree with reshard instructions between them, and the returned loss is that of this rank's
 rows in the head's layout (its mean over all ranks is the global loss).
+
+Under pipeline stages (``parallel.pp`` > 1: ``model.parallel_plan.pp``) each rank runs its
+stage's program (``pipeline_program.build_stage_program``, in the plan's ``pp_schedule``
+order), and the loss, computed on the last stage, is sent to every stage (a sum over the
+``pp`` group), so every rank returns it.
 """
 
 from __future__ import annotations
@@ -21,15 +27,13 @@ import torch
 from torch import Tensor
 
 from oases.model import Transformer, check_batch
+from oases.parallel import comm
+from oases.precision import accum_dtype
 from oases.schedule.executor import Executor
-from oases.schedule.program import (
-    BASELINES,
-    SP_MODES,
-    SPECS,
-    Instr,
-    build_program,
-    sub_batches,
-)
+from oases.schedule.instructions import Instr
+from oases.schedule.pipeline_program import build_stage_program
+from oases.schedule.program import build_program
+from oases.schedule.specs import BASELINES, SP_MODES, SPECS, sub_batches
 from oases.schedule.timeline import Timeline, record_timeline
 
 SCHEDULES = tuple(name for name in SPECS if name not in BASELINES)
@@ -49,12 +53,13 @@ class Schedule:
             raise ValueError(f"schedule.n_sub={n_sub}, schedule.max_inflight={max_inflight} and "
                              f"train.micro_batch={micro_batch} must be at least 1")
         self.name, self.spec = name, SPECS[name]
+        self.spec.check_n_sub(n_sub)
         if sp is None and self.spec.sequence_parallel:
             sp = "gathered"
         if sp is not None and sp not in SP_MODES:
             raise ValueError(f"sequence-parallel mode {sp!r}; valid: {', '.join(SP_MODES)}")
         self.sp = sp  # sequence parallelism: what a commfree recompute keeps; None: off
-        self.defer_weight_grads = defer_weight_grads  # under sp (``program._sp_chain``)
+        self.defer_weight_grads = defer_weight_grads  # under sp (``sp_tasks.sp_chain``)
         self.n_sub, self.micro_batch, self.max_inflight = n_sub, micro_batch, max_inflight
         self.grad_reduce_dtype = grad_reduce_dtype  # None: the gradients' own dtype
         # per model, dropped with the model
@@ -78,6 +83,14 @@ class Schedule:
         n_micro, _ = self.split(rows)
         ex = self.executor(model)
         programs = self._programs.setdefault(model, {})
+        plan = model.parallel_plan
+        if n_micro not in programs and plan.pp > 1:
+            programs[n_micro] = build_stage_program(
+                self.name, self.n_sub, ex.layout, ex.stage, n_micro=n_micro,
+                pp_schedule=plan.pp_schedule, max_inflight=self.max_inflight,
+                dp_tasks=tuple(sorted(ex.buckets)), degrees=ex.degrees, zero=ex.zero_layout,
+                sp=self.sp, defer_weight_grads=self.defer_weight_grads,
+                tied=model.cfg.tie_embeddings)
         if n_micro not in programs:
             programs[n_micro] = build_program(
                 self.name, len(ex.chain), self.n_sub, n_micro=n_micro,
@@ -110,7 +123,13 @@ class Schedule:
         subs_t = list(tokens.chunk(n_micro * k))  # [rows / (n_micro k), S] each
         subs_y = list(targets.chunk(n_micro * k))
         losses = self.executor(model).run(program, subs_t, subs_y, 1.0 / (n_micro * k))
-        return torch.stack(losses).mean()
+        if model.parallel_plan.pp == 1:
+            return torch.stack(losses).mean()
+        ctx = model.parallel_ctx  # the last stage's loss, to every stage
+        dtype = accum_dtype(next(model.parameters()).dtype)
+        loss = (torch.stack(losses).mean().to(dtype) if losses
+                else torch.zeros((), dtype=dtype, device=ctx.device))
+        return comm.all_reduce_(loss.reshape(1), ctx.pp_group, tag="pp-loss")[0]
 
 
 def build_schedule(name: str, n_sub: int = 2, micro_batch: int | None = None,
@@ -119,7 +138,7 @@ def build_schedule(name: str, n_sub: int = 2, micro_batch: int | None = None,
     """The schedule called ``name`` (ValueError listing the valid names otherwise).
     ``grad_reduce_dtype``: the dtype of the data-parallel gradient reduction (None: the
     gradients' own; ``Precision.grad_reduce_dtype``). ``sp``: sequence parallelism ("gathered"
-    or "shards": what a communication-free recompute keeps, ``program._sp_chain``; None: off,
+    or "shards": what a communication-free recompute keeps, ``sp_tasks.sp_chain``; None: off,
     except for megatron-sp); ``defer_weight_grads``: under it, a block region's weight
     gradients run after its reduce-scatter and the next gather have started (False: inline,
     for comparison)."""

@@ -17,6 +17,10 @@ the embedding's layout)::
     region 2l+2       blocks.l    MLP (mlp_norm, fc1, act, fc2)
     region R-1 = 2L+1 head        norm, column-parallel head, vocab-parallel cross-entropy (no epi)
 
+Under a pipeline (``plan.pp`` > 1) a rank holds only its stage's regions
+(``parallel/stage_model.py``); the chain keeps every region's index, name and degree, the
+others as stubs without modules or parameters.
+
 Shape legend: b sub-batch rows, S sequence, H hidden, I row-parallel input features (local).
 """
 
@@ -68,6 +72,21 @@ def build_chain(model: Transformer) -> list[Region]:
         tp = plan.tp_of(name)
         return (tp, *ctx.groups_for(tp))
 
+    layout = plan.stage_layout()
+    if layout.pp > 1:
+        if ctx.pp != layout.pp:
+            raise ValueError(f"plan pp={layout.pp} but the process groups have pp={ctx.pp}")
+
+        def held(index: int) -> bool:
+            return layout.holds(ctx.pp_rank, index)
+    else:
+        def held(index: int) -> bool:
+            return True
+
+    def stub(index: int, kind: str, name: str) -> Region:
+        """A region of another pipeline stage: its place in the chain, nothing to run."""
+        return Region(index, kind, name, None, None, None, None, *degree(name))
+
     def embed_epilogue(x: Tensor | None, r: Tensor, start: int = 0,
                        pos_grad: bool = True) -> Tensor:
         S = r.shape[1]  # positions start .. start + S (a slice of the sequence under sp)
@@ -80,8 +99,13 @@ def build_chain(model: Transformer) -> list[Region]:
         Region(0, "embed", "embed", None, None, None, embed_epilogue, *degree("embed"),
                tp_params=_params(model.embed),
                epi_params=_params(model.pos_embed), dropout=cfg.dropout)
+        if held(0) else stub(0, "embed", "embed")
     ]
     for layer, block in enumerate(model.blocks):
+        if not held(len(chain)):
+            chain += [stub(len(chain), "attn", f"blocks.{layer}.attn"),
+                      stub(len(chain) + 1, "mlp", f"blocks.{layer}.mlp")]
+            continue
         for kind, norm, sub in (("attn", block.attn_norm, block.attn),
                                 ("mlp", block.mlp_norm, block.mlp)):
             row = sub.proj if kind == "attn" else sub.fc2
@@ -98,6 +122,8 @@ def build_chain(model: Transformer) -> list[Region]:
                 epi_params=[row.bias] if row.bias is not None else [], dropout=cfg.dropout,
                 module=sub,
             ))
+    if not held(len(chain)):
+        return [*chain, stub(len(chain), "head", "head")]
     chain.append(Region(len(chain), "head", "head", model.norm, None, None, None,
                         *degree("head"), norm_params=_params(model.norm),
                         tp_params=_params(model.head)))

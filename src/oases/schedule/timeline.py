@@ -3,8 +3,9 @@
 The executor (measured) and the simulator (predicted) produce the same ``Timeline``, so the two
 can be drawn side by side and compared number by number. An event is compute or communication
 (``Event.lane``); its phase says which kind (``lane_of``): TP all-reduces ("fwd", "bwd"),
-reshards between TP degrees ("rsf", "rsb") and data-parallel gradient all-reduces ("dp") run on
-their own streams, so each gets a lane of its own (``LANES``). Export: Chrome trace JSON (open in
+reshards between TP degrees ("rsf", "rsb"), data-parallel gradient all-reduces ("dp") and the
+pipeline's point-to-point ("sf", "rf", "sb", "rb") run on their own streams, so each gets a lane
+of its own (``LANES``). Export: Chrome trace JSON (open in
 Perfetto or chrome://tracing, a thread per lane) and a PNG (``schedule.timeline_plot``, with
 matplotlib, imported only when plotting).
 """
@@ -22,7 +23,7 @@ if TYPE_CHECKING:
     from oases.parallel.context import Group
 
 
-LANES = ("compute", "TP comm", "reshard", "DP comm", "ZeRO gather")
+LANES = ("compute", "TP comm", "reshard", "DP comm", "ZeRO gather", "pipeline p2p")
 WHOLE_STEP_PHASES = ("dp", "rs", "ag", "optimizer")  # events that serve several sub-batches
 
 
@@ -44,7 +45,8 @@ def lane_of(event: Event) -> str:
     if event.lane == "compute":
         return "compute"
     return {"dp": "DP comm", "rs": "DP comm", "ag": "ZeRO gather", "rsf": "reshard",
-            "rsb": "reshard"}.get(event.phase, "TP comm")
+            "rsb": "reshard", "sf": "pipeline p2p", "rf": "pipeline p2p", "sb": "pipeline p2p",
+            "rb": "pipeline p2p", "tie": "DP comm"}.get(event.phase, "TP comm")
 
 
 @dataclass

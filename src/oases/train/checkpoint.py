@@ -5,7 +5,8 @@ Layout of a checkpoint folder (``checkpoint.dir``, default ``<run_dir>/checkpoin
     step_000120/            a complete checkpoint: renamed from step_000120.tmp when finished
         .metadata           DCP's index (read with a restricted unpickler, see below)
         __0_0.distcp ...    tensors, one file per writing rank (torch.save of plain tensors)
-        oases.json          step, data position, resolved config, layout, every file's size
+        oases.json          step, data position, resolved config, layout, the effective run
+                            (``run``: train.effective), every file's size
         COMPLETE            written last inside the .tmp folder, before the rename
     step_000130.tmp/        a save in progress (or killed): never read, removed by the next save
 
@@ -213,14 +214,15 @@ def _rng_state(device: torch.device) -> dict[str, Tensor]:
 def save_checkpoint(
     root: Path, step: int, model: nn.Module, optimizer: torch.optim.Optimizer,
     extras: dict[str, Any], cfg: Config, ctx: ParallelContext, meshes: dict[int, Any],
-    keep: int, files: dict[str, Path] | None = None,
+    keep: int, files: dict[str, Path] | None = None, run: dict[str, Any] | None = None,
 ) -> Path:
     """Write checkpoint ``root/step_<step>`` atomically on every rank; returns its path.
 
     ``meshes``: the TP mesh of every degree the model uses (``build_tp_mesh(ctx, tp)``).
 
     ``extras`` (JSON: the data position and the like) is stored with the step, the resolved
-    config and the layout; ``files`` (name -> path on rank 0, e.g. the tokenizer) are copied in
+    config, the layout and ``run`` (``EffectiveRun.record``: what the run did, compared on
+    resume); ``files`` (name -> path on rank 0, e.g. the tokenizer) are copied in
     before the commit.
     """
     final = root / step_dir_name(step)
@@ -248,6 +250,7 @@ def save_checkpoint(
             "degrees": _region_degrees(model), "world_size": ctx.world_size,
             "torch": torch.__version__, "extras": extras,
             "config": config_to_dict(cfg), "files": files,
+            **({"run": run} if run is not None else {}),
         }
         _write_synced(tmp / MANIFEST, json.dumps(manifest, indent=1))
         _write_synced(tmp / COMPLETE, f"{step}\n")

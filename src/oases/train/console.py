@@ -6,10 +6,16 @@ loss, a checkpoint, a warning) is printed above it (``tqdm.write``), so the bar 
     step 120/200 |██████████████▍         | 60%, loss 2.512 | 5.10k tok/s [00:32<00:21]
 
 Anywhere else (a log file, a pipe, CI, a terminal of unknown size) there is no bar: every
-``log_every`` steps, and at the first and last step, one plain line gives the loss and tokens/s
-averaged over the steps since the previous line::
+``log_every`` steps, and at the first and last step, one plain line gives the step's own loss
+(the one ``metrics.jsonl`` records, so a resumed run prints the same number at the same step),
+the mean loss over the steps since the previous line (named: after a restart that window is
+shorter) and tokens/s over those steps::
 
-    step   120/200  loss 2.5123  lr 1.20e-03  grad_norm 0.512  5,100 tok/s  elapsed 32.1s
+    step   120/200  loss 2.5123  mean 2.5310 over steps 111-120  lr 1.20e-03  grad_norm 0.512
+      5,100 tok/s  elapsed 32.1s
+
+(one line). A step's time excludes drawing the timeline picture (``train.loop``); the step
+that recorded it says so in a line of its own.
 
 Every rank builds one; only rank 0's is enabled, the others' calls do nothing. tqdm (a
 dependency of transformers and huggingface_hub too) owns the terminal handling: width, rate,
@@ -48,7 +54,8 @@ class Console:
         self.err_stream = sys.stderr if stream is None else stream
         self.tty = terminal_has_room(self.stream) if tty is None else tty
         self._bar: Any = None  # tqdm.tqdm while the steps run on a terminal
-        self._window: list[tuple[float, float]] = []  # (loss, step_time_s) since the last line
+        self._window: list[tuple[int, float, float]] = []  # (step, loss, step_time_s) since
+        # the last line
         self._start = time.perf_counter()
         self._first = self._end = self._steps = 0
         self._log_every, self._tokens_per_step = 1, 0
@@ -96,15 +103,19 @@ class Console:
             self._bar.set_postfix_str(f"loss {loss:.3f} | {rate} tok/s", refresh=False)
             self._bar.update(1)
             return
-        self._window.append((loss, dt))
+        self._window.append((step, loss, dt))
         if step % self._log_every and step != self._first + 1 and step != self._end:
             return
-        mean_loss = sum(x for x, _ in self._window) / len(self._window)
-        rate = self._tokens_per_step * len(self._window) / sum(d for _, d in self._window)
-        self.say(f"step {step:5d}/{self._steps}  loss {mean_loss:.4f}  lr {lr:.2e}"
+        window = self._window
+        mean = ""
+        if len(window) > 1:
+            mean_loss = sum(x for _, x, _ in window) / len(window)
+            mean = f"  mean {mean_loss:.4f} over steps {window[0][0]}-{window[-1][0]}"
+        rate = self._tokens_per_step * len(window) / sum(d for _, _, d in window)
+        self.say(f"step {step:5d}/{self._steps}  loss {loss:.4f}{mean}  lr {lr:.2e}"
                  f"  grad_norm {grad_norm:.3f}  {rate:,.0f} tok/s"
                  f"  elapsed {time.perf_counter() - self._start:.1f}s")
-        self._window.clear()
+        self._window = []
 
     def close(self) -> None:
         """End the bar (later messages are plain lines)."""

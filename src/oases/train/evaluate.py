@@ -1,5 +1,6 @@
 """Validation loss: the mean over the first validation batches, averaged over the head's DP
-group (every rank holds the same number afterwards)."""
+group (every rank holds the same number afterwards). A pipeline stage's model runs the batch
+through every stage (``schedule.pipeline_forward``)."""
 
 from __future__ import annotations
 
@@ -27,9 +28,15 @@ def evaluate(model: nn.Module, batches: ShardBatches | PackedBatches, ctx: Paral
     model.eval()
     n = max(1, min(n, batches.n_windows // batches.global_batch))
     total = torch.zeros((), dtype=accum_dtype(next(model.parameters()).dtype), device=ctx.device)
+    forward = model
+    if model.parallel_plan is not None and model.parallel_plan.pp > 1:
+        from oases.schedule.pipeline_forward import stage_forward_loss
+
+        def forward(tokens: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+            return stage_forward_loss(model, tokens, targets)
     for i in range(n):
         tokens, targets = batches.batch(i)
-        total += upcast(model(tokens.to(ctx.device), targets.to(ctx.device)))
+        total += upcast(forward(tokens.to(ctx.device), targets.to(ctx.device)))
     model.train(was_training)
     return float(comm.all_reduce_mean(total / n, loss_group(model, ctx)))
 

@@ -46,7 +46,6 @@ from __future__ import annotations
 
 import contextlib
 import math
-import sys
 import time
 import zlib
 from pathlib import Path
@@ -54,14 +53,13 @@ from typing import Any, TextIO
 
 import torch
 
-from oases.config import Config, config_to_dict, save_config
+from oases.config import Config, format_params, save_config
 from oases.data.dataset import split_batches
 from oases.memory import peak_memory_mb
 from oases.model import build_model, check_batch, count_params
 from oases.parallel import comm
 from oases.parallel.apply import parallelize, parameter_degrees
 from oases.parallel.context import (
-    ParallelContext,
     build_tp_mesh,
     init_distributed,
     release_groups,
@@ -69,15 +67,17 @@ from oases.parallel.context import (
 from oases.parallel.shard import materialized, shard_model
 from oases.plan import ParallelPlan
 from oases.precision import resolve_precision, upcast
-from oases.schedule import Timeline, build_schedule, record_timeline
+from oases.schedule import build_schedule, record_timeline
 from oases.train import checkpoint as ckpt
 from oases.train import faults
 from oases.train.agree import PeerError, agree_on_setup, agree_on_value
 from oases.train.console import Console
+from oases.train.effective import EffectiveRun
 from oases.train.evaluate import evaluate, loss_group
 from oases.train.generate import generate, sampling_generator
 from oases.train.metrics import LOSS_PLOT, TENSORBOARD_DIR, MetricsLog, metrics_path
 from oases.train.optim import build_optimizer, clip_grad_norm_, lr_at, whole_state
+from oases.train.pipeline_run import counted_once, pipeline_warnings
 from oases.train.resume import (
     check_corpus,
     check_resume_compatible,
@@ -85,39 +85,16 @@ from oases.train.resume import (
     schedule_change,
 )
 from oases.train.run_data import data_fingerprint, default_log, open_run_data
-from oases.train.setup import check_config
+from oases.train.run_log import (
+    done_line,
+    model_line,
+    resume_line,
+    save_timeline,
+    startup_lines,
+    timeline_title,
+)
+from oases.train.setup import resolve_setup
 from oases.train.tokenizer import TOKENIZER_FILE, save_tokenizer, tokenizer_info
-
-
-def _format_config(cfg: Config) -> str:
-    return "\n".join(
-        f"  [{section}] " + " ".join(f"{k}={v}" for k, v in values.items())
-        for section, values in config_to_dict(cfg).items()
-    )
-
-
-def timeline_title(cfg: Config, plan: ParallelPlan, world_size: int, step: int) -> str:
-    """What ``timeline.png`` shows: the schedule, the step, the layout and the ranks drawn
-    (every rank: ``save_timeline`` gathers them all)."""
-    if plan.is_uniform():
-        tp = plan.degrees()[0]
-        layout = f"tp={tp} x dp={world_size // tp}"
-    else:
-        layout = f"mixed plan ({plan.degree_runs()})"
-    ranks = f"ranks 0-{world_size - 1}" if world_size > 1 else "rank 0"
-    return f"{cfg.schedule.name} (n_sub={cfg.schedule.n_sub}), step {step}, {layout}: {ranks}"
-
-
-def save_timeline(timeline: Timeline, ctx: ParallelContext, path: Path, title: str) -> None:
-    """Gather one step's timeline from every rank; rank 0 draws it (and writes the trace)."""
-    merged = timeline.gather(ctx.world_group)
-    if ctx.rank == 0:  # rank 0 alone: nothing here may raise, or the others would wait on it
-        try:
-            merged.save_chrome_trace(path.with_suffix(".json"))
-            merged.plot(path, title=title)
-        except Exception as exc:  # a picture never ends a run (and never strands the peers)
-            print(f"warning: timeline picture not written ({type(exc).__name__}: {exc})",
-                  file=sys.stderr, flush=True)
 
 
 def train(
@@ -146,7 +123,8 @@ def train(
     warnings: list[str] = []
     plan: ParallelPlan | None = None
     try:  # local setup only: no collective until every rank agrees it succeeded
-        plan = check_config(cfg, ctx.world_size)
+        setup = resolve_setup(cfg, ctx.world_size)  # cfg becomes the effective config
+        plan, warnings = setup.plan, setup.warnings
     except ValueError as exc:
         error = exc
     agree_on_setup(ctx, error)
@@ -156,7 +134,10 @@ def train(
         agree_on_value(ctx, zlib.crc32(plan.to_json().encode()) % (1 << 24),
                        "parallel.plan (every machine must read the same plan)")
         release_groups(ctx)  # the first context's groups (a communicator each on NCCL)
-        ctx = init_distributed(tp=plan.tp_of("embed"), degrees=plan.degrees(), **groups)
+        ctx = init_distributed(tp=plan.tp_of("embed"), degrees=plan.degrees(), pp=plan.pp,
+                               **groups)
+    run = EffectiveRun.build(cfg, plan, ctx.world_size, precision)  # what this run does
+    warnings += filter(None, [run.precision_mismatch()])
     try:  # nothing is written before every check of a resumed run has passed
         resume_from = resolve_resume(cfg, warnings)
         if resume_from is not None:
@@ -165,7 +146,8 @@ def train(
         fingerprint = data_fingerprint(cfg)  # before anything is written
         if resume_from is not None:
             warnings += filter(None, [check_corpus(cfg, manifest, fingerprint, resume_from)])
-        data = open_run_data(cfg, fingerprint, resume_from, default_log(is_main))
+        data = open_run_data(cfg, fingerprint, resume_from,
+                             default_log(is_main, console.err_stream))
         tok = data.tokenizer
         where = f"data.source={cfg.data.source!r}:"
         train_data = split_batches(data.dataset, "train", S, t.global_batch, dp_rank=ctx.dp_rank,
@@ -217,6 +199,7 @@ def train(
     meshes = {d: build_tp_mesh(ctx, d) for d in plan.degrees()}  # checkpoints' DTensors
     tp_groups = {pid: ctx.groups_for(d)[0] for pid, d in parameter_degrees(model).items()}
     losses_over = loss_group(model, ctx)
+    norm_skips = counted_once(model)  # (pipeline stages: a tied embedding's second copy)
     start_step = 0
     if resume_from is not None:
         try:  # local checks first (complete, sizes, shapes), so a bad checkpoint never hangs
@@ -234,38 +217,25 @@ def train(
     metrics: MetricsLog | None = None
     tokenizer_files: dict[str, Path] = {}
     if is_main:
-        save_config(cfg, run_dir / "config.toml")
+        save_config(cfg, run_dir / "config.toml", header=run.toml_header())
         metrics = MetricsLog(metrics_path(cfg), start_step, plot_path=run_dir / LOSS_PLOT,
                              tensorboard_dir=run_dir / TENSORBOARD_DIR if t.tensorboard else None,
-                             title=f"{run_dir}: {cfg.model.arch} {n_params / 1e6:.2f}M")
+                             title=f"{run_dir}: {cfg.model.arch} {format_params(n_params)}")
         saved_tok = save_tokenizer(tok, run_dir)
         if saved_tok is not None:
             tokenizer_files[TOKENIZER_FILE] = saved_tok
-    say(
-        f"oases train: {ctx}\nconfig (written to {run_dir / 'config.toml'}; metrics to"
-        f" {metrics_path(cfg)}):\n" + _format_config(cfg)
-    )
     n_train, n_val = (sum(len(s) for s in streams) for streams in (data.dataset.train,
                                                                      data.dataset.val))
-    say(
-        f"model: {cfg.model.arch} {n_params / 1e6:.2f}M parameters; data: {cfg.data.source}"
-        f" {n_train / 1e6:.2f}M train / {n_val / 1e6:.2f}M val tokens ({data.dataset.files}"
-        f" files, memory-mapped from {data.dataset.root}, fingerprint {data.fingerprint.digest})"
-    )
-    dtypes = precision.describe()
-    say(f"precision: {t.precision} = {dtypes['compute']} compute and activations, "
-        f"{dtypes['master']} weights, gradients and optimizer state, gradients reduced in "
-        f"{dtypes['grad_reduce']}")
-    if cfg.parallel.plan:  # the plan's schedule runs it (apply_plan_knobs)
-        layout = (f"every region tp={plan.degrees()[0]}" if plan.is_uniform() else
-                  ", ".join(f"{r.name} tp={r.tp}" for r in plan.regions))
-        sp = f", sequence-parallel ({plan.sequence_parallel})" if plan.sequence_parallel else ""
-        say(f"plan ({cfg.parallel.plan}): {plan.schedule}, n_sub={plan.n_sub}{sp}; {layout}")
+    data_line = (f"{cfg.data.source} {n_train / 1e6:.2f}M train / {n_val / 1e6:.2f}M val tokens"
+                 f" ({data.dataset.files} files, memory-mapped from {data.dataset.root},"
+                 f" fingerprint {data.fingerprint.digest})")
+    for line in startup_lines(ctx, cfg, run, run_dir / "config.toml", metrics_path(cfg),
+                              model_line(cfg, n_params, data_line)):
+        say(line)
     if resume_from is not None:
-        saved_degrees = sorted(set(manifest.get("degrees", {}).values()) | {manifest["tp"]})
-        say(f"resumed from {resume_from} at step {start_step} (saved at tp="
-            f"{'/'.join(map(str, saved_degrees))} on {manifest['world_size']} ranks)")
+        say(resume_line(resume_from, start_step, manifest, run))
         warnings += filter(None, [schedule_change(cfg, manifest, start_step)])
+    warnings += pipeline_warnings(cfg, plan, t.global_batch // (t.micro_batch * ctx.dp))
     for line in warnings:
         console.warn(line)
 
@@ -288,7 +258,7 @@ def train(
         with whole_state(model, optimizer):
             path = ckpt.save_checkpoint(ckpt.checkpoint_root(cfg), step, model, optimizer,
                                         extras, cfg, ctx, meshes, cfg.checkpoint.keep,
-                                        tokenizer_files)
+                                        tokenizer_files, run=run.record())
         say(f"step {step:5d}/{t.steps}  checkpoint {path}")
         return path
 
@@ -314,11 +284,17 @@ def train(
             recording = record_timeline() if step == timeline_step else contextlib.nullcontext()
             with precision.autocast(), recording as timeline:
                 local = schedule.step(model, tokens.to(ctx.device), targets.to(ctx.device))
+            drawing_s = 0.0  # the timeline's picture is not the step's time
             if timeline is not None:  # one step's picture, the second of the run (warmed up)
+                drawn = time.perf_counter()
                 save_timeline(timeline, ctx, run_dir / "timeline.png",
                               timeline_title(cfg, plan, ctx.world_size, step + 1))
+                drawing_s = time.perf_counter() - drawn
+                say(f"step {step + 1:5d}/{t.steps}  timeline of this step recorded: "
+                    f"{run_dir / 'timeline.png'} (gathered and drawn in {drawing_s:.2f}s, "
+                    "outside the step's time)")
             grad_norm = clip_grad_norm_(model.parameters(), t.grad_clip, ctx.tp_group,
-                                        tp_groups, shards, ctx.world_group)
+                                        tp_groups, shards, ctx.stage, ctx.pp_group, norm_skips)
             optimizer.step()
             optimizer.zero_grad(set_to_none=True)
             loss = float(comm.all_reduce_mean(upcast(local), losses_over))
@@ -327,7 +303,7 @@ def train(
                 raise ValueError(msg) if is_main else PeerError(msg)
             # host time: float(loss) above waited for the step's device work (the timeline's
             # events come from the executor's DeviceClock, without a sync inside the step)
-            dt = time.perf_counter() - t0
+            dt = time.perf_counter() - t0 - drawing_s
             losses.append(loss)
             grad_norms.append(grad_norm)
             write({
@@ -338,6 +314,7 @@ def train(
                 "step_time_s": dt,
                 "tokens_per_s": tokens_per_step / dt,
                 "peak_mem_mb": peak_memory_mb(ctx.device),
+                **({"timeline": True} if timeline is not None else {}),
             })
             console.step(step + 1, loss, lr, grad_norm, dt)
             if t.eval_every and (step + 1) % t.eval_every == 0:
@@ -350,7 +327,7 @@ def train(
             val_loss = run_eval(final)
         if saved_at != final and final > start_step:
             saved = save(final)
-        if t.sample_tokens:  # every rank samples (the logits are gathered over TP)
+        if t.sample_tokens and plan.pp == 1:  # every rank samples (logits gathered over TP)
             prompt = torch.tensor([[tok.doc_sep_id]], device=ctx.device)
             with materialized(model):
                 out = generate(model, prompt, t.sample_tokens,
@@ -363,7 +340,7 @@ def train(
             metrics.close()
     elapsed = time.perf_counter() - start
     say(
-        f"done: step {max(start_step, end)}/{t.steps} in {elapsed:.1f}s; "
+        done_line(max(start_step, end), t.steps, start_step, elapsed) + "; "
         + (f"final train loss {loss:.4f}, " if losses else "no steps left to train; ")
         + f"validation loss {val_loss:.4f}"
         + (f"; loss curve {metrics.plot_path}" if metrics and metrics.plot_path else "")

@@ -160,7 +160,8 @@ class ZeroAdamW:
 
 def clip_grad_norm_(params: Iterable[nn.Parameter], max_norm: float, tp_group: Group,
                     tp_groups: dict[int, Group] | None = None,
-                    shards: ZeroShards | None = None, world_group: Group | None = None
+                    shards: ZeroShards | None = None, world_group: Group | None = None,
+                    pp_group: Group | None = None, uncounted: frozenset[int] = frozenset()
                     ) -> float:
     """Clip ``.grad`` in place by the global norm of the full (unsharded) model's gradient.
 
@@ -172,25 +173,35 @@ def clip_grad_norm_(params: Iterable[nn.Parameter], max_norm: float, tp_group: G
 
     ``shards`` (ZeRO): the gradient shards of sharded regions count too (their parameters have
     no ``.grad``): every element lies in exactly one DP shard of one TP rank, so their sums of
-    squares add up over ``world_group`` in one all-reduce, a TP-replicated element counted once
-    per TP rank of its region, which is divided out.
+    squares add up over ``world_group`` (the ranks of the model: a pipeline stage's) in one
+    all-reduce, a TP-replicated element counted once per TP rank of its region, which is
+    divided out.
+
+    Pipeline stages: each stage sums its own parameters' squares as above, and ``pp_group``
+    (this stage rank in every stage) adds the stages' sums; ``uncounted`` (ids) are clipped but
+    not counted: the last stage's copy of a tied embedding (``stage_model.tied_copy``), which
+    the first stage counts.
     """
     params = [p for p in {id(p): p for p in params}.values() if p.grad is not None]
-    zero_part = None if shards is None else _shard_sum_of_squares(shards, world_group)
-    if not params and zero_part is None:
+    zero_part = (None if shards is None
+                 else _shard_sum_of_squares(shards, world_group, uncounted))
+    across = pp_group is not None and pp_group.size > 1
+    if not params and zero_part is None and not across:
         return 0.0
     if not params:
-        return _apply_clip([], shards, max_norm, float(zero_part.sqrt()))
+        total = zero_part if zero_part is not None else torch.zeros(())
+        return _apply_clip([], shards, max_norm, _stages_norm(total, pp_group))
     # sums of squares in at least fp32 (float64 gradients: float64)
     zero = params[0].grad.new_zeros((), dtype=accum_dtype(params[0].grad.dtype))
     groups = tp_groups or {}
+    counted = [p for p in params if id(p) not in uncounted]
     sharded = {tp_group.ranks: (tp_group, zero.clone())}  # ranks -> (group, sum of squares)
-    for p in params:
+    for p in counted:
         if shard_spec(p) is not None:
             group = groups.get(id(p), tp_group)
             _, acc = sharded.get(group.ranks, (group, zero))
             sharded[group.ranks] = (group, acc + p.grad.to(zero.dtype).pow(2).sum())
-    replicated = sum((p.grad.to(zero.dtype).pow(2).sum() for p in params
+    replicated = sum((p.grad.to(zero.dtype).pow(2).sum() for p in counted
                       if shard_spec(p) is None), zero)
     total = replicated
     for _, (group, acc) in sorted(sharded.items(), key=lambda kv: len(kv[0])):  # same order on
@@ -199,12 +210,21 @@ def clip_grad_norm_(params: Iterable[nn.Parameter], max_norm: float, tp_group: G
                                          tag="grad-norm")[0]
     if zero_part is not None:
         total = total + zero_part.to(total.dtype)
-    return _apply_clip(params, shards, max_norm, float(total.sqrt()))
+    return _apply_clip(params, shards, max_norm, _stages_norm(total, pp_group))
 
 
-def _shard_sum_of_squares(shards: ZeroShards, world_group: Group | None) -> Tensor:
+def _stages_norm(total: Tensor, pp_group: Group | None) -> float:
+    """The norm from this stage's sum of squares, summed over the pipeline's stages."""
+    if pp_group is not None and pp_group.size > 1:
+        total = comm.all_reduce_(total.reshape(1).clone(), pp_group, direction="backward",
+                                 tag="grad-norm")[0]
+    return float(total.sqrt())
+
+
+def _shard_sum_of_squares(shards: ZeroShards, world_group: Group | None,
+                          uncounted: frozenset[int] = frozenset()) -> Tensor:
     """The sum of squares of every sharded region's gradient, over all ranks (one all-reduce
-    over ``world_group``)."""
+    over ``world_group``), without the parameters in ``uncounted``."""
     if world_group is None:
         raise ValueError("clip_grad_norm_ with ZeRO shards needs the world group")
     units = list(shards.units.values())
@@ -215,6 +235,8 @@ def _shard_sum_of_squares(shards: ZeroShards, world_group: Group | None) -> Tens
             continue
         tp = world_group.size // u.group.size  # the region's TP degree
         for seg in u.segments:
+            if id(seg.param) in uncounted:
+                continue
             sq = u.grad_shard[seg.offset: seg.offset + seg.size].to(acc.dtype).pow(2).sum()
             acc += sq if shard_spec(seg.param) is not None else sq / tp
     return comm.all_reduce_(acc, world_group, direction="backward", tag="grad-norm")[0]

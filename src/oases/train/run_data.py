@@ -30,7 +30,7 @@ import sys
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, TextIO
 
 from oases.config import Config
 from oases.data.dataset import PreparedDataset, is_prepared, open_dataset
@@ -143,6 +143,9 @@ def open_run_data(cfg: Config, fingerprint: Fingerprint, resume_from: Path | Non
     return RunData(ds, fingerprint, tok, req.out)
 
 
-def default_log(is_main: bool) -> Any:
-    """Where a rank's preparation lines go: rank 0's stderr, the others' nowhere."""
-    return sys.stderr if is_main else io.StringIO()
+def default_log(is_main: bool, stream: TextIO | None = None) -> TextIO:
+    """Where a rank's preparation lines go: rank 0's ``stream`` (the run's log, as its
+    warnings: ``Console.err_stream``; default stderr), the others' nowhere."""
+    if not is_main:
+        return io.StringIO()
+    return sys.stderr if stream is None else stream

@@ -415,6 +415,14 @@ def supervise(cfg: Config, nproc: int, max_restarts: int, threads: int | None) -
 _STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGQUIT)
 
 
+def finished_line(restarts: int, elapsed_s: float) -> str:
+    """The supervisor's last line after a run that needed restarts: the whole run's time (the
+    last attempt's done line counts only its own steps)."""
+    return (f"finished after {restarts} restart{'s' if restarts > 1 else ''}: "
+            f"{elapsed_s:.1f}s since the launch, every attempt included (the done line above "
+            "counts the last attempt's steps)")
+
+
 def _attempts(cfg: Config, nproc: int, max_restarts: int, threads: int | None,
               logs: Path, events: EventLog) -> int:
     from oases.train.metrics import metrics_path
@@ -426,12 +434,15 @@ def _attempts(cfg: Config, nproc: int, max_restarts: int, threads: int | None,
     events.add({"event": "launch", "run_id": run_id, "nproc": nproc,
                 "max_restarts": max_restarts, "resume": cfg.checkpoint.resume})
     attempt_cfg = cfg
+    launched = time.time()
     for number in range(max_restarts + 1):
         started = time.time()
         ends = run_attempt(Attempt(attempt_cfg, nproc, number, max_restarts, threads, run_id,
                                    logs, resume_step, events))
         if ends is None:
             events.add({"event": "finished", "attempt": number})
+            if number:
+                print(finished_line(number, time.time() - launched), flush=True)
             return 0
         cause = cause_of(ends)
         last = last_logged_step(metrics_path(cfg), started)

@@ -6,8 +6,9 @@
                        [--bpe-sample-mb M] [--seed S]
     oases data inspect DIR [--samples N] [--verify]
 
-Wiring only: the work lives in ``oases.data``. ``add_parser`` adds the subcommand to the
-``oases`` parser, ``run`` runs it (user errors are ValueErrors: one ``error:`` line).
+Wiring only: the work lives in ``oases.data``. ``DATA`` is the subcommand (``oases.cli``
+lists it): ``_data_arguments`` adds its two sub-subcommands, ``_data`` runs one (user errors
+are ValueErrors: one ``error:`` line).
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
+from oases.cli.command import HelpFormatter, SubCommand
 from oases.data.sample import BPE_SAMPLE_BYTES
 
 DESCRIPTION = """\
@@ -30,15 +32,11 @@ Several SOURCEs are blended by --weights (default: their sizes). Interrupted, th
 command resumes where it stopped."""
 
 
-def add_parser(commands: argparse._SubParsersAction) -> None:
-    """Add ``oases data prepare|inspect`` to the ``oases`` command's subparsers."""
-    data = commands.add_parser("data", allow_abbrev=False, help="prepare or inspect a tokenized "
-                               "dataset (memory-mapped token shards)",
-                               description="Prepare or inspect a tokenized dataset.")
+def _data_arguments(data: argparse.ArgumentParser) -> None:
+    """``prepare`` and ``inspect`` under ``oases data``, with their arguments."""
     sub = data.add_subparsers(dest="data_command", required=True)
     prep = sub.add_parser("prepare", allow_abbrev=False, help="tokenize sources into DIR",
-                          description=DESCRIPTION,
-                          formatter_class=argparse.RawDescriptionHelpFormatter)
+                          description=DESCRIPTION, formatter_class=HelpFormatter)
     prep.add_argument("sources", nargs="+", metavar="SOURCE", help="what to tokenize")
     prep.add_argument("--out", required=True, metavar="DIR", help="the dataset folder")
     prep.add_argument("--tokenizer", default="byte", metavar="byte|bpe|hf:PATH",
@@ -63,7 +61,8 @@ def add_parser(commands: argparse._SubParsersAction) -> None:
                       help="progress lines instead of a bar, even on a terminal")
     ins = sub.add_parser("inspect", allow_abbrev=False, help="what a dataset holds",
                          description="Tokens, documents, shards, the tokenizer and a few "
-                         "decoded samples of a prepared dataset.")
+                         "decoded samples of a prepared dataset.",
+                         formatter_class=HelpFormatter)
     ins.add_argument("dir", metavar="DIR")
     ins.add_argument("--samples", type=int, default=3, help="decoded windows (default: 3)")
     ins.add_argument("--verify", action="store_true",
@@ -79,8 +78,9 @@ def _weights(text: str | None) -> list[float] | None:
         raise ValueError(f"--weights={text!r}: expected numbers separated by commas") from None
 
 
-def run(ns: argparse.Namespace) -> int:
-    """Run ``oases data prepare`` or ``oases data inspect``."""
+def _data(ns: argparse.Namespace, overrides: list[str]) -> int:
+    """Run ``oases data prepare`` or ``oases data inspect`` (``overrides``: none, ``main``
+    refuses them)."""
     if ns.data_command == "inspect":
         from oases.data.inspect import inspect_dataset
 
@@ -102,3 +102,13 @@ def run(ns: argparse.Namespace) -> int:
                          int(ns.bpe_sample_mb * 2**20), ns.seed, ns.workers)
     prepare(req, bar=False if ns.no_progress else None)
     return 0
+
+
+DATA = SubCommand(
+    name="data",
+    help="prepare or inspect a tokenized dataset (memory-mapped token shards)",
+    description="Prepare or inspect a tokenized dataset: oases data prepare SOURCE ... --out "
+    "DIR, then train with --data.source=DIR; oases data inspect DIR.",
+    add_arguments=_data_arguments,
+    run=_data,
+)

@@ -1,0 +1,92 @@
+"""A schedule program compiled once for the planner's fast walks: what ``event_walk.walk_tape``
+and ``peak_memory.peak_memory_tape`` step through instead of the instruction objects.
+
+A program (``schedule.program``) is a list of frozen ``Compute``/``Start``/``Wait``/``Release``
+objects; the reference walks (``event_walk.simulate_program``, ``peak_memory.peak_memory``)
+test each one's class and look its collective up by its (kind, index, sub) key. The search
+walks the same few programs for hundreds of plans (every degree of a schedule shares one
+program; only the prices differ), so ``compile_tape`` does that work once::
+
+    program                              tape
+    Compute(phase, pieces, sub)    ->    (COMPUTE, compute key id, 0)
+    Start(kind, index, sub)        ->    (START, collective key id, slot)
+    Wait(kind, index, sub)         ->    (WAIT, slot of the Start it waits, class id)
+    Release(index)                 ->    (nothing: the event walk ignores it)
+
+A compute key is a distinct (phase, pieces) (its price is the sum of its pieces, ``pieces``
+lists them as (phase, piece, region) triples), a collective key a distinct (kind, index), a
+slot one Start instruction (the Wait of a (kind, index, sub) waits the last Start of that key).
+``classes`` names the class ids (``event_walk.COMM_CLASS``). A program that starts a key
+again before waiting it, or waits one not started, is not compiled (``TapeError``): the
+reference walks say what it means.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from oases.schedule.program import Compute, Instr, Piece, Start, Wait
+
+COMPUTE, START, WAIT = 0, 1, 2
+CLASSES = ("tp", "reshard", "dp")
+
+
+class TapeError(ValueError):
+    """The program is not one the tape walks (its reference walk handles it)."""
+
+
+@dataclass
+class Tape:
+    """A compiled program (see the module docstring). ``program`` is the program itself, for
+    the memory walk's own compilation (``peak_memory``), remembered per layout in ``memo``."""
+
+    ops: list[tuple[int, int, int]]
+    compute_keys: list[tuple[str, tuple[Piece, ...]]]
+    coll_keys: list[tuple[str, int]]
+    n_slots: int
+    program: tuple[Instr, ...]
+    memo: dict = field(default_factory=dict)
+
+    def pieces(self) -> list[tuple[str, str, int]]:
+        """Every distinct (phase, piece, region) of the compute keys, in first-use order."""
+        if "pieces" not in self.memo:
+            seen: dict[tuple[str, str, int], None] = {}
+            for phase, pieces in self.compute_keys:
+                for kind, region in pieces:
+                    seen.setdefault((phase, kind, region), None)
+            self.memo["pieces"] = list(seen)
+        return self.memo["pieces"]
+
+
+def compile_tape(program: list[Instr] | tuple[Instr, ...]) -> Tape:
+    """``program`` as a ``Tape`` (TapeError where a key is started twice before its wait, or
+    waited without a start)."""
+    from oases.planner.event_walk import COMM_CLASS
+
+    class_id = {c: i for i, c in enumerate(CLASSES)}
+    compute_id: dict[tuple[str, tuple[Piece, ...]], int] = {}
+    coll_id: dict[tuple[str, int], int] = {}
+    open_slots: dict[tuple[str, int, int], int] = {}
+    ops: list[tuple[int, int, int]] = []
+    slots = 0
+    for ins in program:
+        if isinstance(ins, Compute):
+            key = (ins.phase, ins.pieces)
+            cid = compute_id.setdefault(key, len(compute_id))
+            ops.append((COMPUTE, cid, 0))
+        elif isinstance(ins, Start):
+            full = (ins.kind, ins.index, ins.sub)
+            if full in open_slots:
+                raise TapeError(f"{full} started again before its wait")
+            cid = coll_id.setdefault((ins.kind, ins.index), len(coll_id))
+            open_slots[full] = slots
+            ops.append((START, cid, slots))
+            slots += 1
+        elif isinstance(ins, Wait):
+            full = (ins.kind, ins.index, ins.sub)
+            if full not in open_slots:
+                raise TapeError(f"{full} waited without a start")
+            ops.append((WAIT, open_slots.pop(full), class_id[COMM_CLASS[ins.kind]]))
+    if open_slots:
+        raise TapeError(f"program leaves collectives unwaited: {sorted(open_slots)}")
+    return Tape(ops, list(compute_id), list(coll_id), slots, tuple(program))

@@ -1,0 +1,121 @@
+"""The executor's backward pieces: norm, epi, tp and dw of each region, on real tensors.
+
+A mixin of ``executor.Executor`` (which owns the state: ``bg``/``eg`` graphs kept by the
+forward pieces, gradients ``gx``, ``gres``, ``dr``, ``dh``, deferred ``wg``). Per region i and
+sub-batch j, in the order a backward task runs them (and what each writes)::
+
+    norm:i+1  dh_{i+1} (reduced) -> norm backward -> dx_{i+1} (+ residual part)    gx
+    epi:i     dx_{i+1} -> dr_i (= dp_i), residual part of dx_i                    dr, gres
+    tp:i      dr_i -> row.backward_partial (no forward matmul needed) -> dy -> dh_i
+              (partial sums; the head: from the scaled loss; the embedding: the lookup's
+              backward, no dh)                                                  dh (wg)
+    dw:i      (sp) the weight gradients tp:i left in wg: it computed dh_i alone
+
+Under sequence parallelism a deferring region's column-parallel layers record (x, dY) instead
+of computing dW inside tp:i (``_armed_for_deferral``, ``layers.deferred_weight_grads``), and
+GPT-2's position table's gradient comes from the gathered dr_0 (``_position_grad``).
+
+Shape legend: b sub-batch rows, S sequence, H hidden, I/t this rank's TP width.
+"""
+
+from __future__ import annotations
+
+import contextlib
+
+import torch
+from torch import Tensor
+
+from oases.parallel.layers import ColumnParallelLinear, deferred_weight_grads
+
+
+class BackwardPieces:
+    """Backward pieces of ``Executor`` (see the module docstring)."""
+
+    def _defers(self, i: int) -> bool:
+        """Does region i's backward leave its weight gradients to a "dw" piece (the program
+        running has one: ``dw_tasks.defers_weight_grad``)?"""
+        return i in self._deferring
+
+    @contextlib.contextmanager
+    def _armed_for_deferral(self):  # noqa: ANN202
+        """Under sequence parallelism, a block's column-parallel layers record what their
+        weight gradients need instead of computing them, inside ``_bwd_tp``; disarmed after."""
+        layers = [
+            m
+            for r in self.chain
+            if self._defers(r.index) and r.module is not None
+            for m in r.module.modules()
+            if isinstance(m, ColumnParallelLinear)
+        ]
+        for m in layers:
+            m.defers_weight_grad = True
+        try:
+            yield
+        finally:
+            for m in layers:
+                m.defers_weight_grad = False
+
+    # -------------------------------------------------------------------------------- pieces
+    def _bwd_norm(self, i: int, j: int) -> None:
+        xl, h, _, _ = self.bg.pop((i, j))
+        torch.autograd.backward(h, self.dh.pop((i, j)))
+        res = self.gres.pop((i, j), None)
+        self.gx[i, j] = xl.grad if res is None else xl.grad + res
+
+    def _bwd_epi(self, i: int, j: int) -> None:
+        xl, rl, out = self.eg.pop((i, j))
+        torch.autograd.backward(out, self.gx.pop((i + 1, j)))
+        self.dr[i, j] = rl.grad
+        if xl is not None:
+            self.gres[i, j] = xl.grad
+
+    def _bwd_tp(self, i: int, j: int) -> None:
+        region = self.chain[i]
+        if region.kind == "embed":
+            dr = self.dr.pop((i, j))
+            torch.autograd.backward(self.bg.pop((i, j)), dr)
+            if self.sp is not None and self.model.pos_embed is not None:
+                self._position_grad(dr)
+            return
+        xl, h, hl, out = self.bg[i, j]
+        if region.kind == "head":
+            # the loss scale in the loss's dtype (a float64 run's 1/3 is not rounded to fp32),
+            # filled on the device (a fill kernel: no host-to-device copy, no sync), once a run
+            key = (out.dtype, out.device)
+            if key not in self._scale_grads:
+                self._scale_grads[key] = torch.full(
+                    (), self.scale, dtype=out.dtype, device=out.device
+                )
+            torch.autograd.backward(out, self._scale_grads[key])
+        elif self._defers(i):  # dh_i now, the weight gradients in dw:i
+            dr = self.dr.pop((i, j))
+            dy = region.row.backward_partial(out, dr, weight_grad=False)  # [b, S, I/t]
+            with deferred_weight_grads() as stash:
+                torch.autograd.backward(out, dy)
+            self.wg[i, j] = (out, dr, stash)
+        else:
+            dy = region.row.backward_partial(out, self.dr.pop((i, j)))  # [b, S, I/t]
+            torch.autograd.backward(out, dy)
+        self.bg[i, j] = (xl, h, hl, None)
+        self.dh[i, j] = hl.grad  # partial sums of dL/dh over the TP group
+
+    def _bwd_dw(self, i: int, j: int) -> None:
+        """Region i's weight gradients, which ``_bwd_tp`` left: the row-parallel layer's from
+        (y_i, dr_i), the column-parallel layers' from their inputs and output gradients."""
+        out, dr, stash = self.wg.pop((i, j))
+        self.chain[i].row.accumulate_weight_grad(out, dr)
+        for layer, x, grad in stash:
+            layer.accumulate_weight_grad(x, grad)
+
+    def _position_grad(self, dr: Tensor) -> None:
+        """Sequence parallelism: GPT-2's position table's gradient from the gathered dr_0
+        [b, S, H] (gb(0), which the lookup's backward needs anyway): every rank of the TP group
+        holds the same whole, so each computes the whole table's gradient, equal on all of
+        them, and the table is not in the glue's sum ("sg"), which would otherwise move S x H
+        (most of its bytes) to add up the zeros of the other ranks' positions. Accumulated in
+        the weight's dtype, as autograd's cast back would."""
+        w = self.model.pos_embed.weight
+        g = dr.sum(0).to(w.dtype)  # [S, H]
+        if w.grad is None:
+            w.grad = torch.zeros_like(w)
+        w.grad[: g.shape[0]].add_(g)

@@ -1,0 +1,245 @@
+"""The executor's forward and recompute pieces: body, norm, core, epi on real tensors.
+
+A mixin of ``executor.Executor`` (which owns the state these methods read and write: the
+per-step dicts ``_reset`` makes, the chain, the spec). Per region i and sub-batch j::
+
+    body:i   x_i -(norm)-> h_i | h_leaf -(TP core)-> y_i ; p_i = row.partial(y_i)   (or the loss)
+    norm:i   (sp) x_i slice -> h_i slice, gathered next ("gf"/"gr")
+    core:i   (sp) gathered h_i [b, S, H] -> y_i ; p_i
+    epi:i    (x_i, r_i) -> x_{i+1}                    (dropout: RNG state kept for the recompute)
+
+Each piece runs on detached inputs (leaves) under ``torch.set_grad_enabled(grad)``, where
+``grad`` is false for a piece in a recompute segment (``_in_segment``) during the forward.
+What a piece keeps for the backward or its recompute:
+
+    bg[i, j]      (xl, h, hl, out): body's (or norm's + core's) graph, for the backward
+    eg[i, j]      (xl, rl, out): epi's graph (rl's storage freed: the glue reads only its grad)
+    saved[i, j]   (x_i, r_i): commfree, epi:i's post-collective inputs
+    inputs[i, j]  x_i: a block's input, or a commfree input that arrived through a reshard
+    hkeep[i, j]   a gathered h_i (sp="gathered" commfree recompute)
+    rng[i, j]     epi:i's RNG state before its dropout (recomputed glue)
+
+and what the next piece or collective reads: p[i, j] (partial sums, reduced in place),
+hs[i, j] (sp: norm:i's slice, to gather), x[i+1, j] (epi:i's output), losses[j] (the head).
+
+``track_memory`` counts the storages kept from the forward per region (``saved_bytes``:
+autograd's saved tensors through a ``saved_tensors_hooks`` pack, plus the tensors the pieces
+keep themselves), once each, never a parameter.
+
+Shape legend: b sub-batch rows, S sequence, H hidden, I/t this rank's TP width.
+"""
+
+from __future__ import annotations
+
+import contextlib
+
+import torch
+from torch import Tensor
+
+
+class ForwardPieces:
+    """Forward and recompute pieces of ``Executor`` (see the module docstring)."""
+
+    # ------------------------------------------------------------------- what the forward keeps
+    def _in_segment(self, kind: str, i: int) -> bool:
+        """Does piece (kind, i) run without a graph in the forward (it is recomputed)?"""
+        mode, last = self.spec.recompute, len(self.chain) - 1
+        if mode == "commfree":  # segments [epi:i-1, body:i] for 0 < i < last (not the head,
+            # whose recompute would repeat the cross-entropy's collectives); [body:i] alone
+            # after a reshard; under sp body:i is norm:i and core:i
+            return (kind in ("body", "norm", "core") and 0 < i < last) or (
+                kind == "epi" and i < last - 1 and i + 1 not in self.changes
+            )
+        if mode == "block":
+            return 0 < i < last
+        return False
+
+    def _saves_input(self, i: int) -> bool:
+        """Does body:i keep its input x_i for its recompute (a block's input; in commfree mode,
+        an input that arrived through a reshard)?"""
+        mode = self.spec.recompute
+        if mode == "block":
+            return self.chain[i].kind == "attn"
+        return mode == "commfree" and i in self.changes and self._in_segment("body", i)
+
+    def _track(self, i: int, recompute: bool):  # noqa: ANN202
+        """Count storages autograd keeps from the forward for region i (not parameters, not
+        the transient graphs of a recompute)."""
+        if not self.track_memory or recompute:
+            return contextlib.nullcontext()
+
+        def pack(t: Tensor) -> Tensor:
+            ptr = t.untyped_storage().data_ptr()
+            if ptr not in self._param_ptrs and ptr not in self._seen:
+                self._seen.add(ptr)
+                self.saved_bytes[i] = self.saved_bytes.get(i, 0) + t.untyped_storage().nbytes()
+            return t
+
+        return torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t)
+
+    def _count_saved(self, i: int, *tensors: Tensor | None) -> None:
+        if self.track_memory:
+            for t in tensors:
+                if t is not None and t.untyped_storage().data_ptr() not in self._seen:
+                    self._seen.add(t.untyped_storage().data_ptr())
+                    self.saved_bytes[i] = self.saved_bytes.get(i, 0) + t.numel() * t.element_size()
+
+    # --------------------------------------------------------------------------------- pieces
+    def _body(self, i: int, j: int, grad: bool, recompute: bool, need_p: bool) -> None:
+        region, model = self.chain[i], self.model
+        if region.kind == "embed":
+            with torch.set_grad_enabled(grad), self._track(i, recompute):
+                p = model.embed.partial(self.tokens[j])  # [b, S, H] partial sums
+            self.p[i, j] = p.detach().clone() if grad else p  # all-reduced in place
+            if grad:
+                self.bg[i, j] = p
+                if not recompute:  # kept as the graph's root until the backward
+                    self._count_saved(i, p)
+            return
+        x = self._norm_input(i, j, recompute)
+        with torch.set_grad_enabled(grad), self._track(i, recompute):
+            xl = x.detach().requires_grad_(grad)
+            h = region.norm(xl)
+            hl = h.detach().requires_grad_(grad)
+            out = self._tp_core(i, j, hl)
+        self._after_core(i, j, grad, recompute, need_p, (xl, h, hl, out))
+
+    def _norm_input(self, i: int, j: int, recompute: bool) -> Tensor:
+        """x_i for norm:i (in body:i, or sequence parallelism's norm:i): a block's saved input
+        (kept here in the forward, taken back in the recompute), else the glue's output,
+        taken where nothing else reads it after (a recompute segment, the head)."""
+        commfree_recompute = recompute and self.spec.recompute == "commfree"
+        if recompute and self._saves_input(i):
+            x = self.inputs.pop((i, j))
+            if not commfree_recompute:  # the block's recompute re-runs epi:i too
+                self.x[i, j] = x
+        elif commfree_recompute or self.chain[i].kind == "head":
+            x = self.x.pop((i, j))
+        else:
+            x = self.x[i, j]
+        if not recompute and self._saves_input(i):
+            self.inputs[i, j] = x
+            self._count_saved(i, x)
+        return x
+
+    def _tp_core(self, i: int, j: int, hl: Tensor) -> Tensor:
+        """Region i's TP matmuls on its (gathered) norm output: y [b, S, I/t], or the head's
+        loss (kept in ``losses``)."""
+        region = self.chain[i]
+        if region.kind == "head":
+            out = self.model.loss_fn(self.model.head.local(hl), self.targets[j])
+            self.losses[j] = out.detach()
+            return out
+        return region.core(hl)
+
+    def _after_core(
+        self, i: int, j: int, grad: bool, recompute: bool, need_p: bool, graph: tuple
+    ) -> None:
+        """p_i from y (unless a communication-free recompute skips it), and the graph (xl, h,
+        hl, out) kept for the backward, y counted as kept."""
+        out = graph[-1]
+        if self.chain[i].kind != "head" and need_p:
+            with torch.no_grad():
+                self.p[i, j] = self.chain[i].row.partial(out)  # [b, S, H] partial sums
+        if grad:
+            self.bg[i, j] = graph
+            if not recompute and self.chain[i].kind != "head":  # y, for the row-parallel bwd
+                self._count_saved(i, out)
+
+    def _norm(self, i: int, j: int, grad: bool, recompute: bool) -> None:
+        """Sequence parallelism's norm:i on this rank's slice x_i -> h_i (gathered next)."""
+        x = self._norm_input(i, j, recompute)
+        with torch.set_grad_enabled(grad), self._track(i, recompute):
+            xl = x.detach().requires_grad_(grad)
+            h = self.chain[i].norm(xl)
+        commfree_recompute = recompute and self.spec.recompute == "commfree"
+        if not (commfree_recompute and self.sp == "gathered"):  # core:i reads the kept h
+            self.hs[i, j] = h.detach()
+        if grad:
+            self.bg[i, j] = (xl, h, None, None)
+
+    def _core(self, i: int, j: int, grad: bool, recompute: bool, need_p: bool) -> None:
+        """Sequence parallelism's core:i on the gathered h_i [b, S, H] -> p_i (or the loss)."""
+        commfree_recompute = recompute and self.spec.recompute == "commfree"
+        if commfree_recompute and self.sp == "gathered":
+            h = self.hkeep.pop((i, j))
+        else:
+            h = self.hfull.pop((i, j))
+        if (
+            not recompute
+            and self.sp == "gathered"
+            and self.spec.recompute == "commfree"
+            and self._in_segment("core", i)
+        ):
+            self.hkeep[i, j] = h
+            self._count_saved(i, h)
+        with torch.set_grad_enabled(grad), self._track(i, recompute):
+            hl = h.detach().requires_grad_(grad)
+            out = self._tp_core(i, j, hl)
+        xl, h_slice = self.bg[i, j][:2] if grad else (None, None)
+        self._after_core(i, j, grad, recompute, need_p, (xl, h_slice, hl, out))
+
+    def _epi(self, i: int, j: int, grad: bool, recompute: bool) -> None:
+        region = self.chain[i]
+        if recompute and self.spec.recompute == "commfree":
+            x, r = self.saved.pop((i, j))
+        else:
+            x, r = self.x.pop((i, j), None), self.p.pop((i, j))
+        if not recompute and self.spec.recompute == "commfree" and self._in_segment("epi", i):
+            self.saved[i, j] = (x, r)
+            self._count_saved(i + 1, x, r)
+        use_rng = region.dropout > 0 and self._in_segment("epi", i)
+        own = self.sp is not None and region.dropout > 0  # this rank's own stream (a slice)
+        with torch.random.fork_rng(
+            devices=self._rng_devices(), enabled=(recompute and use_rng) or own
+        ):
+            if own and not recompute:
+                _set_rng(self._sp_rng, self.ctx.device)
+            if use_rng:
+                if recompute:
+                    _set_rng(self.rng.pop((i, j)), self.ctx.device)
+                else:
+                    self.rng[i, j] = _get_rng(self.ctx.device)
+            with torch.set_grad_enabled(grad), self._track(i + 1, recompute):
+                xl = None if x is None else x.detach().requires_grad_(grad)
+                rl = r.detach().requires_grad_(grad)
+                if region.kind == "embed" and self.sp is not None:  # its slice's positions
+                    out = region.epilogue(
+                        xl, rl, start=region.tp_group.rank * rl.shape[1], pos_grad=False
+                    )  # (their gradient: _bwd_tp)
+                else:
+                    out = region.epilogue(xl, rl)  # x_{i+1} [b, S, H] (a slice under sp)
+            if own and not recompute:
+                self._sp_rng = _get_rng(self.ctx.device)
+        if not (recompute and self.spec.recompute == "block" and region.kind == "mlp"):
+            # (a block's recompute ends at its MLP glue: the next block's input is not needed)
+            self.x[i + 1, j] = out.detach()
+        if grad:
+            self.eg[i, j] = (xl, rl, out)
+            ptr = rl.untyped_storage().data_ptr()
+            if (
+                not recompute
+                and (i, j) not in self.saved
+                and out.untyped_storage().data_ptr() != ptr
+            ):  # (an identity glue: r is x')
+                # r_i = the reduced p_i: the glue's backward reads none of its values (bias add
+                # and residual add keep nothing, dropout keeps its mask), only rl.grad is
+                # wanted, yet the leaf rl would keep its [b, S, H] alive until the backward
+                # (one activation per region that plain autograd frees at once)
+                rl.untyped_storage().resize_(0)
+
+    def _rng_devices(self) -> list:
+        return [self.ctx.device] if self.ctx.device.type == "cuda" else []
+
+
+def _get_rng(device: torch.device) -> Tensor:
+    if device.type == "cuda":
+        return torch.cuda.get_rng_state(device)
+    return torch.get_rng_state()
+
+
+def _set_rng(state: Tensor, device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.set_rng_state(state, device)
+    else:
+        torch.set_rng_state(state)

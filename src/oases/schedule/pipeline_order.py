@@ -1,0 +1,100 @@
+"""Pipeline schedules as program orders: per stage, the order of its micro-batches' passes.
+
+A *pass* is ("F", m), micro-batch m's forward through the stage's regions, or ("B", m), its
+recompute and backward. A *unit* is what the list scheduler places as one: a single pass, or a
+forward and a backward paired at task granularity. One generator per schedule
+(``PIPELINE_SCHEDULES``); ``pipeline_program`` turns the units into a stage's instructions.
+With P stages, stage s, M micro-batches::
+
+    gpipe      F0 F1 ... F(M-1)  B0 B1 ... B(M-1)              (M micro-batches in flight)
+
+    1f1b       warm-up: w = min(P - s - 1, M) forwards          (at most P - s in flight)
+               steady:  F(w) B0, F(w+1) B1, ..., F(M-1) B(M-1-w)
+               cool-down: B(M-w) ... B(M-1)
+
+    P = 4, M = 6:   stage 0   F0 F1 F2 | F3 B0 | F4 B1 | F5 B2 | B3 B4 B5
+                    stage 1   F0 F1    | F2 B0 | F3 B1 | F4 B2 | F5 B3 | B4 B5
+                    stage 3            | F0 B0 | F1 B1 | ...
+
+    1f1b-pair  warm-up: w = min(2(P - s) - 1, M) forwards      (at most 2(P - s) in flight)
+               steady:  (F(w) | B0), (F(w+1) | B1), ...: a forward and a backward of another
+               micro-batch as one unit, their tasks alternating, the forward first
+               cool-down: B(M-w) ... B(M-1)
+
+1f1b-pair overlaps at any micro-batch size: the TP collective that ends a task of one
+micro-batch flies while the next task of the other computes (as DeepSeek's DualPipe pairs a
+forward and a backward chunk), so an overlapped inner schedule hides its collectives even with
+one sub-batch of one sequence::
+
+    compute:  [F m+w: epi+body i]  [B m: norm+epi+tp j]  [F m+w: epi+body i+1]  [B m: ...]
+    comm:     ................... fwd AR(i, m+w) ....... bwd AR(j, m) ......... fwd AR ...
+
+Why the deeper warm-up: inside a paired unit the forward's output leaves the stage only at the
+unit's end (its tasks alternate with the backward's) and the backward's input must be there at
+its start. So the forward a stage pairs must come from a unit its previous stage has finished,
+and the backward from a unit its next stage has finished: a whole unit of lag each way per
+stage where 1F1B has less (pairing 1F1B's own F(m+w) and B(m) would make every unit wait for
+its neighbours' whole units, about twice the steady-state period, and on the last stage, where
+w = 0, pair a backward with its own forward). With 2(P - s) - 1 warm-up forwards (the last
+stage: 1) every pair is independent of its neighbours' current units; the price is twice 1F1B's
+activations in flight, which the simulator (next round) weighs against the collectives hidden.
+
+``interleaved`` (v model chunks per stage) and ``zb`` (zero bubble, from the deferred "dw"
+pieces) are named by issue 28 and not built yet (``check_pipeline_schedule`` says so).
+"""
+
+from __future__ import annotations
+
+from oases.stages import PIPELINE_SCHEDULES, PLANNED_SCHEDULES, check_pipeline_schedule
+
+__all__ = ["PIPELINE_SCHEDULES", "PLANNED_SCHEDULES", "check_pipeline_schedule",
+           "gpipe_order", "in_flight", "one_f_one_b_order", "pipeline_order", "warmup_forwards"]
+
+Pass = tuple[str, int]  # ("F" | "B", micro-batch)
+Unit = tuple[Pass, ...]
+
+
+def warmup_forwards(pp: int, stage: int, n_micro: int, pair: bool = False) -> int:
+    """The warm-up forwards of ``stage`` before its steady state: 1F1B's ``P - s - 1``,
+    1f1b-pair's ``2(P - s) - 1`` (module docstring), at most ``n_micro``."""
+    return min(2 * (pp - stage) - 1 if pair else pp - stage - 1, n_micro)
+
+
+def gpipe_order(n_micro: int) -> list[Unit]:
+    """Every forward, then every backward."""
+    return [(("F", m),) for m in range(n_micro)] + [(("B", m),) for m in range(n_micro)]
+
+
+def one_f_one_b_order(pp: int, stage: int, n_micro: int, pair: bool = False) -> list[Unit]:
+    """Warm-up forwards, then one forward and one backward in turn, then the last backwards;
+    ``pair``: 1f1b-pair, the deeper warm-up and each steady-state forward and backward as one
+    unit (module docstring)."""
+    w = warmup_forwards(pp, stage, n_micro, pair)
+    units: list[Unit] = [(("F", m),) for m in range(w)]
+    for m in range(n_micro - w):
+        steady = (("F", m + w), ("B", m))
+        units += [steady] if pair else [(p,) for p in steady]
+    units += [(("B", m),) for m in range(n_micro - w, n_micro)]
+    return units
+
+
+def pipeline_order(name: str, pp: int, stage: int, n_micro: int) -> list[Unit]:
+    """The units of ``stage`` under pipeline schedule ``name``."""
+    check_pipeline_schedule(name)
+    if not 0 <= stage < pp or n_micro < 1:
+        raise ValueError(f"stage {stage} of pp={pp}, n_micro={n_micro}")
+    if name == "gpipe":
+        return gpipe_order(n_micro)
+    return one_f_one_b_order(pp, stage, n_micro, pair=name == "1f1b-pair")
+
+
+def in_flight(units: list[Unit]) -> int:
+    """The most micro-batches whose forward has started and backward not finished."""
+    started = finished = most = 0
+    for unit in units:
+        for kind, _ in unit:
+            if kind == "F":
+                started += 1
+                most = max(most, started - finished)
+        finished += sum(1 for kind, _ in unit if kind == "B")
+    return most

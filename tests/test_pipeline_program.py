@@ -1,0 +1,309 @@
+"""Pipeline programs without ranks: the pipeline orders, point-to-point per boundary and
+sub-batch, the order both sides of a boundary post in, no stage waiting on a peer that waits on
+it, the 1F1B steady state's pairing, stage bounds.
+
+The walk (``_walk``) runs every stage's program together under the strictest point-to-point
+semantics: a receive's Wait needs the peer's send started, and a send's Wait needs the peer's
+receive posted (gloo's rendezvous; NCCL's in-order streams are covered by the order check).
+"""
+
+from __future__ import annotations
+
+import itertools
+
+import pytest
+
+from oases.schedule.instructions import Compute, Start, Wait
+from oases.schedule.pipeline_order import (
+    PIPELINE_SCHEDULES,
+    check_pipeline_schedule,
+    in_flight,
+    one_f_one_b_order,
+    pipeline_order,
+    warmup_forwards,
+)
+from oases.schedule.pipeline_program import build_stage_program
+from oases.stages import StageLayout, check_stage_starts, default_stage_starts
+
+PEER = {"rf": "sf", "rb": "sb", "sf": "rf", "sb": "rb"}
+
+
+def _layout(n_layers: int, pp: int) -> StageLayout:
+    return StageLayout(2 * n_layers + 2, default_stage_starts(n_layers, pp))
+
+
+def _programs(name: str, n_layers: int, pp: int, n_micro: int, n_sub: int = 1, **kw) -> list:
+    layout = _layout(n_layers, pp)
+    return [build_stage_program(name, n_sub, layout, s, n_micro=n_micro, **kw)
+            for s in range(pp)]
+
+
+def _walk(programs: list[list]) -> float:
+    """Run every stage's program together; AssertionError naming each stage's blocking
+    instruction if no stage can move. Returns the step's length on unit costs (a forward
+    compute 1, a recompute or backward 2, communication free): the order's own bubbles."""
+    pos = [0] * len(programs)
+    clock = [0.0] * len(programs)
+    posted: dict[tuple, float] = {}  # (kind, index, sub) of started sends and receives
+    tie_started: dict[int, float] = {}
+    while any(p < len(prog) for p, prog in zip(pos, programs)):
+        moved = False
+        for s, prog in enumerate(programs):
+            while pos[s] < len(prog):
+                ins = prog[pos[s]]
+                if isinstance(ins, Start) and ins.kind in PEER:
+                    posted[ins.kind, ins.index, ins.sub] = clock[s]
+                elif isinstance(ins, Start) and ins.kind == "tie":
+                    tie_started[s] = clock[s]
+                elif isinstance(ins, Wait) and ins.kind in PEER:
+                    key = (PEER[ins.kind], ins.index, ins.sub)
+                    if key not in posted:
+                        break
+                    clock[s] = max(clock[s], posted[key])
+                elif isinstance(ins, Wait) and ins.kind == "tie":
+                    if len(tie_started) < 2:
+                        break
+                    clock[s] = max(clock[s], *tie_started.values())
+                elif isinstance(ins, Compute):
+                    clock[s] += 1.0 if ins.phase == "forward" else 2.0
+                pos[s] += 1
+                moved = True
+        if not moved:
+            stuck = {s: prog[pos[s]] for s, prog in enumerate(programs) if pos[s] < len(prog)}
+            raise AssertionError(f"deadlock: {stuck}")
+    return max(clock)
+
+
+def _p2p(prog: list, cls: type, kind: str) -> list[tuple[int, int]]:
+    return [(i.index, i.sub) for i in prog if isinstance(i, cls) and i.kind == kind]
+
+
+def _check_p2p(programs: list, layout: StageLayout, n_subs: int) -> None:
+    """Every boundary and sub-batch: one send and one receive each way, each started once and
+    waited once after its start; the sender's sends and the receiver's posts in one order."""
+    pp = len(programs)
+    for s, prog in enumerate(programs):
+        lo, hi = layout.bounds(s)
+        want = {"sf": [hi] if s < pp - 1 else [], "rb": [hi] if s < pp - 1 else [],
+                "rf": [lo] if s > 0 else [], "sb": [lo] if s > 0 else []}
+        for kind, bounds in want.items():
+            starts, waits = _p2p(prog, Start, kind), _p2p(prog, Wait, kind)
+            expect = sorted((b, j) for b in bounds for j in range(n_subs))
+            assert sorted(starts) == expect, (s, kind, starts)
+            assert sorted(waits) == expect, (s, kind, waits)
+            for key in starts:
+                start = prog.index(Start(kind, *key))
+                assert start < prog.index(Wait(kind, *key)), (s, kind, key)
+    for s in range(pp - 1):
+        assert _p2p(programs[s], Start, "sf") == _p2p(programs[s + 1], Start, "rf")
+        assert _p2p(programs[s + 1], Start, "sb") == _p2p(programs[s], Start, "rb")
+
+
+def _computes(prog: list) -> list[Compute]:
+    return [i for i in prog if isinstance(i, Compute)]
+
+
+# ------------------------------------------------------------------------------- orders
+
+
+@pytest.mark.parametrize("pp", [1, 2, 3, 4])
+@pytest.mark.parametrize("n_micro", [1, 2, 3, 4, 6])
+def test_1f1b_warm_up_and_in_flight(pp, n_micro):
+    for s in range(pp):
+        units = one_f_one_b_order(pp, s, n_micro)
+        w = warmup_forwards(pp, s, n_micro)
+        assert w == min(pp - s - 1, n_micro)
+        first_b = next(u for u, unit in enumerate(units) if unit[0][0] == "B")
+        # the warm-up forwards, then (if any is left) the steady state's first forward
+        assert first_b == (w + 1 if w < n_micro else n_micro)
+        assert all(unit == (("F", m),) for m, unit in enumerate(units[:w]))
+        assert in_flight(units) == min(pp - s, n_micro)  # at most P - s in flight
+        flat = [p for unit in units for p in unit]
+        assert sorted(flat) == sorted([("F", m) for m in range(n_micro)]
+                                      + [("B", m) for m in range(n_micro)])
+        assert [m for k, m in flat if k == "F"] == list(range(n_micro))
+        assert [m for k, m in flat if k == "B"] == list(range(n_micro))
+        paired = one_f_one_b_order(pp, s, n_micro, pair=True)
+        wp = warmup_forwards(pp, s, n_micro, pair=True)
+        assert wp == min(2 * (pp - s) - 1, n_micro)
+        assert paired[:wp] == [(("F", m),) for m in range(wp)]
+        assert paired[wp: n_micro] == [(("F", m + wp), ("B", m)) for m in range(n_micro - wp)]
+        assert in_flight(paired) == min(2 * (pp - s), n_micro)
+        gpipe = pipeline_order("gpipe", pp, s, n_micro)
+        assert in_flight(gpipe) == n_micro
+
+
+def test_pipeline_schedule_names():
+    assert PIPELINE_SCHEDULES == ("gpipe", "1f1b", "1f1b-pair")
+    for name in ("interleaved", "zb"):
+        with pytest.raises(ValueError, match="not built yet"):
+            check_pipeline_schedule(name)
+    with pytest.raises(ValueError, match="valid: gpipe, 1f1b, 1f1b-pair"):
+        check_pipeline_schedule("pipedream")
+
+
+def test_stage_starts():
+    assert default_stage_starts(4, 2) == (5,)
+    assert default_stage_starts(4, 4) == (3, 5, 7)
+    assert default_stage_starts(5, 2) == (7,)  # the first stage takes the extra block
+    assert default_stage_starts(3, 1) == ()
+    layout = StageLayout(10, (5,))
+    assert layout.bounds(0) == (0, 5) and layout.bounds(1) == (5, 10)
+    assert [layout.stage_of(i) for i in range(10)] == [0] * 5 + [1] * 5
+    with pytest.raises(ValueError, match="n_layers=2 blocks do not fill parallel.pp=3"):
+        default_stage_starts(2, 3)
+    with pytest.raises(ValueError, match="not the attention region"):
+        check_stage_starts((4,), 4, 2)
+    with pytest.raises(ValueError, match="must increase"):
+        check_stage_starts((5, 3), 4, 3)
+    with pytest.raises(ValueError, match="each of the 1 stages"):
+        check_stage_starts((3, 5), 4, 2)
+
+
+# --------------------------------------------------------------------------- programs
+
+INNER = ("megatron", "megatron-recompute", "commfree-recompute", "overlap",
+         "overlap-recompute", "oases", "merak")
+
+
+@pytest.mark.parametrize("pp_schedule", PIPELINE_SCHEDULES)
+@pytest.mark.parametrize("name", INNER)
+def test_stage_programs_run_together(name, pp_schedule):
+    """Every inner schedule x pipeline schedule, 2-4 stages, 1-5 micro-batches, 1-2
+    sub-batches, with and without sequence parallelism: one send and receive per boundary,
+    sub-batch and direction, matched in order, and no deadlock."""
+    for pp, n_micro, n_sub, sp in itertools.product((2, 3, 4), (1, 2, 5), (1, 2),
+                                                    (None, "shards")):
+        layout = _layout(4, pp)
+        programs = _programs(name, 4, pp, n_micro, n_sub, pp_schedule=pp_schedule, sp=sp,
+                             dp_tasks=tuple(range(10)), tied=True)
+        k = n_sub if name not in ("megatron", "megatron-recompute", "commfree-recompute") else 1
+        _check_p2p(programs, layout, n_micro * k)
+        _walk(programs)
+        for s, prog in enumerate(programs):
+            lo, hi = layout.bounds(s)
+            regions = {i for c in _computes(prog) for _, i in c.pieces}
+            assert regions == set(range(lo, hi)), (s, regions)
+            last_fwd, first_bwd = {}, {}
+            for i, c in enumerate(_computes(prog)):  # a sub-batch's backward after its forward
+                if c.phase == "forward":
+                    last_fwd[c.sub] = i
+                else:
+                    first_bwd.setdefault(c.sub, i)
+            assert all(last_fwd[j] < first_bwd[j] for j in first_bwd), s
+            assert ({Start("tie", 0), Wait("tie", 0)} <= set(prog)) == (s in (0, pp - 1))
+
+
+def test_gpipe_runs_every_forward_first():
+    for prog in _programs("oases", 4, 2, 4, 2, pp_schedule="gpipe"):
+        phases = [c.phase == "forward" for c in _computes(prog)]
+        assert phases == sorted(phases, reverse=True)
+
+
+def test_steady_state_pairs_a_forward_collective_with_a_backward_compute():
+    """1f1b-pair with one sub-batch of one sequence: in each steady unit (F m+w, B m) a
+    forward all-reduce of micro-batch m+w is in flight while a backward compute of micro-batch
+    m runs, and it is started before that backward's first compute."""
+    pp, n_micro = 2, 6
+    for s, prog in enumerate(_programs("oases", 4, pp, n_micro, 1, pp_schedule="1f1b-pair")):
+        w = warmup_forwards(pp, s, n_micro, pair=True)
+        assert n_micro - w >= 2
+        for m in range(n_micro - w):
+            first_b = next(i for i, ins in enumerate(prog)
+                           if isinstance(ins, Compute) and ins.phase != "forward"
+                           and ins.sub == m)
+            fwd = [i for i, ins in enumerate(prog)
+                   if isinstance(ins, Start) and ins.kind == "fwd" and ins.sub == m + w]
+            assert fwd and fwd[0] < first_b, (s, m)
+            hidden = False
+            for i in fwd:
+                start = prog[i]
+                end = prog.index(Wait("fwd", start.index, start.sub))
+                hidden = hidden or any(isinstance(ins, Compute) and ins.sub == m
+                                       and ins.phase != "forward" for ins in prog[i:end])
+            assert hidden, (s, m)
+    # plain 1F1B: a forward collective never flies over a backward compute
+    for prog in _programs("oases", 4, pp, n_micro, 1, pp_schedule="1f1b"):
+        for i, ins in enumerate(prog):
+            if isinstance(ins, Start) and ins.kind == "fwd":
+                end = prog.index(Wait("fwd", ins.index, ins.sub))
+                assert all(c.phase == "forward" for c in _computes(prog[i:end]))
+
+
+@pytest.mark.parametrize("pp,n_micro", [(2, 8), (4, 8), (4, 12)])
+def test_pairing_keeps_the_1f1b_period(pp, n_micro):
+    """On unit costs (communication free, so pairing hides nothing) 1f1b-pair's step is as
+    long as 1F1B's: its deeper warm-up keeps every pair independent of the neighbours' current
+    units (pairing 1F1B's own F(m+w) and B(m) would not: ``pipeline_order``)."""
+    one = _walk(_programs("oases", 8, pp, n_micro, 1, pp_schedule="1f1b"))
+    paired = _walk(_programs("oases", 8, pp, n_micro, 1, pp_schedule="1f1b-pair"))
+    assert paired <= one * 1.02, (paired, one)
+
+
+def test_commfree_recompute_repeats_no_collective_inside_stages():
+    for prog in _programs("oases", 4, 2, 3, 2, pp_schedule="1f1b"):
+        fwd = [(i.index, i.sub) for i in prog if isinstance(i, Start) and i.kind == "fwd"]
+        assert len(fwd) == len(set(fwd))
+
+
+def test_boundary_needs_one_degree():
+    layout = _layout(2, 2)
+    with pytest.raises(ValueError, match="either side of a stage boundary"):
+        build_stage_program("megatron", 1, layout, 0, n_micro=1,
+                            degrees=(2, 2, 2, 1, 1, 1))
+
+
+def test_tied_sum_comes_before_the_tied_weight_is_reduced():
+    """The first and last stage sum the tied weight's full gradient ("tie") after their last
+    compute, and only then reduce-scatter (ZeRO 1) or all-reduce (DP) the region holding it;
+    ZeRO 2 for that region and ZeRO 3 anywhere are refused with a pipeline."""
+    from oases.schedule.dp_insert import ZeroLayout
+
+    layout, n, n_micro = _layout(4, 2), 10, 3
+    uses = tuple((i,) for i in range(n))
+    for zero, kind in ((ZeroLayout((1,) * n, uses), "rs"), (None, "dp")):
+        for s, index in ((0, 0), (1, n - 1)):
+            prog = build_stage_program("oases", 2, layout, s, n_micro=n_micro, zero=zero,
+                                       dp_tasks=tuple(range(*layout.bounds(s))), tied=True)
+            sub = n_micro - 1 if kind == "rs" else 0
+            tie = prog.index(Start("tie", 0))
+            assert prog.index(Wait("tie", 0)) < prog.index(Start(kind, index, sub))
+            last = max(i for i, ins in enumerate(prog) if isinstance(ins, Compute))
+            assert last < tie < prog.index(Wait(kind, index, sub))
+    with pytest.raises(ValueError, match="ZeRO stage 2 of region 9"):
+        build_stage_program("oases", 2, layout, 1, n_micro=2, zero=ZeroLayout((2,) * n, uses),
+                            tied=True)
+    with pytest.raises(ValueError, match="ZeRO stage 3 inside pipeline stages"):
+        build_stage_program("oases", 2, layout, 0, n_micro=2, zero=ZeroLayout((3,) * n, uses))
+
+
+def test_pipeline_plan_checks_and_json_round_trip():
+    from oases.config import ModelConfig
+    from oases.plan import ParallelPlan, RegionPlan, region_names
+
+    cfg = ModelConfig(arch="llama", n_layers=4, dim=32, n_heads=4, n_kv_heads=2)
+    plan = ParallelPlan.uniform(cfg, 8, 2, pp=2, pp_schedule="1f1b-pair")
+    plan.check(cfg, 8)
+    assert [r.dp for r in plan.regions] == [2] * 10 and plan.stage_layout().starts == (5,)
+    again = ParallelPlan.from_json(plan.to_json())
+    assert again == plan and '"pp": 2' in plan.to_json()
+    assert '"pp"' not in ParallelPlan.uniform(cfg, 8, 2).to_json()  # pp=1 plans read as before
+    with pytest.raises(ValueError, match="model.n_kv_heads=2 is not divisible by tp=4"):
+        ParallelPlan.uniform(cfg, 8, 4, pp=2).check(cfg, 8)
+    with pytest.raises(ValueError, match="made for 16 ranks .* this run has 8"):
+        ParallelPlan([RegionPlan(n, 2, 4) for n in region_names(cfg)], pp=2).check(cfg, 8)
+    with pytest.raises(ValueError, match="do not fit world size 8 over pp=2 stages"):
+        ParallelPlan([RegionPlan(n, 2, 4 if i else 2) for i, n in enumerate(region_names(cfg))],
+                     pp=2).check(cfg, 8)
+    with pytest.raises(ValueError, match="not the attention region"):
+        ParallelPlan.uniform(cfg, 8, 2, pp=2, stage_starts=[4]).check(cfg, 8)
+    with pytest.raises(ValueError, match="not built yet"):
+        ParallelPlan.uniform(cfg, 8, 2, pp=2, pp_schedule="zb").check(cfg, 8)
+    mixed = ParallelPlan([RegionPlan(n, 1 if i < 5 else 2, 4 if i < 5 else 2)
+                          for i, n in enumerate(region_names(cfg))], pp=2)
+    with pytest.raises(ValueError, match="either side of a pipeline stage boundary"):
+        mixed.check(cfg, 8)
+    mixed.stage_starts = [3]  # the degree changes inside stage 1 (at block 1's MLP): fine
+    mixed.regions = [RegionPlan(n, 1 if i < 4 else 2, 4 if i < 4 else 2)
+                     for i, n in enumerate(region_names(cfg))]
+    mixed.check(cfg, 8)
