@@ -7,7 +7,8 @@
                                     time to the first step and resident memory per rank; SRC:
                                     the source tree of the commit before this work ("before")
     bench.py train OUT SRC ROOT     `oases train` (configs/default.toml) before and after
-    bench.py bpe-sample ROOT OUT    BPE training time, memory, compression by sample size
+    bench.py bpe-sample ROOT OUT [MIB ...]
+                                    BPE training time, memory, compression by sample size
 Each step appends its rows to OUT/results.json.
 """
 
@@ -264,11 +265,11 @@ def startup(root: Path, out: Path, before_src: Path, repeats: int = 2) -> None:
                                         "rep": rep, **row})
 
 
-def bpe_sample(root: Path, out: Path) -> None:
+def bpe_sample(root: Path, out: Path, sizes_mib: tuple[int, ...] = (4, 16, 64)) -> None:
     """A BPE of 4096 tokens trained on the first 4, 16 and 64 MiB of the 1 GB corpus (each in a
     fresh process): training time, the process's peak memory, and its tokens per byte on the
     10 MB corpus (other files, held out)."""
-    for mib in (4, 16, 64):
+    for mib in sizes_mib:
         code = f"""
 import json, resource, sys, time
 from pathlib import Path
@@ -313,6 +314,7 @@ if __name__ == "__main__":
     elif step == "train":
         make_train(args[0], args[1], args[2])
     elif step == "bpe-sample":
-        bpe_sample(args[0], args[1])
+        sizes = tuple(int(str(a)) for a in args[2:]) or (4, 16, 64)
+        bpe_sample(args[0], args[1], sizes)
     else:
         raise SystemExit(__doc__)

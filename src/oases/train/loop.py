@@ -147,7 +147,7 @@ def train(
         if resume_from is not None:
             warnings += filter(None, [check_corpus(cfg, manifest, fingerprint, resume_from)])
         data = open_run_data(cfg, fingerprint, resume_from,
-                             default_log(is_main, console.err_stream))
+                             default_log(is_main, console.stream))
         tok = data.tokenizer
         where = f"data.source={cfg.data.source!r}:"
         train_data = split_batches(data.dataset, "train", S, t.global_batch, dp_rank=ctx.dp_rank,

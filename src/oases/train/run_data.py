@@ -144,8 +144,9 @@ def open_run_data(cfg: Config, fingerprint: Fingerprint, resume_from: Path | Non
 
 
 def default_log(is_main: bool, stream: TextIO | None = None) -> TextIO:
-    """Where a rank's preparation lines go: rank 0's ``stream`` (the run's log, as its
-    warnings: ``Console.err_stream``; default stderr), the others' nowhere."""
+    """Where a rank's preparation lines go: rank 0's ``stream`` (the run's own lines:
+    ``Console.stream``, stdout or ``train(log=...)``; stderr keeps only warnings and errors),
+    the others' nowhere."""
     if not is_main:
         return io.StringIO()
-    return sys.stderr if stream is None else stream
+    return sys.stdout if stream is None else stream
