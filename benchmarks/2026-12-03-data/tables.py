@@ -54,12 +54,13 @@ def main(path: str) -> None:
               f"{max(first):.1f}) | {median(launch):.1f} ({min(launch):.1f}-{max(launch):.1f}) "
               f"| {peaks[0]:.0f} / {peaks[1]:.0f} | {median([r['load'] for r in rs]):.1f} |")
     print("\n## BPE (4096 tokens) trained on the first MiBs of the 1 GB corpus\n")
-    print("| sample MiB | training s | process peak RSS MB | tokens per byte on the 10 MB corpus |")
-    print("|---|---|---|---|")
+    print("| sample MiB | training s | process peak RSS MB | tokens per byte on the 10 MB corpus "
+          "| load |")
+    print("|---|---|---|---|---|")
     for r in rows:
         if r["kind"] == "bpe_sample":
             print(f"| {r['sample_mib']} | {r['train_s']:.1f} | {r['peak_rss_mb']:.0f} | "
-                  f"{r['tokens_per_byte']:.4f} |")
+                  f"{r['tokens_per_byte']:.4f} | {r['load']:.1f} |")
     print("\n## make train (configs/default.toml, 200 steps)\n")
     print("| code | wall s | first step s | final validation loss | peak RSS per rank MB | "
           "load |")
