@@ -152,9 +152,12 @@ def _spawn(tmp_path, fn, world: int, *args, timeout_s: float = 600.0) -> list:
                      collective_timeout_s=TIMEOUT_S)
 
 
-# gpt2 (tied) and llama x gpipe and 1f1b x megatron and oases; 1f1b-pair with oases
+# gpt2 (tied) and llama x gpipe and 1f1b x megatron and oases; 1f1b-pair with oases; zb-h1
+# (its W passes: every block's weight gradients deferred) with megatron on gpt2, oases on llama
 CASES = [(arch, order, name) for arch in ("gpt2", "llama") for order in ("gpipe", "1f1b")
-         for name in ("megatron", "oases")] + [(a, "1f1b-pair", "oases") for a in ("gpt2", "llama")]
+         for name in ("megatron", "oases")] + [(a, "1f1b-pair", "oases") for a in ("gpt2", "llama")
+                                               ] + [("gpt2", "zb-h1", "megatron"),
+                                                    ("llama", "zb-h1", "oases")]
 
 
 @pytest.mark.exact
@@ -178,8 +181,18 @@ def test_pp2_dp2_zero1_and_sequence_parallel(tmp_path):
     """pp=2 x dp=2 with ZeRO 1; pp=2 x tp=2 with sequence parallelism; pp=2 x tp=2 laid out
     with the pipeline innermost; pp=2 with mixed TP degrees inside each stage."""
     cases = [("gpt2", "1f1b", "megatron"), ("gpt2", "1f1b", "oases"),
-             ("llama", "1f1b-pair", "oases")]
+             ("llama", "1f1b-pair", "oases"), ("llama", "zb-h1", "overlap")]
     _spawn(tmp_path, _rank_more, 4, cases)
+
+
+@pytest.mark.exact
+def test_pp2_dp2_zero2(tmp_path):
+    """pp=2 x dp=2 with ZeRO 2 (each micro-batch's gradients reduce-scattered into the shards
+    as its backward ends, every pipeline order; llama: GPT-2's tied embedding needs its full
+    gradient once a step, refused at stage 2 with one line)."""
+    cases = [("llama", "gpipe", "megatron"), ("llama", "1f1b", "oases"),
+             ("llama", "1f1b-pair", "oases"), ("llama", "zb-h1", "overlap")]
+    _spawn(tmp_path, _rank_parity, 4, 2, 1, cases, 2)
 
 
 # mixed degrees inside both stages of pp=2 on 4 ranks (the boundary at region 5: tp=2 both sides)
@@ -282,7 +295,7 @@ def test_cli_train_pp2_equals_one_rank(tmp_path):
     """``oases train --parallel.pp=2`` on 2 ranks (float64): every step's loss, the gradient
     norm and the validation losses equal a one-rank run's in this process; the loss line, the
     metrics and checkpoints come out (the sample is skipped with a line); resumed from its
-    step-3 checkpoint it repeats steps 4-6 exactly; a resume at another pp is refused."""
+    step-3 checkpoint it repeats steps 4-6 exactly."""
     import io
     import json
     import shutil
@@ -319,10 +332,49 @@ def test_cli_train_pp2_equals_one_rank(tmp_path):
     resumed = [json.loads(x) for x in (again / "metrics.jsonl").read_text().splitlines()]
     resumed = [r["loss"] for r in resumed if "loss" in r]
     torch.testing.assert_close(resumed, [r["loss"] for r in rows], **EXACT64)
-    # ... and refuses another number of stages with one line
-    proc, _ = _run_cli([str(TINY), "--nproc-per-node", "2", f"--train.run_dir={again}",
-                        "--parallel.tp=2", "--train.precision=fp64"], 120)
-    assert proc.returncode != 0 and "saved with parallel.pp=2 (now 1)" in proc.stderr, proc.stderr
+
+
+@pytest.mark.slow
+@pytest.mark.exact
+def test_cli_resume_pp2_tp2_at_pp1_and_at_pp4(tmp_path):
+    """Issue 28 item 5: a pp=2 x tp=2 run's step-3 checkpoint (4 ranks, float64) resumes at
+    pp=1 x tp=2 (2 ranks) and at pp=4 x tp=1 (4 ranks); steps 4-6 equal the uninterrupted run's
+    (losses, gradient norms, the validation loss), and the resume line names what changed."""
+    import json
+    import shutil
+
+    from test_train_cli import TINY, _run_cli
+
+    common = [str(TINY), "--train.precision=fp64", "--model.n_layers=4", "--schedule.name=oases",
+              "--schedule.n_sub=1", "--train.micro_batch=1", "--train.sample_tokens=0"]
+    run_dir = tmp_path / "pp2"
+    proc, _ = _run_cli([*common, "--nproc-per-node", "4", "--parallel.tp=2", "--parallel.pp=2",
+                        f"--train.run_dir={run_dir}"], 300)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "layout:    4 ranks = pp=2 (1f1b) x tp=2 x dp=1" in proc.stdout, proc.stdout
+
+    def rows(path):
+        lines = [json.loads(x) for x in (path / "metrics.jsonl").read_text().splitlines()]
+        return ([(r["step"], r["loss"], r["grad_norm"]) for r in lines if "loss" in r],
+                [r["val_loss"] for r in lines if "val_loss" in r])
+
+    want, want_val = rows(run_dir)
+    for name, ranks, layout, said in (
+            ("pp1", 2, ["--parallel.tp=2", "--parallel.pp=1"], "pp 2 -> 1"),
+            ("pp4", 4, ["--parallel.tp=1", "--parallel.pp=4"], "pp 2 -> 4")):
+        again = tmp_path / name
+        shutil.copytree(run_dir, again)
+        shutil.rmtree(again / "checkpoints" / "step_000006")
+        proc, _ = _run_cli([*common, "--nproc-per-node", str(ranks), *layout,
+                            f"--train.run_dir={again}"], 300)
+        assert proc.returncode == 0, proc.stdout + proc.stderr
+        assert "saved at pp=2 x tp=2 on 4 ranks" in proc.stdout and said in proc.stdout, \
+            proc.stdout
+        got, got_val = rows(again)
+        assert [r[0] for r in got] == list(range(1, 7))
+        torch.testing.assert_close([r[1:] for r in got[3:]], [r[1:] for r in want[3:]],
+                                   **EXACT64)
+        torch.testing.assert_close(got_val[-1], want_val[-1], **EXACT64)
 
 
 @pytest.mark.slow
@@ -330,9 +382,11 @@ def test_cli_train_pp_errors_are_one_line(tmp_path):
     """What a pipeline does not run yet fails before training, with the numbers."""
     from test_train_cli import TINY, _run_cli
 
-    for extra, want in ((["--parallel.zero=2"], "ZeRO stage 1 at most"),
+    for extra, want in ((["--parallel.zero=3"], "ZeRO stage 2 at most"),
+                        (["--parallel.zero=2", "--model.tie_embeddings=true"],
+                         "runs the embedding and head at ZeRO stage 1 at most (got 2)"),
                         (["--model.n_layers=1"], "model.n_layers=1 blocks do not fill"),
-                        (["--parallel.pp_schedule=zb"], "not built yet")):
+                        (["--parallel.pp_schedule=interleaved"], "not built yet")):
         proc, _ = _run_cli([str(TINY), "--nproc-per-node", "2", "--parallel.tp=1",
                             "--parallel.pp=2", f"--train.run_dir={tmp_path / 'x'}", *extra], 120)
         assert proc.returncode != 0 and want in proc.stdout + proc.stderr, (extra, proc.stderr)

@@ -38,10 +38,20 @@ def _programs(name: str, n_layers: int, pp: int, n_micro: int, n_sub: int = 1, *
             for s in range(pp)]
 
 
-def _walk(programs: list[list]) -> float:
+def _unit_cost(ins: Compute, deferred: frozenset[int] = frozenset()) -> float:
+    """A forward compute 1, a recompute or backward 2; with ``deferred`` regions (zb-h1's W
+    passes) a backward holding [tp i] of such a region 1 and its [dw i] 1: the same work."""
+    if ins.phase == "forward":
+        return 1.0
+    if any(kind == "dw" or (kind == "tp" and i in deferred) for kind, i in ins.pieces):
+        return 1.0
+    return 2.0
+
+
+def _walk(programs: list[list], deferred: frozenset[int] = frozenset()) -> float:
     """Run every stage's program together; AssertionError naming each stage's blocking
-    instruction if no stage can move. Returns the step's length on unit costs (a forward
-    compute 1, a recompute or backward 2, communication free): the order's own bubbles."""
+    instruction if no stage can move. Returns the step's length on unit costs (``_unit_cost``,
+    communication free): the order's own bubbles."""
     pos = [0] * len(programs)
     clock = [0.0] * len(programs)
     posted: dict[tuple, float] = {}  # (kind, index, sub) of started sends and receives
@@ -65,7 +75,7 @@ def _walk(programs: list[list]) -> float:
                         break
                     clock[s] = max(clock[s], *tie_started.values())
                 elif isinstance(ins, Compute):
-                    clock[s] += 1.0 if ins.phase == "forward" else 2.0
+                    clock[s] += _unit_cost(ins, deferred)
                 pos[s] += 1
                 moved = True
         if not moved:
@@ -134,8 +144,8 @@ def test_1f1b_warm_up_and_in_flight(pp, n_micro):
 
 
 def test_pipeline_schedule_names():
-    assert PIPELINE_SCHEDULES == ("gpipe", "1f1b", "1f1b-pair")
-    for name in ("interleaved", "zb"):
+    assert PIPELINE_SCHEDULES == ("gpipe", "1f1b", "1f1b-pair", "zb-h1")
+    for name in ("interleaved",):
         with pytest.raises(ValueError, match="not built yet"):
             check_pipeline_schedule(name)
     with pytest.raises(ValueError, match="valid: gpipe, 1f1b, 1f1b-pair"):
@@ -240,6 +250,31 @@ def test_pairing_keeps_the_1f1b_period(pp, n_micro):
     assert paired <= one * 1.02, (paired, one)
 
 
+@pytest.mark.parametrize("pp,n_micro,n_layers", [(2, 8, 8), (3, 6, 6), (4, 8, 8), (4, 8, 16)])
+def test_zb_h1_runs_weight_gradients_where_1f1b_waits(pp, n_micro, n_layers):
+    """zb-h1 on unit costs where a block's backward is half input and half weight gradients:
+    the same work as 1F1B in a step at least 5% shorter, stage s holding back at most s W's,
+    with 1F1B's forwards in flight; every block region's weight gradients deferred."""
+    from oases.schedule.instructions import deferred_regions
+
+    one = _walk(_programs("megatron", n_layers, pp, n_micro, 1, pp_schedule="1f1b"))
+    programs = _programs("megatron", n_layers, pp, n_micro, 1, pp_schedule="zb-h1")
+    deferred = frozenset().union(*map(deferred_regions, programs))
+    assert deferred == set(range(1, 2 * n_layers + 1))  # not the embedding or the head
+    zb = _walk(programs, deferred)
+    assert zb < 0.95 * one, (zb, one)
+    for s in range(pp):
+        order = pipeline_order("zb-h1", pp, s, n_micro)
+        assert in_flight(order) == in_flight(pipeline_order("1f1b", pp, s, n_micro))
+        assert [u for u in order if u[0][0] != "W"] == pipeline_order("1f1b", pp, s, n_micro)
+        done_b = done_w = 0
+        for ((kind, _),) in order:
+            done_b += kind == "B"
+            done_w += kind == "W"
+            assert done_w <= done_b and done_b - done_w <= s + 1, (s, order)
+        assert done_w == n_micro
+
+
 def test_commfree_recompute_repeats_no_collective_inside_stages():
     for prog in _programs("oases", 4, 2, 3, 2, pp_schedule="1f1b"):
         fwd = [(i.index, i.sub) for i in prog if isinstance(i, Start) and i.kind == "fwd"]
@@ -298,7 +333,7 @@ def test_pipeline_plan_checks_and_json_round_trip():
     with pytest.raises(ValueError, match="not the attention region"):
         ParallelPlan.uniform(cfg, 8, 2, pp=2, stage_starts=[4]).check(cfg, 8)
     with pytest.raises(ValueError, match="not built yet"):
-        ParallelPlan.uniform(cfg, 8, 2, pp=2, pp_schedule="zb").check(cfg, 8)
+        ParallelPlan.uniform(cfg, 8, 2, pp=2, pp_schedule="interleaved").check(cfg, 8)
     mixed = ParallelPlan([RegionPlan(n, 1 if i < 5 else 2, 4 if i < 5 else 2)
                           for i, n in enumerate(region_names(cfg))], pp=2)
     with pytest.raises(ValueError, match="either side of a pipeline stage boundary"):

@@ -151,6 +151,13 @@ def test_3_each_setting_without_effect_and_the_plans_replacements(tmp_path):
     assert warnings("--schedule.n_sub=4")[0].startswith("schedule.n_sub=4 has no effect: "
                                                         "megatron runs each micro-batch whole")
     assert warnings("--checkpoint.allow_data_change=true", "--checkpoint.resume=never") != []
+    assert warnings("--parallel.pp_schedule=gpipe") == [
+        "parallel.pp_schedule='gpipe' has no effect at parallel.pp=1: it orders the passes of "
+        "pipeline stages"]
+    assert warnings("--parallel.pp_schedule=gpipe", "--parallel.pp=2", "--parallel.tp=1") == []
+    # pipeline stages: dp counts the replicas inside one stage (pp=2 x tp=1 x dp=1 on 2 ranks)
+    assert warnings("--parallel.zero=1", "--parallel.pp=2", "--parallel.tp=1")[0].startswith(
+        "ZeRO stage 1 has no effect: dp=1")
     plan = _plan_file(tmp_path / "plan.json", 2, tp=1, schedule="megatron", n_sub=1)
     # (tiny.toml's parallel.tp=2 is the unit the plan's batch counts in: used, not named)
     assert warnings(f"--parallel.plan={plan}", "--schedule.name=oases") == [

@@ -52,8 +52,8 @@ KEY_HELP: dict[str, str] = {
     "parallel.sp_recompute": "what a communication-free recompute keeps under it: `gathered` "
                              "or `shards`",
     "parallel.pp": "pipeline stages (1: none); TP innermost, then DP, then PP across the world",
-    "parallel.pp_schedule": "the stages' order of micro-batch passes: `gpipe`, `1f1b` or "
-                            "`1f1b-pair`",
+    "parallel.pp_schedule": "the stages' order of micro-batch passes: `gpipe`, `1f1b`, "
+                            "`1f1b-pair` or `zb-h1`",
     "schedule.name": "megatron, megatron-recompute, commfree-recompute, overlap, "
                      "overlap-recompute, oases, merak, megatron-sp",
     "schedule.n_sub": "sub-batches per micro-batch (overlapped schedules; merak: 2 or more)",

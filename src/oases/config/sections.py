@@ -53,9 +53,10 @@ class ParallelConfig:
     innermost, then DP, then PP (``parallel/context.py``); each stage holds a contiguous range
     of blocks (the first the embedding, the last the head; balanced by blocks, or a plan file's
     ``stage_starts``). ``pp_schedule``: the order of the stages' micro-batch passes, "gpipe",
-    "1f1b" or "1f1b-pair" (1F1B whose steady state overlaps a forward's collectives with
-    another micro-batch's backward, at twice the activations in flight; see
-    ``schedule/pipeline_order.py``). ``train.micro_batch`` is then a pipeline micro-batch.
+    "1f1b", "1f1b-pair" (1F1B whose steady state overlaps a forward's collectives with
+    another micro-batch's backward, at twice the activations in flight) or "zb-h1" (1F1B with
+    the weight gradients held back to where it waits); see ``schedule/pipeline_order.py``.
+    ``train.micro_batch`` is then a pipeline micro-batch.
     """
 
     tp: int = 1

@@ -39,8 +39,26 @@ w = 0, pair a backward with its own forward). With 2(P - s) - 1 warm-up forwards
 stage: 1) every pair is independent of its neighbours' current units; the price is twice 1F1B's
 activations in flight, which the simulator (next round) weighs against the collectives hidden.
 
-``interleaved`` (v model chunks per stage) and ``zb`` (zero bubble, from the deferred "dw"
-pieces) are named by issue 28 and not built yet (``check_pipeline_schedule`` says so).
+zb-h1 (after Qi et al., "Zero Bubble Pipeline Parallelism", ICLR 2024, its ZB-H1) cuts a
+backward in two passes: ("B", m), the input gradients the previous stage waits for, and ("W",
+m), the weight gradients of the block regions' TP matmuls (the executor's deferred "dw"
+pieces), which nothing waits for. It keeps 1F1B's order of F and B and runs W(m) right after
+B(m + s) on stage s (the last s W's after the last B): the later a stage, the more W's it
+holds back, so a B crosses every stage at the cost of its input gradients alone, and the W's
+run where 1F1B's stages wait for one::
+
+    P = 4, M = 6:  stage 0   F0 F1 F2 F3 B0 W0 F4 B1 W1 F5 B2 W2 B3 W3 B4 W4 B5 W5
+                   stage 3   F0 B0 F1 B1 F2 B2 F3 B3 W0 F4 B4 W1 F5 B5 W2 W3 W4 W5
+
+The F's in flight are 1F1B's (at most P - s on stage s); a held-back W keeps its linears'
+inputs and output gradients (part of a micro-batch's activations), s of them on stage s, so
+the first stage's peak (P micro-batches in flight) stays the peak. On unit costs (a forward 1,
+input and weight gradients 1 each) the walk of ``tests/test_pipeline_program.py`` finds the
+step 6-15% shorter than 1F1B's at P = 2-4 (lagging W by P - s - 1 instead gained nothing: the
+first stage's held-back W's ended up after its last B).
+
+``interleaved`` (v model chunks per stage) is named by issue 28 and not built yet
+(``check_pipeline_schedule`` says so).
 """
 
 from __future__ import annotations
@@ -48,9 +66,10 @@ from __future__ import annotations
 from oases.stages import PIPELINE_SCHEDULES, PLANNED_SCHEDULES, check_pipeline_schedule
 
 __all__ = ["PIPELINE_SCHEDULES", "PLANNED_SCHEDULES", "check_pipeline_schedule",
-           "gpipe_order", "in_flight", "one_f_one_b_order", "pipeline_order", "warmup_forwards"]
+           "gpipe_order", "in_flight", "one_f_one_b_order", "pipeline_order", "warmup_forwards",
+           "zb_h1_order"]
 
-Pass = tuple[str, int]  # ("F" | "B", micro-batch)
+Pass = tuple[str, int]  # ("F" | "B" | "W", micro-batch)
 Unit = tuple[Pass, ...]
 
 
@@ -78,6 +97,19 @@ def one_f_one_b_order(pp: int, stage: int, n_micro: int, pair: bool = False) -> 
     return units
 
 
+def zb_h1_order(pp: int, stage: int, n_micro: int) -> list[Unit]:
+    """1F1B's F and B, each W(m) right after B(m + stage), the last ones after the last B
+    (module docstring)."""
+    lag = min(stage, n_micro)
+    units: list[Unit] = []
+    for unit in one_f_one_b_order(pp, stage, n_micro):
+        units.append(unit)
+        ((kind, m),) = unit
+        if kind == "B" and m >= lag:
+            units.append((("W", m - lag),))
+    return units + [(("W", m),) for m in range(n_micro - lag, n_micro)]
+
+
 def pipeline_order(name: str, pp: int, stage: int, n_micro: int) -> list[Unit]:
     """The units of ``stage`` under pipeline schedule ``name``."""
     check_pipeline_schedule(name)
@@ -85,6 +117,8 @@ def pipeline_order(name: str, pp: int, stage: int, n_micro: int) -> list[Unit]:
         raise ValueError(f"stage {stage} of pp={pp}, n_micro={n_micro}")
     if name == "gpipe":
         return gpipe_order(n_micro)
+    if name == "zb-h1":
+        return zb_h1_order(pp, stage, n_micro)
     return one_f_one_b_order(pp, stage, n_micro, pair=name == "1f1b-pair")
 
 

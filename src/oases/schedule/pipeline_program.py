@@ -158,14 +158,18 @@ def _build(
     passes: dict[tuple[str, int], list[_Marked]] = {}
     for m in range(n_micro):
         subs = range(m * k, (m + 1) * k)
+        zb = pp_schedule == "zb-h1"  # its W passes take every block's weight gradients
         if sp is not None:
-            chains = [sp_chain(n, j, spec.recompute, sp, changes, defer and spec.overlapped)
-                      for j in subs]
+            chains = [sp_chain(n, j, spec.recompute, sp, changes,
+                               defer and spec.overlapped and not zb) for j in subs]
             fwd = staggered([[t for t in c if t.compute.phase == "forward"] for c in chains])
             bwd = staggered([[t for t in c if t.compute.phase != "forward"] for c in chains])
         else:
             fwd = forward_tasks(n, subs, changes)
             bwd = backward_tasks(n, subs, spec.recompute, changes)
+        if zb:
+            bwd, weights = split_weight_grads(bwd, n)
+            passes["W", m] = _on_stage(weights, lo, hi, n)
         passes["F", m] = _on_stage(fwd, lo, hi, n)
         passes["B", m] = _on_stage(bwd, lo, hi, n)
     units = pipeline_order(pp_schedule, layout.pp, stage, n_micro)
@@ -175,6 +179,18 @@ def _build(
         first_norm = frozenset({lo - 1}) if lo > 0 and lo - 1 in dp_tasks else frozenset()
         program = insert_dp(program, set(dp_tasks), n_micro * k - 1, first_norm)
     return tuple(program)
+
+
+def split_weight_grads(tasks: list[Task], n: int) -> tuple[list[Task], list[Task]]:
+    """zb-h1's B and W passes of one micro-batch: ``tasks`` (its backward) unchanged, and a
+    [dw i] task per backward task that runs block region i's [tp i], in the same order: the
+    executor then computes only the input gradient in [tp i] and the TP matmuls' weight
+    gradients in [dw i] (``executor_backward``). Not the embedding's and the head's: the
+    lookup has no matmul, and the head's [b*S, V/t] logits gradient would be held to its W."""
+    weights = [Task(Compute("backward", (("dw", i),), t.compute.sub))
+               for t in tasks if t.compute.phase == "backward"
+               for kind, i in t.compute.pieces if kind == "tp" and 0 < i < n - 1]
+    return tasks, weights
 
 
 def _on_stage(tasks: list[Task], lo: int, hi: int, n: int) -> list[_Marked]:

@@ -39,7 +39,9 @@ class EffectiveRun:
     draws them); ``zero``: every region's ZeRO stage in chain order; ``sequence_parallel``:
     "" (off), "gathered" or "shards"; ``micro_batch``: sequences per model replica at ``tp``;
     ``accumulation``: micro-batches per step on each DP rank; ``plan``: ``parallel.plan``
-    ("" none); ``plan_precision``: the dtypes the plan was priced in (None: not recorded)."""
+    ("" none); ``plan_precision``: the dtypes the plan was priced in (None: not recorded);
+    ``pp``: pipeline stages (``dp`` counts the replicas inside one stage), ``pp_schedule``
+    their order of passes."""
 
     world_size: int
     tp: int
@@ -58,6 +60,8 @@ class EffectiveRun:
     global_batch: int
     plan: str = ""
     plan_precision: dict[str, str] | None = None
+    pp: int = 1
+    pp_schedule: str = "1f1b"
 
     @staticmethod
     def build(cfg: Config, plan: ParallelPlan, world_size: int,
@@ -65,7 +69,7 @@ class EffectiveRun:
         """The record of ``cfg`` as resolved by ``setup.resolve_setup``, running ``plan`` (a
         uniform one where the config gives none) on ``world_size`` ranks in ``precision``."""
         tp = plan.tp_of("embed")
-        dp = world_size // tp
+        dp = world_size // (tp * plan.pp)
         dtypes = precision.describe()
         t = cfg.train
         return EffectiveRun(
@@ -75,14 +79,16 @@ class EffectiveRun:
             precision=t.precision, compute=dtypes["compute"], master=dtypes["master"],
             grad_reduce=dtypes["grad_reduce"], micro_batch=t.micro_batch,
             accumulation=t.global_batch // (t.micro_batch * dp), global_batch=t.global_batch,
-            plan=cfg.parallel.plan, plan_precision=plan.precision)
+            plan=cfg.parallel.plan, plan_precision=plan.precision, pp=plan.pp,
+            pp_schedule=plan.pp_schedule)
 
     # ------------------------------------------------------------------------------ the record
     def record(self) -> dict[str, Any]:
         """The manifest's ``run``: plain JSON values, one key per field (``zero`` an int when
         every region has one stage, else the list)."""
         zero = self.zero[0] if len(set(self.zero)) == 1 else list(self.zero)
-        return {"world_size": self.world_size, "tp": self.tp, "dp": self.dp,
+        stages = {"pp": self.pp} | ({"pp_schedule": self.pp_schedule} if self.pp > 1 else {})
+        return {"world_size": self.world_size, **stages, "tp": self.tp, "dp": self.dp,
                 "degrees": self.degrees, "zero": zero, "schedule": self.schedule,
                 "n_sub": self.n_sub, "sequence_parallel": self.sequence_parallel or "off",
                 "precision": self.precision, "compute_dtype": self.compute,
@@ -135,7 +141,8 @@ class EffectiveRun:
         sp = (f"sequence parallelism ({self.sequence_parallel})" if self.sequence_parallel
               else "no sequence parallelism")
         ranks = f"{self.world_size} rank{'s' if self.world_size > 1 else ''}"
-        lines = [f"layout:    {ranks} = tp={self.tp} x dp={self.dp}; {self.degrees}"]
+        stages = f"pp={self.pp} ({self.pp_schedule}) x " if self.pp > 1 else ""
+        lines = [f"layout:    {ranks} = {stages}tp={self.tp} x dp={self.dp}; {self.degrees}"]
         if self.plan:
             lines.append(self.plan_line())
         lines += [f"schedule:  {self.schedule}, n_sub={self.n_sub}; {sp}",

@@ -60,7 +60,8 @@ def no_effect_warnings(given: Config, resolved: Config, plan: ParallelPlan | Non
     """The warning lines (see the module docstring); ``plan`` None: uniform at
     ``resolved.parallel.tp``."""
     p, g = resolved.parallel, given.parallel
-    layout = plan or ParallelPlan.uniform(resolved.model, world_size, p.tp)
+    layout = plan or ParallelPlan.uniform(resolved.model, world_size, p.tp, pp=p.pp,
+                                          pp_schedule=p.pp_schedule)
     out: list[str] = []
     if plan is not None:
         replaced = [f"{s}.{k}={_value(given, s, k)!r} (runs {_value(resolved, s, k)!r})"
@@ -100,6 +101,9 @@ def no_effect_warnings(given: Config, resolved: Config, plan: ParallelPlan | Non
         out.append(f"schedule.n_sub={given.schedule.n_sub} has no effect: "
                    f"{resolved.schedule.name} runs each micro-batch whole (sub-batches are "
                    f"the overlapped schedules': {overlapped})")
+    if layout.pp == 1 and _set(given, "parallel", "pp_schedule"):
+        out.append(f"parallel.pp_schedule={g.pp_schedule!r} has no effect at parallel.pp=1: "
+                   "it orders the passes of pipeline stages")
     if g.high_priority_tp and _on_gloo(g.backend):
         out.append("parallel.high_priority_tp=true has no effect on gloo: it sets NCCL's CUDA "
                    "stream priority")

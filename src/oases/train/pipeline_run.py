@@ -24,11 +24,18 @@ def check_pipeline_run(cfg: Config, plan: ParallelPlan | None) -> None:
     if pp == 1:
         return
     stages = plan.zero_stages(cfg.parallel.zero) if plan is not None else (cfg.parallel.zero,)
-    if max(stages) >= 2:
-        raise ValueError(f"parallel.pp={pp} runs ZeRO stage 1 at most for now (got ZeRO "
-                         f"{max(stages)}): stages 2-3 reduce-scatter every micro-batch's "
-                         "gradients and gather weights around every pass, which the pipeline's "
-                         "interleaved micro-batches do not place yet; use parallel.zero=1")
+    if max(stages) >= 3:
+        raise ValueError(f"parallel.pp={pp} runs ZeRO stage 2 at most for now (got ZeRO "
+                         f"{max(stages)}): stage 3 gathers every region's weights around every "
+                         "pass, which the pipeline's interleaved micro-batches do not place "
+                         "yet; use parallel.zero=2")
+    if cfg.model.tie_embeddings and max(stages[0], stages[-1]) >= 2:
+        raise ValueError(f"parallel.pp={pp} with model.tie_embeddings=true runs the embedding "
+                         f"and head at ZeRO stage 1 at most (got {max(stages[0], stages[-1])}): "
+                         "the tied weight's full gradient is summed between the first and last "
+                         "stage once a step, after its last micro-batch, while stage 2 "
+                         "reduce-scatters it after every micro-batch; use parallel.zero=1 (or a "
+                         "plan with stage 1 for embed and head)")
     if cfg.model.init_from:
         raise ValueError(f"parallel.pp={pp} with model.init_from={cfg.model.init_from!r}: "
                          "loading Hugging Face weights into pipeline stages is not built yet")

@@ -67,12 +67,6 @@ def check_resume_compatible(cfg: Config, manifest: dict[str, Any], path: Path) -
     checkpoint cannot serve; returns the warnings to print (a data source changed under
     ``checkpoint.allow_data_change``)."""
     saved, now = manifest.get("config", {}), config_to_dict(cfg)
-    saved_pp = saved.get("parallel", {}).get("pp", 1)
-    if saved_pp != cfg.parallel.pp:  # (issue 28: resuming at another pp comes next)
-        raise ValueError(f"checkpoint {path} was saved with parallel.pp={saved_pp} (now "
-                         f"{cfg.parallel.pp}): resuming at another number of pipeline stages "
-                         f"is not built yet; resume with parallel.pp={saved_pp}, or "
-                         f"{NEW_RUN_ADVICE}")
     fields = [("model", f.name) for f in dataclasses.fields(ModelConfig)
               if f.name not in MODEL_FREE]
     fields += RESUME_FIXED

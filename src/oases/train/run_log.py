@@ -55,8 +55,11 @@ def resume_line(path: Path, step: int, manifest: dict[str, Any], run: EffectiveR
     """``resumed from PATH at step N (saved at tp=... on W ranks)``, and every field of the
     effective run that differs from the checkpoint's record (``EffectiveRun.changes``)."""
     degrees = sorted(set(manifest.get("degrees", {}).values()) | {manifest["tp"]})
-    line = (f"resumed from {path} at step {step} (saved at tp={'/'.join(map(str, degrees))} "
-            f"on {manifest['world_size']} rank{'s' if manifest['world_size'] > 1 else ''})")
+    pp = manifest.get("run", {}).get("pp", 1)
+    stages = f"pp={pp} x " if pp > 1 else ""
+    line = (f"resumed from {path} at step {step} (saved at {stages}"
+            f"tp={'/'.join(map(str, degrees))} on {manifest['world_size']} "
+            f"rank{'s' if manifest['world_size'] > 1 else ''})")
     changed = run.changes(saved_record(manifest))
     if changed:
         return f"{line}; changed since: {', '.join(changed)}"
