@@ -25,9 +25,9 @@ import torch
 
 from exactness import EXACT64, fp32_tol, to64
 from oases.config import load_config
+from oases.data.dataset import open_dataset, split_batches
 from oases.model import build_model
 from oases.train.checkpoint import latest_checkpoint, read_full_tensors
-from oases.train.data import PackedBatches, load_corpus
 
 REPO = Path(__file__).resolve().parent.parent
 TINY = REPO / "configs" / "tiny.toml"
@@ -171,12 +171,12 @@ def _tp2dp2_rank(rank, world_size, root):
     return fp32, run(tiny_cfg(Path(root), "tp2dp2", "--train.steps=3", FP64))
 
 
-def single_device_grad_norm(cfg):
+def single_device_grad_norm(cfg, run_dir):
     """The clipped-to-be gradient norm of step 1 on the plain float64 model over the global
-    batch."""
+    batch (the run's data, prepared into ``run_dir``)."""
     torch.manual_seed(cfg.train.seed)
     model = to64(build_model(cfg.model))
-    data = PackedBatches(load_corpus(cfg.data.source).train, cfg.model.seq_len,
+    data = split_batches(open_dataset(run_dir / "data"), "train", cfg.model.seq_len,
                          cfg.train.global_batch, seed=cfg.train.seed)
     tokens, targets = data.batch(0)
     model(tokens, targets).backward()
@@ -192,8 +192,8 @@ def test_tp2_dp2_equals_tp1_and_single_device_grad_norm(spawn_ranks, tmp_path):
         torch.testing.assert_close(r["losses"], ref["losses"], **EXACT64)
         torch.testing.assert_close(r["grad_norms"], ref["grad_norms"], **EXACT64)
     cfg = tiny_cfg(tmp_path, "unused")
-    assert results[0][1]["grad_norms"][0] == pytest.approx(single_device_grad_norm(cfg),
-                                                           rel=EXACT64["rtol"])
+    norm = single_device_grad_norm(cfg, tmp_path / "tp1")
+    assert results[0][1]["grad_norms"][0] == pytest.approx(norm, rel=EXACT64["rtol"])
     # the tp=2 x dp=2 checkpoint holds the same full weights as the tp=1 run's, after 3 AdamW
     # steps (float64: the bound of exactness.py holds through AdamW)
     a = read_full_tensors(latest_checkpoint(tmp_path / "tp2dp2" / "checkpoints"), "model.")

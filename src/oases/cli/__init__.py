@@ -9,6 +9,8 @@
                 [--out DIR] [--nproc-per-node N] [--section.key=value ...]
     oases simulate --model PRESET|CONFIG --cluster PRESET|FILE [--schedules LIST]
                    [--plan auto|tp=N] [--global-batch B] [--micro-batch M] [--out DIR]
+    oases data prepare SOURCE [SOURCE ...] --out DIR [--tokenizer byte|bpe|hf:PATH] [...]
+    oases data inspect DIR [--samples N] [--verify]
 
 Without CONFIG the main job's ``configs/default.toml`` is used. Overrides are every argument of
 the form ``--section.key=value`` or ``--section.key value``. User errors end with one
@@ -24,6 +26,7 @@ function that runs it) in the module of its family:
     bench.py       bench, profile
     plan.py        plan (and --verify)
     simulate.py    simulate
+    data.py        data prepare, data inspect
 
 A new subcommand is its module (or a SubCommand in its family's) plus its entry in
 ``SUBCOMMANDS`` below.
@@ -37,6 +40,7 @@ from collections.abc import Sequence
 
 from oases.cli.bench import BENCH, PROFILE
 from oases.cli.command import HelpFormatter, SubCommand
+from oases.cli.data import DATA
 from oases.cli.overrides import split_overrides
 from oases.cli.plan import PLAN
 from oases.cli.simulate import SIMULATE
@@ -46,7 +50,7 @@ from oases.train.launch import EXIT_USER_ERROR  # one definition, where the rank
 __all__ = ["COMMANDS", "EXIT_USER_ERROR", "SUBCOMMANDS", "main", "split_overrides"]
 
 # In the order ``oases --help`` lists them.
-SUBCOMMANDS: tuple[SubCommand, ...] = (TRAIN, BENCH, PROFILE, PLAN, SIMULATE, EXPORT)
+SUBCOMMANDS: tuple[SubCommand, ...] = (TRAIN, BENCH, PROFILE, PLAN, SIMULATE, EXPORT, DATA)
 COMMANDS: dict[str, SubCommand] = {command.name: command for command in SUBCOMMANDS}
 
 

@@ -75,8 +75,10 @@ KEY_HELP: dict[str, str] = {
     "train.sample_tokens": "tokens sampled at the end (0: none)",
     "train.tensorboard": "also write TensorBoard events to `run_dir/tensorboard`",
     "train.precision": "`auto` (bf16 on CUDA, fp32 on CPU), `fp32`, `bf16` or `fp64`",
-    "data.source": "`stdlib` (the running Python's sources), a file, a folder or a glob",
-    "data.tokenizer": "`byte`, `bpe` (trained on the training split) or `hf:PATH`",
+    "data.source": "`stdlib` (the running Python's sources), a file, a folder or a glob "
+                   "(tokenized once into `RUN/data`), or a folder of `oases data prepare`",
+    "data.tokenizer": "`byte`, `bpe` (trained on the training split, at most a 64 MiB seeded "
+                      "sample of it) or `hf:PATH`; a prepared folder's own",
     "data.vocab_size": "a BPE's size (0: `model.vocab_size`, else 4096)",
     "checkpoint.dir": "`\"\"`: `run_dir/checkpoints`",
     "checkpoint.every": "steps between checkpoints (0: at the end only)",

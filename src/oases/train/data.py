@@ -1,45 +1,51 @@
-"""Training text: the embedded default corpus, user files, token streams and packed batches.
+"""The in-memory path: a source read and tokenized whole, in one process (the reference).
+
+Training reads memory-mapped shards (``oases.data``, ``train.run_data``); this module keeps the
+path every rank used to run at start-up, because it defines the token stream: the shards of a
+prepared source hold exactly ``tokenize_corpus(load_corpus(source), tok)`` (a test proves it),
+and ``PackedBatches`` is the small-data batcher the shards' ``ShardBatches`` mirrors.
 
 Shape legend: G global batch (sequences per step), dp data-parallel degree, B = G // dp rows per
 DP rank, S sequence length (``model.seq_len``), W = S + 1 window length.
 
-``data.source = "stdlib"`` (the default) is the running interpreter's own standard library: every
-UTF-8 ``.py`` file under ``sysconfig.get_paths()["stdlib"]`` outside ``site-packages`` and test
-directories, a deterministic choice of files capped at ``STDLIB_CAP_BYTES`` so start-up stays
-fast. Any other source is a file, a directory (every file below it) or a glob of user text
-files; files ending in ``.jsonl`` hold one JSON object per line with a ``"text"`` field.
+Sources (``oases.data.files``): ``"stdlib"`` (the running interpreter's standard library
+sources, its UTF-8 files only) or a file, a directory or a glob of user text files; files ending
+in ``.jsonl`` hold one JSON object per line with a ``"text"`` field.
 
 Validation is split off by file: file i (in sorted order) is held out when
 ``i % VAL_EVERY == VAL_EVERY - 1``. With fewer than ``VAL_EVERY`` files no file is held out and
-the last 1/VAL_EVERY of the token stream is used instead.
+the last 1/VAL_EVERY of the byte stream is used instead.
 
-Every corpus carries a ``Fingerprint``: a hash of its files' names (relative to the stdlib root,
-or to the common folder of a user source) and sizes, with their count and total size. Checkpoints
-record it, so a run resumed on other data (another Python version's stdlib, edited files) is
-caught; it costs one ``stat`` per file, never a second read.
-
-Documents are joined with ``DOC_SEP`` (byte 0, absent from text) into one stream of tokens that
-is cut into non-overlapping windows of W tokens; a window gives ``tokens = w[:-1]`` and
-``targets = w[1:]``. ``PackedBatches`` orders the windows by a seeded permutation per epoch and
-deals them out in global batches of G; DP rank r gets the B contiguous rows ``[r*B, (r+1)*B)`` of
-each global batch, and every TP rank of a DP group gets the same rows.
+Documents are joined with ``DOC_SEP`` (byte 0, absent from text) into one stream; a tokenizer
+encodes each piece between separators on its own. The stream is cut into non-overlapping
+windows of W tokens; a window gives ``tokens = w[:-1]`` and ``targets = w[1:]``.
+``PackedBatches`` orders the windows by a seeded permutation per epoch and deals them out in
+global batches of G; DP rank r gets the B contiguous rows ``[r*B, (r+1)*B)`` of each global
+batch, and every TP rank of a DP group gets the same rows.
 """
 
 from __future__ import annotations
 
-import glob
-import hashlib
 import json
-import os
-import sysconfig
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 import torch
 from torch import Tensor
 
-# The tokenizers live in ``tokenizer.py``; re-exported here for existing imports.
+# The files and fingerprints live in ``oases.data.files``, the tokenizers in ``tokenizer.py``;
+# re-exported here for existing imports.
+from oases.data.files import (  # noqa: F401
+    DOC_SEP,
+    STDLIB_CAP_BYTES,
+    VAL_EVERY,
+    Fingerprint,
+    fingerprint_files,
+    list_stdlib_files,
+    resolve_source,
+    source_root,
+    stdlib_root,
+)
 from oases.train.tokenizer import (  # noqa: F401
     TOKENIZERS,
     BPETokenizer,
@@ -49,42 +55,6 @@ from oases.train.tokenizer import (  # noqa: F401
     load_tokenizer,
     train_bpe,
 )
-
-STDLIB_CAP_BYTES = 4_000_000
-VAL_EVERY = 20
-DOC_SEP = 0
-_SKIP_DIRS = frozenset(
-    {"site-packages", "dist-packages", "test", "tests", "idle_test", "__pycache__"}
-)
-
-
-@dataclass(frozen=True)
-class Fingerprint:
-    """What a corpus was read from: ``digest`` (16 hex digits of the SHA-256 of every file's
-    relative name and size, in sorted order), the number of files and their total size."""
-
-    digest: str
-    files: int
-    bytes: int
-
-    def __str__(self) -> str:
-        return f"{self.digest} ({self.files} files, {self.bytes / 1e6:.2f} MB)"
-
-    def to_dict(self) -> dict[str, str | int]:
-        return {"digest": self.digest, "files": self.files, "bytes": self.bytes}
-
-    @classmethod
-    def from_dict(cls, d: dict[str, Any]) -> Fingerprint:
-        return cls(str(d["digest"]), int(d["files"]), int(d["bytes"]))
-
-
-def fingerprint_files(files: list[Path], root: Path) -> Fingerprint:
-    """The fingerprint of ``files`` named relative to ``root`` (one ``stat`` per file)."""
-    sizes = sorted((p.relative_to(root).as_posix(), p.stat().st_size) for p in files)
-    h = hashlib.sha256()
-    for name, size in sizes:
-        h.update(f"{name}\0{size}\n".encode())
-    return Fingerprint(h.hexdigest()[:16], len(sizes), sum(s for _, s in sizes))
 
 
 @dataclass
@@ -99,54 +69,15 @@ class Corpus:
     fingerprint: Fingerprint | None = None  # of the files read (``load_corpus``)
 
 
-def stdlib_root() -> Path:
-    """The running interpreter's standard library folder."""
-    return Path(sysconfig.get_paths()["stdlib"])
-
-
-def list_stdlib_files(cap_bytes: int = STDLIB_CAP_BYTES) -> list[Path]:
-    """The default corpus files: sorted, deterministic, at most ``cap_bytes`` in total.
-
-    Files are taken in the order of a hash of their relative path (a spread over the whole
-    library rather than its first letters) until the cap, then returned in sorted order.
-    """
-    root = stdlib_root()
-    found: list[Path] = []
-    for here, dirs, files in os.walk(root):
-        dirs[:] = sorted(d for d in dirs if d not in _SKIP_DIRS and not d.startswith("."))
-        found += [Path(here, f) for f in files if f.endswith(".py")]
-    found.sort()
-
-    def key(p: Path) -> str:
-        return hashlib.sha1(p.relative_to(root).as_posix().encode()).hexdigest()
-
-    chosen, total = [], 0
-    for p in sorted(found, key=key):
-        size = p.stat().st_size
-        if total + size > cap_bytes:
-            continue
-        chosen.append(p)
-        total += size
-    return sorted(chosen)
-
-
-def resolve_source(source: str) -> list[Path]:
-    """The sorted files of a user ``data.source`` (file, directory or glob); ValueError if none."""
-    p = Path(source).expanduser()
-    if p.is_file():
-        return [p]
-    if p.is_dir():
-        files = sorted(f for f in p.rglob("*") if f.is_file())
-    else:
-        files = sorted(Path(f) for f in glob.glob(str(p), recursive=True) if Path(f).is_file())
-    if not files:
-        raise ValueError(f"data.source={source!r}: no such file, or no files match")
-    return files
-
-
 def check_source(source: str) -> None:
-    """Cheap start-up check of ``data.source`` (files exist and are not all empty)."""
+    """Cheap start-up check of ``data.source``: a prepared dataset opens (its manifest and
+    shards), else files exist and are not all empty."""
     if source == "stdlib":
+        return
+    from oases.data.dataset import is_prepared, open_dataset
+
+    if is_prepared(source):
+        open_dataset(source)
         return
     files = resolve_source(source)
     if all(f.stat().st_size == 0 for f in files):
@@ -179,11 +110,6 @@ def _join(docs: list[bytes]) -> Tensor:
         if stream
         else torch.empty(0, dtype=torch.uint8)
     )
-
-
-def source_root(files: list[Path]) -> Path:
-    """The folder a user source's file names are taken relative to: their common folder."""
-    return Path(os.path.commonpath([p.parent.resolve() for p in files]))
 
 
 def load_corpus(source: str = "stdlib") -> Corpus:

@@ -7,6 +7,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from oases.data.dataset import ShardBatches
 from oases.parallel import comm
 from oases.parallel.context import Group, ParallelContext
 from oases.precision import accum_dtype, upcast
@@ -20,7 +21,8 @@ def loss_group(model: nn.Module, ctx: ParallelContext) -> Group:
 
 
 @torch.no_grad()
-def evaluate(model: nn.Module, batches: PackedBatches, ctx: ParallelContext, n: int) -> float:
+def evaluate(model: nn.Module, batches: ShardBatches | PackedBatches, ctx: ParallelContext,
+             n: int) -> float:
     """Mean loss over the first ``n`` validation batches (fewer if the split is small)."""
     was_training = model.training
     model.eval()

@@ -36,8 +36,10 @@ step and so the LR schedule, data position, RNG), at any tp or plan, once ``oase
 has checked that the checkpoint can serve this config and data - before anything is written.
 A resumed run keeps the metrics lines up to its step.
 
-Setup before the model (``setup``: config, plan, tokenizer) runs on every rank without a
-collective; ``agree`` then makes every rank stop with the same one line if any rank failed.
+Setup before the model (``setup``: config, plan, tokenizer name; ``run_data``: the dataset,
+prepared once into ``<run_dir>/data`` when ``data.source`` is not a prepared folder, memory-
+mapped, its tokenizer) runs on every rank without a collective; ``agree`` then makes every rank
+stop with the same one line if any rank failed.
 """
 
 from __future__ import annotations
@@ -52,6 +54,7 @@ from typing import Any, TextIO
 import torch
 
 from oases.config import Config, format_params, save_config
+from oases.data.dataset import split_batches
 from oases.memory import peak_memory_mb
 from oases.model import build_model, check_batch, count_params
 from oases.parallel import comm
@@ -69,7 +72,6 @@ from oases.train import checkpoint as ckpt
 from oases.train import faults
 from oases.train.agree import PeerError, agree_on_setup, agree_on_value
 from oases.train.console import Console
-from oases.train.data import Corpus, PackedBatches, load_corpus, tokenize_corpus
 from oases.train.effective import EffectiveRun
 from oases.train.evaluate import evaluate, loss_group
 from oases.train.generate import generate, sampling_generator
@@ -82,6 +84,7 @@ from oases.train.resume import (
     resolve_resume,
     schedule_change,
 )
+from oases.train.run_data import data_fingerprint, default_log, open_run_data
 from oases.train.run_log import (
     done_line,
     model_line,
@@ -90,7 +93,7 @@ from oases.train.run_log import (
     startup_lines,
     timeline_title,
 )
-from oases.train.setup import build_run_tokenizer, resolve_setup
+from oases.train.setup import resolve_setup
 from oases.train.tokenizer import TOKENIZER_FILE, save_tokenizer, tokenizer_info
 
 
@@ -140,31 +143,17 @@ def train(
         if resume_from is not None:
             manifest = ckpt.read_manifest(resume_from)
             warnings += check_resume_compatible(cfg, manifest, resume_from)
-        corpus: Corpus = load_corpus(cfg.data.source)
+        fingerprint = data_fingerprint(cfg)  # before anything is written
         if resume_from is not None:
-            warnings += filter(None, [check_corpus(cfg, manifest, corpus.fingerprint,
-                                                   resume_from)])
-        tok = build_run_tokenizer(cfg, corpus, resume_from)
-        corpus = tokenize_corpus(corpus, tok)
+            warnings += filter(None, [check_corpus(cfg, manifest, fingerprint, resume_from)])
+        data = open_run_data(cfg, fingerprint, resume_from,
+                             default_log(is_main, console.stream))
+        tok = data.tokenizer
         where = f"data.source={cfg.data.source!r}:"
-        train_data = PackedBatches(
-            corpus.train,
-            S,
-            t.global_batch,
-            dp_rank=ctx.dp_rank,
-            dp=ctx.dp,
-            seed=t.seed,
-            name=f"{where} the training split",
-        )
-        val_data = PackedBatches(
-            corpus.val,
-            S,
-            t.global_batch,
-            dp_rank=ctx.dp_rank,
-            dp=ctx.dp,
-            shuffle=False,
-            name=f"{where} the validation split",
-        )
+        train_data = split_batches(data.dataset, "train", S, t.global_batch, dp_rank=ctx.dp_rank,
+                                   dp=ctx.dp, seed=t.seed, name=f"{where} the training split")
+        val_data = split_batches(data.dataset, "val", S, t.global_batch, dp_rank=ctx.dp_rank,
+                                 dp=ctx.dp, name=f"{where} the validation split")
         if is_main:
             for key, folder in (("train.run_dir", Path(t.run_dir)),
                                 ("train.metrics_file", metrics_path(cfg).parent),
@@ -181,9 +170,8 @@ def train(
     resume_step = -1 if resume_from is None else int(manifest["step"])
     agree_on_value(ctx, resume_step, "the checkpoint step to resume from "
                    "(checkpoint.dir must be one folder every machine sees)")
-    fingerprint = corpus.fingerprint.digest if corpus.fingerprint else "0"
-    agree_on_value(ctx, int(fingerprint[:6], 16), f"the data (data.source={cfg.data.source!r} "
-                   "must be the same files on every machine)")
+    agree_on_value(ctx, int(data.fingerprint.digest[:6], 16), "the data (data.source="
+                   f"{cfg.data.source!r} must be the same files on every machine)")
 
     torch.manual_seed(t.seed)  # same full model on every rank before sharding
     if cfg.model.init_from and resume_from is None:  # each rank reads only its own slices
@@ -236,11 +224,13 @@ def train(
         saved_tok = save_tokenizer(tok, run_dir)
         if saved_tok is not None:
             tokenizer_files[TOKENIZER_FILE] = saved_tok
-    data = (f"{cfg.data.source} {len(corpus.train) / 1e6:.2f}M train / "
-            f"{len(corpus.val) / 1e6:.2f}M val tokens ({len(corpus.train_files)} + "
-            f"{len(corpus.val_files)} files, fingerprint {fingerprint})")
+    n_train, n_val = (sum(len(s) for s in streams) for streams in (data.dataset.train,
+                                                                     data.dataset.val))
+    data_line = (f"{cfg.data.source} {n_train / 1e6:.2f}M train / {n_val / 1e6:.2f}M val tokens"
+                 f" ({data.dataset.files} files, memory-mapped from {data.dataset.root},"
+                 f" fingerprint {data.fingerprint.digest})")
     for line in startup_lines(ctx, cfg, run, run_dir / "config.toml", metrics_path(cfg),
-                              model_line(cfg, n_params, data)):
+                              model_line(cfg, n_params, data_line)):
         say(line)
     if resume_from is not None:
         say(resume_line(resume_from, start_step, manifest, run))
@@ -264,9 +254,7 @@ def train(
 
     def save(step: int) -> Path:
         extras = {"data": train_data.state_dict(), "lr": lr_at(max(0, step - 1), t),
-                  "tokenizer": tokenizer_info(tok)}
-        if corpus.fingerprint is not None:
-            extras["corpus"] = corpus.fingerprint.to_dict()
+                  "tokenizer": tokenizer_info(tok), "corpus": data.fingerprint.to_dict()}
         with whole_state(model, optimizer):
             path = ckpt.save_checkpoint(ckpt.checkpoint_root(cfg), step, model, optimizer,
                                         extras, cfg, ctx, meshes, cfg.checkpoint.keep,

@@ -1,5 +1,6 @@
 """A run's setup before any weight exists: the config resolved into what the run does and
-checked against the world size, the plan, the model of ``model.init_from`` and the tokenizer.
+checked against the world size, the plan, the model of ``model.init_from`` and the tokenizer's
+name and size (the tokenizer itself comes with the run's data: ``run_data``).
 Local work only (no collective): every rank runs it, and ``oases train`` runs ``check_config``
 once (on a copy) before it starts any rank.
 
@@ -27,15 +28,9 @@ from oases.config import DEFAULT_BPE_VOCAB, Config
 from oases.plan import ParallelPlan
 from oases.schedule import build_schedule
 from oases.schedule.program import SPECS, sub_batches
-from oases.train.data import Corpus, build_tokenizer, stream_documents
 from oases.train.no_effect import no_effect_warnings
 from oases.train.pipeline_run import check_pipeline_run
-from oases.train.tokenizer import (
-    BYTE_VOCAB,
-    TOKENIZER_FILE,
-    Tokenizer,
-    check_tokenizer_name,
-)
+from oases.train.tokenizer import BYTE_VOCAB, TOKENIZER_FILE, check_tokenizer_name
 
 
 def resolve_init_from(cfg: Config) -> None:
@@ -169,19 +164,3 @@ def resolve_setup(cfg: Config, world_size: int) -> Setup:
                          "pip install -e '.[tensorboard]' in the oases clone "
                          "(or --train.tensorboard=false)")
     return Setup(plan, no_effect_warnings(given, cfg, plan, world_size))
-
-
-def build_run_tokenizer(cfg: Config, corpus: Corpus, resume_from: Path | None) -> Tokenizer:
-    """The run's tokenizer: bytes, or a BPE trained on the training split (deterministic, so
-    every rank trains the same one without a collective) or reloaded from the checkpoint."""
-    if cfg.data.tokenizer != "bpe":
-        return build_tokenizer(cfg.data.tokenizer, vocab_size=cfg.model.vocab_size)
-    saved = resume_from if resume_from and (resume_from / TOKENIZER_FILE).is_file() else None
-    tok = build_tokenizer("bpe", None if saved else stream_documents(corpus.train),
-                          cfg.data.vocab_size or cfg.model.vocab_size, path=saved)
-    if cfg.model.vocab_size < tok.vocab_size:
-        raise ValueError(f"model.vocab_size={cfg.model.vocab_size} is smaller than the trained "
-                         f"BPE vocabulary of {tok.vocab_size}")
-    return tok
-
-
