@@ -11,11 +11,13 @@ Modules: ``costs`` (the interface, parameter and activation sizes), ``precision`
 kind by dtype), ``profile`` (a measured profile; ``bench.profile_runner`` measures it),
 ``hardware``/``clusters`` (presets), ``models`` (the paper's models), ``simulate`` (a plan's step on
 costs: ``event_walk`` walks one program, ``plan_costs`` prices its instructions, ``layout`` places
-groups, buckets and shards), ``chain`` (the chain solvers), ``search`` (the plan search),
-``space`` (what a search covers and what its flags kept out), ``batch`` (a step's batch, what
-a micro-batch counts, each region's rows), ``budget`` (the memory budget: unit and default),
-``report`` (what plan and simulate print), ``verify`` (prediction against measurement),
-``whatif`` (``oases simulate``).
+groups, buckets and shards; ``tape`` compiles a program for the search's fast walks), ``chain``
+(the chain solvers), ``search`` (the plan search: ``chain_model`` one chain of it, ``candidate``
+the plans it considers, ``search_bounds`` the bounds that let it skip a chain), ``space`` (what
+a search covers and what its flags kept out), ``batch`` (a step's batch, what a micro-batch
+counts, each region's rows), ``budget`` (the memory budget: unit and default), ``report`` (what
+plan and simulate print), ``verify`` (prediction against measurement), ``whatif``
+(``oases simulate``).
 Nothing here calls ``torch.distributed``: what needs ranks lives in ``oases.bench``.
 """
 

@@ -53,7 +53,7 @@ def state_factors(zero: int, dp: int) -> tuple[float, float, float]:
 
 def with_zero(plan: ParallelPlan, zero: int) -> ParallelPlan:
     """``plan`` with every region at ZeRO stage ``zero`` (0: as unsharded, no stage given)."""
-    return dataclasses.replace(plan, regions=[dataclasses.replace(r, zero=zero or None)
+    return dataclasses.replace(plan, regions=[RegionPlan(r.name, r.tp, r.dp, zero or None)
                                               for r in plan.regions])
 
 

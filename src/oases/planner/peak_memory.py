@@ -329,84 +329,83 @@ def _compile_memory(program: tuple[Instr, ...], n: int, stages: tuple[int, ...],
     rs_before: list[int] = []
     rs_value: list[int] = []
     patterns: dict[str, int] = {}
+    at = {name: r * n for r, name in enumerate(_ROWS)}  # a row's offset in the table
+    kept, graph_kept, deferred_at = at["kept"], at["graph-kept"], at["deferred"]
+    full_at, shard_at, padded_at = at["full"], at["shard"], at["padded"]
+    put_var, put_value, put_sign = var.append, value.append, sign.append
 
-    def change(v: int, row: str | int, i: int, s: float) -> None:
-        var.append(v)
-        value.append((_ROW[row] if isinstance(row, str) else row) * n + i)
-        sign.append(s)
-
-    def pattern_row(p: str) -> int:
-        return len(_ROWS) + patterns.setdefault(p, len(patterns))
+    def pattern_at(p: str) -> int:
+        return (len(_ROWS) + patterns.setdefault(p, len(patterns))) * n
 
     whole = {i for i in range(n) if stages[i] <= 1} if later else set()
     shards = {i for i in range(n) if stages[i] >= 2} if later else set()
     start_whole, start_shards = set(whole), set(shards)
     alive: dict[tuple[int, int], str] = {}  # (region, sub) -> how its bytes were built
-    inflight: dict[tuple[str, int, int], str] = {}  # collective -> the row it holds
+    inflight: dict[tuple[str, int, int], int] = {}  # collective -> the row offset it holds
     gathered: set[int] = set()
+    seq_kinds = ("gf", "gb", "gr", "gh", "fwd", "bwd") if sp else ()
+    moving_kinds = {"dp": at["bucket"], "gf": at["seq0"], "gb": at["seq0"], "gr": at["seq0"],
+                    "gh": at["seq0"], "fwd": at["seq1"], "bwd": at["seq1"]}
     for ins in program:
         before = len(var)
-        if isinstance(ins, Compute):
+        kind = type(ins)
+        if kind is Compute:
+            phase, sub = ins.phase, ins.sub
             for piece, i in ins.pieces:
-                if ins.phase == "forward" and piece in ("body", "core"):
-                    alive[i, ins.sub] = alive.get((i, ins.sub), "") + "F"
-                    change(ACT, "kept", i, 1.0)
-                elif ins.phase == "recompute" and piece in ("body", "core"):
-                    alive[i, ins.sub] = alive.get((i, ins.sub), "") + "R"
-                    change(ACT, "graph-kept", i, 1.0)
-                elif ins.phase == "backward" and piece == "tp":
-                    p = alive.pop((i, ins.sub), "")
+                if phase == "forward" and piece in ("body", "core"):
+                    alive[i, sub] = alive.get((i, sub), "") + "F"
+                    put_var(ACT), put_value(kept + i), put_sign(1.0)
+                elif phase == "recompute" and piece in ("body", "core"):
+                    alive[i, sub] = alive.get((i, sub), "") + "R"
+                    put_var(ACT), put_value(graph_kept + i), put_sign(1.0)
+                elif phase == "backward" and piece == "tp":
+                    p = alive.pop((i, sub), "")
                     if p:
-                        change(ACT, pattern_row(p), i, -1.0)
+                        put_var(ACT), put_value(pattern_at(p) + i), put_sign(-1.0)
                     if i in deferring:
-                        alive[i, ins.sub] = "D"
-                        change(ACT, "deferred", i, 1.0)
+                        alive[i, sub] = "D"
+                        put_var(ACT), put_value(deferred_at + i), put_sign(1.0)
                     for u in uses[i]:
                         if u not in whole:
                             whole.add(u)
-                            change(GRADS, "full", u, 1.0)
-                elif ins.phase == "backward" and piece == "dw":
-                    p = alive.pop((i, ins.sub), "")
+                            put_var(GRADS), put_value(full_at + u), put_sign(1.0)
+                elif phase == "backward" and piece == "dw":
+                    p = alive.pop((i, sub), "")
                     if p:
-                        change(ACT, pattern_row(p), i, -1.0)
-        elif isinstance(ins, Start) and ins.kind == "rs":
+                        put_var(ACT), put_value(pattern_at(p) + i), put_sign(-1.0)
+        elif kind is Start:
             u = ins.index
-            rs_before.append(len(var) - 1)
-            rs_value.append(_ROW["padded"] * n + u)
-            if u in whole:
-                whole.discard(u)
-                change(GRADS, "full", u, -1.0)
-            inflight[ins.kind, u, ins.sub] = "scattering"
-            change(MOVING, "scattering", u, 1.0)
-        elif isinstance(ins, Start) and ins.kind == "ag":
-            u = ins.index
-            if stages[u] < 3:
-                inflight[ins.kind, u, ins.sub] = "shard+gather_copy"
-            elif u not in gathered:
-                gathered.add(u)
-                change(HELD, "padded", u, 1.0)
-                inflight[ins.kind, u, ins.sub] = "gather_copy"
-            row = inflight.get((ins.kind, u, ins.sub))
-            if row is not None:
-                change(MOVING, row, u, 1.0)
-        elif isinstance(ins, Release):
-            if ins.index in gathered:
-                gathered.discard(ins.index)
-                change(HELD, "padded", ins.index, -1.0)
-        elif isinstance(ins, Start) and (ins.kind == "dp" or (
-                sp and ins.kind in ("gf", "gb", "gr", "gh", "fwd", "bwd"))):
-            row = ("bucket" if ins.kind == "dp" else "seq1" if ins.kind in ("fwd", "bwd")
-                   else "seq0")
-            inflight[ins.kind, ins.index, ins.sub] = row
-            change(MOVING, row, ins.index, 1.0)
-        elif isinstance(ins, Wait) and ins.kind in ("rs", "ag", "dp", "gf", "gb", "gr", "gh", "fwd",
-                                                    "bwd"):
+            if ins.kind == "rs":
+                rs_before.append(len(var) - 1)
+                rs_value.append(padded_at + u)
+                if u in whole:
+                    whole.discard(u)
+                    put_var(GRADS), put_value(full_at + u), put_sign(-1.0)
+                inflight[ins.kind, u, ins.sub] = at["scattering"]
+                put_var(MOVING), put_value(at["scattering"] + u), put_sign(1.0)
+            elif ins.kind == "ag":
+                if stages[u] < 3:
+                    inflight[ins.kind, u, ins.sub] = at["shard+gather_copy"]
+                elif u not in gathered:
+                    gathered.add(u)
+                    put_var(HELD), put_value(padded_at + u), put_sign(1.0)
+                    inflight[ins.kind, u, ins.sub] = at["gather_copy"]
+                row = inflight.get((ins.kind, u, ins.sub))
+                if row is not None:
+                    put_var(MOVING), put_value(row + u), put_sign(1.0)
+            elif ins.kind == "dp" or ins.kind in seq_kinds:
+                row = inflight[ins.kind, u, ins.sub] = moving_kinds[ins.kind]
+                put_var(MOVING), put_value(row + u), put_sign(1.0)
+        elif kind is Wait:
             row = inflight.pop((ins.kind, ins.index, ins.sub), None)
             if row is not None:
-                change(MOVING, row, ins.index, -1.0)
+                put_var(MOVING), put_value(row + ins.index), put_sign(-1.0)
             if ins.kind == "rs" and ins.index not in shards:  # accumulated into the one shard
                 shards.add(ins.index)
-                change(GRADS, "shard", ins.index, 1.0)
+                put_var(GRADS), put_value(shard_at + ins.index), put_sign(1.0)
+        elif kind is Release and ins.index in gathered:
+            gathered.discard(ins.index)
+            put_var(HELD), put_value(padded_at + ins.index), put_sign(-1.0)
         if len(var) > before:
             checkpoints.append(len(var) - 1)
         elif not checkpoints:  # the state the walk starts in, taken after this instruction

@@ -272,10 +272,11 @@ def piece_prices(step: StepCosts, tape: Tape, signatures: list[tuple]) -> np.nda
 
 def price_tape(
     step: StepCosts, tape: Tape, signatures: list[tuple]
-) -> tuple[list[float], list[float], list[int], int]:
+) -> tuple[list[float], list[float], list[int], int, list[float] | None]:
     """``tape``'s prices under ``step`` (``event_walk.walk_tape``'s arguments): every compute
     key's seconds (its pieces summed in order from 0.0, as ``simulate_program`` sums them),
-    every collective key's seconds and stream id, and the number of streams. Each distinct
+    every collective key's seconds and stream id, the number of streams, and every collective
+    key's slowdown of compute (``step.slowdown``; None without one). Each distinct
     (piece, region signature) and (collective kind, region signature) is priced once, at the
     first region of that signature (``region_signatures``)."""
     index = _tape_index(tape)
@@ -288,11 +289,15 @@ def price_tape(
     code = index.coll_kind * n_sig + sig[index.coll_index]
     _, first, inverse = np.unique(code, return_index=True, return_inverse=True)
     streams: dict[Hashable, int] = {}
-    seconds, stream = [], []
+    seconds, stream, factor = [], [], []
     for j in first.tolist():
         kind, i = tape.coll_keys[j]
         seconds.append(step.collective_s(kind, i))
         stream.append(streams.setdefault(step.stream_of(kind, i), len(streams)))
+        if step.slowdown is not None:
+            factor.append(float(step.slowdown(kind)))
     inverse = inverse.ravel()
+    factors = (np.array(factor + [1.0])[inverse].tolist() if step.slowdown is not None
+               else None)
     return (compute.tolist(), np.array(seconds + [0.0])[inverse].tolist(),
-            np.array(stream + [0], dtype=np.int64)[inverse].tolist(), len(streams))
+            np.array(stream + [0], dtype=np.int64)[inverse].tolist(), len(streams), factors)

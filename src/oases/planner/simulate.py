@@ -260,7 +260,7 @@ def simulate_plan(
         buckets=buckets,
         deferring=deferring,
     )
-    fast = last is not None and step.slowdown is None and step.comm_slowdown is None
+    fast = last is not None and step.comm_slowdown is None
     tapes = [last] if fast else []
     if fast and not whole:
         tapes.append(tape(1, False, False))
@@ -384,9 +384,10 @@ def region_compute_s(
     rows = region_rows(plan, world_size, batch, k)
     stages = plan.zero_stages()
     buckets = dp_buckets(cfg, kinds, degrees, world_size, stages)
+    whole = batch.n_micro() == 1  # (the program ``simulate_plan`` walks last: its compiled one)
     tape = _tape(*_program_args(cfg, plan, world_size, batch, max_inflight=max_inflight,
-                                n_micro=1, dp=True, first=True, reshard_after_forward=True,
-                                buckets=buckets))
+                                n_micro=None if whole else 1, dp=True, first=whole,
+                                reshard_after_forward=True, buckets=buckets))
     if tape is None:
         return None
     deferring = tape.memo.get("deferring")

@@ -63,30 +63,34 @@ def compile_tape(program: list[Instr] | tuple[Instr, ...]) -> Tape:
     waited without a start)."""
     from oases.planner.event_walk import COMM_CLASS
 
-    class_id = {c: i for i, c in enumerate(CLASSES)}
+    class_of = {kind: CLASSES.index(c) for kind, c in COMM_CLASS.items()}
     compute_id: dict[tuple[str, tuple[Piece, ...]], int] = {}
     coll_id: dict[tuple[str, int], int] = {}
     open_slots: dict[tuple[str, int, int], int] = {}
     ops: list[tuple[int, int, int]] = []
-    slots = 0
+    computes: dict[int, tuple[int, int, int]] = {}  # one op object per compute key
+    append, slots = ops.append, 0
     for ins in program:
-        if isinstance(ins, Compute):
-            key = (ins.phase, ins.pieces)
-            cid = compute_id.setdefault(key, len(compute_id))
-            ops.append((COMPUTE, cid, 0))
-        elif isinstance(ins, Start):
+        kind = type(ins)
+        if kind is Compute:
+            cid = compute_id.setdefault((ins.phase, ins.pieces), len(compute_id))
+            op = computes.get(cid)
+            if op is None:
+                op = computes[cid] = (COMPUTE, cid, 0)
+            append(op)
+        elif kind is Start:
             full = (ins.kind, ins.index, ins.sub)
             if full in open_slots:
                 raise TapeError(f"{full} started again before its wait")
-            cid = coll_id.setdefault((ins.kind, ins.index), len(coll_id))
+            cid = coll_id.setdefault(full[:2], len(coll_id))
             open_slots[full] = slots
-            ops.append((START, cid, slots))
+            append((START, cid, slots))
             slots += 1
-        elif isinstance(ins, Wait):
+        elif kind is Wait:
             full = (ins.kind, ins.index, ins.sub)
             if full not in open_slots:
                 raise TapeError(f"{full} waited without a start")
-            ops.append((WAIT, open_slots.pop(full), class_id[COMM_CLASS[ins.kind]]))
+            append((WAIT, open_slots.pop(full), class_of[ins.kind]))
     if open_slots:
         raise TapeError(f"program leaves collectives unwaited: {sorted(open_slots)}")
     return Tape(ops, list(compute_id), list(coll_id), slots, tuple(program))
