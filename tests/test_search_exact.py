@@ -93,7 +93,8 @@ def test_compiled_walks_give_the_reference_floats():
             ref = simulate_plan(cfg, plan, costs, world, batch, max_inflight=inflight,
                                 timeline=False, tapes=False)
             assert (fast.step_s, fast.peak_mem_bytes) == (ref.step_s, ref.peak_mem_bytes)
-            assert fast.breakdown == ref.breakdown
+            # the parts: the two walks sum the exposed time in another order (to 1e-12)
+            assert fast.breakdown == pytest.approx(ref.breakdown, rel=1e-12, abs=0)
             checked += 1
     assert checked >= 60
 
