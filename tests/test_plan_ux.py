@@ -633,7 +633,7 @@ def test_readme_cli_row_names_every_subcommand():
     readme = (REPO_ROOT / "README.md").read_text()
     row = next(line for line in readme.splitlines() if line.startswith("| `oases/cli/__init__.py`"))
     commands = _parser()._subparsers._group_actions[0].choices
-    assert set(commands) == {"train", "export", "bench", "profile", "plan", "simulate"}
+    assert set(commands) == {"train", "export", "bench", "profile", "plan", "simulate", "data"}
     for name in commands:
         assert f"`{name}`" in row, name
 
