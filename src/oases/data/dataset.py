@@ -34,7 +34,7 @@ import torch
 from torch import Tensor
 
 from oases.data.files import Fingerprint
-from oases.data.order import BlendPattern, WindowPermutation
+from oases.data.order import BlendPattern, WindowPermutation, check_dp_split
 from oases.data.prepare import FORMAT, MANIFEST, REQUEST
 from oases.data.shards import DTYPES, TokenStream, check_shard
 
@@ -131,10 +131,7 @@ class ShardBatches:
         shuffle: bool = True,
         name: str = "the token stream",
     ) -> None:
-        if global_batch % dp:
-            raise ValueError(f"train.global_batch={global_batch} is not divisible by dp={dp}")
-        if not 0 <= dp_rank < dp:
-            raise ValueError(f"dp_rank={dp_rank} is outside [0, {dp})")
+        check_dp_split(global_batch, dp, dp_rank)
         W = seq_len + 1
         self.streams, self.W = streams, W
         self.windows = [len(s) // W for s in streams]

@@ -120,3 +120,12 @@ class BlendPattern:
         source = self.source[off]
         counts = np.asarray(self.counts, dtype=np.int64)
         return source, block * counts[source] + self.rank[off]
+
+
+def check_dp_split(global_batch: int, dp: int, dp_rank: int) -> None:
+    """ValueError unless a global batch deals out evenly over ``dp`` ranks and ``dp_rank`` is
+    one of them (the batchers of ``data.dataset`` and ``train.data``)."""
+    if global_batch % dp:
+        raise ValueError(f"train.global_batch={global_batch} is not divisible by dp={dp}")
+    if not 0 <= dp_rank < dp:
+        raise ValueError(f"dp_rank={dp_rank} is outside [0, {dp})")

@@ -46,6 +46,7 @@ from oases.data.files import (  # noqa: F401
     source_root,
     stdlib_root,
 )
+from oases.data.order import check_dp_split
 from oases.train.tokenizer import (  # noqa: F401
     TOKENIZERS,
     BPETokenizer,
@@ -208,10 +209,7 @@ class PackedBatches:
         shuffle: bool = True,
         name: str = "the token stream",
     ) -> None:
-        if global_batch % dp:
-            raise ValueError(f"train.global_batch={global_batch} is not divisible by dp={dp}")
-        if not 0 <= dp_rank < dp:
-            raise ValueError(f"dp_rank={dp_rank} is outside [0, {dp})")
+        check_dp_split(global_batch, dp, dp_rank)
         n = n_windows(stream, seq_len)
         if n == 0:
             raise ValueError(
