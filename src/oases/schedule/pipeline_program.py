@@ -168,8 +168,7 @@ def _build(
             fwd = forward_tasks(n, subs, changes)
             bwd = backward_tasks(n, subs, spec.recompute, changes)
         if zb:
-            bwd, weights = split_weight_grads(bwd, n)
-            passes["W", m] = _on_stage(weights, lo, hi, n)
+            passes["W", m] = _on_stage(weight_grad_tasks(bwd, n), lo, hi, n)
         passes["F", m] = _on_stage(fwd, lo, hi, n)
         passes["B", m] = _on_stage(bwd, lo, hi, n)
     units = pipeline_order(pp_schedule, layout.pp, stage, n_micro)
@@ -181,16 +180,15 @@ def _build(
     return tuple(program)
 
 
-def split_weight_grads(tasks: list[Task], n: int) -> tuple[list[Task], list[Task]]:
-    """zb-h1's B and W passes of one micro-batch: ``tasks`` (its backward) unchanged, and a
+def weight_grad_tasks(tasks: list[Task], n: int) -> list[Task]:
+    """zb-h1's W pass of one micro-batch whose backward (its B pass, unchanged) is ``tasks``: a
     [dw i] task per backward task that runs block region i's [tp i], in the same order: the
     executor then computes only the input gradient in [tp i] and the TP matmuls' weight
     gradients in [dw i] (``executor_backward``). Not the embedding's and the head's: the
     lookup has no matmul, and the head's [b*S, V/t] logits gradient would be held to its W."""
-    weights = [Task(Compute("backward", (("dw", i),), t.compute.sub))
-               for t in tasks if t.compute.phase == "backward"
-               for kind, i in t.compute.pieces if kind == "tp" and 0 < i < n - 1]
-    return tasks, weights
+    return [Task(Compute("backward", (("dw", i),), t.compute.sub))
+            for t in tasks if t.compute.phase == "backward"
+            for kind, i in t.compute.pieces if kind == "tp" and 0 < i < n - 1]
 
 
 def _on_stage(tasks: list[Task], lo: int, hi: int, n: int) -> list[_Marked]:
