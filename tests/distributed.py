@@ -52,8 +52,15 @@ COLLECTIVE_TIMEOUT_S = 30.0
 FAILURE_GRACE_S = 5.0
 _POLL_S = 0.05
 # A failure whose exception says one of these is an echo: the rank lost a peer that failed first.
-ECHO_MARKERS = ("Connection closed by peer", "Connection reset by peer", "Broken pipe",
-                "Socket closed", "timed out", "Timed out", "Timeout")
+ECHO_MARKERS = (
+    "Connection closed by peer",
+    "Connection reset by peer",
+    "Broken pipe",
+    "Socket closed",
+    "timed out",
+    "Timed out",
+    "Timeout",
+)
 
 
 def _prepend_env_path(key: str, paths: list[Path]) -> None:
@@ -126,8 +133,12 @@ def _write_outcome(result_file: str, outcome: tuple[Any, ...]) -> bool:
         with open(tmp, "wb") as fh:
             pickle.dump(outcome, fh)
     except Exception as exc:  # an unpicklable return value
-        outcome = ("error", traceback.format_exc(), time.time(),
-                   f"the return value does not pickle: {_exception_text(exc)}")
+        outcome = (
+            "error",
+            traceback.format_exc(),
+            time.time(),
+            f"the return value does not pickle: {_exception_text(exc)}",
+        )
         with open(tmp, "wb") as fh:
             pickle.dump(outcome, fh)
     os.replace(tmp, result_file)
@@ -220,8 +231,9 @@ def run_ranks(
         if out is not None and out[0] == "error":
             failures.append(Failure(r, out[2], out[3], out[1]))
         elif out is None and r not in hung:
-            failures.append(Failure(r, float("inf"),
-                                    f"exited with code {p.exitcode} without a result", ""))
+            failures.append(
+                Failure(r, float("inf"), f"exited with code {p.exitcode} without a result", "")
+            )
     if failures:
         raise AssertionError(failure_report(failures, world_size, elapsed, hung))
     if hung:
@@ -252,8 +264,9 @@ class Failure:
         return text if len(text) <= 200 else text[:197] + "..."
 
 
-def failure_report(failures: list[Failure], world_size: int, elapsed: float,
-                   hung: list[int]) -> str:
+def failure_report(
+    failures: list[Failure], world_size: int, elapsed: float, hung: list[int]
+) -> str:
     """The message of a failed run: the real failure first (the earliest that is not an echo,
     else the earliest), with its whole exception and traceback; then one line per other rank."""
     ordered = sorted(failures, key=lambda f: (f.echo, f.at, f.rank))
@@ -262,8 +275,7 @@ def failure_report(failures: list[Failure], world_size: int, elapsed: float,
     if first.traceback:
         text.append(f"--- rank {first.rank}'s traceback:\n{first.traceback.rstrip()}")
     if others or hung:
-        text.append(f"other ranks ({len(failures)} of {world_size} failed after "
-                    f"{elapsed:.1f}s):")
+        text.append(f"other ranks ({len(failures)} of {world_size} failed after {elapsed:.1f}s):")
         text += [f"  rank {f.rank}{' (echo)' if f.echo else ''}: {f.line()}" for f in others]
         text += [f"  rank {r}: still running after the failure, killed" for r in hung]
     return "\n".join(text)

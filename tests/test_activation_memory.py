@@ -26,26 +26,34 @@ def test_schedules_without_recompute_gather_h_again_before_each_block_region_bac
         for i in range(1, R - 1):
             start = _position(program, Start("gh", i, j))
             wait = _position(program, Wait("gh", i, j))
-            tp = next(n for n, ins in enumerate(program) if isinstance(ins, Compute)
-                      and ins.sub == j and ("tp", i) in ins.pieces)
+            tp = next(
+                n
+                for n, ins in enumerate(program)
+                if isinstance(ins, Compute) and ins.sub == j and ("tp", i) in ins.pieces
+            )
             assert start < wait < tp
             if name == "overlap":  # flies with bwd(i+1), under the next tasks
                 assert program[start - 1] == Start("bwd", i + 1, j)
                 assert any(isinstance(ins, Compute) for ins in program[start:wait])
             else:  # a synchronous program overlaps nothing
                 assert (wait, tp) == (start + 1, start + 2)
-    assert not [ins for ins in program if isinstance(ins, Start) and ins.kind == "gh"
-                and not 0 < ins.index < R - 1]
+    assert not [
+        ins
+        for ins in program
+        if isinstance(ins, Start) and ins.kind == "gh" and not 0 < ins.index < R - 1
+    ]
 
 
-@pytest.mark.parametrize("name", ["oases", "commfree-recompute", "megatron-recompute",
-                                  "overlap-recompute", "merak"])
+@pytest.mark.parametrize(
+    "name", ["oases", "commfree-recompute", "megatron-recompute", "overlap-recompute", "merak"]
+)
 def test_recompute_schedules_and_plain_programs_gather_nothing_again(name):
     for sp in ("gathered", "shards", None):
         program = build_program(name, R, 2, sp=sp)
         assert not [ins for ins in program if isinstance(ins, Start) and ins.kind == "gh"]
-    assert not [ins for ins in build_program("overlap", R, 2)
-                if isinstance(ins, Start) and ins.kind == "gh"]
+    assert not [
+        ins for ins in build_program("overlap", R, 2) if isinstance(ins, Start) and ins.kind == "gh"
+    ]
 
 
 def test_korthikanti_counts_of_a_block():
@@ -61,8 +69,9 @@ def test_our_terms_split_by_sequence_parallelism_as_megatron_keeps_them():
     outputs, statistics and masks stay whole (GPT-2's is the paper's block with the norms'
     statistics and logsumexp on top)."""
     for arch in ("gpt2", "llama"):
-        cfg = ModelConfig(arch=arch, n_layers=2, dim=64, n_heads=4, vocab_size=256,
-                          seq_len=256, dropout=0.1)
+        cfg = ModelConfig(
+            arch=arch, n_layers=2, dim=64, n_heads=4, vocab_size=256, seq_len=256, dropout=0.1
+        )
         one = block_terms(cfg, 2, 1, False, 4)
         for t in (2, 4):
             plain, sp = block_terms(cfg, 2, t, False, 4), block_terms(cfg, 2, t, True, 4)
@@ -73,8 +82,9 @@ def test_our_terms_split_by_sequence_parallelism_as_megatron_keeps_them():
                 assert sp[name] == value // t, (arch, name)
                 whole = name in ("x (norm input)", "norm stats", "h (norm output)", "mask")
                 assert plain[name] == (value if whole else value // t), (arch, name)
-    gpt2 = ModelConfig(arch="gpt2", n_layers=2, dim=64, n_heads=4, vocab_size=256,
-                       seq_len=256, dropout=0.1)
+    gpt2 = ModelConfig(
+        arch="gpt2", n_layers=2, dim=64, n_heads=4, vocab_size=256, seq_len=256, dropout=0.1
+    )
     n, h = 2 * 256, 64
     for t in (1, 2, 4):
         for sp in (False, True):

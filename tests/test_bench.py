@@ -9,10 +9,28 @@ from distributed import REPO_ROOT
 
 def test_bench_runs_schedules_side_by_side(tmp_path):
     proc = subprocess.run(
-        [sys.executable, "-m", "oases", "bench", "configs/tiny.toml", "--link", "none",
-         "--steps", "1", "--warmup", "0", "--schedules", "megatron,oases,merak",
-         "--out", str(tmp_path)],
-        capture_output=True, text=True, cwd=REPO_ROOT, timeout=300)
+        [
+            sys.executable,
+            "-m",
+            "oases",
+            "bench",
+            "configs/tiny.toml",
+            "--link",
+            "none",
+            "--steps",
+            "1",
+            "--warmup",
+            "0",
+            "--schedules",
+            "megatron,oases,merak",
+            "--out",
+            str(tmp_path),
+        ],
+        capture_output=True,
+        text=True,
+        cwd=REPO_ROOT,
+        timeout=300,
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
     result = json.loads((tmp_path / "bench.json").read_text())
     assert set(result["schedules"]) == {"megatron", "oases", "merak"}
@@ -24,7 +42,22 @@ def test_bench_runs_schedules_side_by_side(tmp_path):
 
 def test_bench_rejects_an_unknown_schedule(tmp_path):
     proc = subprocess.run(
-        [sys.executable, "-m", "oases", "bench", "configs/tiny.toml", "--link", "none",
-         "--schedules", "megatron,nope", "--out", str(tmp_path)],
-        capture_output=True, text=True, cwd=REPO_ROOT, timeout=120)
+        [
+            sys.executable,
+            "-m",
+            "oases",
+            "bench",
+            "configs/tiny.toml",
+            "--link",
+            "none",
+            "--schedules",
+            "megatron,nope",
+            "--out",
+            str(tmp_path),
+        ],
+        capture_output=True,
+        text=True,
+        cwd=REPO_ROOT,
+        timeout=120,
+    )
     assert proc.returncode == 2 and "unknown schedule" in proc.stderr

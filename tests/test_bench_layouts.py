@@ -16,10 +16,14 @@ def test_parse_layout():
     assert parse_layout("megatron@tp=1,zero=1") == Layout("megatron", 1, 1, 1, "1f1b")
     assert parse_layout("oases@pp=2,pps=1f1b-pair") == Layout("oases", 1, 2, 0, "1f1b-pair")
     assert parse_layout("torch-pp@pp=2") == Layout("torch-pp", 1, 2, 0, "1f1b")
-    for bad, want in (("megatron@tp=x", "expected"), ("megatron@dp=2", "expected"),
-                      ("nope@tp=1", "unknown schedule"), ("megatron@pp=2,pps=zz", "zz"),
-                      ("torch-pp@pp=2,zero=1", "torch-pp runs"),
-                      ("torch-pp@pp=2,pps=1f1b-pair", "torch-pp runs")):
+    for bad, want in (
+        ("megatron@tp=x", "expected"),
+        ("megatron@dp=2", "expected"),
+        ("nope@tp=1", "unknown schedule"),
+        ("megatron@pp=2,pps=zz", "zz"),
+        ("torch-pp@pp=2,zero=1", "torch-pp runs"),
+        ("torch-pp@pp=2,pps=1f1b-pair", "torch-pp runs"),
+    ):
         with pytest.raises(ValueError, match=want):
             parse_layout(bad)
 
@@ -37,13 +41,33 @@ def test_check_layouts_fits_ranks_and_batch():
 
 @pytest.mark.slow
 def test_bench_layouts_side_by_side(tmp_path):
-    entries = ["megatron@tp=2", "megatron@tp=1,zero=1", "megatron@pp=2,pps=zb-h1",
-               "torch-pp@pp=2"]
+    entries = ["megatron@tp=2", "megatron@tp=1,zero=1", "megatron@pp=2,pps=zb-h1", "torch-pp@pp=2"]
     proc = subprocess.run(
-        [sys.executable, "-m", "oases", "bench", "configs/tiny.toml", "--link", "none",
-         "--steps", "1", "--warmup", "1", "--nproc-per-node", "2", "--out", str(tmp_path),
-         "--model.n_layers=4", "--layouts", *entries],
-        capture_output=True, text=True, cwd=REPO_ROOT, timeout=300)
+        [
+            sys.executable,
+            "-m",
+            "oases",
+            "bench",
+            "configs/tiny.toml",
+            "--link",
+            "none",
+            "--steps",
+            "1",
+            "--warmup",
+            "1",
+            "--nproc-per-node",
+            "2",
+            "--out",
+            str(tmp_path),
+            "--model.n_layers=4",
+            "--layouts",
+            *entries,
+        ],
+        capture_output=True,
+        text=True,
+        cwd=REPO_ROOT,
+        timeout=300,
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
     result = json.loads((tmp_path / "layouts.json").read_text())
     assert list(result["layouts"]) == entries

@@ -80,8 +80,8 @@ def _rank_parity(rank: int, world_size: int) -> dict:
                     loss = sched.step(model, _tokens(20 + step), _tokens(30 + step))
                 assert loss.dtype == torch.float32, where
                 assert loss.item() == pytest.approx(ref_losses[step], rel=LOSS_RTOL), (
-                    f"{where} step {step}: loss {loss.item()} vs single device "
-                    f"{ref_losses[step]}")
+                    f"{where} step {step}: loss {loss.item()} vs single device {ref_losses[step]}"
+                )
                 got, want = [], []
                 for n, p in model.named_parameters():
                     assert p.grad is not None and p.grad.dtype == torch.float32, (where, n)
@@ -114,8 +114,7 @@ def _rank_bf16_twins(rank: int, world_size: int) -> dict:
         for name, twin in TWINS.items():
             where = f"{arch} tp={ctx.tp} rank={rank} bf16 {name} vs {twin}"
             assert torch.equal(runs[name][0], runs[twin][0]), where
-            _assert_grads_equal(runs[name][1], runs[twin][1], where,
-                                dict(rtol=0.0, atol=0.0))
+            _assert_grads_equal(runs[name][1], runs[twin][1], where, dict(rtol=0.0, atol=0.0))
         out[arch] = runs["megatron"][0].item()
     return out
 
@@ -129,12 +128,13 @@ def _rank_bytes(rank: int, world_size: int) -> dict:
     torch.manual_seed(70)
     ref = build_model(cfg)
     out = {}
-    for label, precision in (("fp32", resolve_precision("fp32", ctx.device)),
-                             ("bf16", BF16),
-                             ("bf16+bf16 reduce", resolve_precision("bf16", ctx.device, "bf16"))):
+    for label, precision in (
+        ("fp32", resolve_precision("fp32", ctx.device)),
+        ("bf16", BF16),
+        ("bf16+bf16 reduce", resolve_precision("bf16", ctx.device, "bf16")),
+    ):
         model = parallelize(copy.deepcopy(ref), ctx)
-        sched = build_schedule("oases", n_sub=2,
-                               grad_reduce_dtype=precision.grad_reduce_dtype)
+        sched = build_schedule("oases", n_sub=2, grad_reduce_dtype=precision.grad_reduce_dtype)
         executor = sched.executor(model)
         executor.track_memory = True
         with record_collectives() as records, precision.autocast():
@@ -146,10 +146,13 @@ def _rank_bytes(rank: int, world_size: int) -> dict:
                 kinds[m[1]].add((r.nbytes, r.dtype))
         dp_elements = sum(p.numel() for p in model.parameters())
         saved = executor.saved_bytes
-        out[label] = {**{k: sorted(v) for k, v in kinds.items()},
-                      "dp_elements": dp_elements,
-                      "saved": [saved.get(2 * b + 1, 0) + saved.get(2 * b + 2, 0)
-                                for b in range(cfg.n_layers)]}
+        out[label] = {
+            **{k: sorted(v) for k, v in kinds.items()},
+            "dp_elements": dp_elements,
+            "saved": [
+                saved.get(2 * b + 1, 0) + saved.get(2 * b + 2, 0) for b in range(cfg.n_layers)
+            ],
+        }
     return out
 
 

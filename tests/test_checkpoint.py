@@ -127,10 +127,12 @@ run(tiny_cfg(Path({root!r}), "k", "--parallel.tp=1", "--checkpoint.every=2"))
 
 def test_kill_during_save_leaves_the_previous_checkpoint(root):
     marker = root / "saving"
-    script = KILLED_RUN.format(tests=str(Path(__file__).parent), marker=str(marker),
-                               root=str(root))
-    proc = subprocess.Popen([sys.executable, "-c", textwrap.dedent(script)],
-                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    script = KILLED_RUN.format(tests=str(Path(__file__).parent), marker=str(marker), root=str(root))
+    proc = subprocess.Popen(
+        [sys.executable, "-c", textwrap.dedent(script)],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+    )
     try:
         deadline = time.monotonic() + 60
         while not marker.exists() and proc.poll() is None and time.monotonic() < deadline:
@@ -159,8 +161,9 @@ def _fake_checkpoint(folder: Path, step: int) -> Path:
     """A minimal complete checkpoint folder (manifest + marker, no tensors)."""
     p = folder / ckpt.step_dir_name(step)
     p.mkdir(parents=True)
-    (p / ckpt.MANIFEST).write_text(json.dumps({"format": ckpt.FORMAT_VERSION, "step": step,
-                                               "files": {}}))
+    (p / ckpt.MANIFEST).write_text(
+        json.dumps({"format": ckpt.FORMAT_VERSION, "step": step, "files": {}})
+    )
     (p / ckpt.COMPLETE).write_text(f"{step}\n")
     return p
 
@@ -175,8 +178,9 @@ def test_a_run_never_mixes_with_another_runs_checkpoints(tmp_path):
     never = r"resume='never' starts a new run, but .* \(up to step 200\)"
     with pytest.raises(ValueError, match=never):
         resolve_resume(cfg)
-    older = load_config(None, [f"--train.run_dir={tmp_path}",
-                               f"--checkpoint.resume={root / 'step_000100'}"])
+    older = load_config(
+        None, [f"--train.run_dir={tmp_path}", f"--checkpoint.resume={root / 'step_000100'}"]
+    )
     with pytest.raises(ValueError, match="is step 100 but .* holds step 200"):
         resolve_resume(older)
     auto = load_config(None, [f"--train.run_dir={tmp_path}", "--checkpoint.resume=auto"])
@@ -210,10 +214,19 @@ def test_checkpoints_hold_the_runs_dtype_and_resume_at_another_precision(root):
     quick = "--train.sample_tokens=0"
     run(cfg1(root, "a", "--train.steps=5", quick), stop_after=3)  # fp32 (auto on CPU)
     saved = read_full_tensors(folder / "step_000003")
-    assert {v.dtype for k, v in saved.items() if not k.startswith("rng.")
-            and not k.endswith(".step")} == {torch.float32}
-    up = run(cfg1(root, "a", "--train.steps=5", "--train.precision=fp64", quick,
-                  "--checkpoint.resume=auto"))
+    assert {
+        v.dtype for k, v in saved.items() if not k.startswith("rng.") and not k.endswith(".step")
+    } == {torch.float32}
+    up = run(
+        cfg1(
+            root,
+            "a",
+            "--train.steps=5",
+            "--train.precision=fp64",
+            quick,
+            "--checkpoint.resume=auto",
+        )
+    )
     assert up["start_step"] == 3 and up["end_step"] == 5
     model64 = read_full_tensors(folder / "step_000005", "model.")
     assert {v.dtype for v in model64.values()} == {torch.float64}
@@ -221,8 +234,11 @@ def test_checkpoints_hold_the_runs_dtype_and_resume_at_another_precision(root):
     cfg = cfg1(root, "unused").model
     want = torch.tensor(ref["losses"][3])
     n_tokens = 4 * cfg.seq_len  # tiny.toml: global_batch 4
-    torch.testing.assert_close(torch.tensor(up["losses"][0], dtype=torch.float32), want,
-                               **fp32_tol(want, cfg, n_tokens, False))
+    torch.testing.assert_close(
+        torch.tensor(up["losses"][0], dtype=torch.float32),
+        want,
+        **fp32_tol(want, cfg, n_tokens, False),
+    )
     assert up["losses"][0] != ref["losses"][3]  # computed in float64, not fp32
     # and back: the float64 checkpoint resumes at fp32
     down = run(cfg1(root, "a", "--train.steps=6", quick, "--checkpoint.resume=auto"))
@@ -232,12 +248,29 @@ def test_checkpoints_hold_the_runs_dtype_and_resume_at_another_precision(root):
     # bf16 (autocast, bf16 activations) resumes the fp32 checkpoint and keeps fp32 master
     # weights in its own; its first loss is the saved weights' loss to bf16's rounding
     # (activations with 8 bits of mantissa over 2 layers: 1e-2 relative, as the parity tests)
-    bf16 = run(cfg1(root, "a", "--train.steps=7", quick, "--checkpoint.resume=auto",
-                    "--train.precision=bf16"))
+    bf16 = run(
+        cfg1(
+            root,
+            "a",
+            "--train.steps=7",
+            quick,
+            "--checkpoint.resume=auto",
+            "--train.precision=bf16",
+        )
+    )
     assert bf16["start_step"] == 6
-    again = run(cfg1(root, "b", "--train.steps=7", quick, "--train.precision=fp32",
-                     f"--checkpoint.resume={folder / 'step_000006'}"))
+    again = run(
+        cfg1(
+            root,
+            "b",
+            "--train.steps=7",
+            quick,
+            "--train.precision=fp32",
+            f"--checkpoint.resume={folder / 'step_000006'}",
+        )
+    )
     assert bf16["losses"][0] == pytest.approx(again["losses"][0], rel=1e-2)
     assert bf16["losses"][0] != again["losses"][0]  # computed in bf16
     assert {v.dtype for v in read_full_tensors(folder / "step_000007", "model.").values()} == {
-        torch.float32}
+        torch.float32
+    }

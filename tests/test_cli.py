@@ -21,10 +21,22 @@ def _error_line(capsys, *argv):
 
 
 def test_overrides_with_a_space_or_an_equals_sign():
-    assert split_overrides(["train", "--train.steps", "20", "cfg.toml", "--model.dim=64",
-                            "--nproc-per-node", "2", "--train.seed", "-1"]) == (
+    assert split_overrides(
+        [
+            "train",
+            "--train.steps",
+            "20",
+            "cfg.toml",
+            "--model.dim=64",
+            "--nproc-per-node",
+            "2",
+            "--train.seed",
+            "-1",
+        ]
+    ) == (
         ["--train.steps=20", "--model.dim=64", "--train.seed=-1"],
-        ["train", "cfg.toml", "--nproc-per-node", "2"])
+        ["train", "cfg.toml", "--nproc-per-node", "2"],
+    )
     # a key followed by another option, or last, stays as it is (and is reported malformed)
     assert split_overrides(["--train.steps", "--x"]) == (["--train.steps"], ["--x"])
 
@@ -40,18 +52,29 @@ def test_space_separated_override_reaches_the_config(capsys):
 def test_every_subcommand_reports_user_errors_in_one_line(capsys, tmp_path):
     missing = tmp_path / "missing"
     assert "no such checkpoint, folder of checkpoints or run directory" in _error_line(
-        capsys, "export", "--checkpoint", str(missing), "--out", str(tmp_path / "hf"))
-    assert "config file not found" in _error_line(capsys, "plan", str(missing),
-                                                  "--world-size", "2", "--hardware", "x")
+        capsys, "export", "--checkpoint", str(missing), "--out", str(tmp_path / "hf")
+    )
+    assert "config file not found" in _error_line(
+        capsys, "plan", str(missing), "--world-size", "2", "--hardware", "x"
+    )
     assert "config file not found" in _error_line(capsys, "bench", str(missing))
     assert "config file not found" in _error_line(capsys, "profile", str(missing))
-    assert "--global-batch" in _error_line(capsys, "simulate", "--model", "paper-h1024-l24",
-                                           "--cluster", "rtx3090-pcie", "--global-batch", "3",
-                                           "--micro-batch", "2")
-    assert "unknown key 'train.stepz'" in _error_line(capsys, "train", str(TINY),
-                                                      "--train.stepz=3")
+    assert "--global-batch" in _error_line(
+        capsys,
+        "simulate",
+        "--model",
+        "paper-h1024-l24",
+        "--cluster",
+        "rtx3090-pcie",
+        "--global-batch",
+        "3",
+        "--micro-batch",
+        "2",
+    )
+    assert "unknown key 'train.stepz'" in _error_line(capsys, "train", str(TINY), "--train.stepz=3")
     assert _error_line(capsys, "export", "--checkpoint", "x", "--out", "y", "--a.b=1") == (
-        "error: oases export takes no --section.key=value overrides (got --a.b=1)")
+        "error: oases export takes no --section.key=value overrides (got --a.b=1)"
+    )
 
 
 @pytest.mark.parametrize("command", sorted(COMMANDS))
@@ -81,20 +104,36 @@ def test_one_vocabulary_size_for_a_bpe_and_the_model():
     assert sizes("--data.vocab_size=1000", "--model.vocab_size=1024") == (1000, 1024)  # padded
     byte = load_config(None, [])
     assert (byte.data.vocab_size, byte.model.vocab_size) == (0, 256)
-    with pytest.raises(ValueError, match=r"^data.vocab_size=256 must be 0 \(= model.vocab_size\) "
-                       "or more than the 256 bytes a BPE starts from$"):
+    with pytest.raises(
+        ValueError,
+        match=r"^data.vocab_size=256 must be 0 \(= model.vocab_size\) "
+        "or more than the 256 bytes a BPE starts from$",
+    ):
         load_config(None, ["--data.tokenizer=bpe", "--model.vocab_size=256"])
-    with pytest.raises(ValueError, match=r"^data.vocab_size=4096 is the size of a trained BPE; "
-                       "data.tokenizer='byte' has its own$"):
+    with pytest.raises(
+        ValueError,
+        match=r"^data.vocab_size=4096 is the size of a trained BPE; "
+        "data.tokenizer='byte' has its own$",
+    ):
         load_config(None, ["--data.vocab_size=4096"])
-    with pytest.raises(ValueError, match=r"^model.vocab_size=512 is smaller than the bpe "
-                       "tokenizer's vocabulary of 1000$"):
-        check_config(load_config(None, ["--data.tokenizer=bpe", "--data.vocab_size=1000",
-                                        "--model.vocab_size=512"]), 1)
+    with pytest.raises(
+        ValueError,
+        match=r"^model.vocab_size=512 is smaller than the bpe "
+        "tokenizer's vocabulary of 1000$",
+    ):
+        check_config(
+            load_config(
+                None, ["--data.tokenizer=bpe", "--data.vocab_size=1000", "--model.vocab_size=512"]
+            ),
+            1,
+        )
     built = load_config(None, [])
     built.data.tokenizer = "bpe"  # a Config built in Python: 0 means the model's 256
-    with pytest.raises(ValueError, match=r"^a BPE of 256 tokens has no merges beyond the 256 "
-                       r"bytes: give --data.vocab_size \(e.g. 4096\)$"):
+    with pytest.raises(
+        ValueError,
+        match=r"^a BPE of 256 tokens has no merges beyond the 256 "
+        r"bytes: give --data.vocab_size \(e.g. 4096\)$",
+    ):
         check_config(built, 1)
 
 

@@ -378,21 +378,34 @@ def test_a_plan_replaces_parallel_tp(tmp_path):
         cfg = load_config(overrides=[f"--parallel.plan={tmp_path / 'plan.json'}", *overrides])
         names = region_names(cfg.model)
         ParallelPlan([RegionPlan(n, t, world // t) for n, t in zip(names, degrees)]).save(
-            tmp_path / "plan.json")
+            tmp_path / "plan.json"
+        )
         return cfg
 
     cfg = plan_cfg((1, 2, 1, 2, 2, 1), 2, "--parallel.tp=3")  # tp is not used with a plan
     assert [r.tp for r in check_config(cfg, 2).regions] == [1, 2, 1, 2, 2, 1]
     assert check_config(load_config(), 1) is None
     for degrees, world, overrides, message in [
-        ((1, 2, 1, 2, 2, 1), 2, ("--train.global_batch=6",),
-         "train.global_batch=6 is not divisible by train.micro_batch * dp = 4 * 2 = 8"),
-        ((2, 2, 1, 1, 2, 2), 2, ("--train.micro_batch=2", "--train.global_batch=4"),
-         "a sub-batch of train.micro_batch / schedule.n_sub = 1 rows at the embedding's tp=2 "
-         "has no whole share at the plan's tp=1"),
+        (
+            (1, 2, 1, 2, 2, 1),
+            2,
+            ("--train.global_batch=6",),
+            "train.global_batch=6 is not divisible by train.micro_batch * dp = 4 * 2 = 8",
+        ),
+        (
+            (2, 2, 1, 1, 2, 2),
+            2,
+            ("--train.micro_batch=2", "--train.global_batch=4"),
+            "a sub-batch of train.micro_batch / schedule.n_sub = 1 rows at the embedding's tp=2 "
+            "has no whole share at the plan's tp=1",
+        ),
         ((1, 2, 2, 2, 2, 2), 2, ("--model.tie_embeddings=true",), "tied embeddings need one"),
-        ((2, 4, 3, 4, 4, 2), 12, ("--model.n_heads=12", "--model.dim=96", "--model.ffn_dim=384"),
-         "neighbouring degrees must divide one another"),
+        (
+            (2, 4, 3, 4, 4, 2),
+            12,
+            ("--model.n_heads=12", "--model.dim=96", "--model.ffn_dim=384"),
+            "neighbouring degrees must divide one another",
+        ),
     ]:
         cfg = plan_cfg(degrees, world, *overrides)
         with pytest.raises(ValueError, match=message.replace("*", r"\*")):

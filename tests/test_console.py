@@ -22,8 +22,11 @@ def test_plain_lines_every_log_every_and_the_first_and_last_step():
     assert not console.tty
     _run(console)
     lines = out.getvalue().splitlines()
-    steps = [int(line.split()[1].split("/")[0]) for line in lines if "loss 2." in line
-             and "validation" not in line]
+    steps = [
+        int(line.split()[1].split("/")[0])
+        for line in lines
+        if "loss 2." in line and "validation" not in line
+    ]
     assert steps == [1, 4, 8, 10]
     assert "\r" not in out.getvalue()
     # the step's own loss (as metrics.jsonl), then the mean over the steps since the previous

@@ -119,8 +119,11 @@ def test_sequence_parallel_programs_defer_each_block_regions_weight_gradients(na
     overlapped = SPECS[name].overlapped
     for j in range(2 if overlapped else 1):
         for i in range(N_REGIONS):
-            dw = [n for n, ins in enumerate(program) if isinstance(ins, Compute)
-                  and ("dw", i) in ins.pieces and ins.sub == j]
+            dw = [
+                n
+                for n, ins in enumerate(program)
+                if isinstance(ins, Compute) and ("dw", i) in ins.pieces and ins.sub == j
+            ]
             if not (overlapped and defers_weight_grad(i, N_REGIONS, SPECS[name].recompute)):
                 assert not dw
                 continue
@@ -128,14 +131,20 @@ def test_sequence_parallel_programs_defer_each_block_regions_weight_gradients(na
             tp = _position(program, Compute("backward", (("tp", i),), j))
             start = _position(program, Start("bwd", i, j))
             assert tp < start < dw[0]
-            gather = [n for n in range(start + 1, dw[0]) if isinstance(program[n], Start)
-                      and program[n].sub == j and program[n].kind == "gb"]
+            gather = [
+                n
+                for n in range(start + 1, dw[0])
+                if isinstance(program[n], Start) and program[n].sub == j and program[n].kind == "gb"
+            ]
             assert gather, "dw waits for the sub-batch's next backward gather to start"
             if SPECS[name].scope == "chain":
                 assert _position(program, Wait("gb", program[gather[0]].index, j)) > dw[0]
     plain = build_program(name, N_REGIONS, 2) if name != "megatron-sp" else []
-    assert not [ins for ins in plain if isinstance(ins, Compute)
-                and any(kind == "dw" for kind, _ in ins.pieces)]
+    assert not [
+        ins
+        for ins in plain
+        if isinstance(ins, Compute) and any(kind == "dw" for kind, _ in ins.pieces)
+    ]
 
 
 def test_a_data_parallel_bucket_starts_after_its_deferred_weight_gradients():
@@ -157,8 +166,9 @@ def test_the_hardware_model_splits_a_backward_into_input_and_weight_gradients():
     from oases.planner.hardware import HardwareCosts
 
     for arch in ("gpt2", "llama"):
-        cfg = ModelConfig(arch=arch, n_layers=2, dim=1024, n_heads=16, vocab_size=50304,
-                          seq_len=1024)
+        cfg = ModelConfig(
+            arch=arch, n_layers=2, dim=1024, n_heads=16, vocab_size=50304, seq_len=1024
+        )
         costs = HardwareCosts(get_cluster("paper-3090-pcie-32"), cfg)
         for region in ("attn", "mlp"):
             whole = costs.work(region, "backward", "tp", 4, 2)
@@ -173,13 +183,14 @@ def test_the_hardware_model_splits_a_backward_into_input_and_weight_gradients():
 def test_a_profile_without_the_split_prices_the_whole_backward_as_the_input_gradient():
     from oases.planner.profile import Profile
 
-    compute = [{"region": "attn", "phase": "backward", "piece": "tp", "tp": 2, "rows": 1,
-                "s": 0.4}]
+    compute = [{"region": "attn", "phase": "backward", "piece": "tp", "tp": 2, "rows": 1, "s": 0.4}]
     p = Profile({"arch": "gpt2"}, {"backend": "gloo"}, compute, [], [])
     assert p.compute_s("attn", "backward", "sp-dx", 2, 1) == 0.4
     assert p.compute_s("attn", "backward", "sp-dw", 2, 1) == 0.0
-    split = compute + [{"region": "attn", "phase": "backward", "piece": p_, "tp": 2, "rows": 1,
-                        "s": s} for p_, s in (("sp-dx", 0.3), ("sp-dw", 0.12))]
+    split = compute + [
+        {"region": "attn", "phase": "backward", "piece": p_, "tp": 2, "rows": 1, "s": s}
+        for p_, s in (("sp-dx", 0.3), ("sp-dw", 0.12))
+    ]
     p = Profile({"arch": "gpt2"}, {"backend": "gloo"}, split, [], [])
     assert p.compute_s("attn", "backward", "sp-dx", 2, 1) == 0.3
     assert p.compute_s("attn", "backward", "sp-dw", 2, 1) == 0.12
@@ -195,12 +206,12 @@ def test_the_simulator_prices_the_split_backward_as_the_whole_one():
     from oases.planner.hardware import HardwareCosts
     from oases.planner.simulate import simulate_plan
 
-    cfg = ModelConfig(arch="gpt2", n_layers=3, dim=1024, n_heads=16, vocab_size=50304,
-                      seq_len=1024)
+    cfg = ModelConfig(arch="gpt2", n_layers=3, dim=1024, n_heads=16, vocab_size=50304, seq_len=1024)
     cluster = get_cluster("paper-3090-pcie-32")
     costs = HardwareCosts(cluster, cfg)
-    plan = ParallelPlan.uniform(cfg, 4, 4, schedule="overlap", n_sub=2,
-                                sequence_parallel="gathered")
+    plan = ParallelPlan.uniform(
+        cfg, 4, 4, schedule="overlap", n_sub=2, sequence_parallel="gathered"
+    )
     res = simulate_plan(cfg, plan, costs, 4, BatchShape(4, 4))
     compute = {(e.name, e.sub): e for e in res.timeline.events if e.lane == "compute"}
     comm = {(e.name, e.sub): e for e in res.timeline.events if e.lane == "comm"}
@@ -224,12 +235,19 @@ def test_the_simulator_prices_the_split_backward_as_the_whole_one():
 def test_bench_entries_take_several_options_and_the_inline_comparison():
     from oases.bench import parse_entry, split_entries
 
-    assert split_entries("megatron,oases@sp=gathered,dw=off,oases@zero=1,precision=bf16,fsdp2") \
-        == ["megatron", "oases@sp=gathered,dw=off", "oases@zero=1,precision=bf16", "fsdp2"]
+    assert split_entries("megatron,oases@sp=gathered,dw=off,oases@zero=1,precision=bf16,fsdp2") == [
+        "megatron",
+        "oases@sp=gathered,dw=off",
+        "oases@zero=1,precision=bf16",
+        "fsdp2",
+    ]
     entry = parse_entry("oases@sp=gathered,dw=off")
     assert (entry.sp, entry.dw, entry.stem()) == ("gathered", "off", "oases_sp-gathered_dw-off")
     with pytest.raises(ValueError, match="dw=off"):
         parse_entry("oases@dw=on")
     inline = build_program("overlap", N_REGIONS, 2, sp="gathered", defer_weight_grads=False)
-    assert not [ins for ins in inline if isinstance(ins, Compute)
-                and any(kind == "dw" for kind, _ in ins.pieces)]
+    assert not [
+        ins
+        for ins in inline
+        if isinstance(ins, Compute) and any(kind == "dw" for kind, _ in ins.pieces)
+    ]

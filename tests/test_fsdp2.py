@@ -32,18 +32,28 @@ from oases.parallel.context import init_distributed
 from oases.train.optim import build_optimizer, lr_at
 
 B, S, VOCAB, STEPS = 8, 16, 101, 3  # vocabulary 101: the embedding's shards are uneven (51 + 50)
-TRAIN = TrainConfig(steps=STEPS, global_batch=B, micro_batch=2, lr=1e-2, min_lr=1e-3,
-                    warmup_steps=1, weight_decay=0.1, grad_clip=0.05)
-GPT2_TIED = dict(arch="gpt2", n_layers=2, dim=32, n_heads=4, vocab_size=VOCAB, seq_len=S,
-                 tie_embeddings=True)
-LLAMA = dict(arch="llama", n_layers=2, dim=32, n_heads=4, n_kv_heads=2, vocab_size=VOCAB,
-             seq_len=S)
+TRAIN = TrainConfig(
+    steps=STEPS,
+    global_batch=B,
+    micro_batch=2,
+    lr=1e-2,
+    min_lr=1e-3,
+    warmup_steps=1,
+    weight_decay=0.1,
+    grad_clip=0.05,
+)
+GPT2_TIED = dict(
+    arch="gpt2", n_layers=2, dim=32, n_heads=4, vocab_size=VOCAB, seq_len=S, tie_embeddings=True
+)
+LLAMA = dict(arch="llama", n_layers=2, dim=32, n_heads=4, n_kv_heads=2, vocab_size=VOCAB, seq_len=S)
 
 
 def _batch(step: int) -> tuple[torch.Tensor, torch.Tensor]:
     g = torch.Generator().manual_seed(100 + step)
-    return (torch.randint(0, VOCAB, (B, S), generator=g),
-            torch.randint(0, VOCAB, (B, S), generator=g))
+    return (
+        torch.randint(0, VOCAB, (B, S), generator=g),
+        torch.randint(0, VOCAB, (B, S), generator=g),
+    )
 
 
 def _reference_step(ref, opt, step: int) -> tuple[float, float]:
@@ -95,18 +105,26 @@ def _check_case(kwargs: dict, ctx, mesh, seed: int) -> dict:
         loss = float(loss) / ctx.world_size
         norm = fsdp2_optimizer_step(model, opt, step, TRAIN)
         assert loss == pytest.approx(ref_loss, rel=EXACT64["rtol"], abs=EXACT64["atol"]), (
-            f"{where}: step {step} loss {loss} vs {ref_loss}")
+            f"{where}: step {step} loss {loss} vs {ref_loss}"
+        )
         assert norm == pytest.approx(ref_norm, rel=EXACT64["rtol"], abs=EXACT64["atol"]), (
-            f"{where}: step {step} grad norm {norm} vs {ref_norm}")
+            f"{where}: step {step} grad norm {norm} vs {ref_norm}"
+        )
         assert all(p.grad is None for p in model.parameters()), f"{where}: grads not zeroed"
         losses.append(loss)
         norms.append(norm)
     ref_params = dict(ref.named_parameters())
     for name, p in model.named_parameters():
-        torch.testing.assert_close(p.detach().full_tensor(), ref_params[name].detach(),
-                                   **EXACT64, msg=lambda m, n=name: f"{where}: {n}: {m}")
-    moved = max(float((p.detach().full_tensor() - q).abs().max()) for p, q in
-                zip(model.parameters(), init.parameters()))
+        torch.testing.assert_close(
+            p.detach().full_tensor(),
+            ref_params[name].detach(),
+            **EXACT64,
+            msg=lambda m, n=name: f"{where}: {n}: {m}",
+        )
+    moved = max(
+        float((p.detach().full_tensor() - q).abs().max())
+        for p, q in zip(model.parameters(), init.parameters())
+    )
     return {"losses": losses, "norms": norms, "moved": moved}
 
 
@@ -137,9 +155,28 @@ def test_fsdp2_rows_split_each_tp_groups_batch() -> None:
 @pytest.mark.slow
 def test_bench_runs_fsdp2(tmp_path) -> None:
     proc = subprocess.run(
-        [sys.executable, "-m", "oases", "bench", "configs/tiny.toml", "--link", "none",
-         "--steps", "1", "--warmup", "0", "--schedules", "fsdp2", "--out", str(tmp_path)],
-        capture_output=True, text=True, cwd=REPO_ROOT, timeout=300)
+        [
+            sys.executable,
+            "-m",
+            "oases",
+            "bench",
+            "configs/tiny.toml",
+            "--link",
+            "none",
+            "--steps",
+            "1",
+            "--warmup",
+            "0",
+            "--schedules",
+            "fsdp2",
+            "--out",
+            str(tmp_path),
+        ],
+        capture_output=True,
+        text=True,
+        cwd=REPO_ROOT,
+        timeout=300,
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
     result = json.loads((tmp_path / "bench.json").read_text())
     row = result["schedules"]["fsdp2"]

@@ -33,8 +33,10 @@ pytestmark = [
     pytest.mark.gpu,
     pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA"),
 ]
-two_gpus = pytest.mark.skipif(not torch.cuda.is_available() or torch.cuda.device_count() < 2,
-                              reason="needs 2 GPUs (NCCL ranks)")
+two_gpus = pytest.mark.skipif(
+    not torch.cuda.is_available() or torch.cuda.device_count() < 2,
+    reason="needs 2 GPUs (NCCL ranks)",
+)
 
 BF16_LOSS = {"atol": 0.0, "rtol": 2e-2}
 BF16_GRAD = 5e-2  # |g - g_ref| <= 5% |g_ref| per tensor
@@ -42,8 +44,9 @@ BF16_GRAD = 5e-2  # |g - g_ref| <= 5% |g_ref| per tensor
 
 def _setup():
     ctx = oases.init_distributed(tp=1)  # a single process: no process group, CUDA device
-    cfg = oases.ModelConfig(arch="llama", dim=64, n_heads=4, n_kv_heads=2, n_layers=2,
-                            vocab_size=101, seq_len=32)
+    cfg = oases.ModelConfig(
+        arch="llama", dim=64, n_heads=4, n_kv_heads=2, n_layers=2, vocab_size=101, seq_len=32
+    )
     torch.manual_seed(0)
     ref = oases.build_model(cfg).cuda()
     g = torch.Generator().manual_seed(1)
@@ -179,14 +182,21 @@ def _rank_nccl(rank, world_size):
             model = oases.parallelize(copy.deepcopy(ref), ctx0, plan)
             model.zero_grad(set_to_none=True)
             local = oases.build_schedule(name, n_sub=2).step(
-                model, layout_rows(tokens, rank, world_size, t_embed),
-                layout_rows(targets, rank, world_size, t_embed))
-            torch.testing.assert_close(_global_mean(local, world_size), expected.detach(),
-                                       **EXACT64, msg=lambda m, w=where: f"{w}: {m}")
+                model,
+                layout_rows(tokens, rank, world_size, t_embed),
+                layout_rows(targets, rank, world_size, t_embed),
+            )
+            torch.testing.assert_close(
+                _global_mean(local, world_size),
+                expected.detach(),
+                **EXACT64,
+                msg=lambda m, w=where: f"{w}: {m}",
+            )
             for n, p in model.named_parameters():
                 want = _expected(full[n].grad, p, rank, plan.tp_of(region_of(n)))
-                torch.testing.assert_close(p.grad, want, **EXACT64,
-                                           msg=lambda m, w=where, n=n: f"{w} {n}: {m}")
+                torch.testing.assert_close(
+                    p.grad, want, **EXACT64, msg=lambda m, w=where, n=n: f"{w} {n}: {m}"
+                )
         # dropout: each recompute schedule against its twin (the masks come back from the
         # CUDA RNG state the forward kept)
         cfg_d = _cfg(arch, degrees, dropout=0.1)
@@ -197,14 +207,17 @@ def _rank_nccl(rank, world_size):
             model = oases.parallelize(copy.deepcopy(base), ctx0, plan).train()
             torch.manual_seed(1234)
             loss = oases.build_schedule(name, n_sub=2).step(
-                model, layout_rows(tokens, rank, world_size, t_embed),
-                layout_rows(targets, rank, world_size, t_embed))
+                model,
+                layout_rows(tokens, rank, world_size, t_embed),
+                layout_rows(targets, rank, world_size, t_embed),
+            )
             runs[name] = (loss, {n: p.grad.clone() for n, p in model.named_parameters()})
         for name, twin in TWINS.items():
             torch.testing.assert_close(runs[name][0], runs[twin][0], **EXACT64)
             for n, g in runs[twin][1].items():
-                torch.testing.assert_close(runs[name][1][n], g, **EXACT64,
-                                           msg=f"dropout {arch} {name} vs {twin} {n}")
+                torch.testing.assert_close(
+                    runs[name][1][n], g, **EXACT64, msg=f"dropout {arch} {name} vs {twin} {n}"
+                )
         out[arch] = float(_global_mean(runs["oases"][0], world_size))
     # bf16 at tp=2 against the single-device model under the same autocast
     cfg = _cfg("llama", (2,) * 6)

@@ -39,17 +39,22 @@ terminate called after throwing an instance of 'c10::DistBackendError'
 NumelIn=16384, NumelOut=16384, Timeout(ms)=60000) ran for 60013 milliseconds before timing out.
 Exception raised from checkTimeout at /pytorch/torch/csrc/distributed/c10d/ProcessGroupNCCL.cpp
 """
-EXPECTED = ("NCCL collective timed out on rank 1: ALLREDUCE (sequence number 41, elements "
-            "16384) ran 60.0 s, over the 60 s limit (parallel.timeout_s); a peer stopped, died "
-            "or issued another collective")
+EXPECTED = (
+    "NCCL collective timed out on rank 1: ALLREDUCE (sequence number 41, elements "
+    "16384) ran 60.0 s, over the 60 s limit (parallel.timeout_s); a peer stopped, died "
+    "or issued another collective"
+)
 
 
 def test_local_ranks_must_not_outnumber_gpus():
     check_local_devices(0, 1, 1)
     check_local_devices(3, 4, 8)
-    with pytest.raises(ValueError, match=r"4 ranks on this machine \(LOCAL_WORLD_SIZE=4, "
-                                         r"LOCAL_RANK=1\) but 2 visible GPU\(s\).*"
-                                         r"--nproc-per-node=2"):
+    with pytest.raises(
+        ValueError,
+        match=r"4 ranks on this machine \(LOCAL_WORLD_SIZE=4, "
+        r"LOCAL_RANK=1\) but 2 visible GPU\(s\).*"
+        r"--nproc-per-node=2",
+    ):
         check_local_devices(1, 4, 2)
     with pytest.raises(ValueError, match="LOCAL_RANK=2"):
         check_local_devices(2, 1, 2)  # no LOCAL_WORLD_SIZE given: the rank itself
@@ -66,13 +71,17 @@ def test_nccl_timeout_in_one_line():
     assert nccl_timeout_line(WATCHDOG_STDERR) == EXPECTED
     assert nccl_timeout_line("RuntimeError: CUDA error: an illegal memory access") is None
     assert "NCCL collective timed out" in nccl_timeout_line(
-        "[Rank 0] Watchdog caught collective operation timeout: in a new format")
+        "[Rank 0] Watchdog caught collective operation timeout: in a new format"
+    )
 
 
 def test_supervisor_reads_the_timeout_from_an_error_file(tmp_path):
     path = tmp_path / "error.json"
-    path.write_text(json.dumps({"message": {"message": "DistBackendError: "
-                                            + WATCHDOG_STDERR.split("what():  ")[1]}}))
+    path.write_text(
+        json.dumps(
+            {"message": {"message": "DistBackendError: " + WATCHDOG_STDERR.split("what():  ")[1]}}
+        )
+    )
     assert _error_line(str(path)) == EXPECTED
 
 
@@ -90,10 +99,13 @@ cfg.train.run_dir = {str(tmp_path)!r}
 run_rank(cfg)
 """
     src = Path(__file__).resolve().parent.parent / "src"
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(src),
-                                                        os.environ.get("PYTHONPATH", "")])}
-    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
-                          env=env, timeout=120)
+    env = {
+        **os.environ,
+        "PYTHONPATH": os.pathsep.join([str(src), os.environ.get("PYTHONPATH", "")]),
+    }
+    proc = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=120
+    )
     assert proc.returncode == EXIT_RANK_FAILED, proc.stderr
     assert proc.stderr.strip().splitlines() == [f"error: {EXPECTED}"]
 

@@ -118,8 +118,9 @@ def test_load_tp1_matches_transformers(hf_dirs, name):
     assert (model.head.weight is model.embed.weight) == cfg.tie_embeddings
     assert ref.std() > 0.05  # random weights, not a degenerate model
     with torch.no_grad():  # fp32: the bound of the model's own reductions
-        torch.testing.assert_close(model.eval()(_tokens()), ref,
-                                   **fp32_tol(ref, cfg, _tokens().numel(), False))
+        torch.testing.assert_close(
+            model.eval()(_tokens()), ref, **fp32_tol(ref, cfg, _tokens().numel(), False)
+        )
     torch.testing.assert_close(_ours64(model, _tokens()), ref64, **_hf64_tol(cfg, ref64))
 
 
@@ -209,8 +210,9 @@ def _load_tp2_rank(rank, world_size, dirs, tokens):
     for name, path in dirs.items():
         cfg = load_hf(path)[0]
         degrees = (2, 1, 2, 2, 1, 2)
-        plan = ParallelPlan([RegionPlan(n, t, world_size // t)
-                             for n, t in zip(region_names(cfg), degrees)])
+        plan = ParallelPlan(
+            [RegionPlan(n, t, world_size // t) for n, t in zip(region_names(cfg), degrees)]
+        )
         mixed_ctx = oases.init_distributed(tp=2, degrees=plan.degrees())
         _, model = load_hf(path, mixed_ctx, plan)
         save_hf(model, f"{path}-mixed-export")  # the fp32 weights as loaded
@@ -449,23 +451,46 @@ def test_cli_train_from_hf_then_export(tmp_path):
     repo = Path(__file__).resolve().parent.parent
     torch.manual_seed(7)
     src = tmp_path / "src"
-    transformers.LlamaForCausalLM(transformers.LlamaConfig(  # the byte tokenizer needs 256 ids
-        hidden_size=64, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
-        intermediate_size=96, vocab_size=256, max_position_embeddings=S,
-        tie_word_embeddings=False)).save_pretrained(src)
+    transformers.LlamaForCausalLM(
+        transformers.LlamaConfig(  # the byte tokenizer needs 256 ids
+            hidden_size=64,
+            num_hidden_layers=2,
+            num_attention_heads=4,
+            num_key_value_heads=2,
+            intermediate_size=96,
+            vocab_size=256,
+            max_position_embeddings=S,
+            tie_word_embeddings=False,
+        )
+    ).save_pretrained(src)
     run, out = tmp_path / "run", tmp_path / "exported"
     env = {k: v for k, v in os.environ.items() if k not in ("LOCAL_RANK", "TORCHELASTIC_RUN_ID")}
     env["PYTHONPATH"] = os.pathsep.join([str(repo / "src"), env.get("PYTHONPATH", "")])
 
     def cli(*args):
-        proc = subprocess.run([sys.executable, "-m", "oases", *args], cwd=repo, env=env,
-                              capture_output=True, text=True, timeout=240)
+        proc = subprocess.run(
+            [sys.executable, "-m", "oases", *args],
+            cwd=repo,
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=240,
+        )
         assert proc.returncode == 0, proc.stdout + proc.stderr
         return proc.stdout
 
-    cli("train", "configs/tiny.toml", "--nproc-per-node", "2", f"--model.init_from=hf:{src}",
-        "--model.seq_len=32", f"--train.run_dir={run}", "--train.steps=3",
-        "--train.sample_tokens=0", "--checkpoint.every=0")
+    cli(
+        "train",
+        "configs/tiny.toml",
+        "--nproc-per-node",
+        "2",
+        f"--model.init_from=hf:{src}",
+        "--model.seq_len=32",
+        f"--train.run_dir={run}",
+        "--train.steps=3",
+        "--train.sample_tokens=0",
+        "--checkpoint.every=0",
+    )
     assert "wrote" in cli("export", "--checkpoint", str(run / "checkpoints"), "--out", str(out))
     hf = transformers.AutoModelForCausalLM.from_pretrained(out)
     cfg, model = load_hf(out)
@@ -528,8 +553,9 @@ def test_export_a_run_directory_with_its_tokenizer(tmp_path, tokenizer):
     step = tmp_path / "run" / "checkpoints" / "step_000006"
     for path in (tmp_path / "run" / "checkpoints", step):  # the second over the first
         again = export_checkpoint(path, tmp_path / "again", overwrite=path == step)
-        assert (again / "model.safetensors").read_bytes() == \
-            (out / "model.safetensors").read_bytes()
+        assert (again / "model.safetensors").read_bytes() == (
+            out / "model.safetensors"
+        ).read_bytes()
     with pytest.raises(ValueError, match=r"no complete checkpoint \(looked in "):
         export_checkpoint(tmp_path, tmp_path / "nothing")
     # --dtype bf16: the fp32 export's weights rounded to bf16, named so in config.json

@@ -32,8 +32,12 @@ class _Costs:
 
 
 def test_peak_walk_counts_the_dp_bucket_copy_from_start_to_wait():
-    program = [Compute("forward", (("body", 0),), 0), Compute("backward", (("tp", 0),), 0),
-               Start("dp", 0, 0), Wait("dp", 0, 0)]
+    program = [
+        Compute("forward", (("body", 0),), 0),
+        Compute("backward", (("tp", 0),), 0),
+        Start("dp", 0, 0),
+        Wait("dp", 0, 0),
+    ]
     state = ModelState(numel=(10,), dp=(2,), stages=(0,))
     args = (CFG, program, ["embed"], [1], [4], "none", _Costs(), state, ((0,),))
     without = peak_memory(*args, {})
@@ -70,8 +74,10 @@ def test_memory_helpers_on_cpu():
 def _plans(world):
     names = region_names(CFG)
     mixed = [2 if n.startswith("blocks.0.") else 1 for n in names]
-    return {"uniform": ParallelPlan.uniform(CFG, world, 1),
-            "mixed": ParallelPlan([RegionPlan(n, t, world // t) for n, t in zip(names, mixed)])}
+    return {
+        "uniform": ParallelPlan.uniform(CFG, world, 1),
+        "mixed": ParallelPlan([RegionPlan(n, t, world // t) for n, t in zip(names, mixed)]),
+    }
 
 
 def _rank_bucket_copies(rank, world_size):
@@ -87,8 +93,7 @@ def _rank_bucket_copies(rank, world_size):
         copies = {}
         for task, groups in ex.bucket_groups.items():
             handles = [comm.gradient_mean_async(ps, g) for g, ps in groups]
-            copies[task] = float(sum(h.wait().numel() * h.result.element_size()
-                                     for h in handles))
+            copies[task] = float(sum(h.wait().numel() * h.result.element_size() for h in handles))
         out[key] = copies
     return out
 
@@ -102,6 +107,14 @@ def test_simulated_bucket_copies_match_the_executors(spawn_ranks):
         simulated = dp_bucket_bytes(dp_buckets(CFG, kinds, degrees, world))
         real = {t: b for t, b in measured[key].items() if b}
         assert {t: b for t, b in simulated.items() if b} == real, key
-    assert any(b == 0 for b in dp_bucket_bytes(dp_buckets(
-        CFG, [region_kind(r.name) for r in _plans(world)["mixed"].regions],
-        [r.tp for r in _plans(world)["mixed"].regions], world)).values())
+    assert any(
+        b == 0
+        for b in dp_bucket_bytes(
+            dp_buckets(
+                CFG,
+                [region_kind(r.name) for r in _plans(world)["mixed"].regions],
+                [r.tp for r in _plans(world)["mixed"].regions],
+                world,
+            )
+        ).values()
+    )

@@ -15,8 +15,15 @@ PNG = b"\x89PNG\r\n\x1a\n"
 
 def _rows(n, val_every=2, first=1):
     for step in range(first, n + 1):
-        yield {"step": step, "loss": 5.0 - step / 10, "lr": 1e-3, "grad_norm": 1.0,
-               "step_time_s": 0.1, "tokens_per_s": 1e4, "peak_mem_mb": 100.0}
+        yield {
+            "step": step,
+            "loss": 5.0 - step / 10,
+            "lr": 1e-3,
+            "grad_norm": 1.0,
+            "step_time_s": 0.1,
+            "tokens_per_s": 1e4,
+            "peak_mem_mb": 100.0,
+        }
         if step % val_every == 0:
             yield {"step": step, "val_loss": 5.1 - step / 10}
 
@@ -31,8 +38,13 @@ def _scalars(folder):
 
 def test_jsonl_tensorboard_and_loss_plot(tmp_path):
     pytest.importorskip("tensorboard")
-    log = MetricsLog(tmp_path / "metrics.jsonl", 0, plot_path=tmp_path / "loss.png",
-                     tensorboard_dir=tmp_path / "tb", title="test")
+    log = MetricsLog(
+        tmp_path / "metrics.jsonl",
+        0,
+        plot_path=tmp_path / "loss.png",
+        tensorboard_dir=tmp_path / "tb",
+        title="test",
+    )
     for row in _rows(4):
         log.write(row)
     assert log.plot() == tmp_path / "loss.png"
@@ -42,8 +54,15 @@ def test_jsonl_tensorboard_and_loss_plot(tmp_path):
     rows = [json.loads(x) for x in (tmp_path / "metrics.jsonl").read_text().splitlines()]
     assert len(rows) == 6 and rows[-1] == {"step": 4, "val_loss": pytest.approx(4.7)}
     scalars = _scalars(tmp_path / "tb")
-    assert {"loss/train", "loss/val", "train/lr", "train/grad_norm", "train/step_time_s",
-            "train/tokens_per_s", "train/peak_mem_mb"} <= set(scalars)
+    assert {
+        "loss/train",
+        "loss/val",
+        "train/lr",
+        "train/grad_norm",
+        "train/step_time_s",
+        "train/tokens_per_s",
+        "train/peak_mem_mb",
+    } <= set(scalars)
     assert [s for s, _ in scalars["loss/train"]] == [1, 2, 3, 4]
     assert scalars["loss/val"] == [(2, pytest.approx(4.9)), (4, pytest.approx(4.7))]
 
@@ -51,8 +70,12 @@ def test_jsonl_tensorboard_and_loss_plot(tmp_path):
     # the old file is replaced, never truncated in place (a reader of it still sees every line)
     before = (tmp_path / "metrics.jsonl").read_text()
     with open(tmp_path / "metrics.jsonl", encoding="utf-8") as old_file:
-        log = MetricsLog(tmp_path / "metrics.jsonl", 2, plot_path=tmp_path / "loss.png",
-                         tensorboard_dir=tmp_path / "tb")
+        log = MetricsLog(
+            tmp_path / "metrics.jsonl",
+            2,
+            plot_path=tmp_path / "loss.png",
+            tensorboard_dir=tmp_path / "tb",
+        )
         assert old_file.read() == before
     assert not list(tmp_path.glob("*.part"))
     assert [r["step"] for r in log.rows] == [1, 2, 2]
@@ -67,8 +90,9 @@ def test_jsonl_tensorboard_and_loss_plot(tmp_path):
 
 
 def test_a_failing_view_warns_and_the_run_goes_on(tmp_path, capsys):
-    log = MetricsLog(tmp_path / "metrics.jsonl", 0,
-                     plot_path=tmp_path / "no-such-folder" / "loss.png")
+    log = MetricsLog(
+        tmp_path / "metrics.jsonl", 0, plot_path=tmp_path / "no-such-folder" / "loss.png"
+    )
     for row in _rows(2):
         log.write(row)
     assert log.plot() is None  # the folder is missing: a warning, no exception
@@ -85,13 +109,19 @@ def test_tensorboard_without_the_package_is_one_line(tmp_path, monkeypatch):
     monkeypatch.setitem(sys.modules, "tensorboard", None)  # as if it were not installed
     with pytest.raises(ValueError) as info:
         check_config(cfg, 1)
-    assert str(info.value) == ("train.tensorboard=true needs the tensorboard package: "
-                               "pip install -e '.[tensorboard]' in the oases clone "
-                               "(or --train.tensorboard=false)")
+    assert str(info.value) == (
+        "train.tensorboard=true needs the tensorboard package: "
+        "pip install -e '.[tensorboard]' in the oases clone "
+        "(or --train.tensorboard=false)"
+    )
 
 
 def test_metrics_path_default_and_override(tmp_path):
-    assert metrics_path(load_config(None, [f"--train.run_dir={tmp_path}"])) == \
-        tmp_path / "metrics.jsonl"
-    assert metrics_path(load_config(None, [f"--train.metrics_file={tmp_path / 'm.jsonl'}"])) == \
-        tmp_path / "m.jsonl"
+    assert (
+        metrics_path(load_config(None, [f"--train.run_dir={tmp_path}"]))
+        == tmp_path / "metrics.jsonl"
+    )
+    assert (
+        metrics_path(load_config(None, [f"--train.metrics_file={tmp_path / 'm.jsonl'}"]))
+        == tmp_path / "m.jsonl"
+    )

@@ -38,8 +38,9 @@ def _rank_mixed(rank, world_size, degrees_list):
     results = []
     for arch, degrees in degrees_list:
         kv = 4 if arch == "gpt2" else max(degrees)  # GQA where the degrees allow it
-        cfg = oases.ModelConfig(arch=arch, n_layers=2, dim=32, n_heads=4, n_kv_heads=kv,
-                                vocab_size=101, seq_len=S)
+        cfg = oases.ModelConfig(
+            arch=arch, n_layers=2, dim=32, n_heads=4, n_kv_heads=kv, vocab_size=101, seq_len=S
+        )
         names = region_names(cfg)
         plan = ParallelPlan([RegionPlan(n, t, world_size // t) for n, t in zip(names, degrees)])
         ctx = oases.init_distributed(tp=1, degrees=plan.degrees())
@@ -56,8 +57,10 @@ def _rank_mixed(rank, world_size, degrees_list):
         for step in range(2):
             expected = ref(tokens, targets)
             expected.backward()
-            local = model(layout_rows(tokens, rank, world_size, t_embed),
-                          layout_rows(targets, rank, world_size, t_embed))
+            local = model(
+                layout_rows(tokens, rank, world_size, t_embed),
+                layout_rows(targets, rank, world_size, t_embed),
+            )
             local.backward()
             reduce_gradients(model)
             mean = local.detach().clone()
@@ -69,10 +72,12 @@ def _rank_mixed(rank, world_size, degrees_list):
                 for n, p in model.named_parameters():
                     t = plan.tp_of(region_of(n))
                     spec = shard_spec(p)
-                    want = full[n].grad if spec is None else shard_tensor(
-                        full[n].grad, spec, rank % t, t)
-                    torch.testing.assert_close(p.grad, want, **EXACT64,
-                                               msg=f"{arch} {degrees} {n}")
+                    want = (
+                        full[n].grad
+                        if spec is None
+                        else shard_tensor(full[n].grad, spec, rank % t, t)
+                    )
+                    torch.testing.assert_close(p.grad, want, **EXACT64, msg=f"{arch} {degrees} {n}")
             opt_ref.step()
             opt.step()
             opt_ref.zero_grad()

@@ -29,30 +29,50 @@ from oases.schedule.specs import SPECS, sub_batches
 from test_mixed_plans import layout_rows, region_of
 
 B, S, VOCAB = 8, 16, 101
-TWINS = {"megatron-recompute": "megatron", "commfree-recompute": "megatron",
-         "overlap-recompute": "overlap", "oases": "overlap"}
+TWINS = {
+    "megatron-recompute": "megatron",
+    "commfree-recompute": "megatron",
+    "overlap-recompute": "overlap",
+    "oases": "overlap",
+}
 STEPS = 3
 
 
 def _cfg(arch: str, degrees: tuple[int, ...], dropout: float = 0.0) -> oases.ModelConfig:
     if arch == "gpt2":  # tied embeddings: embed and head share a degree
-        return oases.ModelConfig(arch="gpt2", n_layers=2, dim=32, n_heads=4, vocab_size=VOCAB,
-                                 seq_len=S, tie_embeddings=True, dropout=dropout)
+        return oases.ModelConfig(
+            arch="gpt2",
+            n_layers=2,
+            dim=32,
+            n_heads=4,
+            vocab_size=VOCAB,
+            seq_len=S,
+            tie_embeddings=True,
+            dropout=dropout,
+        )
     heads = 8 if max(degrees) > 2 else 4  # grouped-query: fewer kv heads, split over every tp
-    return oases.ModelConfig(arch="llama", n_layers=2, dim=32, n_heads=heads,
-                             n_kv_heads=heads // 2, vocab_size=VOCAB, seq_len=S, dropout=dropout)
+    return oases.ModelConfig(
+        arch="llama",
+        n_layers=2,
+        dim=32,
+        n_heads=heads,
+        n_kv_heads=heads // 2,
+        vocab_size=VOCAB,
+        seq_len=S,
+        dropout=dropout,
+    )
 
 
 def _plan(cfg: oases.ModelConfig, degrees: tuple[int, ...], world: int) -> ParallelPlan:
     return ParallelPlan([RegionPlan(n, t, world // t) for n, t in zip(region_names(cfg), degrees)])
 
 
-
-
 def _batches(seed: int) -> list[tuple[torch.Tensor, torch.Tensor]]:
     g = torch.Generator().manual_seed(seed)
-    return [(torch.randint(0, VOCAB, (B, S), generator=g),
-             torch.randint(0, VOCAB, (B, S), generator=g)) for _ in range(STEPS)]
+    return [
+        (torch.randint(0, VOCAB, (B, S), generator=g), torch.randint(0, VOCAB, (B, S), generator=g))
+        for _ in range(STEPS)
+    ]
 
 
 def _global_mean(local: torch.Tensor, world: int) -> torch.Tensor:
@@ -118,30 +138,43 @@ def _rank_mixed(rank: int, world: int, cases: list, all_degrees: tuple[int, ...]
             losses = []
             for step, (tokens, targets) in enumerate(batches):
                 with record_collectives() as records:
-                    local = sched.step(model, layout_rows(tokens, rank, world, t_embed),
-                                       layout_rows(targets, rank, world, t_embed))
+                    local = sched.step(
+                        model,
+                        layout_rows(tokens, rank, world, t_embed),
+                        layout_rows(targets, rank, world, t_embed),
+                    )
                 loss = _global_mean(local, world)
-                torch.testing.assert_close(loss, want[step][0], **EXACT64,
-                                           msg=lambda m, w=where, s=step: f"{w} step {s}: {m}")
+                torch.testing.assert_close(
+                    loss,
+                    want[step][0],
+                    **EXACT64,
+                    msg=lambda m, w=where, s=step: f"{w} step {s}: {m}",
+                )
                 for n, p in model.named_parameters():
                     exp = _expected(want[step][1][n], p, rank, plan.tp_of(region_of(n)))
-                    torch.testing.assert_close(p.grad, exp, **EXACT64,
-                                               msg=lambda m, w=where, n=n: f"{w} grad {n}: {m}")
+                    torch.testing.assert_close(
+                        p.grad, exp, **EXACT64, msg=lambda m, w=where, n=n: f"{w} grad {n}: {m}"
+                    )
                 opt.step()
                 opt.zero_grad(set_to_none=True)
                 losses.append(loss.item())
             for n, p in model.named_parameters():  # float64: the bound holds through AdamW
-                exp = _expected(dict(ref.named_parameters())[n].detach(), p, rank,
-                                plan.tp_of(region_of(n)))
-                torch.testing.assert_close(p.detach(), exp, **EXACT64,
-                                           msg=lambda m, w=where, n=n: f"{w} param {n}: {m}")
+                exp = _expected(
+                    dict(ref.named_parameters())[n].detach(), p, rank, plan.tp_of(region_of(n))
+                )
+                torch.testing.assert_close(
+                    p.detach(), exp, **EXACT64, msg=lambda m, w=where, n=n: f"{w} param {n}: {m}"
+                )
             rows = B * t_embed // world
-            issued = [r.tag for r in records if r.tag.split(":")[0] in
-                      ("fwd", "bwd", "rsf", "rsb", "dp")]
+            issued = [
+                r.tag for r in records if r.tag.split(":")[0] in ("fwd", "bwd", "rsf", "rsb", "dp")
+            ]
             assert issued == _expected_issues(sched, model, rows), where
-            assert all(r.direction == ("forward" if r.tag.startswith(("fwd", "rsf"))
-                                       else "backward") for r in records
-                       if r.tag.startswith(("fwd", "bwd", "rsf", "rsb"))), where
+            assert all(
+                r.direction == ("forward" if r.tag.startswith(("fwd", "rsf")) else "backward")
+                for r in records
+                if r.tag.startswith(("fwd", "bwd", "rsf", "rsb"))
+            ), where
             issued_by[name] = collections.Counter((r.op, r.group, r.tag) for r in records)
             out[arch, degrees, name] = losses
         for name in ("commfree-recompute", "oases"):  # the recompute repeats no collective
@@ -165,22 +198,27 @@ def _check_fp32(rank: int, world: int, ctx, arch: str, degrees: tuple[int, ...])
     want = ref(tokens, targets)
     want.backward()
     t_embed = plan.tp_of("embed")
-    local = build_schedule("oases", n_sub=2).step(model, layout_rows(tokens, rank, world, t_embed),
-                                                  layout_rows(targets, rank, world, t_embed))
+    local = build_schedule("oases", n_sub=2).step(
+        model, layout_rows(tokens, rank, world, t_embed), layout_rows(targets, rank, world, t_embed)
+    )
     assert local.dtype == torch.float32
     n = tokens.numel()
     where = f"fp32 {arch} {degrees} rank {rank} oases"
-    torch.testing.assert_close(_global_mean(local, world), want.detach(),
-                               **fp32_tol(want, cfg, n, False), msg=where)
+    torch.testing.assert_close(
+        _global_mean(local, world), want.detach(), **fp32_tol(want, cfg, n, False), msg=where
+    )
     full = dict(ref.named_parameters())
     for name, p in model.named_parameters():
         exp = _expected(full[name].grad, p, rank, plan.tp_of(region_of(name)))
-        torch.testing.assert_close(p.grad, exp, **fp32_tol(exp, cfg, n, True),
-                                   msg=lambda m, n=name: f"{where} grad {n}: {m}")
+        torch.testing.assert_close(
+            p.grad,
+            exp,
+            **fp32_tol(exp, cfg, n, True),
+            msg=lambda m, n=name: f"{where} grad {n}: {m}",
+        )
 
 
-def _rank_dropout_twins(rank: int, world: int, cases: list, all_degrees: tuple[int, ...]
-                        ) -> dict:
+def _rank_dropout_twins(rank: int, world: int, cases: list, all_degrees: tuple[int, ...]) -> dict:
     """Dropout 0.1: each recompute schedule equals its twin bit for bit under a mixed plan."""
     ctx = oases.init_distributed(tp=1, degrees=all_degrees)
     out = {}
@@ -196,15 +234,18 @@ def _rank_dropout_twins(rank: int, world: int, cases: list, all_degrees: tuple[i
             model = oases.parallelize(copy.deepcopy(base), ctx, plan).train()
             torch.manual_seed(1234)  # the same masks for every schedule
             loss = build_schedule(name, n_sub=2).step(
-                model, layout_rows(tokens, rank, world, t_embed),
-                layout_rows(targets, rank, world, t_embed))
+                model,
+                layout_rows(tokens, rank, world, t_embed),
+                layout_rows(targets, rank, world, t_embed),
+            )
             runs[name] = (loss, {n: p.grad.clone() for n, p in model.named_parameters()})
         for name, twin in TWINS.items():
             where = f"{arch} {degrees} rank {rank} {name} vs {twin}"
             torch.testing.assert_close(runs[name][0], runs[twin][0], **BITWISE, msg=where)
             for n, g in runs[twin][1].items():
-                torch.testing.assert_close(runs[name][1][n], g, **BITWISE,
-                                           msg=lambda m, w=where, n=n: f"{w} grad {n}: {m}")
+                torch.testing.assert_close(
+                    runs[name][1][n], g, **BITWISE, msg=lambda m, w=where, n=n: f"{w} grad {n}: {m}"
+                )
         ref = copy.deepcopy(base).eval()  # control: dropout is really in play
         out[arch, degrees] = (runs["megatron"][0].item(), ref(tokens, targets).item())
     return out
@@ -254,8 +295,9 @@ def test_reshards_sit_exactly_where_the_degree_changes(name, degrees):
     R = len(degrees)
     changes = {i for i in range(1, R) if degrees[i] != degrees[i - 1]}
     for n_micro in (1, 2):
-        program = build_program(name, R, 2, n_micro=n_micro, degrees=degrees,
-                                dp_tasks=tuple(range(R)))
+        program = build_program(
+            name, R, 2, n_micro=n_micro, degrees=degrees, dp_tasks=tuple(range(R))
+        )
         k = sub_batches(name, 2)
         subs = range(n_micro * k)
         starts = collections.Counter(_key(i) for i in program if isinstance(i, Start))
@@ -290,10 +332,15 @@ def test_reshards_sit_exactly_where_the_degree_changes(name, degrees):
                     assert ins.pieces == (("norm", i),)
         # every piece still runs once per sub-batch and phase
         for j in subs:
-            fwd = sorted(pc for c in program if isinstance(c, Compute) and c.sub == j
-                         and c.phase == "forward" for pc in c.pieces)
-            assert fwd == sorted([("body", i) for i in range(R)]
-                                 + [("epi", i) for i in range(R - 1)])
+            fwd = sorted(
+                pc
+                for c in program
+                if isinstance(c, Compute) and c.sub == j and c.phase == "forward"
+                for pc in c.pieces
+            )
+            assert fwd == sorted(
+                [("body", i) for i in range(R)] + [("epi", i) for i in range(R - 1)]
+            )
 
 
 @pytest.mark.parametrize("degrees", PROGRAM_CASES)
@@ -307,17 +354,20 @@ def test_commfree_recompute_starts_no_collective_at_a_degree_change(name, degree
     started_by_recompute = 0
     for p, ins in enumerate(program):
         if isinstance(ins, Compute) and ins.phase == "recompute":
-            nxt = next((q for q in range(p + 1, len(program))
-                        if isinstance(program[q], Compute)), len(program))
+            nxt = next(
+                (q for q in range(p + 1, len(program)) if isinstance(program[q], Compute)),
+                len(program),
+            )
             started_by_recompute += sum(isinstance(c, Start) for c in program[p + 1 : nxt])
             (_, i), *_ = [pc for pc in ins.pieces if pc[0] == "body"]
-            assert ins.pieces == ((("body", i),) if i in changes
-                                  else (("epi", i - 1), ("body", i))), ins
+            assert ins.pieces == (
+                (("body", i),) if i in changes else (("epi", i - 1), ("body", i))
+            ), ins
     assert started_by_recompute == 0
-    first_bwd = min(p for p, c in enumerate(program)
-                    if isinstance(c, Compute) and c.phase != "forward")
-    assert not [c for c in program[first_bwd:] if isinstance(c, Start)
-                and c.kind in ("fwd", "rsf")]
+    first_bwd = min(
+        p for p, c in enumerate(program) if isinstance(c, Compute) and c.phase != "forward"
+    )
+    assert not [c for c in program[first_bwd:] if isinstance(c, Start) and c.kind in ("fwd", "rsf")]
 
 
 def test_degrees_must_fit_the_chain():

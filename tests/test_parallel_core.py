@@ -64,8 +64,10 @@ def _assert_grads_match(par, ref, ctx, where: str, tol=None) -> None:
         assert p.grad is not None and full is not None, f"{where}: {name} has no grad"
         expected = _expected_shard(full, p, ctx)
         torch.testing.assert_close(
-            p.grad, expected, **(EXACT64 if tol is None else tol(expected)),
-            msg=lambda m, n=name: f"{where}: grad of {n}: {m}"
+            p.grad,
+            expected,
+            **(EXACT64 if tol is None else tol(expected)),
+            msg=lambda m, n=name: f"{where}: grad of {n}: {m}",
         )
 
 
@@ -90,11 +92,16 @@ def _check_fp32_case(cfg: ModelConfig, ctx, seed: int) -> None:
     with torch.no_grad():
         ref_logits, par_logits = ref(tokens), par(tokens)
     assert par_logits.dtype == torch.float32
-    torch.testing.assert_close(par_logits, ref_logits, **fp32_tol(ref_logits, cfg, n, False),
-                               msg=lambda m: f"{where}: logits {m}")
+    torch.testing.assert_close(
+        par_logits,
+        ref_logits,
+        **fp32_tol(ref_logits, cfg, n, False),
+        msg=lambda m: f"{where}: logits {m}",
+    )
     ref_loss, par_loss = ref(tokens, targets), par(tokens, targets)
-    torch.testing.assert_close(par_loss, ref_loss, **fp32_tol(ref_loss, cfg, n, False),
-                               msg=lambda m: f"{where}: loss {m}")
+    torch.testing.assert_close(
+        par_loss, ref_loss, **fp32_tol(ref_loss, cfg, n, False), msg=lambda m: f"{where}: loss {m}"
+    )
     ref_loss.backward()
     par_loss.backward()
     _assert_grads_match(par, ref, ctx, where, tol=lambda want: fp32_tol(want, cfg, n, True))
@@ -119,8 +126,7 @@ def _check_tp_case(cfg: ModelConfig, ctx, seed: int, n_steps: int = 5) -> list[f
 
     ref_loss, par_loss = ref(tokens, targets), par(tokens, targets)
     assert par_loss.dtype == torch.float64, f"{where}: loss in {par_loss.dtype}"
-    torch.testing.assert_close(par_loss, ref_loss, **EXACT64,
-                               msg=lambda m: f"{where}: loss {m}")
+    torch.testing.assert_close(par_loss, ref_loss, **EXACT64, msg=lambda m: f"{where}: loss {m}")
     ref_loss.backward()
     par_loss.backward()
     _assert_grads_match(par, ref, ctx, where)
@@ -203,8 +209,10 @@ def _rank_tp2_dp2_schedules(rank: int, world_size: int) -> dict:
         dist.all_reduce(global_loss, group=ctx.dp_group.pg)
         global_loss /= ctx.dp
         torch.testing.assert_close(
-            global_loss, ref_loss.detach(), **EXACT64,
-            msg=lambda m, s=step: f"{where}: step {s} {m}"
+            global_loss,
+            ref_loss.detach(),
+            **EXACT64,
+            msg=lambda m, s=step: f"{where}: step {s} {m}",
         )
         _assert_grads_match(par, ref, ctx, f"{where} step {step}")
         ref_opt.step()

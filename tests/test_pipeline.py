@@ -39,17 +39,37 @@ TIMEOUT_S = 20.0  # collectives inside the ranks: a mismatch fails fast
 
 def _cfg(arch: str, dropout: float = 0.0) -> oases.ModelConfig:
     if arch == "gpt2":
-        return oases.ModelConfig(arch="gpt2", n_layers=N_LAYERS, dim=32, n_heads=4,
-                                 vocab_size=VOCAB, seq_len=S, tie_embeddings=True,
-                                 dropout=dropout)
-    return oases.ModelConfig(arch="llama", n_layers=N_LAYERS, dim=32, n_heads=4, n_kv_heads=2,
-                             vocab_size=VOCAB, seq_len=S, dropout=dropout)
+        return oases.ModelConfig(
+            arch="gpt2",
+            n_layers=N_LAYERS,
+            dim=32,
+            n_heads=4,
+            vocab_size=VOCAB,
+            seq_len=S,
+            tie_embeddings=True,
+            dropout=dropout,
+        )
+    return oases.ModelConfig(
+        arch="llama",
+        n_layers=N_LAYERS,
+        dim=32,
+        n_heads=4,
+        n_kv_heads=2,
+        vocab_size=VOCAB,
+        seq_len=S,
+        dropout=dropout,
+    )
 
 
 def _batches(batch: int) -> list[tuple[torch.Tensor, torch.Tensor]]:
     g = torch.Generator().manual_seed(5)
-    return [(torch.randint(0, VOCAB, (batch, S), generator=g),
-             torch.randint(0, VOCAB, (batch, S), generator=g)) for _ in range(STEPS)]
+    return [
+        (
+            torch.randint(0, VOCAB, (batch, S), generator=g),
+            torch.randint(0, VOCAB, (batch, S), generator=g),
+        )
+        for _ in range(STEPS)
+    ]
 
 
 def _reference(base: torch.nn.Module, batches: list) -> tuple[list, dict]:
@@ -86,9 +106,16 @@ def _train(model, ctx, name: str, batches: list, n_sub: int, sp: str | None = No
     for tokens, targets in batches:
         mine = [layout_rows(t, ctx.stage.rank, ctx.stage_size, tp) for t in (tokens, targets)]
         local = sched.step(model, *mine)
-        clip_grad_norm_(model.parameters(), MAX_NORM, ctx.groups_for(tp)[0], tp_groups,
-                        getattr(model, "zero_shards", None), ctx.stage, ctx.pp_group,
-                        frozenset() if tied is None else frozenset({id(tied)}))
+        clip_grad_norm_(
+            model.parameters(),
+            MAX_NORM,
+            ctx.groups_for(tp)[0],
+            tp_groups,
+            getattr(model, "zero_shards", None),
+            ctx.stage,
+            ctx.pp_group,
+            frozenset() if tied is None else frozenset({id(tied)}),
+        )
         opt.step()
         opt.zero_grad(set_to_none=True)
         loss = local.detach().clone().reshape(1)
@@ -99,8 +126,9 @@ def _train(model, ctx, name: str, batches: list, n_sub: int, sp: str | None = No
 
 def _check(model, ctx, losses: list, want_losses: list, want_params: dict, where: str) -> None:
     for step, (got, want) in enumerate(zip(losses, want_losses)):
-        torch.testing.assert_close(got, want, **EXACT64,
-                                   msg=lambda m, s=step: f"{where} step {s} loss: {m}")
+        torch.testing.assert_close(
+            got, want, **EXACT64, msg=lambda m, s=step: f"{where} step {s} loss: {m}"
+        )
     plan = model.parallel_plan
     names = [n for n, _ in model.named_parameters()]
     assert names, where
@@ -108,17 +136,27 @@ def _check(model, ctx, losses: list, want_losses: list, want_params: dict, where
         for n, p in model.named_parameters():
             tp = plan.tp_of(region_of(n))
             exp = _local(want_params[n], p, ctx.groups_for(tp)[0].rank, tp)
-            torch.testing.assert_close(p.detach(), exp, **EXACT64,
-                                       msg=lambda m, n=n: f"{where} {n}: {m}")
+            torch.testing.assert_close(
+                p.detach(), exp, **EXACT64, msg=lambda m, n=n: f"{where} {n}: {m}"
+            )
 
 
-def _rank_parity(rank: int, world: int, pp: int, tp: int, cases: list, zero: int = 0,
-                 sp: str | None = None, pp_outer: bool = True,
-                 degrees: tuple[int, ...] | None = None) -> dict:
+def _rank_parity(
+    rank: int,
+    world: int,
+    pp: int,
+    tp: int,
+    cases: list,
+    zero: int = 0,
+    sp: str | None = None,
+    pp_outer: bool = True,
+    degrees: tuple[int, ...] | None = None,
+) -> dict:
     """Every (arch, pp_schedule, inner schedule) case against the reference; ``degrees``: a
     mixed plan's TP degree per region (``tp`` the embedding's)."""
-    ctx = oases.init_distributed(tp=tp, pp=pp, timeout_s=TIMEOUT_S, pp_outer=pp_outer,
-                                 degrees=degrees or ())
+    ctx = oases.init_distributed(
+        tp=tp, pp=pp, timeout_s=TIMEOUT_S, pp_outer=pp_outer, degrees=degrees or ()
+    )
     dp = world // (pp * tp)
     n_sub = 2
     # (a mixed plan's lower degrees split each sub-batch's rows: two rows a sub-batch)
@@ -132,12 +170,15 @@ def _rank_parity(rank: int, world: int, pp: int, tp: int, cases: list, zero: int
             base = to64(oases.build_model(cfg))
             refs[arch] = (base, *_reference(base, batches))
         base, want_losses, want_params = refs[arch]
-        where = (f"{arch} pp={pp} tp={degrees or tp} dp={dp} {pp_schedule} {name} "
-                 f"zero={zero} sp={sp} pp_outer={pp_outer} rank {rank}")
+        where = (
+            f"{arch} pp={pp} tp={degrees or tp} dp={dp} {pp_schedule} {name} "
+            f"zero={zero} sp={sp} pp_outer={pp_outer} rank {rank}"
+        )
         plan = ParallelPlan.uniform(cfg, world, tp, pp=pp, pp_schedule=pp_schedule)
         if degrees is not None:
-            plan.regions = [RegionPlan(r.name, t, world // (pp * t))
-                            for r, t in zip(plan.regions, degrees)]
+            plan.regions = [
+                RegionPlan(r.name, t, world // (pp * t)) for r, t in zip(plan.regions, degrees)
+            ]
         model = oases.parallelize(copy.deepcopy(base), ctx, plan)
         if zero:
             shard_model(model, zero)
@@ -148,16 +189,23 @@ def _rank_parity(rank: int, world: int, pp: int, tp: int, cases: list, zero: int
 
 
 def _spawn(tmp_path, fn, world: int, *args, timeout_s: float = 600.0) -> list:
-    return run_ranks(fn, world, tmp_path, *args, timeout_s=timeout_s,
-                     collective_timeout_s=TIMEOUT_S)
+    return run_ranks(
+        fn, world, tmp_path, *args, timeout_s=timeout_s, collective_timeout_s=TIMEOUT_S
+    )
 
 
 # gpt2 (tied) and llama x gpipe and 1f1b x megatron and oases; 1f1b-pair with oases; zb-h1
 # (its W passes: every block's weight gradients deferred) with megatron on gpt2, oases on llama
-CASES = [(arch, order, name) for arch in ("gpt2", "llama") for order in ("gpipe", "1f1b")
-         for name in ("megatron", "oases")] + [(a, "1f1b-pair", "oases") for a in ("gpt2", "llama")
-                                               ] + [("gpt2", "zb-h1", "megatron"),
-                                                    ("llama", "zb-h1", "oases")]
+CASES = (
+    [
+        (arch, order, name)
+        for arch in ("gpt2", "llama")
+        for order in ("gpipe", "1f1b")
+        for name in ("megatron", "oases")
+    ]
+    + [(a, "1f1b-pair", "oases") for a in ("gpt2", "llama")]
+    + [("gpt2", "zb-h1", "megatron"), ("llama", "zb-h1", "oases")]
+)
 
 
 @pytest.mark.exact
@@ -180,8 +228,12 @@ def test_pp2_tp2_equals_the_single_device_model(tmp_path):
 def test_pp2_dp2_zero1_and_sequence_parallel(tmp_path):
     """pp=2 x dp=2 with ZeRO 1; pp=2 x tp=2 with sequence parallelism; pp=2 x tp=2 laid out
     with the pipeline innermost; pp=2 with mixed TP degrees inside each stage."""
-    cases = [("gpt2", "1f1b", "megatron"), ("gpt2", "1f1b", "oases"),
-             ("llama", "1f1b-pair", "oases"), ("llama", "zb-h1", "overlap")]
+    cases = [
+        ("gpt2", "1f1b", "megatron"),
+        ("gpt2", "1f1b", "oases"),
+        ("llama", "1f1b-pair", "oases"),
+        ("llama", "zb-h1", "overlap"),
+    ]
     _spawn(tmp_path, _rank_more, 4, cases)
 
 
@@ -190,8 +242,12 @@ def test_pp2_dp2_zero2(tmp_path):
     """pp=2 x dp=2 with ZeRO 2 (each micro-batch's gradients reduce-scattered into the shards
     as its backward ends, every pipeline order; llama: GPT-2's tied embedding needs its full
     gradient once a step, refused at stage 2 with one line)."""
-    cases = [("llama", "gpipe", "megatron"), ("llama", "1f1b", "oases"),
-             ("llama", "1f1b-pair", "oases"), ("llama", "zb-h1", "overlap")]
+    cases = [
+        ("llama", "gpipe", "megatron"),
+        ("llama", "1f1b", "oases"),
+        ("llama", "1f1b-pair", "oases"),
+        ("llama", "zb-h1", "overlap"),
+    ]
     _spawn(tmp_path, _rank_parity, 4, 2, 1, cases, 2)
 
 
@@ -265,8 +321,10 @@ def _rank_counts(rank: int, world: int) -> dict:
     base_d = to64(oases.build_model(cfg_d))
     plan_d = ParallelPlan.uniform(cfg_d, world, 2, pp=2)
     out = {}
-    for twin, names in (("megatron", ("megatron-recompute", "commfree-recompute")),
-                        ("overlap", ("oases", "overlap-recompute"))):
+    for twin, names in (
+        ("megatron", ("megatron-recompute", "commfree-recompute")),
+        ("overlap", ("oases", "overlap-recompute")),
+    ):
         got = {}
         for name in (twin, *names):
             model = oases.parallelize(copy.deepcopy(base_d), ctx, plan_d)
@@ -276,8 +334,9 @@ def _rank_counts(rank: int, world: int) -> dict:
         for name in names:
             torch.testing.assert_close(got[name][0], got[twin][0], **BITWISE)
             for n, g in got[twin][1].items():
-                torch.testing.assert_close(got[name][1][n], g, **BITWISE,
-                                           msg=lambda m, n=n, x=name: f"{x} {n}: {m}")
+                torch.testing.assert_close(
+                    got[name][1][n], g, **BITWISE, msg=lambda m, n=n, x=name: f"{x} {n}: {m}"
+                )
         out[twin] = float(got[twin][0])
     return out
 
@@ -305,15 +364,34 @@ def test_cli_train_pp2_equals_one_rank(tmp_path):
     from test_train_cli import TINY, _run_cli
 
     run_dir = tmp_path / "run"
-    args = ["--nproc-per-node", "2", f"--train.run_dir={run_dir}", "--train.precision=fp64",
-            "--parallel.tp=1", "--parallel.pp=2", "--schedule.name=oases",
-            "--train.micro_batch=1", "--schedule.n_sub=1", "--parallel.pp_schedule=1f1b-pair"]
+    args = [
+        "--nproc-per-node",
+        "2",
+        f"--train.run_dir={run_dir}",
+        "--train.precision=fp64",
+        "--parallel.tp=1",
+        "--parallel.pp=2",
+        "--schedule.name=oases",
+        "--train.micro_batch=1",
+        "--schedule.n_sub=1",
+        "--parallel.pp_schedule=1f1b-pair",
+    ]
     proc, _ = _run_cli([str(TINY), *args], 240)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert "pp=2 (stage 0)" in proc.stdout and "no sample at the end" in proc.stderr
-    ref = train(load_config(TINY, [f"--train.run_dir={tmp_path / 'one'}", "--parallel.tp=1",
-                                   "--train.precision=fp64", "--train.sample_tokens=0",
-                                   "--checkpoint.resume=never"]), log=io.StringIO())
+    ref = train(
+        load_config(
+            TINY,
+            [
+                f"--train.run_dir={tmp_path / 'one'}",
+                "--parallel.tp=1",
+                "--train.precision=fp64",
+                "--train.sample_tokens=0",
+                "--checkpoint.resume=never",
+            ],
+        ),
+        log=io.StringIO(),
+    )
     lines = [json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines()]
     rows = [r for r in lines if "loss" in r]
     assert [r["step"] for r in rows] == list(range(1, 7))
@@ -325,8 +403,17 @@ def test_cli_train_pp2_equals_one_rank(tmp_path):
     again = tmp_path / "again"
     shutil.copytree(run_dir, again)
     shutil.rmtree(again / "checkpoints" / "step_000006")
-    proc, _ = _run_cli([str(TINY), "--nproc-per-node", "2", f"--train.run_dir={again}",
-                        *args[3:], "--train.sample_tokens=0"], 240)
+    proc, _ = _run_cli(
+        [
+            str(TINY),
+            "--nproc-per-node",
+            "2",
+            f"--train.run_dir={again}",
+            *args[3:],
+            "--train.sample_tokens=0",
+        ],
+        240,
+    )
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert "resumed from" in proc.stdout and "at step 3" in proc.stdout
     resumed = [json.loads(x) for x in (again / "metrics.jsonl").read_text().splitlines()]
@@ -345,35 +432,53 @@ def test_cli_resume_pp2_tp2_at_pp1_and_at_pp4(tmp_path):
 
     from test_train_cli import TINY, _run_cli
 
-    common = [str(TINY), "--train.precision=fp64", "--model.n_layers=4", "--schedule.name=oases",
-              "--schedule.n_sub=1", "--train.micro_batch=1", "--train.sample_tokens=0"]
+    common = [
+        str(TINY),
+        "--train.precision=fp64",
+        "--model.n_layers=4",
+        "--schedule.name=oases",
+        "--schedule.n_sub=1",
+        "--train.micro_batch=1",
+        "--train.sample_tokens=0",
+    ]
     run_dir = tmp_path / "pp2"
-    proc, _ = _run_cli([*common, "--nproc-per-node", "4", "--parallel.tp=2", "--parallel.pp=2",
-                        f"--train.run_dir={run_dir}"], 300)
+    proc, _ = _run_cli(
+        [
+            *common,
+            "--nproc-per-node",
+            "4",
+            "--parallel.tp=2",
+            "--parallel.pp=2",
+            f"--train.run_dir={run_dir}",
+        ],
+        300,
+    )
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert "layout:    4 ranks = pp=2 (1f1b) x tp=2 x dp=1" in proc.stdout, proc.stdout
 
     def rows(path):
         lines = [json.loads(x) for x in (path / "metrics.jsonl").read_text().splitlines()]
-        return ([(r["step"], r["loss"], r["grad_norm"]) for r in lines if "loss" in r],
-                [r["val_loss"] for r in lines if "val_loss" in r])
+        return (
+            [(r["step"], r["loss"], r["grad_norm"]) for r in lines if "loss" in r],
+            [r["val_loss"] for r in lines if "val_loss" in r],
+        )
 
     want, want_val = rows(run_dir)
     for name, ranks, layout, said in (
-            ("pp1", 2, ["--parallel.tp=2", "--parallel.pp=1"], "pp 2 -> 1"),
-            ("pp4", 4, ["--parallel.tp=1", "--parallel.pp=4"], "pp 2 -> 4")):
+        ("pp1", 2, ["--parallel.tp=2", "--parallel.pp=1"], "pp 2 -> 1"),
+        ("pp4", 4, ["--parallel.tp=1", "--parallel.pp=4"], "pp 2 -> 4"),
+    ):
         again = tmp_path / name
         shutil.copytree(run_dir, again)
         shutil.rmtree(again / "checkpoints" / "step_000006")
-        proc, _ = _run_cli([*common, "--nproc-per-node", str(ranks), *layout,
-                            f"--train.run_dir={again}"], 300)
+        proc, _ = _run_cli(
+            [*common, "--nproc-per-node", str(ranks), *layout, f"--train.run_dir={again}"], 300
+        )
         assert proc.returncode == 0, proc.stdout + proc.stderr
-        assert "saved at pp=2 x tp=2 on 4 ranks" in proc.stdout and said in proc.stdout, \
-            proc.stdout
+        assert "saved at pp=2 x tp=2 on 4 ranks" in proc.stdout and said in proc.stdout, proc.stdout
         got, got_val = rows(again)
         assert [r[0] for r in got] == list(range(1, 7))
-        torch.testing.assert_close([r[1:] for r in got[3:]], [r[1:] for r in want[3:]],
-                                   **EXACT64)
+        torch.testing.assert_close([r[1:] for r in got[3:]], [r[1:] for r in want[3:]], **EXACT64)
         torch.testing.assert_close(got_val[-1], want_val[-1], **EXACT64)
 
 
@@ -382,13 +487,27 @@ def test_cli_train_pp_errors_are_one_line(tmp_path):
     """What a pipeline does not run yet fails before training, with the numbers."""
     from test_train_cli import TINY, _run_cli
 
-    for extra, want in ((["--parallel.zero=3"], "ZeRO stage 2 at most"),
-                        (["--parallel.zero=2", "--model.tie_embeddings=true"],
-                         "runs the embedding and head at ZeRO stage 1 at most (got 2)"),
-                        (["--model.n_layers=1"], "model.n_layers=1 blocks do not fill"),
-                        (["--parallel.pp_schedule=interleaved"], "not built yet")):
-        proc, _ = _run_cli([str(TINY), "--nproc-per-node", "2", "--parallel.tp=1",
-                            "--parallel.pp=2", f"--train.run_dir={tmp_path / 'x'}", *extra], 120)
+    for extra, want in (
+        (["--parallel.zero=3"], "ZeRO stage 2 at most"),
+        (
+            ["--parallel.zero=2", "--model.tie_embeddings=true"],
+            "runs the embedding and head at ZeRO stage 1 at most (got 2)",
+        ),
+        (["--model.n_layers=1"], "model.n_layers=1 blocks do not fill"),
+        (["--parallel.pp_schedule=interleaved"], "not built yet"),
+    ):
+        proc, _ = _run_cli(
+            [
+                str(TINY),
+                "--nproc-per-node",
+                "2",
+                "--parallel.tp=1",
+                "--parallel.pp=2",
+                f"--train.run_dir={tmp_path / 'x'}",
+                *extra,
+            ],
+            120,
+        )
         assert proc.returncode != 0 and want in proc.stdout + proc.stderr, (extra, proc.stderr)
 
 
@@ -410,16 +529,20 @@ def _rank_bf16(rank: int, world: int) -> dict:
         cfg = _cfg(arch)
         torch.manual_seed(0)
         ref = oases.build_model(cfg)
-        model = oases.parallelize(copy.deepcopy(ref), ctx, ParallelPlan.uniform(
-            cfg, world, 1, pp=2, pp_schedule="1f1b-pair"))
+        model = oases.parallelize(
+            copy.deepcopy(ref),
+            ctx,
+            ParallelPlan.uniform(cfg, world, 1, pp=2, pp_schedule="1f1b-pair"),
+        )
         with bf16.autocast():
             want = ref(tokens, targets)
         want.backward()
         with oases.record_collectives() as log, bf16.autocast():
             got = build_schedule("oases", n_sub=1, micro_batch=1).step(model, tokens, targets)
         p2p = [r for r in log if r.op in ("send", "recv")]
-        assert p2p and all(r.dtype == "torch.bfloat16" and r.nbytes == S * 32 * 2
-                           for r in p2p), p2p[:2]
+        assert p2p and all(r.dtype == "torch.bfloat16" and r.nbytes == S * 32 * 2 for r in p2p), (
+            p2p[:2]
+        )
         torch.testing.assert_close(got.float(), want.float().detach(), rtol=1e-2, atol=0)
         ref_grads = dict(ref.named_parameters())
         if ctx.pp_rank == 1 and cfg.tie_embeddings:  # the tied copy: its sum with stage 0's

@@ -34,8 +34,7 @@ def _layout(n_layers: int, pp: int) -> StageLayout:
 
 def _programs(name: str, n_layers: int, pp: int, n_micro: int, n_sub: int = 1, **kw) -> list:
     layout = _layout(n_layers, pp)
-    return [build_stage_program(name, n_sub, layout, s, n_micro=n_micro, **kw)
-            for s in range(pp)]
+    return [build_stage_program(name, n_sub, layout, s, n_micro=n_micro, **kw) for s in range(pp)]
 
 
 def _unit_cost(ins: Compute, deferred: frozenset[int] = frozenset()) -> float:
@@ -94,8 +93,12 @@ def _check_p2p(programs: list, layout: StageLayout, n_subs: int) -> None:
     pp = len(programs)
     for s, prog in enumerate(programs):
         lo, hi = layout.bounds(s)
-        want = {"sf": [hi] if s < pp - 1 else [], "rb": [hi] if s < pp - 1 else [],
-                "rf": [lo] if s > 0 else [], "sb": [lo] if s > 0 else []}
+        want = {
+            "sf": [hi] if s < pp - 1 else [],
+            "rb": [hi] if s < pp - 1 else [],
+            "rf": [lo] if s > 0 else [],
+            "sb": [lo] if s > 0 else [],
+        }
         for kind, bounds in want.items():
             starts, waits = _p2p(prog, Start, kind), _p2p(prog, Wait, kind)
             expect = sorted((b, j) for b in bounds for j in range(n_subs))
@@ -129,15 +132,16 @@ def test_1f1b_warm_up_and_in_flight(pp, n_micro):
         assert all(unit == (("F", m),) for m, unit in enumerate(units[:w]))
         assert in_flight(units) == min(pp - s, n_micro)  # at most P - s in flight
         flat = [p for unit in units for p in unit]
-        assert sorted(flat) == sorted([("F", m) for m in range(n_micro)]
-                                      + [("B", m) for m in range(n_micro)])
+        assert sorted(flat) == sorted(
+            [("F", m) for m in range(n_micro)] + [("B", m) for m in range(n_micro)]
+        )
         assert [m for k, m in flat if k == "F"] == list(range(n_micro))
         assert [m for k, m in flat if k == "B"] == list(range(n_micro))
         paired = one_f_one_b_order(pp, s, n_micro, pair=True)
         wp = warmup_forwards(pp, s, n_micro, pair=True)
         assert wp == min(2 * (pp - s) - 1, n_micro)
         assert paired[:wp] == [(("F", m),) for m in range(wp)]
-        assert paired[wp: n_micro] == [(("F", m + wp), ("B", m)) for m in range(n_micro - wp)]
+        assert paired[wp:n_micro] == [(("F", m + wp), ("B", m)) for m in range(n_micro - wp)]
         assert in_flight(paired) == min(2 * (pp - s), n_micro)
         gpipe = pipeline_order("gpipe", pp, s, n_micro)
         assert in_flight(gpipe) == n_micro
@@ -172,8 +176,15 @@ def test_stage_starts():
 
 # --------------------------------------------------------------------------- programs
 
-INNER = ("megatron", "megatron-recompute", "commfree-recompute", "overlap",
-         "overlap-recompute", "oases", "merak")
+INNER = (
+    "megatron",
+    "megatron-recompute",
+    "commfree-recompute",
+    "overlap",
+    "overlap-recompute",
+    "oases",
+    "merak",
+)
 
 
 @pytest.mark.parametrize("pp_schedule", PIPELINE_SCHEDULES)
@@ -182,11 +193,19 @@ def test_stage_programs_run_together(name, pp_schedule):
     """Every inner schedule x pipeline schedule, 2-4 stages, 1-5 micro-batches, 1-2
     sub-batches, with and without sequence parallelism: one send and receive per boundary,
     sub-batch and direction, matched in order, and no deadlock."""
-    for pp, n_micro, n_sub, sp in itertools.product((2, 3, 4), (1, 2, 5), (1, 2),
-                                                    (None, "shards")):
+    for pp, n_micro, n_sub, sp in itertools.product((2, 3, 4), (1, 2, 5), (1, 2), (None, "shards")):
         layout = _layout(4, pp)
-        programs = _programs(name, 4, pp, n_micro, n_sub, pp_schedule=pp_schedule, sp=sp,
-                             dp_tasks=tuple(range(10)), tied=True)
+        programs = _programs(
+            name,
+            4,
+            pp,
+            n_micro,
+            n_sub,
+            pp_schedule=pp_schedule,
+            sp=sp,
+            dp_tasks=tuple(range(10)),
+            tied=True,
+        )
         k = n_sub if name not in ("megatron", "megatron-recompute", "commfree-recompute") else 1
         _check_p2p(programs, layout, n_micro * k)
         _walk(programs)
@@ -219,18 +238,25 @@ def test_steady_state_pairs_a_forward_collective_with_a_backward_compute():
         w = warmup_forwards(pp, s, n_micro, pair=True)
         assert n_micro - w >= 2
         for m in range(n_micro - w):
-            first_b = next(i for i, ins in enumerate(prog)
-                           if isinstance(ins, Compute) and ins.phase != "forward"
-                           and ins.sub == m)
-            fwd = [i for i, ins in enumerate(prog)
-                   if isinstance(ins, Start) and ins.kind == "fwd" and ins.sub == m + w]
+            first_b = next(
+                i
+                for i, ins in enumerate(prog)
+                if isinstance(ins, Compute) and ins.phase != "forward" and ins.sub == m
+            )
+            fwd = [
+                i
+                for i, ins in enumerate(prog)
+                if isinstance(ins, Start) and ins.kind == "fwd" and ins.sub == m + w
+            ]
             assert fwd and fwd[0] < first_b, (s, m)
             hidden = False
             for i in fwd:
                 start = prog[i]
                 end = prog.index(Wait("fwd", start.index, start.sub))
-                hidden = hidden or any(isinstance(ins, Compute) and ins.sub == m
-                                       and ins.phase != "forward" for ins in prog[i:end])
+                hidden = hidden or any(
+                    isinstance(ins, Compute) and ins.sub == m and ins.phase != "forward"
+                    for ins in prog[i:end]
+                )
             assert hidden, (s, m)
     # plain 1F1B: a forward collective never flies over a backward compute
     for prog in _programs("oases", 4, pp, n_micro, 1, pp_schedule="1f1b"):
@@ -284,8 +310,7 @@ def test_commfree_recompute_repeats_no_collective_inside_stages():
 def test_boundary_needs_one_degree():
     layout = _layout(2, 2)
     with pytest.raises(ValueError, match="either side of a stage boundary"):
-        build_stage_program("megatron", 1, layout, 0, n_micro=1,
-                            degrees=(2, 2, 2, 1, 1, 1))
+        build_stage_program("megatron", 1, layout, 0, n_micro=1, degrees=(2, 2, 2, 1, 1, 1))
 
 
 def test_tied_sum_comes_before_the_tied_weight_is_reduced():
@@ -298,16 +323,25 @@ def test_tied_sum_comes_before_the_tied_weight_is_reduced():
     uses = tuple((i,) for i in range(n))
     for zero, kind in ((ZeroLayout((1,) * n, uses), "rs"), (None, "dp")):
         for s, index in ((0, 0), (1, n - 1)):
-            prog = build_stage_program("oases", 2, layout, s, n_micro=n_micro, zero=zero,
-                                       dp_tasks=tuple(range(*layout.bounds(s))), tied=True)
+            prog = build_stage_program(
+                "oases",
+                2,
+                layout,
+                s,
+                n_micro=n_micro,
+                zero=zero,
+                dp_tasks=tuple(range(*layout.bounds(s))),
+                tied=True,
+            )
             sub = n_micro - 1 if kind == "rs" else 0
             tie = prog.index(Start("tie", 0))
             assert prog.index(Wait("tie", 0)) < prog.index(Start(kind, index, sub))
             last = max(i for i, ins in enumerate(prog) if isinstance(ins, Compute))
             assert last < tie < prog.index(Wait(kind, index, sub))
     with pytest.raises(ValueError, match="ZeRO stage 2 of region 9"):
-        build_stage_program("oases", 2, layout, 1, n_micro=2, zero=ZeroLayout((2,) * n, uses),
-                            tied=True)
+        build_stage_program(
+            "oases", 2, layout, 1, n_micro=2, zero=ZeroLayout((2,) * n, uses), tied=True
+        )
     with pytest.raises(ValueError, match="ZeRO stage 3 inside pipeline stages"):
         build_stage_program("oases", 2, layout, 0, n_micro=2, zero=ZeroLayout((3,) * n, uses))
 
@@ -328,17 +362,24 @@ def test_pipeline_plan_checks_and_json_round_trip():
     with pytest.raises(ValueError, match="made for 16 ranks .* this run has 8"):
         ParallelPlan([RegionPlan(n, 2, 4) for n in region_names(cfg)], pp=2).check(cfg, 8)
     with pytest.raises(ValueError, match="do not fit world size 8 over pp=2 stages"):
-        ParallelPlan([RegionPlan(n, 2, 4 if i else 2) for i, n in enumerate(region_names(cfg))],
-                     pp=2).check(cfg, 8)
+        ParallelPlan(
+            [RegionPlan(n, 2, 4 if i else 2) for i, n in enumerate(region_names(cfg))], pp=2
+        ).check(cfg, 8)
     with pytest.raises(ValueError, match="not the attention region"):
         ParallelPlan.uniform(cfg, 8, 2, pp=2, stage_starts=[4]).check(cfg, 8)
     with pytest.raises(ValueError, match="not built yet"):
         ParallelPlan.uniform(cfg, 8, 2, pp=2, pp_schedule="interleaved").check(cfg, 8)
-    mixed = ParallelPlan([RegionPlan(n, 1 if i < 5 else 2, 4 if i < 5 else 2)
-                          for i, n in enumerate(region_names(cfg))], pp=2)
+    mixed = ParallelPlan(
+        [
+            RegionPlan(n, 1 if i < 5 else 2, 4 if i < 5 else 2)
+            for i, n in enumerate(region_names(cfg))
+        ],
+        pp=2,
+    )
     with pytest.raises(ValueError, match="either side of a pipeline stage boundary"):
         mixed.check(cfg, 8)
     mixed.stage_starts = [3]  # the degree changes inside stage 1 (at block 1's MLP): fine
-    mixed.regions = [RegionPlan(n, 1 if i < 4 else 2, 4 if i < 4 else 2)
-                     for i, n in enumerate(region_names(cfg))]
+    mixed.regions = [
+        RegionPlan(n, 1 if i < 4 else 2, 4 if i < 4 else 2) for i, n in enumerate(region_names(cfg))
+    ]
     mixed.check(cfg, 8)

@@ -79,8 +79,7 @@ def test_two_stage_gpipe_step_is_the_hand_derived_one(n_micro, link):
     """
     f, b = 1.0, 1.5
     cfg = dataclasses.replace(CFG, tie_embeddings=False)
-    plan = ParallelPlan.uniform(cfg, 2, 1, schedule="megatron", n_sub=1, pp=2,
-                                pp_schedule="gpipe")
+    plan = ParallelPlan.uniform(cfg, 2, 1, schedule="megatron", n_sub=1, pp=2, pp_schedule="gpipe")
     res = simulate_pipeline(cfg, plan, _Hand(f, b, link), 2, BatchShape(n_micro, 1))
     F, B = 4 * f, 4 * b
     assert res.step_s == pytest.approx((n_micro + 1) * (F + B) + 2 * link, rel=1e-12)
@@ -111,8 +110,9 @@ def test_first_stage_of_1f1b_holds_p_micro_batches_gpipe_m(pp):
     n_micro = 6
     acts = {}
     for sched, m in (("gpipe", n_micro), ("1f1b", n_micro), ("1f1b", 1)):
-        plan = ParallelPlan.uniform(CFG, pp, 1, schedule="megatron", n_sub=1, pp=pp,
-                                    pp_schedule=sched)
+        plan = ParallelPlan.uniform(
+            CFG, pp, 1, schedule="megatron", n_sub=1, pp=pp, pp_schedule=sched
+        )
         res = simulate_pipeline(CFG, plan, _hw(), pp, BatchShape(m, 1), timeline=False)
         acts[sched, m] = res.breakdown["stage0_activations_bytes"]
     one = acts["1f1b", 1]
@@ -129,8 +129,7 @@ def test_stage_memory_holds_its_own_regions_and_a_tied_copy_on_the_last():
     assert staged.breakdown["params_bytes"] < whole.breakdown["params_bytes"]
     tied = staged.breakdown["stage1_params_bytes"]
     untied_cfg = dataclasses.replace(CFG, tie_embeddings=False)
-    untied = simulate_pipeline(untied_cfg, staged_plan, _hw(), 8, BatchShape(4, 4),
-                               timeline=False)
+    untied = simulate_pipeline(untied_cfg, staged_plan, _hw(), 8, BatchShape(4, 4), timeline=False)
     # untied, the head owns its own weight: the same bytes as the tied copy
     assert untied.breakdown["stage1_params_bytes"] == tied
     assert staged.breakdown["stage0_params_bytes"] == untied.breakdown["stage0_params_bytes"]
@@ -140,9 +139,17 @@ def test_a_slower_link_between_servers_raises_the_step_and_its_bubble():
     cfg = dataclasses.replace(CFG, dim=1024, n_heads=8, seq_len=1024, n_layers=8)
     plan = ParallelPlan.uniform(cfg, 32, 4, schedule="oases", n_sub=1, pp=8)
     batch = BatchShape(16, 1)
-    fast, slow = (simulate_pipeline(cfg, plan, HardwareCosts(
-        load_any_cluster("paper-3090-pcie-32", g), cfg, "bf16", "bf16"), 32, batch,
-        timeline=False) for g in (100.0, 1.0))
+    fast, slow = (
+        simulate_pipeline(
+            cfg,
+            plan,
+            HardwareCosts(load_any_cluster("paper-3090-pcie-32", g), cfg, "bf16", "bf16"),
+            32,
+            batch,
+            timeline=False,
+        )
+        for g in (100.0, 1.0)
+    )
     assert slow.step_s > fast.step_s
     assert slow.step_parts()["bubble"] > fast.step_parts()["bubble"]
     # a boundary inside a server is priced on its link, one across servers on the network's
@@ -151,8 +158,9 @@ def test_a_slower_link_between_servers_raises_the_step_and_its_bubble():
 
 
 def test_stages_that_wait_on_each_other_are_refused():
-    step = StepCosts(piece_s=lambda *a: 1.0, collective_s=lambda k, i: 1.0,
-                     stream_of=lambda k, i: k)
+    step = StepCosts(
+        piece_s=lambda *a: 1.0, collective_s=lambda k, i: 1.0, stream_of=lambda k, i: k
+    )
     a = [Start("rb", 1, 0), Wait("rb", 1, 0), Start("sf", 1, 0), Wait("sf", 1, 0)]
     b = [Start("rf", 1, 0), Wait("rf", 1, 0), Start("sb", 1, 0), Wait("sb", 1, 0)]
     with pytest.raises(ValueError, match="wait on each other"):
@@ -170,7 +178,9 @@ def test_plan_specs_with_stages_parse():
     assert parse_plan(str(spec)) == spec
     entries = parse_entries("oases@tp=2,pp=2,pps=gpipe,megatron@tp=2,pp=2,zero=1", "auto")
     assert [(n, s.pp, s.pps, s.zero) for n, s in entries] == [
-        ("oases", 2, "gpipe", None), ("megatron", 2, None, 1)]
+        ("oases", 2, "gpipe", None),
+        ("megatron", 2, None, 1),
+    ]
     for bad in ("auto,pp=2", "tp=2,pps=gpipe", "tp=2,pp=2,pps=zb", "tp=2,pp=0", "tp=2,pp=2,pp=4"):
         with pytest.raises(ValueError):
             parse_plan(bad)
@@ -179,10 +189,27 @@ def test_plan_specs_with_stages_parse():
 def test_simulate_prints_pipeline_rows_with_their_bubble(capsys, tmp_path):
     from oases.cli import main
 
-    code = main(["simulate", "--model", "paper-h1024-l24", "--cluster", "paper-3090-pcie-32",
-                 "--inter-gbps", "10", "--dtype", "bf16", "--schedules",
-                 "oases@tp=4,oases@tp=4,pp=4,oases@tp=4,pp=4,pps=gpipe,zero=1",
-                 "--global-batch", "32", "--micro-batch", "2", "--out", str(tmp_path)])
+    code = main(
+        [
+            "simulate",
+            "--model",
+            "paper-h1024-l24",
+            "--cluster",
+            "paper-3090-pcie-32",
+            "--inter-gbps",
+            "10",
+            "--dtype",
+            "bf16",
+            "--schedules",
+            "oases@tp=4,oases@tp=4,pp=4,oases@tp=4,pp=4,pps=gpipe,zero=1",
+            "--global-batch",
+            "32",
+            "--micro-batch",
+            "2",
+            "--out",
+            str(tmp_path),
+        ]
+    )
     out = capsys.readouterr().out
     assert code == 0
     assert "bubble" in out and "tp=4,pp=4" in out and "tp=4,pp=4,pps=gpipe,zero=1" in out
@@ -209,12 +236,17 @@ def test_zb_h1_prices_its_weight_gradients_and_shortens_the_step(pp, n_layers):
     cfg = dataclasses.replace(CFG, tie_embeddings=False, n_layers=n_layers)
     res = {}
     for order in ("1f1b", "zb-h1"):
-        plan = ParallelPlan.uniform(cfg, pp, 1, schedule="megatron", n_sub=1, pp=pp,
-                                    pp_schedule=order)
-        res[order] = simulate_pipeline(cfg, plan, _HandSplit(1.0, 2.0, 0.1), pp,
-                                       BatchShape(8, 1), timeline=False)
+        plan = ParallelPlan.uniform(
+            cfg, pp, 1, schedule="megatron", n_sub=1, pp=pp, pp_schedule=order
+        )
+        res[order] = simulate_pipeline(
+            cfg, plan, _HandSplit(1.0, 2.0, 0.1), pp, BatchShape(8, 1), timeline=False
+        )
     assert res["zb-h1"].step_parts()["compute"] == pytest.approx(
-        res["1f1b"].step_parts()["compute"], rel=1e-12)
-    assert res["zb-h1"].step_s < 0.97 * res["1f1b"].step_s, (res["zb-h1"].step_s,
-                                                             res["1f1b"].step_s)
+        res["1f1b"].step_parts()["compute"], rel=1e-12
+    )
+    assert res["zb-h1"].step_s < 0.97 * res["1f1b"].step_s, (
+        res["zb-h1"].step_s,
+        res["1f1b"].step_s,
+    )
     assert res["zb-h1"].step_parts()["bubble"] < res["1f1b"].step_parts()["bubble"]

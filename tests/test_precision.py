@@ -33,12 +33,16 @@ def test_names_map_to_dtypes_and_autocast():
         assert bf16.grad_reduce_dtype == torch.float32  # DP reduction in fp32 by default
         assert resolve_precision("bf16", device, "bf16").grad_reduce_dtype == torch.bfloat16
     assert resolve_precision("fp64", cpu).grad_reduce_dtype == torch.float64  # the master dtype
-    assert resolve_precision("bf16", cpu).describe() == {"compute": "bf16", "grad_reduce": "fp32",
-                                                         "master": "fp32"}
+    assert resolve_precision("bf16", cpu).describe() == {
+        "compute": "bf16",
+        "grad_reduce": "fp32",
+        "master": "fp32",
+    }
     with resolve_precision("bf16", cpu).autocast():
         assert (torch.ones(2, 2) @ torch.ones(2, 2)).dtype == torch.bfloat16
-    with pytest.raises(ValueError,
-                       match="train.precision='fp16' must be one of auto, fp32, bf16, fp64"):
+    with pytest.raises(
+        ValueError, match="train.precision='fp16' must be one of auto, fp32, bf16, fp64"
+    ):
         resolve_precision("fp16", cpu)
     with pytest.raises(ValueError, match="parallel.grad_reduce_dtype='fp16' must be one of"):
         resolve_precision("bf16", cpu, "fp16")
@@ -115,10 +119,14 @@ def test_bf16_keeps_activations_in_bf16_and_master_state_in_fp32(arch):
         def hook(_m, _i, out) -> None:  # returns None: the output stays the module's
             if torch.is_tensor(out) and out.is_floating_point():
                 seen.setdefault(name, out.dtype)
+
         return hook
 
-    hooks = [m.register_forward_hook(note(n)) for n, m in model.named_modules()
-             if n not in ("", "embed", "loss_fn")]
+    hooks = [
+        m.register_forward_hook(note(n))
+        for n, m in model.named_modules()
+        if n not in ("", "embed", "loss_fn")
+    ]
     with resolve_precision("bf16", torch.device("cpu")).autocast():
         loss = model(tokens, tokens)
         assert to_activation(torch.ones(2)).dtype == torch.bfloat16

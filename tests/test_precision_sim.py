@@ -30,8 +30,9 @@ from oases.planner.simulate import simulate_plan
 from oases.planner.whatif import parse_entries, simulate_cluster
 
 # a small GPT without dropout, so every activation byte is in the compute dtype
-SMALL = ModelConfig(arch="gpt2", n_layers=4, dim=1024, n_heads=16, vocab_size=50257,
-                    seq_len=1024, dropout=0.0)
+SMALL = ModelConfig(
+    arch="gpt2", n_layers=4, dim=1024, n_heads=16, vocab_size=50257, seq_len=1024, dropout=0.0
+)
 PAPER = "paper-3090-pcie-32"
 
 
@@ -55,14 +56,16 @@ class Recorder:
         return {n for o, g, _, n in self.calls if (o, g) == (op, group)}
 
 
-def _run(dtype: str, grad_reduce: str = "fp32", zero: int = 0, tp: int = 4,
-         cfg: ModelConfig = SMALL) -> tuple[Recorder, object]:
+def _run(
+    dtype: str, grad_reduce: str = "fp32", zero: int = 0, tp: int = 4, cfg: ModelConfig = SMALL
+) -> tuple[Recorder, object]:
     costs = Recorder(HardwareCosts(CLUSTERS[PAPER], cfg, dtype, grad_reduce))
     plan = with_zero(ParallelPlan.uniform(cfg, 32, tp, schedule="megatron"), zero)
     return costs, simulate_plan(cfg, plan, costs, 32, BatchShape(32, 32))
 
 
 # ----------------------------------------------------------------------- bytes by tensor kind
+
 
 def test_bf16_halves_the_tp_all_reduce_bytes_and_their_byte_term():
     fp32, _ = _run("fp32")
@@ -76,17 +79,20 @@ def test_bf16_halves_the_tp_all_reduce_bytes_and_their_byte_term():
     ranks = range(4)
     lat = c.collective_ranks_s("all_reduce", ranks, 1)
     term = c.collective_ranks_s("all_reduce", ranks, a) - lat
-    assert c.collective_ranks_s("all_reduce", ranks, b) - lat == pytest.approx(term / 2,
-                                                                              rel=0.02)
+    assert c.collective_ranks_s("all_reduce", ranks, b) - lat == pytest.approx(term / 2, rel=0.02)
 
 
 def test_bf16_halves_reshard_bytes():
     def gathered(dtype: str) -> set[int]:
         costs = Recorder(HardwareCosts(CLUSTERS[PAPER], SMALL, dtype))
         plan = ParallelPlan.uniform(SMALL, 32, 2, schedule="megatron")
-        plan = dataclasses.replace(plan, regions=[dataclasses.replace(r, tp=4, dp=8)
-                                                  if i >= 3 else r
-                                                  for i, r in enumerate(plan.regions)])
+        plan = dataclasses.replace(
+            plan,
+            regions=[
+                dataclasses.replace(r, tp=4, dp=8) if i >= 3 else r
+                for i, r in enumerate(plan.regions)
+            ],
+        )
         simulate_plan(SMALL, plan, costs, 32, BatchShape(32, 32))
         return {n for o, g, k, n in costs.calls if o == "all_gather"}
 
@@ -97,8 +103,10 @@ def test_bf16_halves_reshard_bytes():
 def test_bf16_halves_the_activation_memory_and_keeps_the_model_state():
     _, fp32 = _run("fp32")
     _, bf16 = _run("bf16")
-    act32, act16 = fp32.breakdown["activations_peak_bytes"], bf16.breakdown[
-        "activations_peak_bytes"]
+    act32, act16 = (
+        fp32.breakdown["activations_peak_bytes"],
+        bf16.breakdown["activations_peak_bytes"],
+    )
     assert act32 > 0 and act16 * 2 == act32
     for kind in ("params_bytes", "optimizer_state_bytes", "grads_bytes"):
         assert bf16.breakdown[kind] == fp32.breakdown[kind] > 0  # fp32 master, AdamW, grads
@@ -108,13 +116,13 @@ def test_bf16_halves_the_activation_memory_and_keeps_the_model_state():
     for kind in ("attn", "mlp"):
         for mode in ("none", "block", "commfree"):
             full = analytic_saved_bytes(SMALL, kind, mode, 4, 2)
-            assert analytic_saved_bytes(SMALL, kind, mode, 4, 2,
-                                        PlanPrecision("bf16")) * 2 == full
+            assert analytic_saved_bytes(SMALL, kind, mode, 4, 2, PlanPrecision("bf16")) * 2 == full
     # ... and a dropout mask stays one byte an element
     drop = dataclasses.replace(SMALL, dropout=0.1)
     h = analytic_saved_bytes(drop, "mlp", "none", 4, 1, PlanPrecision("bf16"))
     assert h - analytic_saved_bytes(SMALL, "mlp", "none", 4, 1, PlanPrecision("bf16")) == (
-        SMALL.seq_len * SMALL.dim)
+        SMALL.seq_len * SMALL.dim
+    )
 
 
 def test_dp_gradient_reduction_stays_fp32_by_default_and_halves_with_bf16():
@@ -159,10 +167,15 @@ def test_tf32_keeps_fp32_bytes_and_the_presets_carry_bf16_efficiencies():
 
 # -------------------------------------------------------------------------------- profiles
 
+
 def _profile(precision: PlanPrecision = FP32) -> Profile:
-    return Profile(dataclasses.asdict(SMALL), {"device": "cpu", "backend": "gloo"},
-                   [{"region": "attn", "phase": "forward", "piece": "body", "tp": 1,
-                     "rows": 1, "s": 0.01}], [], precision=precision)
+    return Profile(
+        dataclasses.asdict(SMALL),
+        {"device": "cpu", "backend": "gloo"},
+        [{"region": "attn", "phase": "forward", "piece": "body", "tp": 1, "rows": 1, "s": 0.01}],
+        [],
+        precision=precision,
+    )
 
 
 def test_a_profile_records_its_precision_and_round_trips(tmp_path):
@@ -202,8 +215,12 @@ def test_plan_precision_resolves_as_the_run_would():
     assert resolve_plan_precision("auto", gpu=False) == FP32
     assert resolve_plan_precision("bf16", "bf16") == PlanPrecision("bf16", "bf16")
     assert resolve_plan_precision("fp64", gpu=False) == PlanPrecision("fp64", "fp64", "fp64")
-    assert PlanPrecision.from_record({"compute": "fp64", "grad_reduce": "fp64",
-                                      "master": "fp64"}).master_bytes == 8
+    assert (
+        PlanPrecision.from_record(
+            {"compute": "fp64", "grad_reduce": "fp64", "master": "fp64"}
+        ).master_bytes
+        == 8
+    )
     with pytest.raises(ValueError, match="train.precision"):
         resolve_plan_precision("int8")
     hw = load_costs("hw:a100-ib-64", SMALL, "auto")
@@ -213,11 +230,18 @@ def test_plan_precision_resolves_as_the_run_would():
 
 # ------------------------------------------------------------------------ MFU and tokens/s
 
+
 def test_mfu_in_the_table_is_the_formula_checked_by_hand():
     cfg = MODELS["paper-h1024-l24"]
-    rep = simulate_cluster(cfg, CLUSTERS[PAPER], parse_entries("megatron@tp=4,oases@tp=8",
-                                                               "auto"),
-                           BatchSpec(64, None, 32), 1e12, dtype="bf16", model_name="paper")
+    rep = simulate_cluster(
+        cfg,
+        CLUSTERS[PAPER],
+        parse_entries("megatron@tp=4,oases@tp=8", "auto"),
+        BatchSpec(64, None, 32),
+        1e12,
+        dtype="bf16",
+        model_name="paper",
+    )
     H, L, S, V = 1024, 24, 1024, 50257
     n = L * 12 * H * H + V * H  # qkv 3H^2 + proj H^2 + fc1 4H^2 + fc2 4H^2 a layer; the head
     assert matmul_params(cfg) == n
@@ -230,8 +254,11 @@ def test_mfu_in_the_table_is_the_formula_checked_by_hand():
         assert row.mfu == pytest.approx(by_hand, rel=1e-12)
         assert 0 < row.mfu < 1
         assert row.tokens_per_s_per_gpu == pytest.approx(tokens / row.result.step_s / 32)
-        line = next(x for x in text.splitlines() if x.strip().startswith(row.schedule)
-                    and f"tp={row.plan.degrees()[0]}" in x)
+        line = next(
+            x
+            for x in text.splitlines()
+            if x.strip().startswith(row.schedule) and f"tp={row.plan.degrees()[0]}" in x
+        )
         assert f"{by_hand:.1%}" in line.split()
         assert f"{row.tokens_per_s_per_gpu:,.0f}" in line.split()
     assert "MFU = model FLOPs per step (6 N tokens + 12 L H S tokens" in text
@@ -241,21 +268,50 @@ def test_simulate_bf16_works_for_every_preset(tmp_path, capsys):
     from oases.cli import main
 
     model = tmp_path / "m.toml"
-    model.write_text("[model]\narch = 'llama'\nn_layers = 2\ndim = 1024\nn_heads = 16\n"
-                     "n_kv_heads = 16\nffn_dim = 2816\nseq_len = 1024\nvocab_size = 32000\n")
+    model.write_text(
+        "[model]\narch = 'llama'\nn_layers = 2\ndim = 1024\nn_heads = 16\n"
+        "n_kv_heads = 16\nffn_dim = 2816\nseq_len = 1024\nvocab_size = 32000\n"
+    )
     for name in CLUSTERS:
         out = tmp_path / name
-        code = main(["simulate", "--model", str(model), "--cluster", name, "--dtype", "bf16",
-                     "--schedules", "oases@auto", "--out", str(out)])
+        code = main(
+            [
+                "simulate",
+                "--model",
+                str(model),
+                "--cluster",
+                name,
+                "--dtype",
+                "bf16",
+                "--schedules",
+                "oases@auto",
+                "--out",
+                str(out),
+            ]
+        )
         assert code == 0, name
         data = json.loads((out / "simulate.json").read_text())
         assert data["dtype"] == "bf16" and data["precision"]["compute"] == "bf16", name
         row = data["rows"][0]
         assert 0 < row["mfu"] < 1 and row["tokens_per_s_per_gpu"] > 0, name
         assert data["peak_flops_per_gpu"] == CLUSTERS[name].server.gpu.peak_flops["bf16"]
-    code = main(["simulate", "--model", str(model), "--cluster", "a100-nvlink", "--dtype",
-                 "bf16", "--grad-reduce-dtype", "bf16", "--attention", "fused", "--out",
-                 str(tmp_path / "gr")])
+    code = main(
+        [
+            "simulate",
+            "--model",
+            str(model),
+            "--cluster",
+            "a100-nvlink",
+            "--dtype",
+            "bf16",
+            "--grad-reduce-dtype",
+            "bf16",
+            "--attention",
+            "fused",
+            "--out",
+            str(tmp_path / "gr"),
+        ]
+    )
     assert code == 0
     data = json.loads((tmp_path / "gr" / "simulate.json").read_text())
     assert data["precision"] == {"compute": "bf16", "grad_reduce": "bf16", "master": "fp32"}
@@ -267,13 +323,25 @@ def test_plan_in_bf16_prices_the_run_precision(tmp_path, capsys):
     from oases.cli import main
 
     run = tmp_path / "run.toml"
-    run.write_text("[model]\narch = 'llama'\nn_layers = 2\ndim = 1024\nn_heads = 16\n"
-                   "n_kv_heads = 16\nffn_dim = 2816\nseq_len = 1024\nvocab_size = 32000\n"
-                   "[train]\nglobal_batch = 64\nmicro_batch = 1\nprecision = 'bf16'\n")
+    run.write_text(
+        "[model]\narch = 'llama'\nn_layers = 2\ndim = 1024\nn_heads = 16\n"
+        "n_kv_heads = 16\nffn_dim = 2816\nseq_len = 1024\nvocab_size = 32000\n"
+        "[train]\nglobal_batch = 64\nmicro_batch = 1\nprecision = 'bf16'\n"
+    )
     for name in ("paper-3090-pcie-32", "a100-ib-64", "h100-ib-64"):
         world = CLUSTERS[name].world_size
-        code = main(["plan", str(run), "--world-size", str(world), "--hardware", name,
-                     "--out", str(tmp_path / f"{name}.json")])
+        code = main(
+            [
+                "plan",
+                str(run),
+                "--world-size",
+                str(world),
+                "--hardware",
+                name,
+                "--out",
+                str(tmp_path / f"{name}.json"),
+            ]
+        )
         out = capsys.readouterr().out
         assert code == 0, name
         assert "bf16 matmuls" in out and "bf16 compute, fp32 grad reduce" in out, name
@@ -283,12 +351,15 @@ def test_a_cluster_file_may_give_a_dtype_efficiency(tmp_path):
     from oases.planner.clusters import load_cluster, save_cluster
 
     path = tmp_path / "lab.toml"
-    gpu = ("name = 'g'\npeak_flops = {fp32 = 20e12, bf16 = 300e12}\nmemory_bytes = 40e9\n"
-           "memory_bandwidth_bytes_per_s = 1.5e12\nmatmul_efficiency = 0.8\n"
-           "elementwise_efficiency = 0.8\n")
-    path.write_text("name = 'lab'\nservers = 1\n[server]\ngpus_per_server = 4\n"
-                    "link = 'pcie4-x16'\n[server.gpu]\n" + gpu
-                    + "dtype_efficiency = {bf16 = 0.7}\n")
+    gpu = (
+        "name = 'g'\npeak_flops = {fp32 = 20e12, bf16 = 300e12}\nmemory_bytes = 40e9\n"
+        "memory_bandwidth_bytes_per_s = 1.5e12\nmatmul_efficiency = 0.8\n"
+        "elementwise_efficiency = 0.8\n"
+    )
+    path.write_text(
+        "name = 'lab'\nservers = 1\n[server]\ngpus_per_server = 4\n"
+        "link = 'pcie4-x16'\n[server.gpu]\n" + gpu + "dtype_efficiency = {bf16 = 0.7}\n"
+    )
     lab = load_cluster(path)
     assert HardwareCosts(lab, SMALL, "bf16").matmul_flops_per_s == pytest.approx(0.7 * 300e12)
     assert HardwareCosts(lab, SMALL, "fp32").matmul_flops_per_s == pytest.approx(0.8 * 20e12)

@@ -24,8 +24,26 @@ from oases.data.prepare import PrepareRequest, prepare
 from oases.train.data import load_corpus, tokenize_corpus
 from oases.train.tokenizer import build_tokenizer, train_bpe
 
-WORDS = ["alpha", "beta", "gamma", "délta", "εψιλον", "zeta", "eta", "theta", "iota", "kappa",
-         "(x)", "=", "+", "\t", "0123", "'s", "don't", "€"]
+WORDS = [
+    "alpha",
+    "beta",
+    "gamma",
+    "délta",
+    "εψιλον",
+    "zeta",
+    "eta",
+    "theta",
+    "iota",
+    "kappa",
+    "(x)",
+    "=",
+    "+",
+    "\t",
+    "0123",
+    "'s",
+    "don't",
+    "€",
+]
 
 
 def _text(rng: random.Random, lines: int) -> str:
@@ -70,8 +88,10 @@ def hf_tokenizer(tmp_path_factory):
 
 
 def _prepare(src, out, tokenizer="byte", **kw):
-    return prepare(PrepareRequest([str(s) for s in np.atleast_1d(src)], Path(out), tokenizer,
-                                  **kw), log=open(os.devnull, "w"))
+    return prepare(
+        PrepareRequest([str(s) for s in np.atleast_1d(src)], Path(out), tokenizer, **kw),
+        log=open(os.devnull, "w"),
+    )
 
 
 def _in_memory(src, tokenizer):
@@ -94,8 +114,9 @@ def _jsonl_tree(root: Path) -> Path:
 
 @pytest.mark.parametrize("tokenizer", ["byte", "hf"])
 @pytest.mark.parametrize("corpus", ["by-file", "one-file", "jsonl-tail"])
-def test_prepared_tokens_equal_the_in_memory_path(tmp_path, small_tasks, hf_tokenizer,
-                                                  tokenizer, corpus):
+def test_prepared_tokens_equal_the_in_memory_path(
+    tmp_path, small_tasks, hf_tokenizer, tokenizer, corpus
+):
     tokenizer = hf_tokenizer if tokenizer == "hf" else tokenizer
     if corpus == "by-file":  # 25 files: every 20th held out
         src = make_tree(tmp_path / "src", 25)
@@ -133,7 +154,8 @@ def test_bpe_trains_on_a_bounded_seeded_sample(tmp_path, small_tasks):
     from oases.train.data import stream_documents
 
     assert open_dataset(tmp_path / "whole").tokenizer() == train_bpe(
-        stream_documents(corpus.train), 400)
+        stream_documents(corpus.train), 400
+    )
     assert whole["tokenizer"]["sample_bytes"] == len(corpus.train)
     a = _prepare(src, tmp_path / "a", "bpe", vocab_size=400, bpe_sample_bytes=9000, seed=1)
     b = _prepare(src, tmp_path / "b", "bpe", vocab_size=400, bpe_sample_bytes=9000, seed=1)
@@ -170,17 +192,25 @@ def test_training_resumed_mid_epoch_equals_uninterrupted(tmp_path):
     tiny = Path(__file__).resolve().parent.parent / "configs" / "tiny.toml"
 
     def cfg(name, *more):
-        return load_config(tiny, [f"--data.source={tmp_path / 'ds'}", "--parallel.tp=1",
-                                  f"--train.run_dir={tmp_path / name}", "--train.eval_every=0",
-                                  "--checkpoint.every=0", "--train.precision=fp64",
-                                  "--train.sample_tokens=0", *more])
+        return load_config(
+            tiny,
+            [
+                f"--data.source={tmp_path / 'ds'}",
+                "--parallel.tp=1",
+                f"--train.run_dir={tmp_path / name}",
+                "--train.eval_every=0",
+                "--checkpoint.every=0",
+                "--train.precision=fp64",
+                "--train.sample_tokens=0",
+                *more,
+            ],
+        )
 
     full = train(cfg("full"), log=io.StringIO())
     first = train(cfg("split"), log=io.StringIO(), stop_after=3)
     rest = train(cfg("split", "--checkpoint.resume=auto"), log=io.StringIO())
     assert first["end_step"] == 3 and rest["start_step"] == 3
-    torch.testing.assert_close(first["losses"] + rest["losses"], full["losses"], rtol=1e-10,
-                               atol=0)
+    torch.testing.assert_close(first["losses"] + rest["losses"], full["losses"], rtol=1e-10, atol=0)
     manifest = json.loads((Path(rest["checkpoint"]) / "oases.json").read_text())
     assert manifest["extras"]["data"] == {"position": 6}
     assert manifest["extras"]["corpus"] == open_dataset(tmp_path / "ds").manifest["fingerprint"]
@@ -229,12 +259,13 @@ def test_blend_weights_hold_within_one_percent(tmp_path):
     share = np.bincount(source, minlength=3) / 10_000
     assert np.abs(share - [0.5, 0.3, 0.2]).max() <= 0.01
     for c in range(3):  # within an epoch of a source, no window twice
-        w = window[source == c][:batches.windows[c]]
+        w = window[source == c][: batches.windows[c]]
         assert len(set(w.tolist())) == len(w)
     default = _prepare(srcs, tmp_path / "ds2")  # no weights: each source's size
     tokens = [s["train"]["tokens"] for s in default["sources"]]
     assert [s["weight"] for s in default["sources"]] == pytest.approx(
-        [t / sum(tokens) for t in tokens])
+        [t / sum(tokens) for t in tokens]
+    )
 
 
 # ---------------------------------------------------------------- resumable preparation
@@ -246,8 +277,11 @@ def test_an_interrupted_preparation_resumes_and_keeps_finished_shards(tmp_path, 
     good = "\n".join(rows).encode()
     rows[60] = '{"body": "no text field"}'
     (src / "doc021.jsonl").write_text("\n".join(rows))  # a late file: earlier shards finish
-    with pytest.raises(ValueError, match=r"doc021\.jsonl:61: expected an object with a string "
-                       "'text'"):
+    with pytest.raises(
+        ValueError,
+        match=r"doc021\.jsonl:61: expected an object with a string "
+        "'text'",
+    ):
         _prepare(src, tmp_path / "ds")
     finished = sorted((tmp_path / "ds").glob("source-0/*.json"))
     assert finished and not (tmp_path / "ds" / "dataset.json").exists()
@@ -313,8 +347,10 @@ def test_empty_corpus_and_missing_field_are_one_line_errors(tmp_path, small_task
         _prepare(blank, tmp_path / "ds2")
     _one_line(e, blank)
     rows = tmp_path / "rows.jsonl"  # the missing field far into the file: its own shard
-    rows.write_text("".join(json.dumps({"body": "x " * 50}) + "\n" for _ in range(400))
-                    + '{"text": "no body"}\n')
+    rows.write_text(
+        "".join(json.dumps({"body": "x " * 50}) + "\n" for _ in range(400))
+        + '{"text": "no body"}\n'
+    )
     with pytest.raises(ValueError, match="expected an object with a string 'body'") as e:
         _prepare(rows, tmp_path / "ds3", text_field="body")
     _one_line(e, f"{rows}:401:")
@@ -350,7 +386,7 @@ def test_truncated_or_changed_shards_are_one_line_errors(tmp_path):
         open_dataset(tmp_path / "ds")
     _one_line(e, shard)
     mid = len(raw) // 2  # a change in the middle: found by --verify
-    shard.write_bytes(raw[:mid] + bytes([raw[mid] ^ 1]) + raw[mid + 1:])
+    shard.write_bytes(raw[:mid] + bytes([raw[mid] ^ 1]) + raw[mid + 1 :])
     if len(raw) > 4 * 65536:
         open_dataset(tmp_path / "ds")
     with pytest.raises(ValueError, match="content changed"):
@@ -366,8 +402,9 @@ def test_parquet_source(tmp_path):
     pq = pytest.importorskip("pyarrow.parquet")
     rng = random.Random(4)
     texts = [_text(rng, rng.randint(1, 5)) for _ in range(500)]
-    pq.write_table(pa.table({"text": texts, "n": list(range(500))}), tmp_path / "a.parquet",
-                   row_group_size=64)
+    pq.write_table(
+        pa.table({"text": texts, "n": list(range(500))}), tmp_path / "a.parquet", row_group_size=64
+    )
     manifest = _prepare(tmp_path / "a.parquet", tmp_path / "ds")
     ds = open_dataset(tmp_path / "ds")
     stream = b"".join(t.encode() + b"\0" for t in texts)
@@ -395,8 +432,12 @@ def test_saved_hf_dataset_source(tmp_path):
     (folder / "part.jsonl").write_text("".join(json.dumps({"text": t}) + "\n" for t in texts))
     _prepare(f"hfds:{folder}", tmp_path / "ds2")
     assert open_dataset(tmp_path / "ds2").fingerprint.files == 1
-    got = np.concatenate([open_dataset(tmp_path / "ds2").train[0].read_all(),
-                          open_dataset(tmp_path / "ds2").val[0].read_all()])
+    got = np.concatenate(
+        [
+            open_dataset(tmp_path / "ds2").train[0].read_all(),
+            open_dataset(tmp_path / "ds2").val[0].read_all(),
+        ]
+    )
     assert bytes(got.astype(np.uint8)) == stream
 
 
@@ -434,6 +475,22 @@ def test_run_prepares_the_embedded_default_once_and_checks_a_folder(tmp_path):
     bad = load_config(None, [f"--data.source={tmp_path / 'bpe'}"])
     with pytest.raises(ValueError, match="--data.tokenizer=bpe --data.vocab_size=300"):
         open_run_data(bad, data_fingerprint(bad))
-    assert isinstance(split_batches(open_run_data(load_config(None, [
-        f"--data.source={tmp_path / 'bpe'}", "--data.tokenizer=bpe", "--data.vocab_size=300"]),
-        fp).dataset, "val", 8, 2), ShardBatches)
+    assert isinstance(
+        split_batches(
+            open_run_data(
+                load_config(
+                    None,
+                    [
+                        f"--data.source={tmp_path / 'bpe'}",
+                        "--data.tokenizer=bpe",
+                        "--data.vocab_size=300",
+                    ],
+                ),
+                fp,
+            ).dataset,
+            "val",
+            8,
+            2,
+        ),
+        ShardBatches,
+    )

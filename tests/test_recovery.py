@@ -48,10 +48,21 @@ from oases.train.supervise import (
 REPO = Path(__file__).resolve().parent.parent
 TINY = REPO / "configs" / "tiny.toml"
 STEPS = 8
-ARGS = [str(TINY), "--nproc-per-node", "2", "--max-restarts", "2",
-        "--schedule.name=oases", "--schedule.n_sub=2", "--schedule.max_inflight=2",
-        f"--train.steps={STEPS}", "--checkpoint.every=2", "--checkpoint.keep=10",
-        "--train.eval_every=4", "--train.sample_tokens=0"]
+ARGS = [
+    str(TINY),
+    "--nproc-per-node",
+    "2",
+    "--max-restarts",
+    "2",
+    "--schedule.name=oases",
+    "--schedule.n_sub=2",
+    "--schedule.max_inflight=2",
+    f"--train.steps={STEPS}",
+    "--checkpoint.every=2",
+    "--checkpoint.keep=10",
+    "--train.eval_every=4",
+    "--train.sample_tokens=0",
+]
 
 
 # ---------------------------------------------------------------- pieces, one process
@@ -61,12 +72,14 @@ def test_fault_spec_parses_and_rejects_with_one_line():
     f = parse("kill:rank=1:step=7:at=collective:n=3")
     assert (f.kind, f.rank, f.step, f.at, f.n, f.attempt) == ("kill", 1, 7, "collective", 3, 0)
     assert parse("stop:rank=0:step=2").at == "step"
-    for bad, words in [("boom:rank=1:step=2", "kind must be one of kill, stop"),
-                       ("kill:step=2", "rank= is required"),
-                       ("kill:rank=1:step=2:at=lunch", "at must be one of"),
-                       ("kill:rank=1:step=2:at=collective", "n >= 2"),
-                       ("kill:rank=x:step=2", "integers"),
-                       ("kill:rank=1:step=2:when=now", "'when=now' is not one of")]:
+    for bad, words in [
+        ("boom:rank=1:step=2", "kind must be one of kill, stop"),
+        ("kill:step=2", "rank= is required"),
+        ("kill:rank=1:step=2:at=lunch", "at must be one of"),
+        ("kill:rank=1:step=2:at=collective", "n >= 2"),
+        ("kill:rank=x:step=2", "integers"),
+        ("kill:rank=1:step=2:when=now", "'when=now' is not one of"),
+    ]:
         with pytest.raises(ValueError, match=words):
             parse(bad)
 
@@ -99,7 +112,8 @@ def test_cause_is_a_stopped_rank_else_the_first_failure_signal_first():
     stopped = RankEnd(1, 12.0, signal="SIGSTOP")
     assert cause_of([peer, stopped]) is stopped
     assert describe_failure([peer, stopped]) == (
-        "rank 1 stopped (SIGSTOP), rank 0 exited with code 1 (E)")
+        "rank 1 stopped (SIGSTOP), rank 0 exited with code 1 (E)"
+    )
     assert cause_of([RankEnd(0, 5.0), killed]) is killed  # rank 0 killed by the supervisor
 
 
@@ -114,9 +128,17 @@ def test_events_are_held_until_opened_and_read_in_time_order(tmp_path):
     log.add({"event": "finished"})
     text = (run_dir / "restarts.jsonl").read_text()
     assert [json.loads(line)["event"] for line in text.splitlines()] == [
-        "fault", "launch", "attempt", "finished"]  # as written
+        "fault",
+        "launch",
+        "attempt",
+        "finished",
+    ]  # as written
     assert [e["event"] for e in read_events(run_dir)] == [
-        "launch", "attempt", "fault", "finished"]  # by time, from the last launch
+        "launch",
+        "attempt",
+        "fault",
+        "finished",
+    ]  # by time, from the last launch
     EventLog(run_dir).add({"event": "launch"})  # a refused second launch: never opened
     assert (run_dir / "restarts.jsonl").read_text() == text
 
@@ -149,8 +171,9 @@ def _fake_checkpoint(root: Path, step: int) -> Path:
     """A complete checkpoint as far as ``read_manifest`` sees (no tensors)."""
     path = root / ckpt.step_dir_name(step)
     path.mkdir(parents=True)
-    (path / ckpt.MANIFEST).write_text(json.dumps(
-        {"format": ckpt.FORMAT_VERSION, "step": step, "files": {}}))
+    (path / ckpt.MANIFEST).write_text(
+        json.dumps({"format": ckpt.FORMAT_VERSION, "step": step, "files": {}})
+    )
     (path / ckpt.COMPLETE).write_text(f"{step}\n")
     return path
 
@@ -160,8 +183,9 @@ def test_restart_resumes_from_the_runs_newest_checkpoint(tmp_path):
     root = ckpt.checkpoint_root(cfg)
 
     def resume(setting: str, given: int | None) -> str:
-        c = load_config(TINY, [f"--train.run_dir={tmp_path / 'run'}",
-                               f"--checkpoint.resume={setting}"])
+        c = load_config(
+            TINY, [f"--train.run_dir={tmp_path / 'run'}", f"--checkpoint.resume={setting}"]
+        )
         return restart_config(c, given).checkpoint.resume
 
     other = _fake_checkpoint(tmp_path / "other", 4)  # the run started from another run's step 4
@@ -181,12 +205,20 @@ def test_restart_resumes_from_the_runs_newest_checkpoint(tmp_path):
 # ---------------------------------------------------------------- faults, 2 ranks (slow)
 
 
-def _run_session(cmd: list[str], env: dict[str, str],
-                 timeout_s: float) -> subprocess.CompletedProcess:
+def _run_session(
+    cmd: list[str], env: dict[str, str], timeout_s: float
+) -> subprocess.CompletedProcess:
     """``cmd`` in a new session; past ``timeout_s`` the whole process group gets SIGKILL (the
     supervisor and its ranks, a stopped rank included) and the test fails."""
-    proc = subprocess.Popen(cmd, cwd=REPO, env=env, stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True, start_new_session=True)
+    proc = subprocess.Popen(
+        cmd,
+        cwd=REPO,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+    )
     try:
         out, err = proc.communicate(timeout=timeout_s)
     except subprocess.TimeoutExpired:
@@ -196,19 +228,35 @@ def _run_session(cmd: list[str], env: dict[str, str],
     return subprocess.CompletedProcess(cmd, proc.returncode, out, err)
 
 
-def _run(run_dir: Path, tmp: Path, fault: str = "", extra: tuple[str, ...] = (),
-         timeout_s: float = 150) -> subprocess.CompletedProcess:
+def _run(
+    run_dir: Path, tmp: Path, fault: str = "", extra: tuple[str, ...] = (), timeout_s: float = 150
+) -> subprocess.CompletedProcess:
     """``oases train ARGS`` in a subprocess, with ``OASES_FAULT=fault`` and ``TMPDIR=tmp``."""
-    env = {k: v for k, v in os.environ.items() if k not in (
-        "TORCHELASTIC_RUN_ID", "TORCHELASTIC_RESTART_COUNT", "LOCAL_RANK", "RANK",
-        "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT", "OASES_FAULT")}
+    env = {
+        k: v
+        for k, v in os.environ.items()
+        if k
+        not in (
+            "TORCHELASTIC_RUN_ID",
+            "TORCHELASTIC_RESTART_COUNT",
+            "LOCAL_RANK",
+            "RANK",
+            "WORLD_SIZE",
+            "MASTER_ADDR",
+            "MASTER_PORT",
+            "OASES_FAULT",
+        )
+    }
     env["PYTHONPATH"] = os.pathsep.join([str(REPO / "src"), env.get("PYTHONPATH", "")])
     env["TMPDIR"] = str(tmp)
     if fault:
         env["OASES_FAULT"] = fault
     tmp.mkdir(parents=True, exist_ok=True)
-    proc = _run_session([sys.executable, "-m", "oases", "train", *ARGS,
-                         f"--train.run_dir={run_dir}", *extra], env, timeout_s)
+    proc = _run_session(
+        [sys.executable, "-m", "oases", "train", *ARGS, f"--train.run_dir={run_dir}", *extra],
+        env,
+        timeout_s,
+    )
     left = [p.name for p in tmp.iterdir() if p.name.startswith(("torchelastic_", "oases-"))]
     assert left == [], "launcher folders left in the temporary directory"
     return proc
@@ -216,8 +264,10 @@ def _run(run_dir: Path, tmp: Path, fault: str = "", extra: tuple[str, ...] = (),
 
 def _metrics(run_dir: Path) -> tuple[dict[int, float], dict[int, float]]:
     rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
-    return ({r["step"]: r["loss"] for r in rows if "loss" in r},
-            {r["step"]: r["val_loss"] for r in rows if "val_loss" in r})
+    return (
+        {r["step"]: r["loss"] for r in rows if "loss" in r},
+        {r["step"]: r["val_loss"] for r in rows if "val_loss" in r},
+    )
 
 
 def _complete(run_dir: Path) -> list[str]:
@@ -242,8 +292,9 @@ def reference(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return base / "run"
 
 
-def _assert_recovered(reference: Path, run_dir: Path, proc: subprocess.CompletedProcess,
-                      resume_step: int) -> None:
+def _assert_recovered(
+    reference: Path, run_dir: Path, proc: subprocess.CompletedProcess, resume_step: int
+) -> None:
     """All steps done, each loss the reference's, the reference's checkpoints, and the
     attempt that finished resumed from ``resume_step``."""
     assert proc.returncode == 0, proc.stdout + proc.stderr
@@ -267,8 +318,15 @@ FAULTS = {  # fault -> (rank, signal, last step logged, step the restart resumes
 }
 
 
-def _assert_one_restart(run_dir: Path, proc: subprocess.CompletedProcess, rank: int, sig: str,
-                        last: int, resume: int, first_resume: int = 0) -> dict:
+def _assert_one_restart(
+    run_dir: Path,
+    proc: subprocess.CompletedProcess,
+    rank: int,
+    sig: str,
+    last: int,
+    resume: int,
+    first_resume: int = 0,
+) -> dict:
     """The one restart line and the events (each attempt's first step is the one after its
     resume point: ``first_resume``, then ``resume``); returns the injected fault's event."""
     lines = [ln for ln in proc.stderr.splitlines() if ln.startswith("attempt ")]
@@ -281,13 +339,16 @@ def _assert_one_restart(run_dir: Path, proc: subprocess.CompletedProcess, rank: 
     assert failure["cause"] == rank and failure["restart"] and injected["rank"] == rank
     assert failure["time"] >= injected["time"]
     assert [(e["attempt"], e["step"]) for e in _events(run_dir, "first_step")] == [
-        (0, first_resume + 1), (1, resume + 1)]
+        (0, first_resume + 1),
+        (1, resume + 1),
+    ]
     return injected
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("fault", list(FAULTS), ids=["kill-mid-save", "kill-mid-collective",
-                                                     "stop-mid-step"])
+@pytest.mark.parametrize(
+    "fault", list(FAULTS), ids=["kill-mid-save", "kill-mid-collective", "stop-mid-step"]
+)
 def test_fault_restarts_the_group_and_loses_nothing(reference, tmp_path, fault):
     rank, sig, last, resume = FAULTS[fault]
     run_dir = tmp_path / "run"
@@ -305,12 +366,12 @@ def test_fault_restarts_the_group_and_loses_nothing(reference, tmp_path, fault):
         before = program[starts[3]]  # the 4th collective (a step's first 5 are the schedule's)
         waited = program.index(Wait(before.kind, before.index, before.sub))
         assert waited > starts[4] and injected["previous"]["tag"].startswith(
-            f"{before.kind}:{before.index}:{before.sub}")
+            f"{before.kind}:{before.index}:{before.sub}"
+        )
 
 
 @pytest.mark.slow
-def test_kill_mid_step_after_an_explicit_checkpoint_restarts_from_the_newest(reference,
-                                                                             tmp_path):
+def test_kill_mid_step_after_an_explicit_checkpoint_restarts_from_the_newest(reference, tmp_path):
     """Resumed from an explicit checkpoint path (step 4), the run saves step 6, then rank 1 is
     killed in step 8: the restart continues from step 6, not from the path it was given."""
     run_dir = tmp_path / "run"
@@ -318,8 +379,9 @@ def test_kill_mid_step_after_an_explicit_checkpoint_restarts_from_the_newest(ref
     for step in (6, 8):
         shutil.rmtree(run_dir / "checkpoints" / ckpt.step_dir_name(step))
     given = run_dir / "checkpoints" / "step_000004"
-    proc = _run(run_dir, tmp_path / "tmp", "kill:rank=1:step=8:at=step",
-                (f"--checkpoint.resume={given}",))
+    proc = _run(
+        run_dir, tmp_path / "tmp", "kill:rank=1:step=8:at=step", (f"--checkpoint.resume={given}",)
+    )
     _assert_recovered(reference, run_dir, proc, 6)
     assert f"resumed from {given} at step 4 " in proc.stdout
     injected = _assert_one_restart(run_dir, proc, 1, "SIGKILL", 7, 6, first_resume=4)
@@ -327,8 +389,7 @@ def test_kill_mid_step_after_an_explicit_checkpoint_restarts_from_the_newest(ref
 
 
 @pytest.mark.slow
-def test_truncated_and_deleted_shards_resume_from_the_newest_intact_checkpoint(reference,
-                                                                                tmp_path):
+def test_truncated_and_deleted_shards_resume_from_the_newest_intact_checkpoint(reference, tmp_path):
     """Between runs, step 8's shard of rank 1 is truncated and step 6's of rank 0 deleted:
     the run resumes from step 4 with a warning for each, and saves 6 and 8 again."""
     run_dir = tmp_path / "run"

@@ -17,13 +17,13 @@ from test_mixed_plans import layout_rows
 W, B = 4, 8
 
 
-
-
 def _rank_reshard(rank, world_size):
     ctx = init_distributed(tp=1, degrees=(2, 4))
     out = {
-        "tp2": ctx.groups_for(2)[0].ranks, "dp2": ctx.groups_for(2)[1].ranks,
-        "m12": ctx.merge_group(1, 2).ranks, "m24": ctx.merge_group(2, 4).ranks,
+        "tp2": ctx.groups_for(2)[0].ranks,
+        "dp2": ctx.groups_for(2)[1].ranks,
+        "m12": ctx.merge_group(1, 2).ranks,
+        "m24": ctx.merge_group(2, 4).ranks,
         "m14": ctx.merge_group(4, 1).ranks,
     }
     g = torch.Generator().manual_seed(0)

@@ -107,8 +107,12 @@ def _assert_grads_equal(got: dict, want: dict, where: str, tol=EXACT64) -> None:
     assert set(got) == set(want), f"{where}: names differ {sorted(set(got) ^ set(want))}"
     for n, g in want.items():
         assert got[n] is not None, f"{where}: {n} has no grad"
-        torch.testing.assert_close(got[n], g, **(tol(g) if callable(tol) else tol),
-                                   msg=lambda m, n=n: f"{where}: grad {n}: {m}")
+        torch.testing.assert_close(
+            got[n],
+            g,
+            **(tol(g) if callable(tol) else tol),
+            msg=lambda m, n=n: f"{where}: grad {n}: {m}",
+        )
 
 
 def _assert_grads_match_single_device(par, ref, ctx, where: str, tol=EXACT64) -> None:
@@ -163,11 +167,14 @@ def _rank_match_megatron(rank: int, world_size: int) -> dict:
             where = f"{arch} tp={ctx.tp} rank={rank} {name}"
             loss, grads, model, _ = _step(name, ref, ctx, tokens, targets, n_sub=2)
             assert loss.dtype == torch.float64, f"{where}: {loss.dtype}"
-            torch.testing.assert_close(loss, base_loss, **EXACT64,
-                                       msg=lambda m, w=where: f"{w}: {m}")
             torch.testing.assert_close(
-                loss, ref_loss.detach(), **EXACT64,
-                msg=lambda m, w=where: f"{w} vs single device: {m}"
+                loss, base_loss, **EXACT64, msg=lambda m, w=where: f"{w}: {m}"
+            )
+            torch.testing.assert_close(
+                loss,
+                ref_loss.detach(),
+                **EXACT64,
+                msg=lambda m, w=where: f"{w} vs single device: {m}",
             )
             _assert_grads_equal(grads, base_grads, f"{where} vs megatron")
             _assert_grads_match_single_device(model, ref, ctx, f"{where} vs single device")
@@ -183,8 +190,13 @@ def _rank_match_megatron(rank: int, world_size: int) -> dict:
     n = tokens.numel()
     assert loss.dtype == torch.float32
     torch.testing.assert_close(loss, ref_loss.detach(), **fp32_tol(ref_loss, cfg, n, False))
-    _assert_grads_match_single_device(model, ref, ctx, f"fp32 oases tp={ctx.tp} rank={rank}",
-                                      tol=lambda want: fp32_tol(want, cfg, n, True))
+    _assert_grads_match_single_device(
+        model,
+        ref,
+        ctx,
+        f"fp32 oases tp={ctx.tp} rank={rank}",
+        tol=lambda want: fp32_tol(want, cfg, n, True),
+    )
     return losses
 
 
@@ -364,8 +376,11 @@ def _rank_tp2_dp2(rank: int, world_size: int) -> dict:
             ref_params = dict(ref.named_parameters())  # float64: the bound holds through AdamW
             for n, p in par.named_parameters():
                 torch.testing.assert_close(
-                    p.detach(), _expected_shard(ref_params[n].detach(), p, ctx), **EXACT64,
-                    msg=lambda m, w=where, n=n: f"{w}: param {n} after 3 AdamW steps: {m}")
+                    p.detach(),
+                    _expected_shard(ref_params[n].detach(), p, ctx),
+                    **EXACT64,
+                    msg=lambda m, w=where, n=n: f"{w}: param {n} after 3 AdamW steps: {m}",
+                )
             out[arch, micro_batch] = losses
     return out
 

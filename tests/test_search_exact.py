@@ -25,35 +25,88 @@ SCHEDULES = tuple(n for n, s in SPECS.items() if not s.sequence_parallel)
 
 
 def _model(arch: str, layers: int, tied: bool) -> ModelConfig:
-    return ModelConfig(arch=arch, n_layers=layers, dim=128, n_heads=8,
-                       n_kv_heads=8 if arch == "gpt2" else 4, ffn_dim=512, vocab_size=512,
-                       seq_len=32, dropout=0.1 if arch == "gpt2" else 0.0, tie_embeddings=tied)
+    return ModelConfig(
+        arch=arch,
+        n_layers=layers,
+        dim=128,
+        n_heads=8,
+        n_kv_heads=8 if arch == "gpt2" else 4,
+        ffn_dim=512,
+        vocab_size=512,
+        seq_len=32,
+        dropout=0.1 if arch == "gpt2" else 0.0,
+        tie_embeddings=tied,
+    )
 
 
 def _gloo_profile(cfg: ModelConfig) -> Profile:
     """A profile of CPU ranks on gloo, with contention both ways (the walks that stretch
     compute and collectives) and gloo's extra buffers (the memory walk's copies)."""
-    pieces = [(p, k) for p in ("forward", "recompute") for k in (
-        "body", "body-commfree", "epi", "sp-norm", "sp-core", "sp-core-commfree", "sp-epi")]
-    pieces += [("backward", k) for k in ("norm", "epi", "tp", "sp-norm", "sp-epi", "sp-dx",
-                                         "sp-dw")]
-    compute = [{"region": region, "phase": phase, "piece": piece, "tp": t, "rows": r,
-                "s": (1e-3 if piece in ("body", "tp", "sp-core", "sp-dx") else 2e-4) * r / t}
-               for region in ("embed", "attn", "mlp", "head") for phase, piece in pieces
-               for t in (1, 2, 4) for r in (1, 2, 4, 8, 16)]
-    collectives = [{"op": op, "group_size": g, "nbytes": n, "s": 1e-4 + n / 1e8}
-                   for op in ("all_reduce", "all_gather", "reduce_scatter")
-                   for g in (2, 4, 8) for n in (2**12, 2**18, 2**24)]
-    model = {k: getattr(cfg, k) for k in ("arch", "dim", "n_heads", "n_kv_heads", "ffn_dim",
-                                          "vocab_size", "seq_len", "tie_embeddings")}
-    return Profile(model, {"cpu": "synthetic", "backend": "gloo"}, compute, collectives, [],
-                   [{"n_params": 1e4, "s": 1e-4}, {"n_params": 1e7, "s": 1e-2}], 5e7,
-                   contention_factors={"all_reduce": 1.3, "all_gather": 1.2},
-                   comm_contention_factors={"all_reduce": 1.5})
+    pieces = [
+        (p, k)
+        for p in ("forward", "recompute")
+        for k in (
+            "body",
+            "body-commfree",
+            "epi",
+            "sp-norm",
+            "sp-core",
+            "sp-core-commfree",
+            "sp-epi",
+        )
+    ]
+    pieces += [
+        ("backward", k) for k in ("norm", "epi", "tp", "sp-norm", "sp-epi", "sp-dx", "sp-dw")
+    ]
+    compute = [
+        {
+            "region": region,
+            "phase": phase,
+            "piece": piece,
+            "tp": t,
+            "rows": r,
+            "s": (1e-3 if piece in ("body", "tp", "sp-core", "sp-dx") else 2e-4) * r / t,
+        }
+        for region in ("embed", "attn", "mlp", "head")
+        for phase, piece in pieces
+        for t in (1, 2, 4)
+        for r in (1, 2, 4, 8, 16)
+    ]
+    collectives = [
+        {"op": op, "group_size": g, "nbytes": n, "s": 1e-4 + n / 1e8}
+        for op in ("all_reduce", "all_gather", "reduce_scatter")
+        for g in (2, 4, 8)
+        for n in (2**12, 2**18, 2**24)
+    ]
+    model = {
+        k: getattr(cfg, k)
+        for k in (
+            "arch",
+            "dim",
+            "n_heads",
+            "n_kv_heads",
+            "ffn_dim",
+            "vocab_size",
+            "seq_len",
+            "tie_embeddings",
+        )
+    }
+    return Profile(
+        model,
+        {"cpu": "synthetic", "backend": "gloo"},
+        compute,
+        collectives,
+        [],
+        [{"n_params": 1e4, "s": 1e-4}, {"n_params": 1e7, "s": 1e-2}],
+        5e7,
+        contention_factors={"all_reduce": 1.3, "all_gather": 1.2},
+        comm_contention_factors={"all_reduce": 1.5},
+    )
 
 
-def _random_plan(rng: random.Random, cfg: ModelConfig, world: int,
-                 degrees: list[int]) -> ParallelPlan:
+def _random_plan(
+    rng: random.Random, cfg: ModelConfig, world: int, degrees: list[int]
+) -> ParallelPlan:
     schedule = rng.choice(list(SPECS))
     sp = "" if SPECS[schedule].sequence_parallel else rng.choice(["", "gathered", "shards"])
     names = region_names(cfg)
@@ -62,8 +115,12 @@ def _random_plan(rng: random.Random, cfg: ModelConfig, world: int,
         chosen.append(chosen[-1] if rng.random() < 0.6 else rng.choice(degrees))
     if cfg.tie_embeddings:
         chosen[-1] = chosen[0]
-    plan = ParallelPlan([RegionPlan(n, t, world // t) for n, t in zip(names, chosen)],
-                        n_sub=rng.choice([1, 2, 4]), schedule=schedule, sequence_parallel=sp)
+    plan = ParallelPlan(
+        [RegionPlan(n, t, world // t) for n, t in zip(names, chosen)],
+        n_sub=rng.choice([1, 2, 4]),
+        schedule=schedule,
+        sequence_parallel=sp,
+    )
     return with_zero(plan, rng.choice([0, 1, 2, 3]))
 
 
@@ -73,11 +130,17 @@ def test_compiled_walks_give_the_reference_floats():
     schedule, ZeRO stage and sequence-parallel mode, micro-batches, presets and a profile."""
     rng = random.Random(29)
     checked = 0
-    for arch, layers, tied, world, source in [("gpt2", 3, True, 8, "hw"), ("llama", 2, False, 4,
-                                              "hw"), ("gpt2", 2, False, 4, "profile")]:
+    for arch, layers, tied, world, source in [
+        ("gpt2", 3, True, 8, "hw"),
+        ("llama", 2, False, 4, "hw"),
+        ("gpt2", 2, False, 4, "profile"),
+    ]:
         cfg = _model(arch, layers, tied)
-        costs = (_gloo_profile(cfg) if source == "profile" else
-                 load_costs("hw:paper-3090-pcie-32", cfg, "bf16"))
+        costs = (
+            _gloo_profile(cfg)
+            if source == "profile"
+            else load_costs("hw:paper-3090-pcie-32", cfg, "bf16")
+        )
         degrees = [t for t in candidate_degrees(cfg, world) if source == "hw" or t <= 4]
         for _ in range(40):
             plan = _random_plan(rng, cfg, world, degrees)
@@ -86,12 +149,14 @@ def test_compiled_walks_give_the_reference_floats():
             inflight = rng.choice([1, 2])
             try:
                 plan.check(cfg, world)
-                fast = simulate_plan(cfg, plan, costs, world, batch, max_inflight=inflight,
-                                     timeline=False)
+                fast = simulate_plan(
+                    cfg, plan, costs, world, batch, max_inflight=inflight, timeline=False
+                )
             except (BatchSplitError, ValueError):
                 continue
-            ref = simulate_plan(cfg, plan, costs, world, batch, max_inflight=inflight,
-                                timeline=False, tapes=False)
+            ref = simulate_plan(
+                cfg, plan, costs, world, batch, max_inflight=inflight, timeline=False, tapes=False
+            )
             assert (fast.step_s, fast.peak_mem_bytes) == (ref.step_s, ref.peak_mem_bytes)
             # the parts: the two walks sum the exposed time in another order (to 1e-12)
             assert fast.breakdown == pytest.approx(ref.breakdown, rel=1e-12, abs=0)
@@ -118,8 +183,9 @@ def test_chain_bounds_hold_for_every_plan_of_the_chain():
         except (BatchSplitError, ValueError):
             continue
         sp = plan.sequence_parallel if max(plan.degrees()) > 1 else ""
-        time_lb, memory_lb = chain_bounds(cfg, costs, world, batch, plan.schedule, plan.n_sub,
-                                          zero, sp, degrees, 1)
+        time_lb, memory_lb = chain_bounds(
+            cfg, costs, world, batch, plan.schedule, plan.n_sub, zero, sp, degrees, 1
+        )
         assert res.step_s >= time_lb and res.peak_mem_bytes >= memory_lb
         assert res.breakdown["compute_s"] >= time_lb
         checked += 1
@@ -132,8 +198,9 @@ def _uniform_peaks(cfg: ModelConfig, costs: object, world: int, batch: BatchShap
         for schedule in ("megatron", "oases"):
             plan = ParallelPlan.uniform(cfg, world, t, schedule=schedule, n_sub=2)
             with contextlib.suppress(BatchSplitError):
-                peaks.append(simulate_plan(cfg, plan, costs, world, batch,
-                                           timeline=False).peak_mem_bytes)
+                peaks.append(
+                    simulate_plan(cfg, plan, costs, world, batch, timeline=False).peak_mem_bytes
+                )
     return sorted(peaks)
 
 
@@ -160,19 +227,34 @@ def test_fast_search_finds_the_exhaustive_plan(case):
     costs = load_costs(f"hw:{preset}", cfg, "bf16")
     batch = BatchShape(global_batch, micro * world)
     peaks = _uniform_peaks(cfg, costs, world, batch)
-    budgets = {"loose": float("inf"), "mid": peaks[len(peaks) // 2], "tight": peaks[0] * 1.02,
-               "under": peaks[0] * 0.97, "none": peaks[0] * 0.5}
-    kw = dict(zeros=(0, 1, 2, 3), sps=("gathered", "shards"),
-              micro_batches=micro_batch_options(batch))
+    budgets = {
+        "loose": float("inf"),
+        "mid": peaks[len(peaks) // 2],
+        "tight": peaks[0] * 1.02,
+        "under": peaks[0] * 0.97,
+        "none": peaks[0] * 0.5,
+    }
+    kw = dict(
+        zeros=(0, 1, 2, 3), sps=("gathered", "shards"), micro_batches=micro_batch_options(batch)
+    )
     for kind in kinds:
         outcomes = []
         for exhaustive in (True, False):
             try:
-                best, _ = solve_plan(cfg, costs, world, batch, budgets[kind],
-                                     exhaustive=exhaustive, **kw)
-                outcomes.append((best.plan.regions, best.plan.schedule, best.plan.n_sub,
-                                 best.plan.sequence_parallel, best.batch, best.result.step_s,
-                                 best.result.peak_mem_bytes))
+                best, _ = solve_plan(
+                    cfg, costs, world, batch, budgets[kind], exhaustive=exhaustive, **kw
+                )
+                outcomes.append(
+                    (
+                        best.plan.regions,
+                        best.plan.schedule,
+                        best.plan.n_sub,
+                        best.plan.sequence_parallel,
+                        best.batch,
+                        best.result.step_s,
+                        best.result.peak_mem_bytes,
+                    )
+                )
             except ValueError as exc:
                 outcomes.append(str(exc))
         ref, fast = outcomes
@@ -189,8 +271,15 @@ def test_progress_reports_the_search():
     costs = load_costs("hw:paper-3090-pcie-32", cfg, "bf16")
     seen = []
     stats = SearchStats()
-    best, cands = solve_plan(cfg, costs, 4, BatchShape(16, 8), float("inf"),
-                             zeros=(0, 1), progress=lambda s, n: seen.append((s.chains, n)),
-                             stats=stats)
+    best, cands = solve_plan(
+        cfg,
+        costs,
+        4,
+        BatchShape(16, 8),
+        float("inf"),
+        zeros=(0, 1),
+        progress=lambda s, n: seen.append((s.chains, n)),
+        stats=stats,
+    )
     assert seen and seen[-1][1] == len(cands)
     assert stats.best is best and stats.simulated >= len(cands) and stats.wall_s > 0

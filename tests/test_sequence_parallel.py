@@ -32,8 +32,12 @@ from oases.schedule.specs import SP_MODES
 
 B, S, DIM, N_LAYERS, VOCAB = 4, 16, 32, 2, 101
 ALL = (*SCHEDULES, "megatron-sp")
-TWINS = {"megatron-recompute": "megatron", "commfree-recompute": "megatron",
-         "overlap-recompute": "overlap", "oases": "overlap"}
+TWINS = {
+    "megatron-recompute": "megatron",
+    "commfree-recompute": "megatron",
+    "overlap-recompute": "overlap",
+    "oases": "overlap",
+}
 OVERLAPPED = ("overlap", "overlap-recompute", "oases")
 
 
@@ -41,11 +45,27 @@ def _cfg(arch: str, tp: int, dropout: float = 0.0) -> ModelConfig:
     """Tiny gpt2 (tied embeddings, learned positions: the embedding adds its slice's) or llama
     (grouped-query attention, RoPE on the gathered sequence)."""
     if arch == "gpt2":
-        return ModelConfig(arch="gpt2", n_layers=N_LAYERS, dim=DIM, n_heads=4, vocab_size=VOCAB,
-                           seq_len=S, tie_embeddings=True, dropout=dropout)
+        return ModelConfig(
+            arch="gpt2",
+            n_layers=N_LAYERS,
+            dim=DIM,
+            n_heads=4,
+            vocab_size=VOCAB,
+            seq_len=S,
+            tie_embeddings=True,
+            dropout=dropout,
+        )
     heads = 4 if tp <= 2 else 8
-    return ModelConfig(arch="llama", n_layers=N_LAYERS, dim=DIM, n_heads=heads,
-                       n_kv_heads=heads // 2, vocab_size=VOCAB, seq_len=S, dropout=dropout)
+    return ModelConfig(
+        arch="llama",
+        n_layers=N_LAYERS,
+        dim=DIM,
+        n_heads=heads,
+        n_kv_heads=heads // 2,
+        vocab_size=VOCAB,
+        seq_len=S,
+        dropout=dropout,
+    )
 
 
 def _tokens(seed: int) -> torch.Tensor:
@@ -85,21 +105,27 @@ def _rank_parity(rank: int, world_size: int) -> int:
         ref_loss.backward()
         ref_grads = dict(ref.named_parameters())
         for name in ALL:
-            plain = None if name == "megatron-sp" else _step(name, ref, ctx, tokens, targets,
-                                                             None)
+            plain = None if name == "megatron-sp" else _step(name, ref, ctx, tokens, targets, None)
             for sp in SP_MODES:
                 where = f"{arch} tp={ctx.tp} rank={rank} {name} sp={sp}"
                 loss, grads, model, _ = _step(name, ref, ctx, tokens, targets, sp)
-                torch.testing.assert_close(loss, ref_loss.detach(), **EXACT64,
-                                           msg=lambda m, w=where: f"{w}: loss {m}")
+                torch.testing.assert_close(
+                    loss, ref_loss.detach(), **EXACT64, msg=lambda m, w=where: f"{w}: loss {m}"
+                )
                 for n, p in model.named_parameters():
                     torch.testing.assert_close(
-                        grads[n], _shard(ref_grads[n].grad, p, ctx), **EXACT64,
-                        msg=lambda m, w=where, n=n: f"{w}: grad {n} vs single device: {m}")
+                        grads[n],
+                        _shard(ref_grads[n].grad, p, ctx),
+                        **EXACT64,
+                        msg=lambda m, w=where, n=n: f"{w}: grad {n} vs single device: {m}",
+                    )
                     if plain is not None:
                         torch.testing.assert_close(
-                            grads[n], plain[1][n], **EXACT64,
-                            msg=lambda m, w=where, n=n: f"{w}: grad {n} vs all-reduce: {m}")
+                            grads[n],
+                            plain[1][n],
+                            **EXACT64,
+                            msg=lambda m, w=where, n=n: f"{w}: grad {n} vs all-reduce: {m}",
+                        )
                 checked += 1
     return checked
 
@@ -136,8 +162,11 @@ def _rank_adamw_steps(rank: int, world_size: int) -> list[float]:
             ref_params = dict(ref.named_parameters())
             for n, p in m.named_parameters():
                 torch.testing.assert_close(
-                    p.detach(), _shard(ref_params[n].detach(), p, ctx), **EXACT64,
-                    msg=lambda msg, n=n, sp=sp, step=step: f"sp={sp} step {step} {n}: {msg}")
+                    p.detach(),
+                    _shard(ref_params[n].detach(), p, ctx),
+                    **EXACT64,
+                    msg=lambda msg, n=n, sp=sp, step=step: f"sp={sp} step {step} {n}: {msg}",
+                )
     return losses
 
 
@@ -158,11 +187,19 @@ def _rank_mixed(rank: int, world_size: int) -> int:
     rows = 8
     for arch, degrees in MIXED:
         heads = 4 if arch == "gpt2" else 8
-        cfg = ModelConfig(arch=arch, n_layers=2, dim=32, n_heads=heads,
-                          n_kv_heads=heads if arch == "gpt2" else heads // 2,
-                          vocab_size=VOCAB, seq_len=S, tie_embeddings=arch == "gpt2")
-        plan = ParallelPlan([RegionPlan(n, t, world_size // t)
-                             for n, t in zip(region_names(cfg), degrees)])
+        cfg = ModelConfig(
+            arch=arch,
+            n_layers=2,
+            dim=32,
+            n_heads=heads,
+            n_kv_heads=heads if arch == "gpt2" else heads // 2,
+            vocab_size=VOCAB,
+            seq_len=S,
+            tie_embeddings=arch == "gpt2",
+        )
+        plan = ParallelPlan(
+            [RegionPlan(n, t, world_size // t) for n, t in zip(region_names(cfg), degrees)]
+        )
         torch.manual_seed(3)
         ref = to64(build_model(cfg))
         g = torch.Generator().manual_seed(4)
@@ -178,19 +215,30 @@ def _rank_mixed(rank: int, world_size: int) -> int:
                 model = parallelize(copy.deepcopy(ref), ctx, plan)
                 model.zero_grad(set_to_none=True)
                 sched = build_schedule(name, n_sub=2, sp=sp)
-                local = sched.step(model, layout_rows(tokens, rank, world_size, t_embed),
-                                   layout_rows(targets, rank, world_size, t_embed))
+                local = sched.step(
+                    model,
+                    layout_rows(tokens, rank, world_size, t_embed),
+                    layout_rows(targets, rank, world_size, t_embed),
+                )
                 loss = local.detach().clone()
                 dist.all_reduce(loss)
-                torch.testing.assert_close(loss / world_size, ref_loss.detach(), **EXACT64,
-                                           msg=lambda m, w=where: f"{w}: loss {m}")
+                torch.testing.assert_close(
+                    loss / world_size,
+                    ref_loss.detach(),
+                    **EXACT64,
+                    msg=lambda m, w=where: f"{w}: loss {m}",
+                )
                 for n, p in model.named_parameters():
                     t = plan.tp_of(region_of(n))
                     spec = shard_spec(p)
-                    want = ref_grads[n] if spec is None else shard_tensor(
-                        ref_grads[n], spec, rank % t, t)
-                    torch.testing.assert_close(p.grad, want, **EXACT64,
-                                               msg=lambda m, w=where, n=n: f"{w}: grad {n} {m}")
+                    want = (
+                        ref_grads[n]
+                        if spec is None
+                        else shard_tensor(ref_grads[n], spec, rank % t, t)
+                    )
+                    torch.testing.assert_close(
+                        p.grad, want, **EXACT64, msg=lambda m, w=where, n=n: f"{w}: grad {n} {m}"
+                    )
                 checked += 1
     return checked
 
@@ -207,15 +255,19 @@ def _rank_dropout_twins(rank: int, world_size: int) -> dict:
         ref = build_model(cfg).train()
         tokens, targets = _tokens(50 + f), _tokens(60 + f)
         for sp in SP_MODES:
-            runs = {name: _step(name, ref, ctx, tokens, targets, sp, seed=1234)
-                    for name in ("megatron", "overlap", *TWINS)}
+            runs = {
+                name: _step(name, ref, ctx, tokens, targets, sp, seed=1234)
+                for name in ("megatron", "overlap", *TWINS)
+            }
             for name, twin in TWINS.items():
                 where = f"{arch} rank={rank} sp={sp} {name} vs {twin}"
-                torch.testing.assert_close(runs[name][0], runs[twin][0], **BITWISE,
-                                           msg=lambda m, w=where: f"{w}: loss {m}")
+                torch.testing.assert_close(
+                    runs[name][0], runs[twin][0], **BITWISE, msg=lambda m, w=where: f"{w}: loss {m}"
+                )
                 for n, g in runs[twin][1].items():
-                    torch.testing.assert_close(runs[name][1][n], g, **BITWISE,
-                                               msg=lambda m, w=where, n=n: f"{w}: {n} {m}")
+                    torch.testing.assert_close(
+                        runs[name][1][n], g, **BITWISE, msg=lambda m, w=where, n=n: f"{w}: {n} {m}"
+                    )
             out[arch, sp] = runs["megatron"][0].item()
         eval_loss = copy.deepcopy(ref).eval()(tokens, targets).item()
         out[arch, "eval"] = eval_loss
@@ -254,8 +306,12 @@ def _with_and_without(ref, ctx):  # noqa: ANN001, ANN202
     for name in ALL:
         for sp in (None, *SP_MODES):
             if name != "megatron-sp" or sp is not None:
-                yield name, sp, parallelize(copy.deepcopy(ref), ctx), build_schedule(
-                    name, n_sub=2, sp=sp)
+                yield (
+                    name,
+                    sp,
+                    parallelize(copy.deepcopy(ref), ctx),
+                    build_schedule(name, n_sub=2, sp=sp),
+                )
 
 
 def _rank_collectives(rank: int, world_size: int) -> dict:
@@ -274,14 +330,19 @@ def _rank_collectives(rank: int, world_size: int) -> dict:
         starts = [f"{i.kind}:{i.index}:{i.sub}" for i in program if isinstance(i, Start)]
         issued = [r.tag for r in records if not r.tag.startswith("ce-")]  # (the loss's)
         assert issued == starts, f"{name} sp={sp}: issued {issued}\n program {starts}"
-        nbytes = {(r.tag.split(":")[0], r.op): r.nbytes for r in records
-                  if re.match(r"(fwd|bwd|gf|gb|gr|gh):", r.tag)}
-        out[name, sp] = {"counts": dict(_tag_counts(records, "fwd|bwd|gf|gb|gr|gh")),
-                         "bytes": nbytes,
-                         "sg": [(r.op, r.group) for r in records if r.tag.startswith("sg")],
-                         "sg bytes": sum(r.nbytes for r in records if r.tag.startswith("sg")),
-                         "glue": glue_param_count(cfg),
-                         "dtype": sorted({r.dtype for r in records})}
+        nbytes = {
+            (r.tag.split(":")[0], r.op): r.nbytes
+            for r in records
+            if re.match(r"(fwd|bwd|gf|gb|gr|gh):", r.tag)
+        }
+        out[name, sp] = {
+            "counts": dict(_tag_counts(records, "fwd|bwd|gf|gb|gr|gh")),
+            "bytes": nbytes,
+            "sg": [(r.op, r.group) for r in records if r.tag.startswith("sg")],
+            "sg bytes": sum(r.nbytes for r in records if r.tag.startswith("sg")),
+            "glue": glue_param_count(cfg),
+            "dtype": sorted({r.dtype for r in records}),
+        }
     return out
 
 
@@ -300,8 +361,9 @@ def _rank_saved(rank: int, world_size: int) -> dict:
             ex.track_memory = True
             sched.step(model, tokens, targets)
             saved = dict(ex.saved_bytes)
-            out[arch, name, sp] = [saved.get(2 * blk + 1, 0) + saved.get(2 * blk + 2, 0)
-                                   for blk in range(cfg.n_layers)]
+            out[arch, name, sp] = [
+                saved.get(2 * blk + 1, 0) + saved.get(2 * blk + 2, 0) for blk in range(cfg.n_layers)
+            ]
     return out
 
 
@@ -311,22 +373,19 @@ def _rank_saved(rank: int, world_size: int) -> dict:
 
 @pytest.mark.exact
 @pytest.mark.parametrize("tp", (2, 4))
-def test_every_schedule_with_sequence_parallelism_equals_the_single_device_model(spawn_ranks,
-                                                                                  tp):
+def test_every_schedule_with_sequence_parallelism_equals_the_single_device_model(spawn_ranks, tp):
     results = spawn_ranks(_rank_parity, tp, timeout_s=300)
     assert results == [2 * len(ALL) * len(SP_MODES)] * tp
 
 
 @pytest.mark.exact
-def test_mixed_degree_plans_with_sequence_parallelism_equal_the_single_device_model(
-        spawn_ranks):
+def test_mixed_degree_plans_with_sequence_parallelism_equal_the_single_device_model(spawn_ranks):
     results = spawn_ranks(_rank_mixed, 4, timeout_s=600)
     assert results == [len(MIXED) * len(ALL) * len(SP_MODES)] * 4
 
 
 @pytest.mark.exact
-def test_three_adamw_steps_with_sequence_parallelism_equal_the_single_device_model(
-        spawn_ranks):
+def test_three_adamw_steps_with_sequence_parallelism_equal_the_single_device_model(spawn_ranks):
     losses = spawn_ranks(_rank_adamw_steps, 2)
     assert losses[0] == losses[1] and losses[0][2] < losses[0][0]  # it trains
 
@@ -439,8 +498,9 @@ def test_sequence_parallel_programs_and_config_checks():
             assert not opened
             assert program[-2:] == [Start("sg", 0), Wait("sg", 0)]
     mixed = build_program("oases", n, 2, sp="shards", degrees=(2,) * (n - 1) + (4,))
-    assert {("rsf", n - 1), ("rsb", n - 1)} <= {(i.kind, i.index) for i in mixed
-                                                if isinstance(i, Start)}
+    assert {("rsf", n - 1), ("rsb", n - 1)} <= {
+        (i.kind, i.index) for i in mixed if isinstance(i, Start)
+    }
     with pytest.raises(ValueError, match="sp='x'"):
         build_program("oases", n, 2, sp="x")
     with pytest.raises(ValueError, match="sp_recompute"):
@@ -462,8 +522,7 @@ def _sim_setup():  # noqa: ANN202
     from oases.planner.clusters import get_cluster
     from oases.planner.hardware import HardwareCosts
 
-    cfg = ModelConfig(arch="gpt2", n_layers=4, dim=1024, n_heads=16, vocab_size=50304,
-                      seq_len=1024)
+    cfg = ModelConfig(arch="gpt2", n_layers=4, dim=1024, n_heads=16, vocab_size=50304, seq_len=1024)
     return cfg, HardwareCosts(get_cluster("paper-3090-pcie-32"), cfg)
 
 
@@ -485,10 +544,12 @@ def test_simulated_sequence_parallel_steps_add_up_and_keep_less(name):
         assert {"gf", "gb", "sg"} <= names
         assert ("gr" in names) == (sp == "shards" and name in ("oases", "commfree-recompute"))
         if name != "megatron-sp":
-            plain = simulate_plan(cfg, ParallelPlan.uniform(cfg, 32, 4, schedule=name,
-                                                            n_sub=2), costs, 32, batch)
-            assert res.breakdown["activations_peak_bytes"] < \
-                plain.breakdown["activations_peak_bytes"]
+            plain = simulate_plan(
+                cfg, ParallelPlan.uniform(cfg, 32, 4, schedule=name, n_sub=2), costs, 32, batch
+            )
+            assert (
+                res.breakdown["activations_peak_bytes"] < plain.breakdown["activations_peak_bytes"]
+            )
             # glue on S/t; since the kernel model (issue 30) prices every piece's launches, the
             # split pieces (norm | core, tp | dw) cost this tiny model up to ~2.2% of launch
             # time, more than the glue saves: a bound, not a strict saving (follow-up)
@@ -502,11 +563,18 @@ def test_simulated_sequence_parallel_reshards_move_both_ways():
 
     cfg, costs = _sim_setup()
     degrees = [2, 2, 2, 4, 4, 4, 4, 4, 4, 2]
-    plan = ParallelPlan([RegionPlan(n, t, 32 // t) for n, t in zip(region_names(cfg), degrees)],
-                        schedule="oases", n_sub=2, sequence_parallel="gathered")
+    plan = ParallelPlan(
+        [RegionPlan(n, t, 32 // t) for n, t in zip(region_names(cfg), degrees)],
+        schedule="oases",
+        n_sub=2,
+        sequence_parallel="gathered",
+    )
     res = simulate_plan(cfg, plan, costs, 32, BatchShape(64, 64))
-    moved = {(e.name, e.phase) for e in res.timeline.events if e.lane == "comm"
-             and e.phase in ("rsf", "rsb") and e.end_s > e.start_s}
+    moved = {
+        (e.name, e.phase)
+        for e in res.timeline.events
+        if e.lane == "comm" and e.phase in ("rsf", "rsb") and e.end_s > e.start_s
+    }
     assert moved == {("rsf 3", "rsf"), ("rsb 3", "rsb"), ("rsf 9", "rsf"), ("rsb 9", "rsb")}
 
 
@@ -516,12 +584,14 @@ def test_the_planner_turns_to_sequence_parallelism_when_memory_binds():
 
     cfg, costs = _sim_setup()
     batch = BatchShape(32, 32)
-    free, cands = solve_plan(cfg, costs, 32, batch, 1e15, schedules=("oases",), n_subs=(2,),
-                             sps=SP_MODES)
+    free, cands = solve_plan(
+        cfg, costs, 32, batch, 1e15, schedules=("oases",), n_subs=(2,), sps=SP_MODES
+    )
     assert {c.plan.sequence_parallel for c in cands} == {"", "gathered", "shards"}
     leanest = min(c.result.peak_mem_bytes for c in cands if not c.plan.sequence_parallel)
-    tight, _ = solve_plan(cfg, costs, 32, batch, 0.98 * leanest, schedules=("oases",),
-                          n_subs=(2,), sps=SP_MODES)
+    tight, _ = solve_plan(
+        cfg, costs, 32, batch, 0.98 * leanest, schedules=("oases",), n_subs=(2,), sps=SP_MODES
+    )
     assert tight.plan.sequence_parallel and tight.result.peak_mem_bytes <= 0.98 * leanest
 
 
@@ -531,16 +601,16 @@ def test_simulate_plan_specs_take_sequence_parallelism():
     assert parse_plan("tp=4,sp=shards").sp == "shards"
     assert parse_plan("auto").sp_modes() == ("gathered", "shards")
     assert parse_plan("auto,sp=off").sp_modes() == ()
-    assert [str(s) for _, s in parse_entries("oases@tp=4,sp=gathered,megatron-sp@tp=4",
-                                             "auto")] == ["tp=4,sp=gathered", "tp=4"]
+    assert [
+        str(s) for _, s in parse_entries("oases@tp=4,sp=gathered,megatron-sp@tp=4", "auto")
+    ] == ["tp=4,sp=gathered", "tp=4"]
     with pytest.raises(ValueError, match="sp=gathered"):
         parse_plan("tp=4,sp=all")
     assert parse_plan("tp=4,zero=1,sp=shards") == parse_plan("tp=4,sp=shards,zero=1")
 
 
 @pytest.mark.exact
-def test_sequence_parallelism_with_every_zero_stage_equals_the_single_device_model(
-        spawn_ranks):
+def test_sequence_parallelism_with_every_zero_stage_equals_the_single_device_model(spawn_ranks):
     """tp2 x dp2 (4 ranks) and a mixed plan on 2 ranks, ZeRO stages 1-3 (and one per region),
     megatron / megatron-recompute / oases, both modes, 2 micro-batches, clipping, 3 AdamW
     steps (``test_zero``'s cases): the glue's gradient parts in the shards are summed over TP."""

@@ -12,8 +12,7 @@ R = 2 * L + 2
 
 
 def _costs(compute_s: float, comm_s: float) -> StepCosts:
-    return StepCosts(piece_s=lambda phase, kind, i: compute_s,
-                     collective_s=lambda kind, i: comm_s)
+    return StepCosts(piece_s=lambda phase, kind, i: compute_s, collective_s=lambda kind, i: comm_s)
 
 
 def _sums(program, compute_s, comm_s):
@@ -61,10 +60,18 @@ def test_overlap_hides_most_communication():
 def test_commfree_recompute_uses_the_cheaper_body():
     program = build_program("oases", R, 2)
     full = StepCosts(piece_s=lambda p, k, i: 0.01, collective_s=lambda k, i: 0.0)
-    cheap = StepCosts(piece_s=lambda p, k, i: 0.01, collective_s=lambda k, i: 0.0,
-                      recompute_body_s=lambda i: 0.004)
-    n_recompute_bodies = sum(1 for c in program if isinstance(c, Compute)
-                             and c.phase == "recompute" for k, _ in c.pieces if k == "body")
+    cheap = StepCosts(
+        piece_s=lambda p, k, i: 0.01,
+        collective_s=lambda k, i: 0.0,
+        recompute_body_s=lambda i: 0.004,
+    )
+    n_recompute_bodies = sum(
+        1
+        for c in program
+        if isinstance(c, Compute) and c.phase == "recompute"
+        for k, _ in c.pieces
+        if k == "body"
+    )
     a = simulate_program(program, full, commfree=True).step_s
     b = simulate_program(program, cheap, commfree=True).step_s
     assert a - b == pytest.approx(n_recompute_bodies * 0.006)
@@ -86,25 +93,33 @@ def test_compute_beside_a_collective_is_slowed_by_its_contention():
     from oases.planner.event_walk import _stretched
     from oases.schedule.instructions import Wait
 
-    program = [Compute("forward", (("body", 0),), 0), Start("fwd", 0),
-               Compute("forward", (("body", 1),), 0), Wait("fwd", 0)]
+    program = [
+        Compute("forward", (("body", 0),), 0),
+        Start("fwd", 0),
+        Compute("forward", (("body", 1),), 0),
+        Wait("fwd", 0),
+    ]
     base = StepCosts(piece_s=lambda p, k, i: 1.0, collective_s=lambda k, i: 0.5)
-    slowed = StepCosts(piece_s=lambda p, k, i: 1.0, collective_s=lambda k, i: 0.5,
-                       slowdown=lambda kind: 2.0)
-    even = StepCosts(piece_s=lambda p, k, i: 1.0, collective_s=lambda k, i: 0.5,
-                     slowdown=lambda kind: 1.0)
+    slowed = StepCosts(
+        piece_s=lambda p, k, i: 1.0, collective_s=lambda k, i: 0.5, slowdown=lambda kind: 2.0
+    )
+    even = StepCosts(
+        piece_s=lambda p, k, i: 1.0, collective_s=lambda k, i: 0.5, slowdown=lambda kind: 1.0
+    )
     assert simulate_program(program, base).step_s == pytest.approx(2.0)
     assert simulate_program(program, even).step_s == pytest.approx(2.0)
     assert simulate_program(program, slowed).step_s == pytest.approx(2.25)
     # the largest factor in flight sets the rate; work left after every flight runs at full rate
     assert _stretched(0.0, 1.0, [(0.0, 1.0, 2.0), (0.5, 1.0, 4.0)]) == pytest.approx(
-        0.5 + 0.5 + 0.625)
+        0.5 + 0.5 + 0.625
+    )
     assert _stretched(2.0, 1.0, [(0.0, 1.0, 3.0)]) == pytest.approx(1.0)  # already over
     for name in SCHEDULES:  # never faster than without contention, never slower than f times
         prog = build_program(name, R, 2, dp_tasks=(0, 3))
         plain = simulate_program(prog, _costs(0.01, 0.02)).step_s
-        s = StepCosts(piece_s=lambda p, k, i: 0.01, collective_s=lambda k, i: 0.02,
-                      slowdown=lambda kind: 1.5)
+        s = StepCosts(
+            piece_s=lambda p, k, i: 0.01, collective_s=lambda k, i: 0.02, slowdown=lambda kind: 1.5
+        )
         slow = simulate_program(prog, s).step_s
         assert plain - 1e-12 <= slow <= 1.5 * plain + 1e-12, name
 
@@ -120,8 +135,11 @@ def test_a_collective_under_compute_is_slowed_until_the_compute_stream_waits_for
     from oases.schedule.instructions import Wait
 
     def costs(comm_s, g):
-        return StepCosts(piece_s=lambda p, k, i: 0.5 if i == 0 else 3.0,
-                         collective_s=lambda k, i: comm_s, comm_slowdown=lambda kind: g)
+        return StepCosts(
+            piece_s=lambda p, k, i: 0.5 if i == 0 else 3.0,
+            collective_s=lambda k, i: comm_s,
+            comm_slowdown=lambda kind: g,
+        )
 
     at_once = [Start("fwd", 0), Wait("fwd", 0)]
     assert simulate_program(at_once, costs(1.0, 2.0)).step_s == pytest.approx(1.0)
@@ -134,8 +152,14 @@ def test_a_collective_under_compute_is_slowed_until_the_compute_stream_waits_for
     long = [Start("fwd", 0), Compute("forward", (("body", 1),), 0), Wait("fwd", 0)]
     assert simulate_program(long, costs(1.0, 2.0)).step_s == pytest.approx(3.0)
     assert simulate_program(short, costs(1.0, 1.0)).step_s == pytest.approx(1.0)
-    queued = [Start("fwd", 0), Start("fwd", 1), Compute("forward", (("body", 0),), 0),
-              Wait("fwd", 0), Compute("forward", (("body", 1),), 0), Wait("fwd", 1)]
+    queued = [
+        Start("fwd", 0),
+        Start("fwd", 1),
+        Compute("forward", (("body", 0),), 0),
+        Wait("fwd", 0),
+        Compute("forward", (("body", 1),), 0),
+        Wait("fwd", 1),
+    ]
     # fwd 0 ends at 1.25; fwd 1 then runs 1 s x 2 beside the 3 s compute: ends at 3.25 < 4.25
     res = simulate_program(queued, costs(1.0, 2.0))
     assert res.step_s == pytest.approx(4.25)
@@ -144,8 +168,11 @@ def test_a_collective_under_compute_is_slowed_until_the_compute_stream_waits_for
     for name in SCHEDULES:  # never faster than without, never slower than g times the comm
         prog = build_program(name, R, 2, dp_tasks=(0, 3))
         plain = simulate_program(prog, _costs(0.01, 0.02))
-        s = StepCosts(piece_s=lambda p, k, i: 0.01, collective_s=lambda k, i: 0.02,
-                      comm_slowdown=lambda kind: 3.0)
+        s = StepCosts(
+            piece_s=lambda p, k, i: 0.01,
+            collective_s=lambda k, i: 0.02,
+            comm_slowdown=lambda kind: 3.0,
+        )
         slow = simulate_program(prog, s).step_s
         assert plain.step_s - 1e-12 <= slow <= plain.step_s + 2 * plain.comm_busy_s + 1e-12, name
 
@@ -155,8 +182,12 @@ def test_a_profile_keeps_its_contention_and_an_older_one_has_none(tmp_path):
 
     from oases.planner.profile import Profile
 
-    p = Profile({"arch": "gpt2"}, {"backend": "gloo"}, contention_factors={"all_reduce": 1.4},
-                comm_contention_factors={"all_gather": 1.7})
+    p = Profile(
+        {"arch": "gpt2"},
+        {"backend": "gloo"},
+        contention_factors={"all_reduce": 1.4},
+        comm_contention_factors={"all_gather": 1.7},
+    )
     p.save(tmp_path / "p.json")
     q = Profile.load(tmp_path / "p.json")
     assert q.contention("all_reduce") == 1.4 and q.contention("all_gather") == 1.0

@@ -35,8 +35,7 @@ def test_cpu_clock_stamps_are_host_seconds_in_order():
 
 def test_executor_timeline_on_cpu_is_ordered_and_non_negative():
     ctx = oases.init_distributed(tp=1)
-    cfg = oases.ModelConfig(arch="gpt2", dim=32, n_heads=2, n_layers=2, vocab_size=53,
-                            seq_len=8)
+    cfg = oases.ModelConfig(arch="gpt2", dim=32, n_heads=2, n_layers=2, vocab_size=53, seq_len=8)
     torch.manual_seed(0)
     model = oases.parallelize(oases.build_model(cfg), ctx)
     tokens = torch.randint(0, 53, (4, 8))
@@ -67,8 +66,10 @@ def _rank_profile_collectives(rank, world_size):
     # the gather along a last dimension (gather_from_tp), through one flat buffer
     x = torch.arange(6.0, dtype=torch.float64).reshape(2, 3) + 10 * rank
     y = comm.gather_from_tp(x, ctx.groups_for(2)[0], dim=-1)
-    expect = torch.cat([torch.arange(6.0, dtype=torch.float64).reshape(2, 3) + 10 * r
-                        for r in range(world_size)], dim=-1)
+    expect = torch.cat(
+        [torch.arange(6.0, dtype=torch.float64).reshape(2, 3) + 10 * r for r in range(world_size)],
+        dim=-1,
+    )
     torch.testing.assert_close(y, expect, **BITWISE)
     rows = measure_collectives(ctx, 2, [2**12, 2**18, 2**22], repeats=3)
     return rows
@@ -80,5 +81,6 @@ def test_profile_collectives_fit_a_finite_positive_bandwidth(spawn_ranks):
     assert ops == {"all_reduce", "all_gather", "reduce_scatter"}
     for op in ops:  # measure_collectives checks this too (check_collective_fit)
         latency, bandwidth = check_collective_fit(
-            op, 2, [(e["nbytes"], e["s"]) for e in rows if e["op"] == op])
+            op, 2, [(e["nbytes"], e["s"]) for e in rows if e["op"] == op]
+        )
         assert math.isfinite(bandwidth) and bandwidth > 0 and latency >= 0

@@ -38,8 +38,7 @@ B, S = 4, 16
 LR = 1e-2
 
 GPT2 = dict(arch="gpt2", n_layers=2, dim=32, n_heads=4, vocab_size=128, seq_len=S)
-LLAMA = dict(arch="llama", n_layers=2, dim=32, n_heads=4, n_kv_heads=2, vocab_size=128,
-             seq_len=S)
+LLAMA = dict(arch="llama", n_layers=2, dim=32, n_heads=4, n_kv_heads=2, vocab_size=128, seq_len=S)
 GPT2_TIED = dict(GPT2, tie_embeddings=True)  # embed/head stay replicated (documented fallback)
 
 
@@ -67,16 +66,23 @@ def _assert_grads_match(par, ref, ctx, where: str, tol=None) -> int:
         assert got is not None and full is not None, f"{where}: {name} has no grad"
         want = expected_local_shard(full, name, ref, ctx.tp, ctx.tp_rank)
         assert got.shape == torch_tp_local(p).shape, f"{where}: {name} grad/param shapes differ"
-        torch.testing.assert_close(got, want, **(EXACT64 if tol is None else tol(want)),
-                                   msg=lambda m, n=name: f"{where}: {n}: {m}")
+        torch.testing.assert_close(
+            got,
+            want,
+            **(EXACT64 if tol is None else tol(want)),
+            msg=lambda m, n=name: f"{where}: {n}: {m}",
+        )
     return n_dtensor
 
 
-def _check_case(cfg: ModelConfig, ctx, mesh, seed: int, optim: str, micro_batch,
-                fp32: bool = False) -> dict:
+def _check_case(
+    cfg: ModelConfig, ctx, mesh, seed: int, optim: str, micro_batch, fp32: bool = False
+) -> dict:
     """float64: three steps; ``fp32``: the loss and gradients of the first backward only."""
-    where = (f"{'fp32 ' if fp32 else ''}{cfg.arch} tied={cfg.tie_embeddings} tp={ctx.tp} "
-             f"dp={ctx.dp} rank={ctx.rank}")
+    where = (
+        f"{'fp32 ' if fp32 else ''}{cfg.arch} tied={cfg.tie_embeddings} tp={ctx.tp} "
+        f"dp={ctx.dp} rank={ctx.rank}"
+    )
     torch.manual_seed(seed)
     ref = build_model(cfg) if fp32 else to64(build_model(cfg))
     par = parallelize_torch_tp(copy.deepcopy(ref), ctx, mesh)
@@ -89,8 +95,13 @@ def _check_case(cfg: ModelConfig, ctx, mesh, seed: int, optim: str, micro_batch,
     q, kv = cfg.n_heads * cfg.head_dim, cfg.n_kv_heads * cfg.head_dim
     full_qkv = ref.blocks[0].attn.qkv.weight.detach()
     r, tp = ctx.tp_rank, ctx.tp
-    mine = torch.cat([full_qkv[:q].chunk(tp)[r], full_qkv[q : q + kv].chunk(tp)[r],
-                      full_qkv[q + kv :].chunk(tp)[r]])
+    mine = torch.cat(
+        [
+            full_qkv[:q].chunk(tp)[r],
+            full_qkv[q : q + kv].chunk(tp)[r],
+            full_qkv[q + kv :].chunk(tp)[r],
+        ]
+    )
     torch.testing.assert_close(torch_tp_local(attn.qkv.weight).detach(), mine, **BITWISE)
 
     rows = slice(ctx.dp_rank * (B // ctx.dp), (ctx.dp_rank + 1) * (B // ctx.dp))
@@ -115,14 +126,17 @@ def _check_case(cfg: ModelConfig, ctx, mesh, seed: int, optim: str, micro_batch,
         loss = _dp_loss(local, ctx)
         assert loss.dtype == ref_loss.dtype, where
         if fp32:  # B * S tokens in the batch
-            torch.testing.assert_close(loss, ref_loss.detach(),
-                                       **fp32_tol(ref_loss, cfg, B * S, False),
-                                       msg=lambda m: f"{where}: loss {m}")
-            _assert_grads_match(par, ref, ctx, where,
-                                lambda want: fp32_tol(want, cfg, B * S, True))
+            torch.testing.assert_close(
+                loss,
+                ref_loss.detach(),
+                **fp32_tol(ref_loss, cfg, B * S, False),
+                msg=lambda m: f"{where}: loss {m}",
+            )
+            _assert_grads_match(par, ref, ctx, where, lambda want: fp32_tol(want, cfg, B * S, True))
             return {}
-        torch.testing.assert_close(loss, ref_loss.detach(), **EXACT64,
-                                   msg=lambda m, s=step: f"{where}: step {s} loss {m}")
+        torch.testing.assert_close(
+            loss, ref_loss.detach(), **EXACT64, msg=lambda m, s=step: f"{where}: step {s} loss {m}"
+        )
         n_dtensor = _assert_grads_match(par, ref, ctx, f"{where} step {step}")
         # global grad norm of the full model, then clip both to half of it
         ref_norm = float(torch.nn.utils.clip_grad_norm_(ref.parameters(), float("inf")))

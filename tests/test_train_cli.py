@@ -172,24 +172,49 @@ def test_cli_two_rank_tiny_run(tmp_path):
     from oases.train.loop import train
 
     run_dir = tmp_path / "run"
-    proc, _ = _run_cli([str(TINY), "--nproc-per-node", "2", f"--train.run_dir={run_dir}",
-                        "--train.precision=fp64"], 120)
+    proc, _ = _run_cli(
+        [
+            str(TINY),
+            "--nproc-per-node",
+            "2",
+            f"--train.run_dir={run_dir}",
+            "--train.precision=fp64",
+        ],
+        120,
+    )
     assert proc.returncode == 0, proc.stdout + proc.stderr
     # the same run at tp=1 in this process: the CLI's tp=2 losses, float64 end to end
-    ref = train(load_config(TINY, [f"--train.run_dir={tmp_path / 'tp1'}", "--parallel.tp=1",
-                                   "--train.precision=fp64", "--train.sample_tokens=0",
-                                   "--checkpoint.resume=never"]), log=io.StringIO())
+    ref = train(
+        load_config(
+            TINY,
+            [
+                f"--train.run_dir={tmp_path / 'tp1'}",
+                "--parallel.tp=1",
+                "--train.precision=fp64",
+                "--train.sample_tokens=0",
+                "--checkpoint.resume=never",
+            ],
+        ),
+        log=io.StringIO(),
+    )
     lines = (run_dir / "metrics.jsonl").read_text().splitlines()
     rows = [r for r in map(json.loads, lines) if "loss" in r]
     assert [r["step"] for r in rows] == list(range(1, 7))
     torch.testing.assert_close([r["loss"] for r in rows], ref["losses"], **EXACT64)
     assert set(rows[0]) == {
-        "step", "loss", "lr", "grad_norm", "step_time_s", "tokens_per_s", "peak_mem_mb"
+        "step",
+        "loss",
+        "lr",
+        "grad_norm",
+        "step_time_s",
+        "tokens_per_s",
+        "peak_mem_mb",
     }
     evals = [r for r in map(json.loads, lines) if "val_loss" in r]
     assert [r["step"] for r in evals] == [3, 6]  # tiny.toml: eval_every = 3
     assert sorted(p.name for p in (run_dir / "checkpoints").iterdir()) == [
-        "step_000003", "step_000006"
+        "step_000003",
+        "step_000006",
     ]
     assert all(math.isfinite(r["loss"]) and 0 < r["loss"] < 7 for r in rows)
     assert rows[-1]["loss"] < rows[0]["loss"]
@@ -207,8 +232,15 @@ def test_cli_two_rank_tiny_run(tmp_path):
 @pytest.mark.slow
 def test_cli_bpe_tokenizer_is_trained_saved_and_reloaded_on_resume(tmp_path):
     run_dir = tmp_path / "run"
-    args = [str(TINY), "--nproc-per-node", "2", f"--train.run_dir={run_dir}",
-            "--data.tokenizer=bpe", "--model.vocab_size=384", "--train.sample_tokens=8"]
+    args = [
+        str(TINY),
+        "--nproc-per-node",
+        "2",
+        f"--train.run_dir={run_dir}",
+        "--data.tokenizer=bpe",
+        "--model.vocab_size=384",
+        "--train.sample_tokens=8",
+    ]
     proc, _ = _run_cli(args, 180)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     trained = (run_dir / "tokenizer.json").read_text()

@@ -134,7 +134,13 @@ def test_resume_equals_uninterrupted_and_reshards_to_tp1(spawn_ranks, tmp_path):
     steps = [r for r in rows if "loss" in r]
     assert [r["step"] for r in steps] == [1, 2, 3, 4, 5, 6]
     assert set(steps[0]) == {
-        "step", "loss", "lr", "grad_norm", "step_time_s", "tokens_per_s", "peak_mem_mb"
+        "step",
+        "loss",
+        "lr",
+        "grad_norm",
+        "step_time_s",
+        "tokens_per_s",
+        "peak_mem_mb",
     }
     assert all(r["peak_mem_mb"] > 0 for r in steps)
     assert [r["step"] for r in rows if "val_loss" in r] == [3, 6]
@@ -155,7 +161,10 @@ def test_resume_equals_uninterrupted_and_reshards_to_tp1(spawn_ranks, tmp_path):
     torch.testing.assert_close(ref["losses"], full["losses"], **EXACT64)
     resumed = run(
         tiny_cfg(
-            tmp_path, "tp1-resumed", "--parallel.tp=1", FP64,
+            tmp_path,
+            "tp1-resumed",
+            "--parallel.tp=1",
+            FP64,
             f"--checkpoint.resume={tmp_path / 'split' / 'checkpoints' / 'step_000003'}",
         )
     )
@@ -176,8 +185,13 @@ def single_device_grad_norm(cfg, run_dir):
     batch (the run's data, prepared into ``run_dir``)."""
     torch.manual_seed(cfg.train.seed)
     model = to64(build_model(cfg.model))
-    data = split_batches(open_dataset(run_dir / "data"), "train", cfg.model.seq_len,
-                         cfg.train.global_batch, seed=cfg.train.seed)
+    data = split_batches(
+        open_dataset(run_dir / "data"),
+        "train",
+        cfg.model.seq_len,
+        cfg.train.global_batch,
+        seed=cfg.train.seed,
+    )
     tokens, targets = data.batch(0)
     model(tokens, targets).backward()
     return float(torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.train.grad_clip))
@@ -224,8 +238,9 @@ def _mixed_rank(rank, world_size, root):
     out["rest"] = run(tiny_cfg(root, "split", plan, *common, "--checkpoint.resume=auto"))
     # the mixed plan's checkpoint resumes into a uniform tp=2 run
     step2 = root / "split" / "checkpoints" / "step_000002"
-    out["uniform"] = run(tiny_cfg(root, "uniform", *common, "--parallel.tp=2",
-                                  f"--checkpoint.resume={step2}"))
+    out["uniform"] = run(
+        tiny_cfg(root, "uniform", *common, "--parallel.tp=2", f"--checkpoint.resume={step2}")
+    )
     return out
 
 
@@ -235,11 +250,21 @@ def test_mixed_plan_trains_like_tp1_and_resumes(spawn_ranks, tmp_path):
 
     write_text(tmp_path / "text.txt")
     cfg = tiny_cfg(tmp_path, "unused")
-    ParallelPlan([RegionPlan(n, t, 2 // t) for n, t in zip(region_names(cfg.model), MIXED)]
-                 ).save(tmp_path / "plan.json")
+    ParallelPlan([RegionPlan(n, t, 2 // t) for n, t in zip(region_names(cfg.model), MIXED)]).save(
+        tmp_path / "plan.json"
+    )
     r0, r1 = spawn_ranks(_mixed_rank, 2, str(tmp_path), timeout_s=150)
-    ref = run(tiny_cfg(tmp_path, "tp1", "--parallel.tp=1", "--schedule.name=oases",
-                       "--train.steps=4", "--train.sample_tokens=4", FP64))
+    ref = run(
+        tiny_cfg(
+            tmp_path,
+            "tp1",
+            "--parallel.tp=1",
+            "--schedule.name=oases",
+            "--train.steps=4",
+            "--train.sample_tokens=4",
+            FP64,
+        )
+    )
     for r in (r0, r1):  # every rank reports the global loss
         full = r["full"]
         torch.testing.assert_close(full["losses"], ref["losses"], **EXACT64)
@@ -247,8 +272,9 @@ def test_mixed_plan_trains_like_tp1_and_resumes(spawn_ranks, tmp_path):
         assert full["val_loss"] == pytest.approx(ref["val_loss"], rel=EXACT64["rtol"])
         # stop after 2, resume with the same plan: the uninterrupted run's losses
         assert r["rest"]["start_step"] == 2
-        torch.testing.assert_close(r["first"]["losses"] + r["rest"]["losses"], full["losses"],
-                                   **EXACT64)
+        torch.testing.assert_close(
+            r["first"]["losses"] + r["rest"]["losses"], full["losses"], **EXACT64
+        )
         assert r["uniform"]["start_step"] == 2
         torch.testing.assert_close(r["uniform"]["losses"], ref["losses"][2:], **EXACT64)
     # the mixed checkpoint holds the full weights of the tp=1 run

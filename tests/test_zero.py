@@ -39,14 +39,17 @@ TRAIN = TrainConfig(lr=1e-2, warmup_steps=0, weight_decay=0.1, grad_clip=MAX_NOR
 
 
 def _cfg() -> oases.ModelConfig:
-    return oases.ModelConfig(arch="gpt2", n_layers=2, dim=34, n_heads=2, vocab_size=VOCAB,
-                             seq_len=S, tie_embeddings=True)
+    return oases.ModelConfig(
+        arch="gpt2", n_layers=2, dim=34, n_heads=2, vocab_size=VOCAB, seq_len=S, tie_embeddings=True
+    )
 
 
 def _batches() -> list[tuple[torch.Tensor, torch.Tensor]]:
     g = torch.Generator().manual_seed(5)
-    return [(torch.randint(0, VOCAB, (B, S), generator=g),
-             torch.randint(0, VOCAB, (B, S), generator=g)) for _ in range(STEPS)]
+    return [
+        (torch.randint(0, VOCAB, (B, S), generator=g), torch.randint(0, VOCAB, (B, S), generator=g))
+        for _ in range(STEPS)
+    ]
 
 
 def _reference(base: torch.nn.Module, batches: list) -> tuple[list, dict, dict]:
@@ -80,19 +83,34 @@ def _check_grads(model, want: dict, rank: int, plan: ParallelPlan, where: str) -
     tp = {n: plan.tp_of(region_of(n)) for n in names.values()}
     for n, p in model.named_parameters():
         if shards is None or not shards.is_sharded(p):
-            torch.testing.assert_close(p.grad, _local(want[n], p, rank, tp[n]), **EXACT64,
-                                       msg=lambda m, n=n: f"{where} grad {n}: {m}")
+            torch.testing.assert_close(
+                p.grad,
+                _local(want[n], p, rank, tp[n]),
+                **EXACT64,
+                msg=lambda m, n=n: f"{where} grad {n}: {m}",
+            )
     for u in ({} if shards is None else shards.units).values():
         for seg in u.segments:
             n = names[id(seg.param)]
-            exp = _local(want[n], seg.param, rank, tp[n]).reshape(-1)[seg.start: seg.stop]
-            got = u.grad_shard[seg.offset: seg.offset + seg.size]
-            torch.testing.assert_close(got, exp, **EXACT64,
-                                       msg=lambda m, n=n: f"{where} grad shard {n}: {m}")
+            exp = _local(want[n], seg.param, rank, tp[n]).reshape(-1)[seg.start : seg.stop]
+            got = u.grad_shard[seg.offset : seg.offset + seg.size]
+            torch.testing.assert_close(
+                got, exp, **EXACT64, msg=lambda m, n=n: f"{where} grad shard {n}: {m}"
+            )
 
 
-def _train(model, ctx, name: str, batches: list, rank: int, world: int, plan: ParallelPlan,
-           want_grads: dict, where: str, sp: str | None = None) -> list:
+def _train(
+    model,
+    ctx,
+    name: str,
+    batches: list,
+    rank: int,
+    world: int,
+    plan: ParallelPlan,
+    want_grads: dict,
+    where: str,
+    sp: str | None = None,
+) -> list:
     tp = plan.tp_of("embed")  # the batch's layout
     rows = B * tp // world
     sched = build_schedule(name, n_sub=2, micro_batch=rows // 2, sp=sp)  # 2 micro-batches
@@ -100,12 +118,19 @@ def _train(model, ctx, name: str, batches: list, rank: int, world: int, plan: Pa
     tp_groups = {pid: ctx.groups_for(d)[0] for pid, d in parameter_degrees(model).items()}
     losses = []
     for tokens, targets in batches:
-        local = sched.step(model, layout_rows(tokens, rank, world, tp),
-                           layout_rows(targets, rank, world, tp))
+        local = sched.step(
+            model, layout_rows(tokens, rank, world, tp), layout_rows(targets, rank, world, tp)
+        )
         if not losses:
             _check_grads(model, want_grads, rank, plan, where)
-        clip_grad_norm_(model.parameters(), MAX_NORM, ctx.groups_for(tp)[0], tp_groups,
-                        getattr(model, "zero_shards", None), ctx.world_group)
+        clip_grad_norm_(
+            model.parameters(),
+            MAX_NORM,
+            ctx.groups_for(tp)[0],
+            tp_groups,
+            getattr(model, "zero_shards", None),
+            ctx.world_group,
+        )
         opt.step()
         opt.zero_grad(set_to_none=True)
         loss = local.detach().clone()
@@ -114,8 +139,9 @@ def _train(model, ctx, name: str, batches: list, rank: int, world: int, plan: Pa
     return losses
 
 
-def _rank_parity(rank: int, world: int, layouts: list, stage_sets: list,
-                 sps: tuple = (None,)) -> dict:
+def _rank_parity(
+    rank: int, world: int, layouts: list, stage_sets: list, sps: tuple = (None,)
+) -> dict:
     """Every (degrees, schedule, stages) case against the reference; ``layouts`` holds one
     TP degree (uniform) or a degree per region (mixed), ``stage_sets`` one stage for every
     region or one per region; ``sps``: sequence parallelism's modes (None: off)."""
@@ -128,25 +154,29 @@ def _rank_parity(rank: int, world: int, layouts: list, stage_sets: list,
     want_losses, want_grads, want_params = _reference(base, batches)
     out = {}
     for lay in layouts:
-        plan = (ParallelPlan.uniform(cfg, world, lay) if isinstance(lay, int) else
-                ParallelPlan([RegionPlan(n, t, world // t)
-                              for n, t in zip(region_names(cfg), lay)]))
-        for name, stages, sp in [(n, z, sp) for n in SCHEDULES for z in stage_sets
-                                 for sp in sps]:
+        plan = (
+            ParallelPlan.uniform(cfg, world, lay)
+            if isinstance(lay, int)
+            else ParallelPlan(
+                [RegionPlan(n, t, world // t) for n, t in zip(region_names(cfg), lay)]
+            )
+        )
+        for name, stages, sp in [(n, z, sp) for n in SCHEDULES for z in stage_sets for sp in sps]:
             where = f"degrees={lay} world={world} {name} zero={stages} sp={sp} rank {rank}"
             model = oases.parallelize(copy.deepcopy(base), ctx, plan)
             shard_model(model, stages)
             assert (stages == 0) != isinstance(build_optimizer(model, TRAIN), ZeroAdamW)
-            losses = _train(model, ctx, name, batches, rank, world, plan, want_grads,
-                            where, sp)
+            losses = _train(model, ctx, name, batches, rank, world, plan, want_grads, where, sp)
             for step, (got, want) in enumerate(zip(losses, want_losses)):
-                torch.testing.assert_close(got, want, **EXACT64,
-                                           msg=lambda m, w=where, s=step: f"{w} step {s}: {m}")
+                torch.testing.assert_close(
+                    got, want, **EXACT64, msg=lambda m, w=where, s=step: f"{w} step {s}: {m}"
+                )
             with materialized(model):
                 for n, p in model.named_parameters():
                     exp = _local(want_params[n], p, rank, plan.tp_of(region_of(n)))
-                    torch.testing.assert_close(p.detach(), exp, **EXACT64,
-                                               msg=lambda m, w=where, n=n: f"{w} {n}: {m}")
+                    torch.testing.assert_close(
+                        p.detach(), exp, **EXACT64, msg=lambda m, w=where, n=n: f"{w} {n}: {m}"
+                    )
             out[where] = [x.item() for x in losses]
     return out
 
@@ -230,13 +260,17 @@ def test_stages_1_2_gather_the_updated_weights_under_the_first_forward(name, sta
         assert all(isinstance(i, Start) and i.kind == "ag" for i in prog[:R])
         for u in range(R):
             wait = prog.index(Wait("ag", u, 0))
-            use = next(p for p, c in enumerate(prog) if hasattr(c, "pieces") and any(
-                u in layout.units(pc, c.phase) for pc in c.pieces))
+            use = next(
+                p
+                for p, c in enumerate(prog)
+                if hasattr(c, "pieces") and any(u in layout.units(pc, c.phase) for pc in c.pieces)
+            )
             assert prog[use].phase == "forward" and prog[use].sub < 2
             assert wait < use and not any(hasattr(c, "pieces") for c in prog[wait:use])
             assert wait >= first_compute or u == 0
-        later = build_program(name, R, 2, n_micro=n_micro,
-                              zero=replace(layout, gather_updated=False))
+        later = build_program(
+            name, R, 2, n_micro=n_micro, zero=replace(layout, gather_updated=False)
+        )
         assert not any(isinstance(i, Start | Wait) and i.kind == "ag" for i in later)
 
 
@@ -247,16 +281,21 @@ def test_gradient_reduce_scatters_follow_their_last_backward(stage):
     every micro-batch at 2-3; each is waited once, at most 2 are in flight."""
     n_micro = 2
     prog = build_program("oases", R, 2, n_micro=n_micro, zero=_layout(stage))
-    starts = [(p, ins) for p, ins in enumerate(prog) if isinstance(ins, Start) and
-              ins.kind == "rs"]
+    starts = [(p, ins) for p, ins in enumerate(prog) if isinstance(ins, Start) and ins.kind == "rs"]
     micros = range(n_micro) if stage >= 2 else [n_micro - 1]
     assert sorted((i.index, i.sub) for _, i in starts) == sorted(
-        (u, m) for u in range(R) for m in micros)
+        (u, m) for u in range(R) for m in micros
+    )
     for pos, ins in starts:
-        last = max(p for p, c in enumerate(prog) if hasattr(c, "pieces") and
-                   c.phase == "backward" and c.sub // 2 == ins.sub and
-                   any(ins.index in _layout(stage).units(pc, "backward") for pc in c.pieces))
-        between = prog[last + 1: pos]
+        last = max(
+            p
+            for p, c in enumerate(prog)
+            if hasattr(c, "pieces")
+            and c.phase == "backward"
+            and c.sub // 2 == ins.sub
+            and any(ins.index in _layout(stage).units(pc, "backward") for pc in c.pieces)
+        )
+        between = prog[last + 1 : pos]
         assert all(isinstance(b, Start | Wait | Release) for b in between), between
         assert not any(hasattr(b, "pieces") for b in between)
     inflight = 0
@@ -288,7 +327,6 @@ def test_config_rejects_a_zero_stage_out_of_range():
         ParallelConfig(zero=4)
 
 
-
 # ------------------------------------------------------------------- checkpoints and resume
 
 
@@ -297,10 +335,17 @@ def _resume_rank(rank: int, world: int, root: str) -> dict:
     zero=3 (dp=2) and at zero=0 with tp=2 (dp=1)."""
     root = Path(root)
     step3 = root / "z2" / "checkpoints" / "step_000003"
-    out = {"z2": run(tiny_cfg(root, "z2", "--parallel.tp=1", "--parallel.zero=2", FP64,
-                              "--checkpoint.every=3"))}
-    for name, *overrides in (("z3", "--parallel.tp=1", "--parallel.zero=3"),
-                             ("z0-tp2", "--parallel.tp=2", "--parallel.zero=0")):
+    out = {
+        "z2": run(
+            tiny_cfg(
+                root, "z2", "--parallel.tp=1", "--parallel.zero=2", FP64, "--checkpoint.every=3"
+            )
+        )
+    }
+    for name, *overrides in (
+        ("z3", "--parallel.tp=1", "--parallel.zero=3"),
+        ("z0-tp2", "--parallel.tp=2", "--parallel.zero=0"),
+    ):
         out[name] = run(tiny_cfg(root, name, *overrides, FP64, f"--checkpoint.resume={step3}"))
     return out
 
@@ -313,8 +358,9 @@ def test_a_zero2_checkpoint_resumes_at_zero3_and_at_zero0_tp2(spawn_ranks, tmp_p
     assert full["end_step"] == 6 and len(full["losses"]) == 6
     for name in ("z3", "z0-tp2"):
         assert r0[name]["start_step"] == 3, name
-        torch.testing.assert_close(r0[name]["losses"], full["losses"][3:], **EXACT64,
-                                   msg=lambda m, n=name: f"{n}: {m}")
+        torch.testing.assert_close(
+            r0[name]["losses"], full["losses"][3:], **EXACT64, msg=lambda m, n=name: f"{n}: {m}"
+        )
     # the checkpoint holds whole tensors (an unsharded layout): the zero=2 run's step 6 equals
     # the run resumed at zero=0, tp=2
     a = read_full_tensors(tmp_path / "z2" / "checkpoints" / "step_000006")
@@ -330,9 +376,20 @@ def _recorded_rank(rank: int, world: int, root: str) -> dict:
     """``oases train`` records the timeline of its second step: zero=0, 2 and 3 (tp=1, dp=2)
     for 4 steps, clipping off (Adam's first step hides a gradient's scale, the second not)."""
     root = Path(root)
-    return {z: run(tiny_cfg(root, f"z{z}", "--parallel.tp=1", f"--parallel.zero={z}", FP64,
-                            "--train.steps=4", "--train.grad_clip=0"))
-            for z in (0, 2, 3)}
+    return {
+        z: run(
+            tiny_cfg(
+                root,
+                f"z{z}",
+                "--parallel.tp=1",
+                f"--parallel.zero={z}",
+                FP64,
+                "--train.steps=4",
+                "--train.grad_clip=0",
+            )
+        )
+        for z in (0, 2, 3)
+    }
 
 
 @pytest.mark.exact
@@ -345,8 +402,12 @@ def test_a_recorded_step_trains_like_any_other(spawn_ranks, tmp_path):
     assert (tmp_path / "z2" / "timeline.png").exists()  # step 2 was recorded
     for z in (2, 3):
         for key in ("losses", "grad_norms"):
-            torch.testing.assert_close(r0[z][key], r0[0][key], **EXACT64,
-                                       msg=lambda m, z=z, key=key: f"zero={z} {key}: {m}")
+            torch.testing.assert_close(
+                r0[z][key],
+                r0[0][key],
+                **EXACT64,
+                msg=lambda m, z=z, key=key: f"zero={z} {key}: {m}",
+            )
 
 
 # ------------------------------------------------------------------ collectives, as issued
@@ -356,9 +417,11 @@ def _bus_bytes(rec) -> float:
     """Bytes one rank sends in a ring: all-reduce 2 (d-1)/d n, reduce-scatter (d-1)/d n (n its
     input), all-gather (d-1) n (n its input, the shard)."""
     d = rec.group_size
-    return {"all_reduce": 2 * (d - 1) / d * rec.nbytes,
-            "reduce_scatter": (d - 1) / d * rec.nbytes,
-            "all_gather": (d - 1) * rec.nbytes}[rec.op]
+    return {
+        "all_reduce": 2 * (d - 1) / d * rec.nbytes,
+        "reduce_scatter": (d - 1) / d * rec.nbytes,
+        "all_gather": (d - 1) * rec.nbytes,
+    }[rec.op]
 
 
 def _rank_collectives(rank: int, world: int) -> dict:
@@ -386,19 +449,29 @@ def _rank_collectives(rank: int, world: int) -> dict:
         with record_collectives() as after:
             opt.step()
         assert not after, [r.tag for r in after]  # the optimizer step issues nothing
-        program = [f"{i.kind}:{i.index}:{i.sub}" for i in sched.program(model, x.shape[0])
-                   if isinstance(i, Start) and i.kind in ("rs", "ag", "dp")]
+        program = [
+            f"{i.kind}:{i.index}:{i.sub}"
+            for i in sched.program(model, x.shape[0])
+            if isinstance(i, Start) and i.kind in ("rs", "ag", "dp")
+        ]
         issued = [r.tag for r in records if r.tag.split(":")[0] in ("rs", "ag", "dp")]
         assert issued == program, (stage, issued, program)
         by_op: dict = {}
         for r in [*records, *after]:
             if r.group == "dp":
                 by_op[r.op] = by_op.get(r.op, 0.0) + _bus_bytes(r)
-        padding = 0 if shards is None else sum(
-            (u.flat.numel() - u.numel) * 8 for u in shards.units.values())
+        padding = (
+            0
+            if shards is None
+            else sum((u.flat.numel() - u.numel) * 8 for u in shards.units.values())
+        )
         n_params = sum(p.numel() for p in model.parameters())
-        out[stage] = {"bus": by_op, "padding": padding, "param_bytes": n_params * 8,
-                      "gathers": sum(t.startswith("ag:") for t in issued)}
+        out[stage] = {
+            "bus": by_op,
+            "padding": padding,
+            "param_bytes": n_params * 8,
+            "gathers": sum(t.startswith("ag:") for t in issued),
+        }
     return out
 
 
@@ -434,8 +507,17 @@ def test_bench_entries_name_a_zero_stage_and_a_precision():
     assert parse_entry("fsdp2@precision=bf16") == ("fsdp2", 0, "bf16", "", "")
     assert parse_entry("oases@sp=shards,zero=1").stem() == "oases_zero1_sp-shards"
     assert parse_entry("oases@zero=3,precision=bf16").stem() == "oases_zero3_bf16"
-    for bad in ("oases@zero=4", "oases@tp=2", "fsdp2@zero=1", "oases@precision=fp16",
-                "oases@zero=1,zero=2", "oases@", "@zero=1", "oases@sp=all", "fsdp2@sp=shards"):
+    for bad in (
+        "oases@zero=4",
+        "oases@tp=2",
+        "fsdp2@zero=1",
+        "oases@precision=fp16",
+        "oases@zero=1,zero=2",
+        "oases@",
+        "@zero=1",
+        "oases@sp=all",
+        "fsdp2@sp=shards",
+    ):
         with pytest.raises(ValueError, match=r"expected SCHEDULE\[@zero"):
             parse_entry(bad)
 
@@ -445,12 +527,14 @@ def test_zero_collectives_have_lanes_and_colours_of_their_own(tmp_path):
     legend; neither counts as a sub-batch or micro-batch of the compute."""
     from oases.schedule.timeline import Event, Timeline, lane_of
 
-    events = [Event(0, "compute", "body:0", "forward", 0, 0.0, 1.0),
-              Event(0, "compute", "body:0", "forward", 1, 1.0, 2.0),
-              Event(0, "comm", "ag 1", "ag", 0, 0.5, 1.5),
-              Event(0, "compute", "tp:0", "backward", 0, 2.0, 3.0),
-              Event(0, "compute", "tp:0", "backward", 1, 3.0, 4.0),
-              Event(0, "comm", "rs 0", "rs", 0, 4.0, 4.5)]
+    events = [
+        Event(0, "compute", "body:0", "forward", 0, 0.0, 1.0),
+        Event(0, "compute", "body:0", "forward", 1, 1.0, 2.0),
+        Event(0, "comm", "ag 1", "ag", 0, 0.5, 1.5),
+        Event(0, "compute", "tp:0", "backward", 0, 2.0, 3.0),
+        Event(0, "compute", "tp:0", "backward", 1, 3.0, 4.0),
+        Event(0, "comm", "rs 0", "rs", 0, 4.0, 4.5),
+    ]
     assert [lane_of(e) for e in events if e.lane == "comm"] == ["ZeRO gather", "DP comm"]
     tl = Timeline(events)
     assert tl.lanes() == ["compute", "DP comm", "ZeRO gather"]
@@ -477,8 +561,11 @@ def _rank_state_bytes(rank: int, world: int) -> dict:
         sched.step(model, layout_rows(tokens, rank, world, 1), layout_rows(targets, rank, world, 1))
         opt.step()
         sched.step(model, layout_rows(tokens, rank, world, 1), layout_rows(targets, rank, world, 1))
-        padded = sum(p.numel() for p in model.parameters()) if shards is None else sum(
-            u.flat.numel() for u in shards.units.values())
+        padded = (
+            sum(p.numel() for p in model.parameters())
+            if shards is None
+            else sum(u.flat.numel() for u in shards.units.values())
+        )
         out[stage] = (model_state_bytes(model, opt), padded)
     return out
 
@@ -489,7 +576,8 @@ def test_model_state_bytes_per_stage_follow_the_closed_form(spawn_ranks):
     r0, r1 = spawn_ranks(_rank_state_bytes, 2)
     for stage, (got, padded) in r0.items():
         n = 4 * padded
-        want = {0: (n, n, 2 * n), 1: (n, n // 2, n), 2: (n, n // 2, n),
-                3: (n // 2, n // 2, n)}[stage]
+        want = {0: (n, n, 2 * n), 1: (n, n // 2, n), 2: (n, n // 2, n), 3: (n // 2, n // 2, n)}[
+            stage
+        ]
         assert (got["weights"], got["gradients"], got["optimizer"]) == want, (stage, got)
         assert r1[stage][0] == got  # every rank holds the same share

@@ -41,10 +41,14 @@ def _rank_scatter(rank: int, world: int) -> dict:
     except RuntimeError:
         has_future = False
     got = handle.wait()
-    return {"blocking": torch.equal(blocking, mine) or (blocking - mine).abs().max().item(),
-            "async": (got - mine.reshape(-1)).abs().max().item(), "shape": tuple(got.shape),
-            "future": has_future, "fired": bool(fired), "input_kept": torch.equal(
-                flat, x.reshape(-1))}
+    return {
+        "blocking": torch.equal(blocking, mine) or (blocking - mine).abs().max().item(),
+        "async": (got - mine.reshape(-1)).abs().max().item(),
+        "shape": tuple(got.shape),
+        "future": has_future,
+        "fired": bool(fired),
+        "input_kept": torch.equal(flat, x.reshape(-1)),
+    }
 
 
 @pytest.mark.parametrize("world", [2, 4])
@@ -79,10 +83,10 @@ def _rank_stale(rank: int, world: int) -> dict:
     opt.step()
     u = next(iter(shards.units.values()))
     other = (1 - rank) * u.shard_numel  # the other rank's part of the flat buffer
-    stale = u.flat[other: other + u.shard_numel].clone()
+    stale = u.flat[other : other + u.shard_numel].clone()
     out = {"marked": not u.gathered}
     with materialized(model):
-        fresh = u.flat[other: other + u.shard_numel].clone()
+        fresh = u.flat[other : other + u.shard_numel].clone()
     out["changed"] = not torch.equal(stale, fresh)
     out["gathered_after"] = u.gathered
     return out
@@ -118,8 +122,9 @@ def test_the_memory_walk_counts_the_workspace_and_gloo_gather_copies():
         for k, v in attrs.items():
             setattr(costs, k, v)
         plan = with_zero(ParallelPlan.uniform(cfg, 2, 1, schedule="oases", n_sub=2), zero)
-        return simulate_plan(cfg, plan, _NoTime(costs), 2, BatchShape(8, 8),
-                             timeline=False).peak_mem_bytes
+        return simulate_plan(
+            cfg, plan, _NoTime(costs), 2, BatchShape(8, 8), timeline=False
+        ).peak_mem_bytes
 
     assert peak(0, workspace_bytes=13e6) - peak(0) == pytest.approx(13e6)
     assert peak(3, all_gather_copies_output=True) > peak(3)
@@ -152,6 +157,12 @@ def test_one_sub_batch_is_priced_with_the_synchronous_pieces():
 
     for k, want in ((1, {False}), (2, {True})):
         costs = Asked()
-        simulate_plan(cfg, ParallelPlan.uniform(cfg, 2, 1, schedule="oases", n_sub=k), costs,
-                      2, BatchShape(8, 8), timeline=False)
+        simulate_plan(
+            cfg,
+            ParallelPlan.uniform(cfg, 2, 1, schedule="oases", n_sub=k),
+            costs,
+            2,
+            BatchShape(8, 8),
+            timeline=False,
+        )
         assert costs.flags == want, k

@@ -21,13 +21,21 @@ from oases.planner.layout import model_state
 from oases.planner.simulate import simulate_plan
 from test_zero import _cfg, _rank_state_bytes
 
-GPT = ModelConfig(arch="gpt2", n_layers=8, dim=1024, n_heads=16, vocab_size=50304,
-                  seq_len=1024, tie_embeddings=True)
+GPT = ModelConfig(
+    arch="gpt2",
+    n_layers=8,
+    dim=1024,
+    n_heads=16,
+    vocab_size=50304,
+    seq_len=1024,
+    tie_embeddings=True,
+)
 
 
 def _zero(plan: ParallelPlan, stage: int) -> ParallelPlan:
-    return dataclasses.replace(plan, regions=[dataclasses.replace(r, zero=stage)
-                                              for r in plan.regions])
+    return dataclasses.replace(
+        plan, regions=[dataclasses.replace(r, zero=stage) for r in plan.regions]
+    )
 
 
 def test_simulated_model_state_is_the_executors_own_accounting(spawn_ranks):
@@ -44,8 +52,9 @@ def test_simulated_model_state_is_the_executors_own_accounting(spawn_ranks):
 def _simulated(stage: int, n_micro: int = 2, raf: bool = True):  # noqa: ANN202
     costs = HardwareCosts(get_cluster("paper-3090-pcie-32"), GPT)
     plan = _zero(ParallelPlan.uniform(GPT, 32, 4, schedule="oases", n_sub=2), stage)
-    return simulate_plan(GPT, plan, costs, 32, BatchShape(16 * n_micro, 16),
-                         reshard_after_forward=raf)
+    return simulate_plan(
+        GPT, plan, costs, 32, BatchShape(16 * n_micro, 16), reshard_after_forward=raf
+    )
 
 
 def test_each_stage_holds_less_and_pays_where_its_collectives_are():
@@ -60,8 +69,11 @@ def test_each_stage_holds_less_and_pays_where_its_collectives_are():
     for z in (1, 2):
         gathers = [e for e in res[z].timeline.events if e.phase == "ag"]
         assert len(gathers) == n_regions and {e.sub for e in gathers} == {0}, z
-        forward = [e for e in res[z].timeline.events
-                   if e.lane == "compute" and e.phase == "forward" and e.sub < 2]
+        forward = [
+            e
+            for e in res[z].timeline.events
+            if e.lane == "compute" and e.phase == "forward" and e.sub < 2
+        ]
         assert gathers[-1].start_s < forward[-1].end_s  # under the forward, not after it
     assert not any(e.phase == "ag" for e in res[0].timeline.events)
     assert any(e.phase == "ag" and e.sub == 1 for e in res[3].timeline.events)  # per pass
@@ -70,14 +82,17 @@ def test_each_stage_holds_less_and_pays_where_its_collectives_are():
     plan = _zero(ParallelPlan.uniform(GPT, 32, 4, schedule="oases", n_sub=2), 1)
     state = model_state(GPT, plan, 32)
     assert res[1].breakdown["optimizer_s"] == costs.optimizer_s(
-        sum(state.updated(i) for i in range(len(plan.regions))))
+        sum(state.updated(i) for i in range(len(plan.regions)))
+    )
     assert res[1].breakdown["optimizer_s"] < res[0].breakdown["optimizer_s"]
     # the Adam moments: 8 bytes per parameter, a shard of them from stage 1 on
     assert res[1].breakdown["optimizer_state_bytes"] == pytest.approx(
-        res[0].breakdown["optimizer_state_bytes"] / 8, rel=1e-3)
+        res[0].breakdown["optimizer_state_bytes"] / 8, rel=1e-3
+    )
     # stage 3 keeps 1/dp of the weights between passes
     assert res[3].breakdown["params_bytes"] == pytest.approx(
-        res[0].breakdown["params_bytes"] / 8, rel=1e-3)
+        res[0].breakdown["params_bytes"] / 8, rel=1e-3
+    )
     # every part of the step is accounted for
     for r in res.values():
         assert sum(r.step_parts().values()) == pytest.approx(r.step_s, rel=1e-9)
@@ -106,27 +121,51 @@ def test_the_planner_shards_when_memory_binds_and_not_when_it_does_not():
     cfg.model = GPT
     cfg.train.global_batch, cfg.train.micro_batch, cfg.parallel.tp = 64, 2, 1
     costs = HardwareCosts(get_cluster("paper-3090-pcie-32"), GPT)
-    free, _ = plan_model(cfg, 32, costs, float("inf"), schedules=("oases",),
-                         search_micro_batch=False, sps=())
-    unsharded, _ = plan_model(cfg, 32, costs, float("inf"), schedules=("oases",), zeros=(0,),
-                              search_micro_batch=False, sps=())
+    free, _ = plan_model(
+        cfg, 32, costs, float("inf"), schedules=("oases",), search_micro_batch=False, sps=()
+    )
+    unsharded, _ = plan_model(
+        cfg,
+        32,
+        costs,
+        float("inf"),
+        schedules=("oases",),
+        zeros=(0,),
+        search_micro_batch=False,
+        sps=(),
+    )
     assert max(free.plan.zero_stages()) <= 1
     assert free.result.step_s <= unsharded.result.step_s
     if max(free.plan.zero_stages()) == 1:
         assert free.result.step_s < unsharded.result.step_s
     batch = batch_shape(cfg, 32)
-    least = {z: min(c.result.peak_mem_bytes for c in solve_plan(
-        GPT, costs, 32, batch, float("inf"), schedules=("oases",), zeros=(z,))[1])
-        for z in (0, 3)}
+    least = {
+        z: min(
+            c.result.peak_mem_bytes
+            for c in solve_plan(
+                GPT, costs, 32, batch, float("inf"), schedules=("oases",), zeros=(z,)
+            )[1]
+        )
+        for z in (0, 3)
+    }
     assert least[3] < least[0]
     budget = (least[0] + least[3]) / 2
-    best, _ = plan_model(cfg, 32, costs, budget, schedules=("oases",), search_micro_batch=False,
-                         sps=())
+    best, _ = plan_model(
+        cfg, 32, costs, budget, schedules=("oases",), search_micro_batch=False, sps=()
+    )
     assert best.result.peak_mem_bytes <= budget and max(best.plan.zero_stages()) >= 1
     assert len(set(best.plan.zero_stages())) == 1
     with pytest.raises(ValueError, match="no plan fits"):  # unsharded, nothing fits it
-        plan_model(cfg, 32, costs, budget, schedules=("oases",), zeros=(0,),
-                   search_micro_batch=False, sps=())
+        plan_model(
+            cfg,
+            32,
+            costs,
+            budget,
+            schedules=("oases",),
+            zeros=(0,),
+            search_micro_batch=False,
+            sps=(),
+        )
 
 
 def test_a_smaller_micro_batch_is_searched_when_the_given_one_does_not_fit():
@@ -139,8 +178,9 @@ def test_a_smaller_micro_batch_is_searched_when_the_given_one_does_not_fit():
     cfg.model = GPT
     cfg.train.global_batch, cfg.train.micro_batch, cfg.parallel.tp = 256, 8, 1
     costs = HardwareCosts(get_cluster("paper-3090-pcie-32"), GPT)
-    _, cands = plan_model(cfg, 32, costs, float("inf"), schedules=("megatron",), zeros=(0,),
-                          search_micro_batch=False)
+    _, cands = plan_model(
+        cfg, 32, costs, float("inf"), schedules=("megatron",), zeros=(0,), search_micro_batch=False
+    )
     least = min(c.result.peak_mem_bytes for c in cands)
     best, _ = plan_model(cfg, 32, costs, least * 0.8, schedules=("megatron",), zeros=(0,))
     assert best.batch.micro_rows < 8 * 32 and best.result.peak_mem_bytes <= least * 0.8
@@ -157,8 +197,10 @@ def test_simulate_plan_specs_take_a_zero_stage():
     assert parse_plan("auto,zero=1") == PlanSpec(True, zero=1)
     assert str(parse_plan("tp=2+,zero=2")) == "tp=2+,zero=2"
     assert parse_entries("megatron@tp=4,oases@tp=4,zero=1,oases@auto", "auto") == [
-        ("megatron", PlanSpec(False, 4)), ("oases", PlanSpec(False, 4, False, 1)),
-        ("oases", PlanSpec(True))]
+        ("megatron", PlanSpec(False, 4)),
+        ("oases", PlanSpec(False, 4, False, 1)),
+        ("oases", PlanSpec(True)),
+    ]
     with pytest.raises(ValueError, match="zero=Z"):
         parse_plan("tp=4,zero=5")
 
@@ -166,9 +208,23 @@ def test_simulate_plan_specs_take_a_zero_stage():
 def test_oases_simulate_prices_a_sharded_row(tmp_path, capsys):
     from oases.cli import main
 
-    code = main(["simulate", "--model", "paper-h1024-l24", "--cluster", "paper-3090-pcie-32",
-                 "--schedules", "oases@tp=4,oases@tp=4,zero=3", "--global-batch", "128",
-                 "--micro-batch", "4", "--out", str(tmp_path)])
+    code = main(
+        [
+            "simulate",
+            "--model",
+            "paper-h1024-l24",
+            "--cluster",
+            "paper-3090-pcie-32",
+            "--schedules",
+            "oases@tp=4,oases@tp=4,zero=3",
+            "--global-batch",
+            "128",
+            "--micro-batch",
+            "4",
+            "--out",
+            str(tmp_path),
+        ]
+    )
     out = capsys.readouterr().out
     assert code == 0
     rows = [line for line in out.splitlines() if line.strip().startswith("oases")]
@@ -189,9 +245,22 @@ def test_bench_memory_counts_the_model_state_the_simulator_counts(tmp_path, caps
     from distributed import REPO_ROOT
     from oases.cli import main
 
-    code = main(["bench", str(REPO_ROOT / "configs" / "tiny.toml"), "--parallel.tp=1",
-                 "--nproc-per-node", "2", "--memory", "--schedules", "oases,oases@zero=3",
-                 "--steps", "1", "--out", str(tmp_path)])
+    code = main(
+        [
+            "bench",
+            str(REPO_ROOT / "configs" / "tiny.toml"),
+            "--parallel.tp=1",
+            "--nproc-per-node",
+            "2",
+            "--memory",
+            "--schedules",
+            "oases,oases@zero=3",
+            "--steps",
+            "1",
+            "--out",
+            str(tmp_path),
+        ]
+    )
     assert code == 0
     got = json.loads((tmp_path / "memory.json").read_text())["entries"]
     for entry in ("oases", "oases@zero=3"):

@@ -184,8 +184,10 @@ class Transformer(nn.Module):
         self.pos_embed = nn.Embedding(cfg.seq_len, cfg.dim) if cfg.arch == "gpt2" else None
         self.drop = nn.Dropout(cfg.dropout)
         self.blocks = nn.ModuleList(Block(cfg) for _ in range(cfg.n_layers))
-        self.norm = LayerNorm(cfg.dim, eps=cfg.norm_eps) if cfg.arch == "gpt2" else RMSNorm(
-            cfg.dim, eps=cfg.norm_eps
+        self.norm = (
+            LayerNorm(cfg.dim, eps=cfg.norm_eps)
+            if cfg.arch == "gpt2"
+            else RMSNorm(cfg.dim, eps=cfg.norm_eps)
         )
         self.head = nn.Linear(cfg.dim, cfg.vocab_size, bias=False)
         # ``gather_logits`` is the identity here; under TP it gathers the vocabulary shards.
@@ -228,9 +230,11 @@ class Transformer(nn.Module):
     def forward(self, tokens: Tensor, targets: Tensor | None = None) -> Tensor:
         check_batch(self.cfg, tokens, targets)
         if self.recompute and self.parallel_ctx is not None:
-            raise ValueError("model.recompute is single-device activation checkpointing; a "
-                             "parallelized model recomputes through a schedule "
-                             "(megatron-recompute, commfree-recompute, oases)")
+            raise ValueError(
+                "model.recompute is single-device activation checkpointing; a "
+                "parallelized model recomputes through a schedule "
+                "(megatron-recompute, commfree-recompute, oases)"
+            )
         x = self.embed_tokens(tokens)
         for block in self.blocks:
             if self.recompute and torch.is_grad_enabled():
@@ -254,14 +258,17 @@ def check_batch(cfg: ModelConfig, tokens: Tensor, targets: Tensor | None = None)
         if t is None:
             continue
         if t.dim() != 2 or t.shape[1] > cfg.seq_len:
-            raise ValueError(f"{name} must be [batch, seq <= model.seq_len={cfg.seq_len}], "
-                             f"got shape {list(t.shape)}")
+            raise ValueError(
+                f"{name} must be [batch, seq <= model.seq_len={cfg.seq_len}], "
+                f"got shape {list(t.shape)}"
+            )
         if t.device.type != "cpu":
             continue
         lo, hi = int(t.min()), int(t.max())
         if lo < 0 or hi >= cfg.vocab_size:
-            raise ValueError(f"{name} ids must lie in [0, model.vocab_size={cfg.vocab_size}), "
-                             f"got [{lo}, {hi}]")
+            raise ValueError(
+                f"{name} ids must lie in [0, model.vocab_size={cfg.vocab_size}), got [{lo}, {hi}]"
+            )
     if targets is not None and targets.shape != tokens.shape:
         raise ValueError(f"targets shape {list(targets.shape)} != tokens {list(tokens.shape)}")
 

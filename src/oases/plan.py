@@ -71,7 +71,8 @@ class ParallelPlan:
 
         spec = SPECS.get(self.schedule)
         return self.sequence_parallel or (
-            "gathered" if spec is not None and spec.sequence_parallel else None)
+            "gathered" if spec is not None and spec.sequence_parallel else None
+        )
 
     @staticmethod
     def uniform(cfg: ModelConfig, world_size: int, tp: int, **kw: object) -> ParallelPlan:
@@ -83,8 +84,11 @@ class ParallelPlan:
     def stage_layout(self) -> StageLayout:
         """Which regions each pipeline stage holds (one stage when ``pp`` is 1)."""
         n_layers = (len(self.regions) - 2) // 2
-        starts = (tuple(self.stage_starts) if self.stage_starts
-                  else default_stage_starts(n_layers, self.pp))
+        starts = (
+            tuple(self.stage_starts)
+            if self.stage_starts
+            else default_stage_starts(n_layers, self.pp)
+        )
         return StageLayout(len(self.regions), starts)
 
     def tp_of(self, name: str) -> int:
@@ -116,8 +120,9 @@ class ParallelPlan:
         parts = [f"embed tp={tp['embed']}"]
         for first, last, (attn, mlp) in runs:
             where = f"block {first}" if first == last else f"blocks {first}-{last}"
-            parts.append(f"{where} tp={attn}" if attn == mlp
-                         else f"{where} attn tp={attn}, mlp tp={mlp}")
+            parts.append(
+                f"{where} tp={attn}" if attn == mlp else f"{where} attn tp={attn}, mlp tp={mlp}"
+            )
         return "; ".join([*parts, f"head tp={tp['head']}"])
 
     def is_uniform(self) -> bool:
@@ -127,46 +132,58 @@ class ParallelPlan:
         """ValueError (with the numbers) unless the plan fits this model and world."""
         names = [r.name for r in self.regions]
         if names != region_names(cfg):
-            raise ValueError(f"plan regions {names[:3]}... do not match the model's chain "
-                             f"{region_names(cfg)[:3]}... ({len(names)} vs "
-                             f"{len(region_names(cfg))} regions)")
+            raise ValueError(
+                f"plan regions {names[:3]}... do not match the model's chain "
+                f"{region_names(cfg)[:3]}... ({len(names)} vs "
+                f"{len(region_names(cfg))} regions)"
+            )
         made_for = {r.tp * r.dp * self.pp for r in self.regions}
         if len(made_for) == 1 and made_for != {world_size}:
             (planned,) = made_for
             first = self.regions[0]
-            raise ValueError(f"the plan was made for {planned} ranks ({first.name}: tp={first.tp}"
-                             f" x dp={first.dp}), this run has {world_size}: run it on "
-                             f"{planned} ranks (--nproc-per-node {planned}), or plan again for "
-                             f"{world_size}")
+            raise ValueError(
+                f"the plan was made for {planned} ranks ({first.name}: tp={first.tp}"
+                f" x dp={first.dp}), this run has {world_size}: run it on "
+                f"{planned} ranks (--nproc-per-node {planned}), or plan again for "
+                f"{world_size}"
+            )
         if self.pp < 1 or world_size % self.pp:
-            raise ValueError(f"plan pp={self.pp} must be a positive divisor of the world size "
-                             f"{world_size}")
+            raise ValueError(
+                f"plan pp={self.pp} must be a positive divisor of the world size {world_size}"
+            )
         stage = world_size // self.pp  # ranks per pipeline stage
-        where = f"world size {world_size}" + (f" over pp={self.pp} stages" if self.pp > 1
-                                              else "")
+        where = f"world size {world_size}" + (f" over pp={self.pp} stages" if self.pp > 1 else "")
         for r in self.regions:
             if r.tp < 1 or stage % r.tp or r.dp != stage // r.tp:
-                raise ValueError(f"plan region {r.name}: tp={r.tp}, dp={r.dp} do not fit "
-                                 f"{where}")
+                raise ValueError(f"plan region {r.name}: tp={r.tp}, dp={r.dp} do not fit {where}")
             kind = r.name.rsplit(".", 1)[-1]
-            checks = {"attn": (("n_heads", cfg.n_heads), ("n_kv_heads", cfg.n_kv_heads)),
-                      "mlp": (("ffn_dim", cfg.ffn_dim),)}.get(kind, ())
+            checks = {
+                "attn": (("n_heads", cfg.n_heads), ("n_kv_heads", cfg.n_kv_heads)),
+                "mlp": (("ffn_dim", cfg.ffn_dim),),
+            }.get(kind, ())
             for key, value in checks:
                 if value % r.tp:
-                    raise ValueError(f"plan region {r.name}: model.{key}={value} is not "
-                                     f"divisible by tp={r.tp}")
+                    raise ValueError(
+                        f"plan region {r.name}: model.{key}={value} is not divisible by tp={r.tp}"
+                    )
         for a, b in zip(self.regions, self.regions[1:]):  # a reshard gathers or slices
             if max(a.tp, b.tp) % min(a.tp, b.tp):
-                raise ValueError(f"plan regions {a.name} (tp={a.tp}) and {b.name} (tp={b.tp}): "
-                                 "neighbouring degrees must divide one another")
+                raise ValueError(
+                    f"plan regions {a.name} (tp={a.tp}) and {b.name} (tp={b.tp}): "
+                    "neighbouring degrees must divide one another"
+                )
         if self.sp():
             if self.sp() not in ("gathered", "shards"):
-                raise ValueError(f"plan sequence_parallel={self.sequence_parallel!r} must be "
-                                 '"", "gathered" or "shards"')
+                raise ValueError(
+                    f"plan sequence_parallel={self.sequence_parallel!r} must be "
+                    '"", "gathered" or "shards"'
+                )
             check_sequence_split(cfg.seq_len, self.degrees())
         if cfg.tie_embeddings and self.tp_of("embed") != self.tp_of("head"):
-            raise ValueError(f"tied embeddings need one degree for embed and head, got "
-                             f"{self.tp_of('embed')} and {self.tp_of('head')}")
+            raise ValueError(
+                f"tied embeddings need one degree for embed and head, got "
+                f"{self.tp_of('embed')} and {self.tp_of('head')}"
+            )
         if self.pp > 1:
             self._check_pipeline(cfg)
 
@@ -178,9 +195,11 @@ class ParallelPlan:
         for b in layout.starts:
             before, after = self.regions[b - 1], self.regions[b]
             if before.tp != after.tp:
-                raise ValueError(f"plan regions {before.name} (tp={before.tp}) and {after.name} "
-                                 f"(tp={after.tp}) sit on either side of a pipeline stage "
-                                 "boundary, which needs one TP degree on both sides")
+                raise ValueError(
+                    f"plan regions {before.name} (tp={before.tp}) and {after.name} "
+                    f"(tp={after.tp}) sit on either side of a pipeline stage "
+                    "boundary, which needs one TP degree on both sides"
+                )
 
     def zero_stages(self, default: int = 0) -> tuple[int, ...]:
         """The ZeRO stage of every region (``default`` where the plan gives none)."""
@@ -202,9 +221,15 @@ class ParallelPlan:
     def from_json(text: str) -> ParallelPlan:
         try:
             raw = json.loads(text)
-            regions = [RegionPlan(str(r["name"]), int(r["tp"]), int(r["dp"]),
-                                  None if r.get("zero") is None else int(r["zero"]))
-                       for r in raw.pop("regions")]
+            regions = [
+                RegionPlan(
+                    str(r["name"]),
+                    int(r["tp"]),
+                    int(r["dp"]),
+                    None if r.get("zero") is None else int(r["zero"]),
+                )
+                for r in raw.pop("regions")
+            ]
             for r in regions:
                 if r.zero not in (None, 0, 1, 2, 3):
                     raise ValueError(f"region {r.name}: zero={r.zero} must be 0, 1, 2 or 3")

@@ -39,8 +39,12 @@ PRECISIONS: dict[str, tuple[torch.dtype, torch.dtype | None, torch.dtype | None]
 # parallel.grad_reduce_dtype -> the dtype of the data-parallel gradient reduction ("fp32": the
 # master dtype itself, so an fp64 run reduces in float64)
 GRAD_REDUCE_DTYPES: dict[str, torch.dtype | None] = {"fp32": None, "bf16": torch.bfloat16}
-DTYPE_NAMES = {torch.float32: "fp32", torch.bfloat16: "bf16", torch.float16: "fp16",
-               torch.float64: "fp64"}
+DTYPE_NAMES = {
+    torch.float32: "fp32",
+    torch.bfloat16: "bf16",
+    torch.float16: "fp16",
+    torch.float64: "fp64",
+}
 
 
 @dataclass(frozen=True)
@@ -69,9 +73,11 @@ class Precision:
 
     def describe(self) -> dict[str, str]:
         """Dtype names by kind (``oases profile`` records this)."""
-        return {"compute": DTYPE_NAMES[self.compute_dtype],
-                "grad_reduce": DTYPE_NAMES[self.grad_reduce_dtype],
-                "master": DTYPE_NAMES[self.param_dtype]}
+        return {
+            "compute": DTYPE_NAMES[self.compute_dtype],
+            "grad_reduce": DTYPE_NAMES[self.grad_reduce_dtype],
+            "master": DTYPE_NAMES[self.param_dtype],
+        }
 
 
 def resolve_precision(name: str, device: torch.device, grad_reduce: str = "fp32") -> Precision:
@@ -80,11 +86,18 @@ def resolve_precision(name: str, device: torch.device, grad_reduce: str = "fp32"
     if name not in PRECISIONS:
         raise ValueError(f"train.precision={name!r} must be one of {', '.join(PRECISIONS)}")
     if grad_reduce not in GRAD_REDUCE_DTYPES:
-        raise ValueError(f"parallel.grad_reduce_dtype={grad_reduce!r} must be one of "
-                         f"{', '.join(GRAD_REDUCE_DTYPES)}")
+        raise ValueError(
+            f"parallel.grad_reduce_dtype={grad_reduce!r} must be one of "
+            f"{', '.join(GRAD_REDUCE_DTYPES)}"
+        )
     param, on_cuda, on_cpu = PRECISIONS[name]
-    return Precision(name, param, on_cuda if device.type == "cuda" else on_cpu, device.type,
-                     GRAD_REDUCE_DTYPES[grad_reduce] or param)
+    return Precision(
+        name,
+        param,
+        on_cuda if device.type == "cuda" else on_cpu,
+        device.type,
+        GRAD_REDUCE_DTYPES[grad_reduce] or param,
+    )
 
 
 def accum_dtype(dtype: torch.dtype) -> torch.dtype:

@@ -28,11 +28,12 @@ PLANNED_SCHEDULES = ("interleaved",)  # named by issue 28, not built yet
 def check_pipeline_schedule(name: str) -> None:
     """ValueError unless ``name`` is a pipeline schedule this version runs."""
     if name in PLANNED_SCHEDULES:
-        raise ValueError(f"parallel.pp_schedule={name!r} is not built yet (issue 28); "
-                         f"valid: {', '.join(PIPELINE_SCHEDULES)}")
+        raise ValueError(
+            f"parallel.pp_schedule={name!r} is not built yet (issue 28); "
+            f"valid: {', '.join(PIPELINE_SCHEDULES)}"
+        )
     if name not in PIPELINE_SCHEDULES:
-        raise ValueError(f"parallel.pp_schedule={name!r}; valid: "
-                         f"{', '.join(PIPELINE_SCHEDULES)}")
+        raise ValueError(f"parallel.pp_schedule={name!r}; valid: {', '.join(PIPELINE_SCHEDULES)}")
 
 
 def block_start(layer: int) -> int:
@@ -46,8 +47,10 @@ def default_stage_starts(n_layers: int, pp: int) -> tuple[int, ...]:
     if pp < 1:
         raise ValueError(f"parallel.pp={pp} must be at least 1")
     if n_layers < pp:
-        raise ValueError(f"model.n_layers={n_layers} blocks do not fill parallel.pp={pp} "
-                         "pipeline stages (every stage holds at least one block)")
+        raise ValueError(
+            f"model.n_layers={n_layers} blocks do not fill parallel.pp={pp} "
+            "pipeline stages (every stage holds at least one block)"
+        )
     per, extra = divmod(n_layers, pp)
     starts, layer = [], 0
     for s in range(pp - 1):
@@ -60,17 +63,23 @@ def check_stage_starts(starts: tuple[int, ...], n_layers: int, pp: int) -> None:
     """ValueError (with the numbers) unless ``starts`` cuts the chain of ``n_layers`` blocks
     into ``pp`` stages at block boundaries, each holding at least one block."""
     if len(starts) != pp - 1:
-        raise ValueError(f"stage_starts={list(starts)} must give the first region of each of "
-                         f"the {pp - 1} stages after the first (pp={pp})")
+        raise ValueError(
+            f"stage_starts={list(starts)} must give the first region of each of "
+            f"the {pp - 1} stages after the first (pp={pp})"
+        )
     prev = 0
     for s, b in enumerate(starts, 1):
         if b % 2 != 1 or not 3 <= b <= 2 * n_layers - 1:
-            raise ValueError(f"stage_starts={list(starts)}: stage {s} starts at region {b}, "
-                             f"which is not the attention region (2l+1) of one of blocks "
-                             f"1..{n_layers - 1}")
+            raise ValueError(
+                f"stage_starts={list(starts)}: stage {s} starts at region {b}, "
+                f"which is not the attention region (2l+1) of one of blocks "
+                f"1..{n_layers - 1}"
+            )
         if b <= prev:
-            raise ValueError(f"stage_starts={list(starts)} must increase (stage {s} starts "
-                             f"at region {b}, not after region {prev})")
+            raise ValueError(
+                f"stage_starts={list(starts)} must increase (stage {s} starts "
+                f"at region {b}, not after region {prev})"
+            )
         prev = b
 
 

@@ -93,8 +93,9 @@ class DeviceClock:
         if isinstance(stamp, float):
             return stamp
         if not self._resolved:
-            raise RuntimeError("DeviceClock.seconds before resolve(): the events may still be "
-                               "pending")
+            raise RuntimeError(
+                "DeviceClock.seconds before resolve(): the events may still be pending"
+            )
         return self._origin_s + self._origin.elapsed_time(stamp) / 1e3
 
     def elapsed_s(self, start: Stamp, end: Stamp) -> float:
@@ -102,8 +103,9 @@ class DeviceClock:
         if isinstance(start, float) and isinstance(end, float):
             return max(0.0, end - start)
         if not self._resolved:
-            raise RuntimeError("DeviceClock.elapsed_s before resolve(): the events may still be "
-                               "pending")
+            raise RuntimeError(
+                "DeviceClock.elapsed_s before resolve(): the events may still be pending"
+            )
         return max(0.0, start.elapsed_time(end) / 1e3)
 
     def time_s(self, fn: Callable[[], object]) -> float:

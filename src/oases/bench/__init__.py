@@ -28,18 +28,25 @@ class Entry(NamedTuple):
     def stem(self) -> str:
         """A file-name stem: ``oases_zero3``, ``oases_bf16``, ``oases_sp-gathered``, ``fsdp2``,
         ``oases_sp-gathered_dw-off``."""
-        return "_".join([self.name, *([f"zero{self.zero}"] if self.zero else []),
-                         *([self.precision] if self.precision else []),
-                         *([f"sp-{self.sp}"] if self.sp else []),
-                         *([f"dw-{self.dw}"] if self.dw else [])])
+        return "_".join(
+            [
+                self.name,
+                *([f"zero{self.zero}"] if self.zero else []),
+                *([self.precision] if self.precision else []),
+                *([f"sp-{self.sp}"] if self.sp else []),
+                *([f"dw-{self.dw}"] if self.dw else []),
+            ]
+        )
 
     def sp_mode(self) -> str | None:
         """``build_schedule``'s ``sp``: None when off."""
         return self.sp or None
 
 
-ENTRY_SYNTAX = ("SCHEDULE[@zero=0|1|2|3][,precision=fp32|bf16][,sp=gathered|shards][,dw=off] "
-                "(peers: PEER[@precision=...])")
+ENTRY_SYNTAX = (
+    "SCHEDULE[@zero=0|1|2|3][,precision=fp32|bf16][,sp=gathered|shards][,dw=off] "
+    "(peers: PEER[@precision=...])"
+)
 
 
 def split_entries(text: str) -> list[str]:
@@ -67,16 +74,22 @@ def parse_entry(entry: str) -> Entry:
     for opt in filter(None, opts.split(",")):
         key, _, value = opt.partition("=")
         if key in values or not (
-                (key == "zero" and value in ("0", "1", "2", "3") and name not in PEERS)
-                or (key == "precision" and value in ("fp32", "bf16"))
-                or (key == "sp" and value in ("gathered", "shards") and name not in PEERS)
-                or (key == "dw" and value == "off" and name not in PEERS)):
+            (key == "zero" and value in ("0", "1", "2", "3") and name not in PEERS)
+            or (key == "precision" and value in ("fp32", "bf16"))
+            or (key == "sp" and value in ("gathered", "shards") and name not in PEERS)
+            or (key == "dw" and value == "off" and name not in PEERS)
+        ):
             raise ValueError(f"bench entry {entry!r}: expected {ENTRY_SYNTAX}")
         values[key] = value
     if not name or (at and not values):
         raise ValueError(f"bench entry {entry!r}: expected {ENTRY_SYNTAX}")
-    return Entry(name, int(values.get("zero", 0)), values.get("precision", ""),
-                 values.get("sp", ""), values.get("dw", ""))
+    return Entry(
+        name,
+        int(values.get("zero", 0)),
+        values.get("precision", ""),
+        values.get("sp", ""),
+        values.get("dw", ""),
+    )
 
 
 DRAWN = ("overlap", "overlap-recompute", "oases")  # schedules whose timelines a bench draws

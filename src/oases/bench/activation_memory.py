@@ -59,8 +59,9 @@ def peak_live_bytes(device: torch.device) -> Iterator[dict[str, int]]:
     out["peak"] = peak
 
 
-def measure_step(schedule: object, model: torch.nn.Module, tokens: Tensor, targets: Tensor,
-                 device: torch.device) -> dict:
+def measure_step(
+    schedule: object, model: torch.nn.Module, tokens: Tensor, targets: Tensor, device: torch.device
+) -> dict:
     """One step of ``schedule`` (an ``oases.schedule.Schedule``) with both measures on:
     {"saved_per_block": [bytes per block], "peak_live": bytes}. Gradients are left to the
     caller (zero them before the next step)."""
@@ -71,5 +72,7 @@ def measure_step(schedule: object, model: torch.nn.Module, tokens: Tensor, targe
             schedule.step(model, tokens, targets)
     finally:
         ex.track_memory = False
-    return {"saved_per_block": saved_per_block(ex.saved_bytes, len(model.blocks)),
-            "peak_live": peak["peak"]}
+    return {
+        "saved_per_block": saved_per_block(ex.saved_bytes, len(model.blocks)),
+        "peak_live": peak["peak"],
+    }

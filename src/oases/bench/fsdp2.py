@@ -53,8 +53,9 @@ def build_world_mesh(ctx: ParallelContext) -> DeviceMesh:
     return init_device_mesh(ctx.device.type, (ctx.world_size,), mesh_dim_names=("dp",))
 
 
-def shard_fsdp2(model: Transformer, mesh: DeviceMesh, precision: Precision | None = None
-                ) -> Transformer:
+def shard_fsdp2(
+    model: Transformer, mesh: DeviceMesh, precision: Precision | None = None
+) -> Transformer:
     """``fully_shard`` every block of ``model``, then the root, over ``mesh``, in place.
 
     ``model`` is the full single-device model, identical on every rank (same seed) and already
@@ -70,8 +71,9 @@ def shard_fsdp2(model: Transformer, mesh: DeviceMesh, precision: Precision | Non
     tied = model.cfg.tie_embeddings
     policy = MixedPrecisionPolicy()
     if precision is not None and precision.compute_dtype != precision.param_dtype:
-        policy = MixedPrecisionPolicy(param_dtype=precision.compute_dtype,
-                                      reduce_dtype=precision.grad_reduce_dtype)
+        policy = MixedPrecisionPolicy(
+            param_dtype=precision.compute_dtype, reduce_dtype=precision.grad_reduce_dtype
+        )
     for block in model.blocks:
         fully_shard(block, mesh=mesh, mp_policy=policy)
     fully_shard(model, mesh=mesh, mp_policy=policy)
@@ -104,8 +106,10 @@ class FSDP2Schedule:
         rows = tokens.shape[0]
         mb = self.micro_batch or rows
         if rows % mb:
-            raise ValueError(f"local batch of {rows} rows must split into micro-batches of "
-                             f"train.micro_batch={mb} rows")
+            raise ValueError(
+                f"local batch of {rows} rows must split into micro-batches of "
+                f"train.micro_batch={mb} rows"
+            )
         n_micro = rows // mb
         losses = []
         for t, y in zip(tokens.split(mb), targets.split(mb)):
@@ -115,8 +119,9 @@ class FSDP2Schedule:
         return torch.stack(losses).mean()
 
 
-def fsdp2_optimizer_step(model: nn.Module, optimizer: torch.optim.Optimizer, step: int,
-                         t: TrainConfig) -> float:
+def fsdp2_optimizer_step(
+    model: nn.Module, optimizer: torch.optim.Optimizer, step: int, t: TrainConfig
+) -> float:
     """The rest of training step ``step`` (0-based), as ``oases.train.loop`` does it: the LR of
     ``lr_at(step, t)``, clipping by the global gradient norm to ``t.grad_clip`` (``<= 0``: only
     measure), ``optimizer.step()``, ``zero_grad``. Returns the norm before clipping.

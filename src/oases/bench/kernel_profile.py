@@ -49,17 +49,19 @@ def _timer(device: torch.device) -> Callable[[Callable[[], object], int], float]
                 torch.cuda.synchronize(device)
             best = min(best, time.perf_counter() - t0)
         return best
+
     return timed
 
 
-def measure_gemm(device: torch.device, dtype: torch.dtype, repeats: int,
-                 sizes: tuple[int, ...]) -> dict[str, float]:
+def measure_gemm(
+    device: torch.device, dtype: torch.dtype, repeats: int, sizes: tuple[int, ...]
+) -> dict[str, float]:
     """Best flop/s of torch.mm over square shapes of ``sizes``."""
     timed, best, at = _timer(device), 0.0, 0
     for n in sizes:
         a = torch.randn(n, n, device=device, dtype=dtype)
         b = torch.randn(n, n, device=device, dtype=dtype)
-        rate = 2 * n ** 3 / timed(lambda a=a, b=b: torch.mm(a, b), repeats)
+        rate = 2 * n**3 / timed(lambda a=a, b=b: torch.mm(a, b), repeats)
         if rate > best:
             best, at = rate, n
     return {"flops_per_s": best, "n": at}
@@ -94,9 +96,15 @@ def measure_launch(device: torch.device, kernels: int = 200) -> tuple[float, flo
     return per_kernel, host
 
 
-def measure_attention(device: torch.device, dtype: torch.dtype, peak: float, repeats: int,
-                      seqs: tuple[int, ...], dims: tuple[int, ...], tokens: int
-                      ) -> dict[str, float]:
+def measure_attention(
+    device: torch.device,
+    dtype: torch.dtype,
+    peak: float,
+    repeats: int,
+    seqs: tuple[int, ...],
+    dims: tuple[int, ...],
+    tokens: int,
+) -> dict[str, float]:
     """``attn_*`` efficiencies: SDPA forward and backward at ``tokens`` tokens of 2048 / D
     heads, as the FlashAttention papers measure, over ``peak``."""
     timed, out = _timer(device), {}
@@ -104,34 +112,50 @@ def measure_attention(device: torch.device, dtype: torch.dtype, peak: float, rep
         heads = max(1, 2048 // d)
         for s in seqs:
             b = max(1, tokens // s)
-            q, k, v = (torch.randn(b, heads, s, d, device=device, dtype=dtype,
-                                   requires_grad=True) for _ in range(3))
+            q, k, v = (
+                torch.randn(b, heads, s, d, device=device, dtype=dtype, requires_grad=True)
+                for _ in range(3)
+            )
             for causal in (False, True):
                 mask = "causal" if causal else "full"
-                fwd = timed(lambda q=q, k=k, v=v, c=causal: F.scaled_dot_product_attention(
-                    q, k, v, is_causal=c), repeats)
+                fwd = timed(
+                    lambda q=q, k=k, v=v, c=causal: F.scaled_dot_product_attention(
+                        q, k, v, is_causal=c
+                    ),
+                    repeats,
+                )
                 o = F.scaled_dot_product_attention(q, k, v, is_causal=causal)
                 grad = torch.ones_like(o)
-                both = timed(lambda o=o, g=grad, x=(q, k, v): torch.autograd.grad(
-                    o, x, g, retain_graph=True), repeats)
+                both = timed(
+                    lambda o=o, g=grad, x=(q, k, v): torch.autograd.grad(
+                        o, x, g, retain_graph=True
+                    ),
+                    repeats,
+                )
                 flops = 4 * b * heads * s * s * d * (0.5 if causal else 1.0)
                 out[f"attn_fwd_{mask}_d{d}_s{s}"] = flops / (fwd * peak)
                 out[f"attn_bwd_{mask}_d{d}_s{s}"] = 2.5 * flops / (both * peak)
     return out
 
 
-def measure_kernels(device: torch.device, dtype: str = "bf16", repeats: int = 5,
-                    quick: bool = False) -> Cluster:
+def measure_kernels(
+    device: torch.device, dtype: str = "bf16", repeats: int = 5, quick: bool = False
+) -> Cluster:
     """Measure every kernel class on ``device`` and return a one-device cluster whose GPU
     carries the measurements (``quick``: smaller shapes, for tests and slow CPUs)."""
     from oases.planner.presets import GPUS
 
     cpu = device.type != "cuda"
     tdtype = DTYPES["fp32" if cpu and dtype == "bf16" else dtype]
-    name = torch.cuda.get_device_name(device) if not cpu else (platform.processor()
-                                                                or platform.machine())
-    preset = next((g for key, g in GPUS.items()
-                   if key.replace("rtx", "") in name.lower().replace(" ", "")), None)
+    name = (
+        torch.cuda.get_device_name(device)
+        if not cpu
+        else (platform.processor() or platform.machine())
+    )
+    preset = next(
+        (g for key, g in GPUS.items() if key.replace("rtx", "") in name.lower().replace(" ", "")),
+        None,
+    )
     sizes = (256, 512) if quick else ((1024, 2048) if cpu else (2048, 4096, 8192, 16384))
     gemm = measure_gemm(device, tdtype, repeats, sizes)
     stream = measure_stream(device, (8 << 20) if quick else (1 << 30), repeats)
@@ -140,22 +164,45 @@ def measure_kernels(device: torch.device, dtype: str = "bf16", repeats: int = 5,
     peak = preset.peak_flops.get(key, gemm["flops_per_s"]) if preset else gemm["flops_per_s"]
     bandwidth = preset.memory_bandwidth_bytes_per_s if preset else stream
     seqs = (128, 256) if quick else ((512, 1024) if cpu else ATTN_SEQ)
-    attn = measure_attention(device, tdtype, peak, repeats, seqs, (64,) if quick else (64, 128),
-                             512 if quick else (4096 if cpu else 16384))
-    sms = (torch.cuda.get_device_properties(device).multi_processor_count if not cpu
-           else os.cpu_count() or 1)
-    memory = (torch.cuda.get_device_properties(device).total_memory if not cpu
-              else os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES"))
+    attn = measure_attention(
+        device,
+        tdtype,
+        peak,
+        repeats,
+        seqs,
+        (64,) if quick else (64, 128),
+        512 if quick else (4096 if cpu else 16384),
+    )
+    sms = (
+        torch.cuda.get_device_properties(device).multi_processor_count
+        if not cpu
+        else os.cpu_count() or 1
+    )
+    memory = (
+        torch.cuda.get_device_properties(device).total_memory
+        if not cpu
+        else os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    )
     eff = min(1.0, gemm["flops_per_s"] / peak)
-    gpu = GPU(f"{name} (measured)", {key: peak}, float(memory), bandwidth, eff,
-              min(1.0, stream / bandwidth),
-              f"oases profile --kernels on {name}, torch {torch.__version__}: torch.mm best "
-              f"{gemm['flops_per_s'] / 1e12:.2f} TFLOP/s at {gemm['n']}^3, triad "
-              f"{stream / 1e9:.1f} GB/s, {gap * 1e6:.1f} us per kernel, {host * 1e6:.1f} us "
-              "per op dispatched, SDPA by head dim and sequence",
-              kernels={"sms": float(sms), "kernel_gap_s": gap, "host_op_s": host, **attn})
-    return Cluster(f"measured-{'cpu' if cpu else 'gpu'}", 1, Server(1, gpu, _placeholder_link()),
-                   source=f"oases profile --kernels, {time.strftime('%Y-%m-%d')}")
+    gpu = GPU(
+        f"{name} (measured)",
+        {key: peak},
+        float(memory),
+        bandwidth,
+        eff,
+        min(1.0, stream / bandwidth),
+        f"oases profile --kernels on {name}, torch {torch.__version__}: torch.mm best "
+        f"{gemm['flops_per_s'] / 1e12:.2f} TFLOP/s at {gemm['n']}^3, triad "
+        f"{stream / 1e9:.1f} GB/s, {gap * 1e6:.1f} us per kernel, {host * 1e6:.1f} us "
+        "per op dispatched, SDPA by head dim and sequence",
+        kernels={"sms": float(sms), "kernel_gap_s": gap, "host_op_s": host, **attn},
+    )
+    return Cluster(
+        f"measured-{'cpu' if cpu else 'gpu'}",
+        1,
+        Server(1, gpu, _placeholder_link()),
+        source=f"oases profile --kernels, {time.strftime('%Y-%m-%d')}",
+    )
 
 
 def _placeholder_link() -> object:

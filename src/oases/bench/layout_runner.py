@@ -38,20 +38,28 @@ def replica_rows(t: torch.Tensor, ctx: ParallelContext, tp: int) -> torch.Tensor
     stage holds rows [g B tp / S, (g + 1) B tp / S) of the stage's S ranks)."""
     per = t.shape[0] * tp // ctx.stage_size
     g = ctx.stage.rank // tp
-    return t[g * per:(g + 1) * per]
+    return t[g * per : (g + 1) * per]
 
 
-def _oases_step(base: torch.nn.Module, cfg, ctx: ParallelContext, lay: Layout,  # noqa: ANN001
-                tokens: torch.Tensor, targets: torch.Tensor) -> Callable[[], None]:
-    plan = ParallelPlan.uniform(cfg.model, ctx.world_size, lay.tp, pp=lay.pp,
-                                pp_schedule=lay.pps)
+def _oases_step(
+    base: torch.nn.Module,
+    cfg,  # noqa: ANN001
+    ctx: ParallelContext,
+    lay: Layout,
+    tokens: torch.Tensor,
+    targets: torch.Tensor,
+) -> Callable[[], None]:
+    plan = ParallelPlan.uniform(cfg.model, ctx.world_size, lay.tp, pp=lay.pp, pp_schedule=lay.pps)
     plan.check(cfg.model, ctx.world_size)
     model = parallelize(copy.deepcopy(base), ctx, plan)
     if lay.zero:
         shard_model(model, lay.zero)
-    sched = build_schedule(lay.name, n_sub=cfg.schedule.n_sub,
-                           max_inflight=cfg.schedule.max_inflight,
-                           micro_batch=cfg.train.micro_batch)
+    sched = build_schedule(
+        lay.name,
+        n_sub=cfg.schedule.n_sub,
+        max_inflight=cfg.schedule.max_inflight,
+        micro_batch=cfg.train.micro_batch,
+    )
     x, y = (replica_rows(t, ctx, lay.tp) for t in (tokens, targets))
 
     def step() -> None:
@@ -78,8 +86,10 @@ def run(spec: dict) -> None:
             from oases.bench.torch_pp import torch_pp_step
 
             n_micro = cfg.train.global_batch // cfg.train.micro_batch
-            steps[entry] = (ctx, torch_pp_step(copy.deepcopy(base), ctx, lay.pps, n_micro,
-                                               tokens, targets))
+            steps[entry] = (
+                ctx,
+                torch_pp_step(copy.deepcopy(base), ctx, lay.pps, n_micro, tokens, targets),
+            )
         else:
             steps[entry] = (ctx, _oases_step(base, cfg, ctx, lay, tokens, targets))
     times: dict[str, list[float]] = {e: [] for e in steps}
@@ -96,9 +106,17 @@ def run(spec: dict) -> None:
     if first.rank == 0:
         out = Path(spec["out"])
         out.mkdir(parents=True, exist_ok=True)
-        (out / "raw.json").write_text(json.dumps(
-            {"world_size": first.world_size, "times_s": times, "peak_mem_mb": mems,
-             "tokens_per_step": shape[0] * shape[1]}, indent=1))
+        (out / "raw.json").write_text(
+            json.dumps(
+                {
+                    "world_size": first.world_size,
+                    "times_s": times,
+                    "peak_mem_mb": mems,
+                    "tokens_per_step": shape[0] * shape[1],
+                },
+                indent=1,
+            )
+        )
     from oases.parallel import comm
 
     comm.barrier(first.world_group)  # nobody exits while a peer still talks

@@ -22,7 +22,7 @@ import tempfile
 from pathlib import Path
 from typing import NamedTuple
 
-LAYOUT_SYNTAX = ("SCHEDULE@tp=T[,pp=P][,zero=Z][,pps=ORDER] or torch-pp@pp=P[,pps=gpipe|1f1b]")
+LAYOUT_SYNTAX = "SCHEDULE@tp=T[,pp=P][,zero=Z][,pps=ORDER] or torch-pp@pp=P[,pps=gpipe|1f1b]"
 
 
 class Layout(NamedTuple):
@@ -43,22 +43,33 @@ def parse_layout(entry: str) -> Layout:
     values: dict[str, str] = {}
     for opt in filter(None, opts.split(",")):
         key, _, value = opt.partition("=")
-        if key in values or key not in ("tp", "pp", "zero", "pps") or not value or (
-                key != "pps" and not value.isdigit()):
+        if (
+            key in values
+            or key not in ("tp", "pp", "zero", "pps")
+            or not value
+            or (key != "pps" and not value.isdigit())
+        ):
             raise ValueError(f"layout {entry!r}: expected {LAYOUT_SYNTAX}")
         values[key] = value
     if name not in (*SCHEDULES, *BASELINES, "torch-pp"):
         raise ValueError(f"layout {entry!r}: unknown schedule {name!r}; expected {LAYOUT_SYNTAX}")
-    lay = Layout(name, int(values.get("tp", 1)), int(values.get("pp", 1)),
-                 int(values.get("zero", 0)), values.get("pps", "1f1b"))
+    lay = Layout(
+        name,
+        int(values.get("tp", 1)),
+        int(values.get("pp", 1)),
+        int(values.get("zero", 0)),
+        values.get("pps", "1f1b"),
+    )
     if lay.tp < 1 or lay.pp < 1 or lay.zero > 3:
         raise ValueError(f"layout {entry!r}: tp and pp at least 1, zero 0-3")
     if name == "torch-pp":
         from oases.bench.torch_pp import ORDERS
 
         if lay.tp != 1 or lay.zero or lay.pps not in ORDERS or lay.pp < 2:
-            raise ValueError(f"layout {entry!r}: torch-pp runs a pipeline of pp >= 2 over the "
-                             f"whole world at tp=1 without ZeRO, pps {'/'.join(ORDERS)}")
+            raise ValueError(
+                f"layout {entry!r}: torch-pp runs a pipeline of pp >= 2 over the "
+                f"whole world at tp=1 without ZeRO, pps {'/'.join(ORDERS)}"
+            )
     else:
         check_pipeline_schedule(lay.pps)
     return lay
@@ -72,24 +83,36 @@ def check_layouts(entries: list[str], nproc: int, cfg) -> list[Layout]:  # noqa:
     for entry in entries:
         lay = parse_layout(entry)
         if nproc % (lay.tp * lay.pp):
-            raise ValueError(f"layout {entry!r}: tp={lay.tp} x pp={lay.pp} does not divide "
-                             f"{nproc} ranks")
+            raise ValueError(
+                f"layout {entry!r}: tp={lay.tp} x pp={lay.pp} does not divide {nproc} ranks"
+            )
         dp = nproc // (lay.tp * lay.pp)
         if lay.name == "torch-pp" and lay.pp != nproc:
             raise ValueError(f"layout {entry!r}: torch-pp's pp must be the world ({nproc})")
         if cfg.train.global_batch % (dp * cfg.train.micro_batch):
-            raise ValueError(f"layout {entry!r}: train.global_batch={cfg.train.global_batch} "
-                             f"does not split into micro-batches of {cfg.train.micro_batch} "
-                             f"over dp={dp}")
+            raise ValueError(
+                f"layout {entry!r}: train.global_batch={cfg.train.global_batch} "
+                f"does not split into micro-batches of {cfg.train.micro_batch} "
+                f"over dp={dp}"
+            )
         if lay.name != "torch-pp":
-            ParallelPlan.uniform(cfg.model, nproc, lay.tp, pp=lay.pp,
-                                 pp_schedule=lay.pps).check(cfg.model, nproc)
+            ParallelPlan.uniform(cfg.model, nproc, lay.tp, pp=lay.pp, pp_schedule=lay.pps).check(
+                cfg.model, nproc
+            )
         out.append(lay)
     return out
 
 
-def run_layouts(config: str | None, overrides: list[str], entries: list[str], link: str,
-                steps: int, out: Path, nproc: int = 2, warmup: int = 2) -> dict:
+def run_layouts(
+    config: str | None,
+    overrides: list[str],
+    entries: list[str],
+    link: str,
+    steps: int,
+    out: Path,
+    nproc: int = 2,
+    warmup: int = 2,
+) -> dict:
     """Launch the ranks (on a loopback shaped to ``link``: none or a rate), write
     ``layouts.json`` and ``layouts.md`` into ``out``, print the table; returns the result."""
     from oases.bench.suite import launch_ranks, parse_rate
@@ -98,27 +121,51 @@ def run_layouts(config: str | None, overrides: list[str], entries: list[str], li
     cfg = load_config(config, overrides)
     check_layouts(entries, nproc, cfg)
     if link.startswith("auto:"):
-        raise ValueError("--layouts takes --link none or a rate (200mbit, 25MB): auto:PRESET "
-                         "calibrates a TP all-reduce, which the layouts do not share")
+        raise ValueError(
+            "--layouts takes --link none or a rate (200mbit, 25MB): auto:PRESET "
+            "calibrates a TP all-reduce, which the layouts do not share"
+        )
     rate = None if link == "none" else parse_rate(link)
-    label = ("unshaped loopback" if rate is None
-             else f"loopback shaped to {rate * 8 / 1e6:.1f} Mbit/s")
+    label = (
+        "unshaped loopback" if rate is None else f"loopback shaped to {rate * 8 / 1e6:.1f} Mbit/s"
+    )
     out.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory() as tmp:
-        launch_ranks("oases.bench.layout_runner",
-                     {"config": config, "overrides": overrides, "out": str(out),
-                      "layouts": entries, "steps": steps, "warmup": warmup},
-                     nproc, rate, Path(tmp), measures_memory=False)
+        launch_ranks(
+            "oases.bench.layout_runner",
+            {
+                "config": config,
+                "overrides": overrides,
+                "out": str(out),
+                "layouts": entries,
+                "steps": steps,
+                "warmup": warmup,
+            },
+            nproc,
+            rate,
+            Path(tmp),
+            measures_memory=False,
+        )
     raw = json.loads((out / "raw.json").read_text())
     base = statistics.median(raw["times_s"][entries[0]])
     rows = {}
     for entry in entries:
         med = statistics.median(raw["times_s"][entry])
-        rows[entry] = {"median_step_s": med, "tokens_per_s": raw["tokens_per_step"] / med,
-                       "peak_mem_mb": raw["peak_mem_mb"][entry], "vs_first": base / med,
-                       "steps_s": raw["times_s"][entry]}
-    result = {"link": label, "world_size": raw["world_size"], "steps": steps, "warmup": warmup,
-              "layouts": rows, "argv": sys.argv}
+        rows[entry] = {
+            "median_step_s": med,
+            "tokens_per_s": raw["tokens_per_step"] / med,
+            "peak_mem_mb": raw["peak_mem_mb"][entry],
+            "vs_first": base / med,
+            "steps_s": raw["times_s"][entry],
+        }
+    result = {
+        "link": label,
+        "world_size": raw["world_size"],
+        "steps": steps,
+        "warmup": warmup,
+        "layouts": rows,
+        "argv": sys.argv,
+    }
     (out / "layouts.json").write_text(json.dumps(result, indent=1))
     table = format_layouts(result)
     (out / "layouts.md").write_text(table + "\n")
@@ -128,10 +175,16 @@ def run_layouts(config: str | None, overrides: list[str], entries: list[str], li
 
 def format_layouts(result: dict) -> str:
     first = next(iter(result["layouts"]))
-    lines = [f"{result['world_size']} ranks, {result['link']}; medians of {result['steps']} "
-             f"steps after {result['warmup']} warm-up, interleaved",
-             "", f"| layout | step s | tokens/s | peak MB | vs {first} |", "|---|---|---|---|---|"]
+    lines = [
+        f"{result['world_size']} ranks, {result['link']}; medians of {result['steps']} "
+        f"steps after {result['warmup']} warm-up, interleaved",
+        "",
+        f"| layout | step s | tokens/s | peak MB | vs {first} |",
+        "|---|---|---|---|---|",
+    ]
     for name, r in result["layouts"].items():
-        lines.append(f"| `{name}` | {r['median_step_s']:.3f} | {r['tokens_per_s']:,.0f} | "
-                     f"{r['peak_mem_mb']:.0f} | {r['vs_first']:.2f}x |")
+        lines.append(
+            f"| `{name}` | {r['median_step_s']:.3f} | {r['tokens_per_s']:,.0f} | "
+            f"{r['peak_mem_mb']:.0f} | {r['vs_first']:.2f}x |"
+        )
     return "\n".join(lines)

@@ -54,9 +54,11 @@ def link_presets() -> dict[str, LinkPreset]:
     for name, (cluster, tp, dtype) in _LINK_REFERENCES.items():
         ratio = comm_to_compute(CLUSTERS[cluster], PAPER_REFERENCE_MODEL, tp, 4, dtype)
         presets[name] = LinkPreset(
-            name, round(ratio, 2),
+            name,
+            round(ratio, 2),
             f"planner.hardware preset {cluster}: region all-reduce / forward at H=2048, "
-            f"S=1024, 4 sequences, t={tp}, {dtype}")
+            f"S=1024, 4 sequences, t={tp}, {dtype}",
+        )
     return presets
 
 
@@ -76,8 +78,9 @@ def shaping_unavailable() -> str | None:
     return None
 
 
-def rate_for_ratio(allreduce_bytes: int, region_forward_s: float, ratio: float,
-                   world: int = 2) -> float:
+def rate_for_ratio(
+    allreduce_bytes: int, region_forward_s: float, ratio: float, world: int = 2
+) -> float:
     """tbf rate (bytes/s) at which an all-reduce of ``allreduce_bytes`` over ``world`` ranks
     takes ``ratio`` x ``region_forward_s``: a ring moves 2(w-1)/w of the bytes per rank, and all
     ranks share the one loopback queue."""
@@ -100,8 +103,13 @@ def shaped_command(cmd: list[str], rate_bytes_per_s: float) -> list[str]:
     return ["unshare", "-n", "--", "sh", "-c", script, "oases-shaped", *cmd]
 
 
-def run_shaped(cmd: list[str], rate_bytes_per_s: float | None, *, env: dict | None = None,
-               timeout_s: float | None = None) -> subprocess.CompletedProcess:
+def run_shaped(
+    cmd: list[str],
+    rate_bytes_per_s: float | None,
+    *,
+    env: dict | None = None,
+    timeout_s: float | None = None,
+) -> subprocess.CompletedProcess:
     """Run ``cmd`` (on a shaped loopback when a rate is given), streaming its output."""
     full_env = dict(os.environ if env is None else env)
     if rate_bytes_per_s is not None:

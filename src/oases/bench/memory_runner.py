@@ -50,8 +50,7 @@ def _local(t: torch.Tensor) -> torch.Tensor:
     return t.to_local() if isinstance(t, DTensor) else t
 
 
-def fsdp2_state_bytes(model: torch.nn.Module, optimizer: torch.optim.Optimizer
-                      ) -> dict[str, int]:
+def fsdp2_state_bytes(model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> dict[str, int]:
     """``model_state_bytes`` for a ``fully_shard`` model: the local shards of its DTensors."""
     out = {"weights": 0, "gradients": 0, "optimizer": 0}
     for p in model.parameters():
@@ -72,8 +71,9 @@ def run(spec: dict) -> None:
     torch.set_num_threads(1)
     entry: str = spec["entry"]
     name, zero, precision_name, sp, dw = parse_entry(entry)
-    precision = resolve_precision(precision_name or cfg.train.precision, ctx.device,
-                                  cfg.parallel.grad_reduce_dtype)
+    precision = resolve_precision(
+        precision_name or cfg.train.precision, ctx.device, cfg.parallel.grad_reduce_dtype
+    )
     rows, seq = cfg.train.micro_batch, cfg.model.seq_len
     gen = torch.Generator().manual_seed(cfg.train.seed + ctx.dp_rank)
     tokens = torch.randint(0, cfg.model.vocab_size, (rows, seq), generator=gen).to(ctx.device)
@@ -97,17 +97,20 @@ def run(spec: dict) -> None:
 
         share = fsdp2_rows(rows, ctx.tp, ctx.tp_rank)
         tokens, targets = tokens[share], targets[share]
-        model = shard_fsdp2(build_model(cfg.model).to(ctx.device), build_world_mesh(ctx),
-                            precision)
+        model = shard_fsdp2(build_model(cfg.model).to(ctx.device), build_world_mesh(ctx), precision)
         schedule = FSDP2Schedule()
     else:
         model = parallelize(build_model(cfg.model), ctx)
         if zero:
             shard_model(model, zero, cfg.parallel.reshard_after_forward)
-        schedule = build_schedule(name, n_sub=cfg.schedule.n_sub,
-                                  max_inflight=cfg.schedule.max_inflight,
-                                  grad_reduce_dtype=precision.grad_reduce_dtype, sp=sp or None,
-                                  defer_weight_grads=dw != "off")
+        schedule = build_schedule(
+            name,
+            n_sub=cfg.schedule.n_sub,
+            max_inflight=cfg.schedule.max_inflight,
+            grad_reduce_dtype=precision.grad_reduce_dtype,
+            sp=sp or None,
+            defer_weight_grads=dw != "off",
+        )
     optimizer = build_optimizer(model, cfg.train)
 
     state: dict[str, int] = {}
@@ -122,8 +125,14 @@ def run(spec: dict) -> None:
             state = fsdp2_state_bytes(model, optimizer)  # moments exist from step 2 on
             fsdp2_optimizer_step(model, optimizer, it, cfg.train)
             continue
-        clip_grad_norm_(model.parameters(), cfg.train.grad_clip, ctx.tp_group, None,
-                        getattr(model, "zero_shards", None), ctx.world_group)
+        clip_grad_norm_(
+            model.parameters(),
+            cfg.train.grad_clip,
+            ctx.tp_group,
+            None,
+            getattr(model, "zero_shards", None),
+            ctx.world_group,
+        )
         state = model_state_bytes(model, optimizer)
         optimizer.step()
         optimizer.zero_grad(set_to_none=True)
@@ -136,19 +145,39 @@ def run(spec: dict) -> None:
     counted_all = comm.all_gather_objects(counted, ctx.world_group)
     # code pages the entry's first steps paged in (kernels torch ran for the first time): in a
     # CPU's resident peak, not in any tensor (0 on CUDA, whose peak is the allocator's)
-    code_mb = (0.0 if ctx.device.type == "cuda"
-               else file_backed_memory_bytes() / 2**20 - code_base_mb)
+    code_mb = (
+        0.0 if ctx.device.type == "cuda" else file_backed_memory_bytes() / 2**20 - code_base_mb
+    )
     mine = torch.tensor([peak, base_mb, code_mb, *state.values()], dtype=torch.float64)
     every = comm.all_gather_objects(mine.tolist(), ctx.world_group)
     if ctx.rank == 0:
-        ranks = [{"peak_over_base_mb": r[0], "base_mb": r[1], "code_pages_mb": r[2],
-                  **dict(zip(state, (int(v) for v in r[3:]))), **c}
-                 for r, c in zip(every, counted_all)]
+        ranks = [
+            {
+                "peak_over_base_mb": r[0],
+                "base_mb": r[1],
+                "code_pages_mb": r[2],
+                **dict(zip(state, (int(v) for v in r[3:]))),
+                **c,
+            }
+            for r, c in zip(every, counted_all)
+        ]
         out = Path(spec["out"])
         out.mkdir(parents=True, exist_ok=True)
-        (out / f"memory-{parse_entry(entry).stem()}.json").write_text(json.dumps(
-            {"entry": entry, "world_size": ctx.world_size, "tp": ctx.tp, "dp": ctx.dp,
-             "rows": rows, "seq_len": seq, "steps": n_steps, "ranks": ranks}, indent=1))
+        (out / f"memory-{parse_entry(entry).stem()}.json").write_text(
+            json.dumps(
+                {
+                    "entry": entry,
+                    "world_size": ctx.world_size,
+                    "tp": ctx.tp,
+                    "dp": ctx.dp,
+                    "rows": rows,
+                    "seq_len": seq,
+                    "steps": n_steps,
+                    "ranks": ranks,
+                },
+                indent=1,
+            )
+        )
     comm.barrier(ctx.world_group)  # nobody exits while a peer still talks
 
 

@@ -43,8 +43,7 @@ def run(spec: dict) -> None:
     torch.set_num_threads(1)
     plan = ParallelPlan.load(spec["plan"])
     embed_tp = plan.tp_of("embed")
-    ctx = init_distributed(tp=embed_tp, timeout_s=cfg.parallel.timeout_s,
-                           degrees=plan.degrees())
+    ctx = init_distributed(tp=embed_tp, timeout_s=cfg.parallel.timeout_s, degrees=plan.degrees())
     comm.barrier(ctx.world_group)
     before_model = device_baseline(ctx)  # as the profile measures its baseline
     torch.manual_seed(cfg.train.seed)
@@ -58,12 +57,18 @@ def run(spec: dict) -> None:
     local_micro = micro_rows * embed_tp // ctx.world_size
     local_rows = cfg.train.global_batch * embed_tp // ctx.world_size
     precision = resolve_precision(cfg.train.precision, ctx.device, cfg.parallel.grad_reduce_dtype)
-    schedule = build_schedule(plan.schedule, n_sub=plan.n_sub, micro_batch=local_micro,
-                              max_inflight=cfg.schedule.max_inflight,
-                              grad_reduce_dtype=precision.grad_reduce_dtype, sp=plan.sp())
+    schedule = build_schedule(
+        plan.schedule,
+        n_sub=plan.n_sub,
+        micro_batch=local_micro,
+        max_inflight=cfg.schedule.max_inflight,
+        grad_reduce_dtype=precision.grad_reduce_dtype,
+        sp=plan.sp(),
+    )
     gen = torch.Generator().manual_seed(cfg.train.seed + ctx.rank // embed_tp)
-    tokens = torch.randint(0, cfg.model.vocab_size, (local_rows, cfg.model.seq_len),
-                           generator=gen).to(ctx.device)
+    tokens = torch.randint(
+        0, cfg.model.vocab_size, (local_rows, cfg.model.seq_len), generator=gen
+    ).to(ctx.device)
     targets = torch.roll(tokens, -1, dims=1)
     times, opt_times, loss = [], [], float("nan")
     clock = DeviceClock(ctx.device)  # CUDA: events, read after the closing barrier's sync
@@ -89,20 +94,35 @@ def run(spec: dict) -> None:
     retimed: dict = {}
     if spec.get("retime"):
         del model, optimizer, schedule
-        retimed = retime(cfg, ctx, plan, local_micro, int(spec.get("retime_repeats", 2)),
-                         precision)
+        retimed = retime(cfg, ctx, plan, local_micro, int(spec.get("retime_repeats", 2)), precision)
     if ctx.rank == 0:
-        Path(spec["out"]).write_text(json.dumps({
-            "median_step_s": statistics.median(times), "steps_s": times,
-            "median_optimizer_s": statistics.median(opt_times),
-            "peak_mem_bytes": max(peaks), "baseline_bytes": max(baselines),
-            "reserved_peak_bytes": max(reserved), "device": ctx.device.type,
-            "loss": loss, **retimed}, indent=1))
+        Path(spec["out"]).write_text(
+            json.dumps(
+                {
+                    "median_step_s": statistics.median(times),
+                    "steps_s": times,
+                    "median_optimizer_s": statistics.median(opt_times),
+                    "peak_mem_bytes": max(peaks),
+                    "baseline_bytes": max(baselines),
+                    "reserved_peak_bytes": max(reserved),
+                    "device": ctx.device.type,
+                    "loss": loss,
+                    **retimed,
+                },
+                indent=1,
+            )
+        )
     comm.barrier(ctx.world_group)  # nobody exits while a peer still talks
 
 
-def retime(cfg: Config, ctx: ParallelContext, plan: ParallelPlan, rows: int, repeats: int,
-           precision: Precision) -> dict:
+def retime(
+    cfg: Config,
+    ctx: ParallelContext,
+    plan: ParallelPlan,
+    rows: int,
+    repeats: int,
+    precision: Precision,
+) -> dict:
     """The plan's pieces and optimizer step timed now, in this launch, the way ``oases
     profile`` times them (``profile_runner.measure_compute``: an unsharded copy of the plan's
     model, collectives skipped, forward and backward pieces from the schedule's twin without
@@ -115,11 +135,19 @@ def retime(cfg: Config, ctx: ParallelContext, plan: ParallelPlan, rows: int, rep
     torch.manual_seed(cfg.train.seed)
     model = parallelize(build_model(cfg.model), ctx, plan)
     model.train()
-    pieces, _, opt_s = measure_compute(model, ctx, rows, sub_batches(plan.schedule, plan.n_sub),
-                                       repeats, cfg.train, schedules, precision, sp=plan.sp())
+    pieces, _, opt_s = measure_compute(
+        model,
+        ctx,
+        rows,
+        sub_batches(plan.schedule, plan.n_sub),
+        repeats,
+        cfg.train,
+        schedules,
+        precision,
+        sp=plan.sp(),
+    )
     n_params = sum(p.numel() for p in model.parameters())
-    return {"pieces": pieces, "optimizer": [{"n_params": n_params,
-                                             "s": statistics.median(opt_s)}]}
+    return {"pieces": pieces, "optimizer": [{"n_params": n_params, "s": statistics.median(opt_s)}]}
 
 
 if __name__ == "__main__":

@@ -51,14 +51,21 @@ def _timed(ctx: ParallelContext, fn) -> float:  # noqa: ANN001
     return clock.elapsed_s(start, end)
 
 
-def comm_only_step(schedule: Schedule, model: torch.nn.Module, rows: int, seq: int,
-                   ctx: ParallelContext, precision: Precision) -> None:
+def comm_only_step(
+    schedule: Schedule,
+    model: torch.nn.Module,
+    rows: int,
+    seq: int,
+    ctx: ParallelContext,
+    precision: Precision,
+) -> None:
     """Issue exactly the program's collectives, in its order, on same-sized dummy buffers (in
     the dtypes ``precision`` moves them in)."""
     ex = schedule.executor(model)
     n_micro, k = schedule.split(rows)
-    act = torch.zeros(rows // (n_micro * k), seq, model.cfg.dim, device=ctx.device,
-                      dtype=precision.compute_dtype)  # [b, S, H]
+    act = torch.zeros(
+        rows // (n_micro * k), seq, model.cfg.dim, device=ctx.device, dtype=precision.compute_dtype
+    )  # [b, S, H]
     dp_sizes = {i: sum(p.numel() for p in ps) for i, ps in ex.buckets.items()}
     glue = sum(p.numel() for p in getattr(ex, "_sp_glue_params", ()))
     handles = {}
@@ -66,26 +73,36 @@ def comm_only_step(schedule: Schedule, model: torch.nn.Module, rows: int, seq: i
         if isinstance(ins, Start):
             key = ins.kind, ins.index, ins.sub
             if ins.kind == "dp":
-                buf = torch.zeros(dp_sizes[ins.index], device=ctx.device,
-                                  dtype=precision.grad_reduce_dtype)
+                buf = torch.zeros(
+                    dp_sizes[ins.index], device=ctx.device, dtype=precision.grad_reduce_dtype
+                )
                 handles[key] = comm.all_reduce_async(buf, ctx.dp_group)
             elif ins.kind == "sg":  # sequence parallelism: the glue's gradients
-                handles[key] = comm.all_reduce_async(torch.zeros(glue, device=ctx.device),
-                                                     ctx.tp_group)
+                handles[key] = comm.all_reduce_async(
+                    torch.zeros(glue, device=ctx.device), ctx.tp_group
+                )
             elif ins.kind in ("gf", "gb", "gr", "gh"):  # sequence parallelism: gathers
-                handles[key] = comm.seq_gather_async(comm.seq_slice(act, ctx.tp_group),
-                                                     ctx.tp_group)
+                handles[key] = comm.seq_gather_async(
+                    comm.seq_slice(act, ctx.tp_group), ctx.tp_group
+                )
             elif ex.sp is not None:  # "fwd"/"bwd" reduce-scatter along the sequence
-                handles[key] = comm.seq_reduce_scatter_async(act.clone(), ctx.tp_group,
-                                                               consume=True)
+                handles[key] = comm.seq_reduce_scatter_async(
+                    act.clone(), ctx.tp_group, consume=True
+                )
             else:
                 handles[key] = comm.all_reduce_async(act.clone(), ctx.tp_group)
         elif isinstance(ins, Wait):
             handles.pop((ins.kind, ins.index, ins.sub)).wait()
 
 
-def measure_link_ratio(model: torch.nn.Module, tokens: torch.Tensor, targets: torch.Tensor,
-                       ctx: ParallelContext, n_sub: int, repeats: int = 3) -> dict:
+def measure_link_ratio(
+    model: torch.nn.Module,
+    tokens: torch.Tensor,
+    targets: torch.Tensor,
+    ctx: ParallelContext,
+    n_sub: int,
+    repeats: int = 3,
+) -> dict:
     """Forward compute of one TP region (median over attention and MLP regions, compute-only
     megatron step) and one blocking all-reduce of that region's output, here and now."""
     sched = build_schedule("megatron")
@@ -96,16 +113,22 @@ def measure_link_ratio(model: torch.nn.Module, tokens: torch.Tensor, targets: to
         with record_timeline() as tl:
             _timed(ctx, lambda: sched.step(model, tokens, targets))
         blocks = {f"body:{i}" for i in range(1, len(ex.chain) - 1)}  # not embedding, not head
-        fwd += [e.end_s - e.start_s for e in tl.events if e.phase == "forward"
-                and blocks & set(e.name.split())]
+        fwd += [
+            e.end_s - e.start_s
+            for e in tl.events
+            if e.phase == "forward" and blocks & set(e.name.split())
+        ]
     ex.skip_comm = False
     model.zero_grad(set_to_none=True)
     act = torch.zeros(*tokens.shape, model.cfg.dim, device=ctx.device)  # [B, S, H]
     ar = [_timed(ctx, lambda: comm.all_reduce_(act, ctx.tp_group)) for _ in range(repeats + 1)]
     region_s, ar_s = statistics.median(fwd), statistics.median(ar[1:])
-    return {"region_forward_s": region_s, "allreduce_s": ar_s,
-            "allreduce_bytes": act.numel() * act.element_size(),
-            "comm_to_compute": ar_s / region_s}
+    return {
+        "region_forward_s": region_s,
+        "allreduce_s": ar_s,
+        "allreduce_bytes": act.numel() * act.element_size(),
+        "comm_to_compute": ar_s / region_s,
+    }
 
 
 def fit_allreduce(ctx: ParallelContext, rows: int, seq: int, dim: int) -> dict:
@@ -118,12 +141,22 @@ def fit_allreduce(ctx: ParallelContext, rows: int, seq: int, dim: int) -> dict:
         points.append((buf.numel() * buf.element_size(), statistics.median(t[1:])))
     (b1, t1), (b2, t2) = points
     per_byte = (t1 - t2) / (b1 - b2) if b1 != b2 else t1 / b1
-    return {"latency_s": max(0.0, t1 - per_byte * b1), "bandwidth_bytes_per_s":
-            1.0 / per_byte if per_byte > 0 else float("inf"), "points": points}
+    return {
+        "latency_s": max(0.0, t1 - per_byte * b1),
+        "bandwidth_bytes_per_s": 1.0 / per_byte if per_byte > 0 else float("inf"),
+        "points": points,
+    }
 
 
-def predict_step(sched: Schedule, model: torch.nn.Module, rows: int, seq: int,
-                 profile: Timeline, ar_fit: dict, precision: Precision) -> float:
+def predict_step(
+    sched: Schedule,
+    model: torch.nn.Module,
+    rows: int,
+    seq: int,
+    profile: Timeline,
+    ar_fit: dict,
+    precision: Precision,
+) -> float:
     """The simulator's step time for this schedule: compute from this machine's measured
     compute-only timeline (median per instruction), collectives from the all-reduce fit, at
     the bytes ``precision`` moves."""
@@ -142,8 +175,7 @@ def predict_step(sched: Schedule, model: torch.nn.Module, rows: int, seq: int,
 
     def collective_s(kind: str, index: int) -> float:
         if kind == "dp":
-            size = (sum(p.numel() for p in ex.buckets[index])
-                    * precision.grad_reduce_dtype.itemsize)
+            size = sum(p.numel() for p in ex.buckets[index]) * precision.grad_reduce_dtype.itemsize
         elif kind == "sg":
             size = sum(p.numel() * p.element_size() for p in ex._sp_glue_params)
         elif ex.sp is not None:  # a gather or a reduce-scatter: half an all-reduce's traffic
@@ -152,8 +184,11 @@ def predict_step(sched: Schedule, model: torch.nn.Module, rows: int, seq: int,
             size = nbytes
         return ar_fit["latency_s"] + size / ar_fit["bandwidth_bytes_per_s"]
 
-    costs = StepCosts(piece_s=lambda *a: 0.0, collective_s=collective_s,
-                      compute_s=lambda ins: med[ins.phase, label(ins)])
+    costs = StepCosts(
+        piece_s=lambda *a: 0.0,
+        collective_s=collective_s,
+        compute_s=lambda ins: med[ins.phase, label(ins)],
+    )
     return simulate_program(sched.program(model, rows), costs).step_s
 
 
@@ -161,8 +196,10 @@ def fsdp2_rows(rows: int, tp: int, tp_rank: int) -> slice:
     """The rows of its TP group's batch that rank ``tp_rank`` feeds to the fsdp2 peer: the same
     global batch as every schedule, split over all ranks instead of over the DP groups."""
     if rows % tp:
-        raise ValueError(f"fsdp2 splits each TP group's {rows} rows over its {tp} ranks: "
-                         f"train.micro_batch={rows} must divide by parallel.tp={tp}")
+        raise ValueError(
+            f"fsdp2 splits each TP group's {rows} rows over its {tp} ranks: "
+            f"train.micro_batch={rows} must divide by parallel.tp={tp}"
+        )
     return slice(tp_rank * (rows // tp), (tp_rank + 1) * (rows // tp))
 
 
@@ -179,22 +216,36 @@ def run(spec: dict) -> None:
     tokens = torch.randint(0, cfg.model.vocab_size, (rows, seq), generator=gen).to(ctx.device)
     targets = torch.randint(0, cfg.model.vocab_size, (rows, seq), generator=gen).to(ctx.device)
     steps = {}  # name -> (model, schedule, this rank's tokens, targets)
-    precisions = {e: resolve_precision(parse_entry(e).precision or cfg.train.precision,
-                                       ctx.device, cfg.parallel.grad_reduce_dtype)
-                  for e in names}
+    precisions = {
+        e: resolve_precision(
+            parse_entry(e).precision or cfg.train.precision,
+            ctx.device,
+            cfg.parallel.grad_reduce_dtype,
+        )
+        for e in names
+    }
     for entry in [n for n in names if parse_entry(n).name == "torch-tp"]:
         from oases.bench.torch_tp import TorchTPSchedule, parallelize_torch_tp
 
-        steps[entry] = (parallelize_torch_tp(copy.deepcopy(base), ctx), TorchTPSchedule(),
-                        tokens, targets)
+        steps[entry] = (
+            parallelize_torch_tp(copy.deepcopy(base), ctx),
+            TorchTPSchedule(),
+            tokens,
+            targets,
+        )
     for entry in [n for n in names if parse_entry(n).name == "fsdp2"]:
         # pure DP over the world: each rank of a TP group takes its share
         from oases.bench.fsdp2 import FSDP2Schedule, build_world_mesh, shard_fsdp2
 
         share = fsdp2_rows(rows, ctx.tp, ctx.tp_rank)
-        steps[entry] = (shard_fsdp2(copy.deepcopy(base).to(ctx.device), build_world_mesh(ctx),
-                                    precisions[entry]),
-                        FSDP2Schedule(), tokens[share], targets[share])
+        steps[entry] = (
+            shard_fsdp2(
+                copy.deepcopy(base).to(ctx.device), build_world_mesh(ctx), precisions[entry]
+            ),
+            FSDP2Schedule(),
+            tokens[share],
+            targets[share],
+        )
     with_opt = bool(spec.get("with_optimizer"))
     pristine = copy.deepcopy(base)
     model = parallelize(base, ctx)
@@ -204,12 +255,19 @@ def run(spec: dict) -> None:
         m = parallelize(copy.deepcopy(pristine), ctx) if own else model
         if zero:
             shard_model(m, zero)
-        steps[entry] = (m, build_schedule(name, n_sub=cfg.schedule.n_sub,
-                                          max_inflight=cfg.schedule.max_inflight,
-                                          grad_reduce_dtype=precisions[entry].grad_reduce_dtype,
-                                          sp=parse_entry(entry).sp_mode(),
-                                          defer_weight_grads=dw != "off"),
-                        tokens, targets)
+        steps[entry] = (
+            m,
+            build_schedule(
+                name,
+                n_sub=cfg.schedule.n_sub,
+                max_inflight=cfg.schedule.max_inflight,
+                grad_reduce_dtype=precisions[entry].grad_reduce_dtype,
+                sp=parse_entry(entry).sp_mode(),
+                defer_weight_grads=dw != "off",
+            ),
+            tokens,
+            targets,
+        )
     optimizers = {}
     if with_opt:
         for entry, (m, *_) in steps.items():
@@ -227,8 +285,14 @@ def run(spec: dict) -> None:
             fsdp2_optimizer_step(m, optimizers[entry], 0, cfg.train)
             return
         if parse_entry(entry).name != "torch-tp":
-            clip_grad_norm_(m.parameters(), cfg.train.grad_clip, ctx.tp_group, None,
-                            getattr(m, "zero_shards", None), ctx.world_group)
+            clip_grad_norm_(
+                m.parameters(),
+                cfg.train.grad_clip,
+                ctx.tp_group,
+                None,
+                getattr(m, "zero_shards", None),
+                ctx.world_group,
+            )
         optimizers[entry].step()
         optimizers[entry].zero_grad(set_to_none=True)
 
@@ -263,8 +327,9 @@ def run(spec: dict) -> None:
         ex.skip_comm = True
         precision = precisions[name]
 
-        def step(m: torch.nn.Module = m, sched: Schedule = sched,
-                 precision: Precision = precision) -> None:
+        def step(
+            m: torch.nn.Module = m, sched: Schedule = sched, precision: Precision = precision
+        ) -> None:
             with precision.autocast():
                 sched.step(m, tokens, targets)
 
@@ -272,8 +337,9 @@ def run(spec: dict) -> None:
             _timed(ctx, step)
         predicted[name] = predict_step(sched, m, rows, seq, profile_tl, ar_fit, precision)
 
-        def comm_step(m: torch.nn.Module = m, sched: Schedule = sched,
-                      precision: Precision = precision) -> None:
+        def comm_step(
+            m: torch.nn.Module = m, sched: Schedule = sched, precision: Precision = precision
+        ) -> None:
             comm_only_step(sched, m, rows, seq, ctx, precision)
 
         c = [_timed(ctx, step) for _ in range(1 + n_steps)]
@@ -293,18 +359,28 @@ def run(spec: dict) -> None:
         out = Path(spec["out"])
         out.mkdir(parents=True, exist_ok=True)
         result = {
-            "world_size": ctx.world_size, "tp": ctx.tp, "dp": ctx.dp,
-            "rows": rows, "seq_len": seq, "tokens_per_step": rows * seq * ctx.dp,
-            "times_s": times, "peak_mem_mb": mems,
-            "compute_only_s": compute_only, "comm_only_s": comm_only, "calibration": calib,
-            "predicted_s": predicted, "allreduce_fit": ar_fit,
+            "world_size": ctx.world_size,
+            "tp": ctx.tp,
+            "dp": ctx.dp,
+            "rows": rows,
+            "seq_len": seq,
+            "tokens_per_step": rows * seq * ctx.dp,
+            "times_s": times,
+            "peak_mem_mb": mems,
+            "compute_only_s": compute_only,
+            "comm_only_s": comm_only,
+            "calibration": calib,
+            "predicted_s": predicted,
+            "allreduce_fit": ar_fit,
         }
         (out / "raw.json").write_text(json.dumps(result, indent=1))
         for name, tl in merged.items():
             stem = parse_entry(name).stem()  # oases_zero3, oases_bf16
             tl.save_chrome_trace(out / f"{stem}_trace.json")
-            tl.plot(out / f"{stem}_timeline.png",
-                    title=f"{name}, tp={ctx.tp}, dp={ctx.dp}, {spec.get('link_label', '')}")
+            tl.plot(
+                out / f"{stem}_timeline.png",
+                title=f"{name}, tp={ctx.tp}, dp={ctx.dp}, {spec.get('link_label', '')}",
+            )
     comm.barrier(ctx.world_group)  # nobody exits while a peer still talks
 
 

@@ -58,8 +58,14 @@ def _loss(logits: Tensor, targets: Tensor) -> Tensor:
     return F.cross_entropy(logits.flatten(0, 1).float(), targets.flatten())
 
 
-def torch_pp_step(model: Transformer, ctx: ParallelContext, order: str, n_micro: int,
-                  tokens: Tensor, targets: Tensor) -> Callable[[], None]:
+def torch_pp_step(
+    model: Transformer,
+    ctx: ParallelContext,
+    order: str,
+    n_micro: int,
+    tokens: Tensor,
+    targets: Tensor,
+) -> Callable[[], None]:
     """One training step's closure (forward, backward, no optimizer) of ``model`` cut into
     ``ctx.world_size`` stages under torch's ``order`` schedule with ``n_micro`` micro-batches
     of the global batch ``tokens``/``targets``."""
@@ -67,8 +73,10 @@ def torch_pp_step(model: Transformer, ctx: ParallelContext, order: str, n_micro:
 
     pp, s = ctx.world_size, ctx.rank
     if ctx.tp != 1 or order not in ORDERS:
-        raise ValueError(f"torch-pp runs a pipeline over the whole world (tp=1) under "
-                         f"{'/'.join(ORDERS)}; got tp={ctx.tp}, order {order!r}")
+        raise ValueError(
+            f"torch-pp runs a pipeline over the whole world (tp=1) under "
+            f"{'/'.join(ORDERS)}; got tp={ctx.tp}, order {order!r}"
+        )
     n_layers = model.cfg.n_layers
     bounds = [0, *[(b - 1) // 2 for b in default_stage_starts(n_layers, pp)], n_layers]
     part = _StagePart(model, bounds[s], bounds[s + 1], s == 0, s == pp - 1)

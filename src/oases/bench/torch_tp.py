@@ -111,14 +111,14 @@ def sharded_embeddings(model: Transformer, tp: int) -> bool:
     return tp > 1 and not model.cfg.tie_embeddings and model.cfg.vocab_size % tp == 0
 
 
-def expected_local_shard(full: Tensor, name: str, model: Transformer, tp: int,
-                         tp_rank: int) -> Tensor:
+def expected_local_shard(
+    full: Tensor, name: str, model: Transformer, tp: int, tp_rank: int
+) -> Tensor:
     """The part of a full single-device tensor (parameter or grad ``name``) that rank
     ``tp_rank`` holds locally after ``parallelize_torch_tp`` (``model`` is the reference)."""
     if tp == 1:
         return full
-    colwise = name.endswith(("attn.qkv.weight", "attn.qkv.bias", "mlp.fc1.weight",
-                             "mlp.fc1.bias"))
+    colwise = name.endswith(("attn.qkv.weight", "attn.qkv.bias", "mlp.fc1.weight", "mlp.fc1.bias"))
     rowwise = name.endswith(("attn.proj.weight", "mlp.fc2.weight"))
     if sharded_embeddings(model, tp):
         colwise = colwise or name == "head.weight"
@@ -149,8 +149,9 @@ def _permute_rows_(linear: nn.Linear, parts: tuple[int, ...], tp: int) -> None:
         linear.bias.copy_(linear.bias[perm])
 
 
-def parallelize_torch_tp(model: Transformer, ctx: ParallelContext,
-                         mesh: DeviceMesh | None = None) -> Transformer:
+def parallelize_torch_tp(
+    model: Transformer, ctx: ParallelContext, mesh: DeviceMesh | None = None
+) -> Transformer:
     """Shard ``model`` over ``ctx.tp_group`` with ``parallelize_module``, in place; return it.
 
     The model must be the full single-device model, identical on every rank (same seed). Sets
@@ -195,8 +196,9 @@ def parallelize_torch_tp(model: Transformer, ctx: ParallelContext,
             model,
             mesh,
             {
-                "embed": RowwiseParallel(input_layouts=Replicate(), output_layouts=Replicate(),
-                                         use_local_output=True),
+                "embed": RowwiseParallel(
+                    input_layouts=Replicate(), output_layouts=Replicate(), use_local_output=True
+                ),
                 "head": ColwiseParallel(output_layouts=Replicate(), use_local_output=True),
             },
         )
@@ -238,8 +240,11 @@ def torch_tp_grad_shard(p: Tensor) -> Tensor | None:
 def _normalize_grad_(p: Tensor) -> None:
     """Put ``p.grad`` in ``p``'s placements (see ``_normalize_grad_placements``)."""
     g = p.grad
-    if (isinstance(p, DTensor) and isinstance(g, DTensor)
-            and tuple(g.placements) != tuple(p.placements)):
+    if (
+        isinstance(p, DTensor)
+        and isinstance(g, DTensor)
+        and tuple(g.placements) != tuple(p.placements)
+    ):
         p.grad = g.redistribute(p.device_mesh, p.placements)
 
 
@@ -315,8 +320,9 @@ def split_dtensor_groups(param_groups: Iterable[dict[str, Any]]) -> list[dict[st
 
 
 @torch.no_grad()
-def torch_tp_clip_grad_norm_(params: Iterable[Tensor], max_norm: float,
-                             ctx: ParallelContext) -> float:
+def torch_tp_clip_grad_norm_(
+    params: Iterable[Tensor], max_norm: float, ctx: ParallelContext
+) -> float:
     """Clip ``.grad`` in place by the global norm of the full model's gradient; return the norm.
 
     The DTensor counterpart of ``oases.train.loop.clip_grad_norm_`` (torch's own
@@ -376,8 +382,10 @@ class TorchTPSchedule:
         rows = tokens.shape[0]
         mb = self.micro_batch or rows
         if rows % mb:
-            raise ValueError(f"local batch of {rows} rows must split into micro-batches of "
-                             f"train.micro_batch={mb} rows")
+            raise ValueError(
+                f"local batch of {rows} rows must split into micro-batches of "
+                f"train.micro_batch={mb} rows"
+            )
         n_micro = rows // mb
         losses = []
         for t, y in zip(tokens.split(mb), targets.split(mb)):
@@ -387,4 +395,3 @@ class TorchTPSchedule:
         _normalize_grad_placements(model)
         all_reduce_local_gradients(model, ctx)
         return torch.stack(losses).mean()
-

@@ -86,8 +86,16 @@ def _bench(ns: argparse.Namespace, overrides: list[str]) -> int:
     if ns.layouts:
         from oases.bench.layouts import run_layouts
 
-        run_layouts(ns.config, overrides, ns.layouts, ns.link, ns.steps, Path(ns.out),
-                    nproc=nproc, warmup=ns.warmup)
+        run_layouts(
+            ns.config,
+            overrides,
+            ns.layouts,
+            ns.link,
+            ns.steps,
+            Path(ns.out),
+            nproc=nproc,
+            warmup=ns.warmup,
+        )
         return 0
     if ns.memory:
         from oases.bench.suite import run_memory
@@ -145,7 +153,9 @@ def _profile_arguments(profile: argparse.ArgumentParser) -> None:
         "and --nproc-per-node are not used)",
     )
     profile.add_argument(
-        "--dtype", default="bf16", choices=("fp32", "bf16", "fp16"),
+        "--dtype",
+        default="bf16",
+        choices=("fp32", "bf16", "fp16"),
         help="--kernels: the matmul and attention dtype measured (CPU: fp32) (default: bf16)",
     )
 

@@ -35,38 +35,78 @@ command resumes where it stopped."""
 def _data_arguments(data: argparse.ArgumentParser) -> None:
     """``prepare`` and ``inspect`` under ``oases data``, with their arguments."""
     sub = data.add_subparsers(dest="data_command", required=True)
-    prep = sub.add_parser("prepare", allow_abbrev=False, help="tokenize sources into DIR",
-                          description=DESCRIPTION, formatter_class=HelpFormatter)
+    prep = sub.add_parser(
+        "prepare",
+        allow_abbrev=False,
+        help="tokenize sources into DIR",
+        description=DESCRIPTION,
+        formatter_class=HelpFormatter,
+    )
     prep.add_argument("sources", nargs="+", metavar="SOURCE", help="what to tokenize")
     prep.add_argument("--out", required=True, metavar="DIR", help="the dataset folder")
-    prep.add_argument("--tokenizer", default="byte", metavar="byte|bpe|hf:PATH",
-                      help="bytes, a byte-level BPE trained here, or a tokenizer.json "
-                      "(default: byte)")
-    prep.add_argument("--vocab-size", type=int, default=0, metavar="N",
-                      help="the BPE's size (bpe; e.g. 4096)")
-    prep.add_argument("--weights", default=None, metavar="W,W,...",
-                      help="blend weights, one per SOURCE (default: their training tokens)")
-    prep.add_argument("--text-field", default="text", metavar="NAME",
-                      help="the text field of .jsonl, .parquet and datasets rows "
-                      "(default: text)")
-    prep.add_argument("--workers", type=int, default=0, metavar="N",
-                      help="worker processes (default: one per core; small corpora: this one)")
-    prep.add_argument("--dtype", default="auto", choices=("auto", "uint8", "uint16", "uint32"),
-                      help="token dtype (default: auto, the smallest that holds the vocabulary)")
-    prep.add_argument("--bpe-sample-mb", type=float, default=BPE_SAMPLE_BYTES / 2**20,
-                      metavar="M", help="text the BPE is trained on, at most (default: "
-                      f"{BPE_SAMPLE_BYTES / 2**20:.0f} MiB; the whole corpus when smaller)")
+    prep.add_argument(
+        "--tokenizer",
+        default="byte",
+        metavar="byte|bpe|hf:PATH",
+        help="bytes, a byte-level BPE trained here, or a tokenizer.json (default: byte)",
+    )
+    prep.add_argument(
+        "--vocab-size", type=int, default=0, metavar="N", help="the BPE's size (bpe; e.g. 4096)"
+    )
+    prep.add_argument(
+        "--weights",
+        default=None,
+        metavar="W,W,...",
+        help="blend weights, one per SOURCE (default: their training tokens)",
+    )
+    prep.add_argument(
+        "--text-field",
+        default="text",
+        metavar="NAME",
+        help="the text field of .jsonl, .parquet and datasets rows (default: text)",
+    )
+    prep.add_argument(
+        "--workers",
+        type=int,
+        default=0,
+        metavar="N",
+        help="worker processes (default: one per core; small corpora: this one)",
+    )
+    prep.add_argument(
+        "--dtype",
+        default="auto",
+        choices=("auto", "uint8", "uint16", "uint32"),
+        help="token dtype (default: auto, the smallest that holds the vocabulary)",
+    )
+    prep.add_argument(
+        "--bpe-sample-mb",
+        type=float,
+        default=BPE_SAMPLE_BYTES / 2**20,
+        metavar="M",
+        help="text the BPE is trained on, at most (default: "
+        f"{BPE_SAMPLE_BYTES / 2**20:.0f} MiB; the whole corpus when smaller)",
+    )
     prep.add_argument("--seed", type=int, default=0, help="the BPE sample's seed (default: 0)")
-    prep.add_argument("--no-progress", action="store_true",
-                      help="progress lines instead of a bar, even on a terminal")
-    ins = sub.add_parser("inspect", allow_abbrev=False, help="what a dataset holds",
-                         description="Tokens, documents, shards, the tokenizer and a few "
-                         "decoded samples of a prepared dataset.",
-                         formatter_class=HelpFormatter)
+    prep.add_argument(
+        "--no-progress",
+        action="store_true",
+        help="progress lines instead of a bar, even on a terminal",
+    )
+    ins = sub.add_parser(
+        "inspect",
+        allow_abbrev=False,
+        help="what a dataset holds",
+        description="Tokens, documents, shards, the tokenizer and a few "
+        "decoded samples of a prepared dataset.",
+        formatter_class=HelpFormatter,
+    )
     ins.add_argument("dir", metavar="DIR")
     ins.add_argument("--samples", type=int, default=3, help="decoded windows (default: 3)")
-    ins.add_argument("--verify", action="store_true",
-                     help="read every shard and compare its checksum with the manifest")
+    ins.add_argument(
+        "--verify",
+        action="store_true",
+        help="read every shard and compare its checksum with the manifest",
+    )
 
 
 def _weights(text: str | None) -> list[float] | None:
@@ -95,11 +135,22 @@ def _data(ns: argparse.Namespace, overrides: list[str]) -> int:
     if ns.bpe_sample_mb <= 0:
         raise ValueError(f"--bpe-sample-mb={ns.bpe_sample_mb} must be > 0")
     if ns.tokenizer != "bpe" and ns.vocab_size:
-        raise ValueError(f"--vocab-size={ns.vocab_size} is the size of a trained BPE; "
-                         f"--tokenizer={ns.tokenizer} has its own")
-    req = PrepareRequest(list(ns.sources), Path(ns.out).expanduser(), ns.tokenizer,
-                         ns.vocab_size, _weights(ns.weights), ns.text_field, ns.dtype,
-                         int(ns.bpe_sample_mb * 2**20), ns.seed, ns.workers)
+        raise ValueError(
+            f"--vocab-size={ns.vocab_size} is the size of a trained BPE; "
+            f"--tokenizer={ns.tokenizer} has its own"
+        )
+    req = PrepareRequest(
+        list(ns.sources),
+        Path(ns.out).expanduser(),
+        ns.tokenizer,
+        ns.vocab_size,
+        _weights(ns.weights),
+        ns.text_field,
+        ns.dtype,
+        int(ns.bpe_sample_mb * 2**20),
+        ns.seed,
+        ns.workers,
+    )
     prepare(req, bar=False if ns.no_progress else None)
     return 0
 

@@ -159,8 +159,11 @@ def _plan(ns: argparse.Namespace, overrides: list[str]) -> int:
                 simulated=stats.simulated,
             ),
             searched_line(stats, ns.exhaustive),
-            *(["kept out of the search:", *(f"  {line}" for line in found.excluded)]
-              if found.excluded else []),
+            *(
+                ["kept out of the search:", *(f"  {line}" for line in found.excluded)]
+                if found.excluded
+                else []
+            ),
         ]
     )
     print(text)
@@ -193,11 +196,18 @@ class _Progress:
         if stats.wall_s < self.AFTER_S or stats.wall_s - self.shown < self.EVERY_S:
             return
         self.shown = stats.wall_s
-        best = ("none fits yet" if stats.best is None else
-                f"best so far {stats.best.result.step_s:.4g} s per step ({stats.best.label()})")
-        print(f"searching: {stats.wall_s:.0f} s, {stats.chains} chains solved "
-              f"({stats.skipped_chains} skipped by their bounds), {stats.simulated} plans "
-              f"simulated, {n_candidates} candidates; {best}", file=sys.stderr, flush=True)
+        best = (
+            "none fits yet"
+            if stats.best is None
+            else f"best so far {stats.best.result.step_s:.4g} s per step ({stats.best.label()})"
+        )
+        print(
+            f"searching: {stats.wall_s:.0f} s, {stats.chains} chains solved "
+            f"({stats.skipped_chains} skipped by their bounds), {stats.simulated} plans "
+            f"simulated, {n_candidates} candidates; {best}",
+            file=sys.stderr,
+            flush=True,
+        )
 
 
 def _verify(

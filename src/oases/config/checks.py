@@ -23,5 +23,7 @@ def check_sequence_split(seq_len: int, degrees: Iterable[int]) -> None:
     """Sequence parallelism slices the sequence over each TP group: every degree must divide
     ``model.seq_len``. The one wording of this error, from the command line and a plan file."""
     for d in sorted(set(degrees)):
-        _check(seq_len % d == 0, f"sequence parallelism: model.seq_len={seq_len} is not "
-                                 f"divisible by tp={d}")
+        _check(
+            seq_len % d == 0,
+            f"sequence parallelism: model.seq_len={seq_len} is not divisible by tp={d}",
+        )

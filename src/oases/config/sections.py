@@ -260,18 +260,26 @@ class Config:
         pp = self.parallel.pp
         _check(world_size >= 1, f"world_size={world_size} must be >= 1")
         _divisible("world_size", world_size, "parallel.pp", pp)
-        _check(m.n_layers >= pp, f"model.n_layers={m.n_layers} blocks do not fill "
-               f"parallel.pp={pp} pipeline stages (each holds at least one block)")
+        _check(
+            m.n_layers >= pp,
+            f"model.n_layers={m.n_layers} blocks do not fill "
+            f"parallel.pp={pp} pipeline stages (each holds at least one block)",
+        )
         stage = world_size // pp  # ranks of one pipeline stage (the world without one)
         if degrees is None:
-            _divisible("world_size / parallel.pp" if pp > 1 else "world_size", stage,
-                       "parallel.tp", tp)
+            _divisible(
+                "world_size / parallel.pp" if pp > 1 else "world_size", stage, "parallel.tp", tp
+            )
             for name in ("n_heads", "n_kv_heads", "ffn_dim"):
                 _divisible(f"model.{name}", getattr(m, name), "parallel.tp", tp)
         else:
             for d in sorted(set(degrees)):
-                _divisible("world_size / parallel.pp" if pp > 1 else "world_size", stage,
-                           "a tp degree of parallel.plan", d)
+                _divisible(
+                    "world_size / parallel.pp" if pp > 1 else "world_size",
+                    stage,
+                    "a tp degree of parallel.plan",
+                    d,
+                )
             tp = degrees[0]
         _divisible("train.micro_batch", t.micro_batch, "schedule.n_sub", n_sub)
         sub = t.micro_batch // n_sub  # a sub-batch's rows in the embedding's layout

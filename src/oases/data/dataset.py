@@ -93,16 +93,20 @@ def open_dataset(source: str | Path, verify: bool = False) -> PreparedDataset:
     path = root / MANIFEST
     if not path.is_file():
         if (root / REQUEST).is_file():
-            raise ValueError(f"{root}: the preparation did not finish (no {MANIFEST}): run the "
-                             "same oases data prepare command again to finish it")
+            raise ValueError(
+                f"{root}: the preparation did not finish (no {MANIFEST}): run the "
+                "same oases data prepare command again to finish it"
+            )
         raise ValueError(f"{root}: not a prepared dataset (no {MANIFEST})")
     try:
         manifest = json.loads(path.read_text(encoding="utf-8"))
     except (OSError, ValueError) as exc:
         raise ValueError(f"{path}: unreadable ({exc})") from None
     if manifest.get("format") != FORMAT:
-        raise ValueError(f"{path}: format {manifest.get('format')!r}, this version reads "
-                         f"{FORMAT!r}: prepare the dataset again")
+        raise ValueError(
+            f"{path}: format {manifest.get('format')!r}, this version reads "
+            f"{FORMAT!r}: prepare the dataset again"
+        )
     dtype = manifest["dtype"]
     itemsize = np.dtype(DTYPES[dtype]).itemsize
     streams: dict[str, list[TokenStream]] = {"train": [], "val": []}
@@ -139,8 +143,10 @@ class ShardBatches:
         for c in used:
             if self.windows[c] == 0:
                 which = f"source {c} of " if len(streams) > 1 else ""
-                raise ValueError(f"{which}{name} has {len(streams[c])} tokens, fewer than one "
-                                 f"window of model.seq_len + 1 = {W}")
+                raise ValueError(
+                    f"{which}{name} has {len(streams[c])} tokens, fewer than one "
+                    f"window of model.seq_len + 1 = {W}"
+                )
         self.pattern = BlendPattern(weights if len(streams) > 1 else [1.0])
         self.offsets = np.concatenate([[0], np.cumsum(self.windows)])  # global window ids
         self.seq_len, self.global_batch, self.dp_rank, self.dp = seq_len, global_batch, dp_rank, dp
@@ -187,8 +193,9 @@ class ShardBatches:
         """tokens, targets [B, S] int64 of global batch ``index`` for this DP rank."""
         first = index * self.global_batch + self.dp_rank * self.rows
         source, window = self.sample_windows(np.arange(first, first + self.rows))
-        rows = np.stack([self.streams[c].read(int(w) * self.W, self.W)
-                         for c, w in zip(source, window)])  # [B, W]
+        rows = np.stack(
+            [self.streams[c].read(int(w) * self.W, self.W) for c, w in zip(source, window)]
+        )  # [B, W]
         w = torch.from_numpy(rows)
         return w[:, :-1], w[:, 1:]
 
@@ -204,11 +211,27 @@ class ShardBatches:
         self.position = int(state["position"])
 
 
-def split_batches(ds: PreparedDataset, split: str, seq_len: int, global_batch: int, *,
-                  dp_rank: int = 0, dp: int = 1, seed: int = 0, name: str = "") -> ShardBatches:
+def split_batches(
+    ds: PreparedDataset,
+    split: str,
+    seq_len: int,
+    global_batch: int,
+    *,
+    dp_rank: int = 0,
+    dp: int = 1,
+    seed: int = 0,
+    name: str = "",
+) -> ShardBatches:
     """The training (shuffled) or validation (stream order) batches of a dataset."""
     streams = ds.train if split == "train" else ds.val
-    return ShardBatches(streams, ds.weights, seq_len, global_batch, dp_rank=dp_rank, dp=dp,
-                        seed=seed, shuffle=split == "train",
-                        name=name or f"the {'training' if split == 'train' else 'validation'} "
-                                     "split")
+    return ShardBatches(
+        streams,
+        ds.weights,
+        seq_len,
+        global_batch,
+        dp_rank=dp_rank,
+        dp=dp,
+        seed=seed,
+        shuffle=split == "train",
+        name=name or f"the {'training' if split == 'train' else 'validation'} split",
+    )

@@ -73,8 +73,10 @@ class Encoder:
         tokens = np.fromiter(flat, dtype=np.int64, count=int(lengths.sum()))
         if tokens.size and int(tokens.max()) >= self.limit:
             bad = int(tokens.max())
-            raise ValueError(f"the tokenizer gave token id {bad}, outside the vocabulary of "
-                             f"{self.spec.vocab_size} the {self.spec.dtype} shards hold")
+            raise ValueError(
+                f"the tokenizer gave token id {bad}, outside the vocabulary of "
+                f"{self.spec.vocab_size} the {self.spec.dtype} shards hold"
+            )
         return tokens, np.cumsum(lengths)[:n_sep]
 
 

@@ -66,8 +66,10 @@ def file_kind(path: str) -> tuple[str, bool]:
     base = name[:-3] if gz else name
     if base.endswith(".parquet"):
         if gz:
-            raise ValueError(f"{path}: a gzip'd parquet file is not read (parquet compresses "
-                             "itself): decompress it")
+            raise ValueError(
+                f"{path}: a gzip'd parquet file is not read (parquet compresses "
+                "itself): decompress it"
+            )
         return "parquet", False
     return ("jsonl" if base.endswith(".jsonl") else "text"), gz
 
@@ -135,19 +137,24 @@ def _jsonl_texts(piece: Piece) -> Iterator[str]:
         try:
             record = json.loads(line)
         except json.JSONDecodeError as exc:
-            raise ValueError(f"{piece.path}:{_line_number(piece, k)}: invalid JSON ({exc.msg})"
-                             ) from None
+            raise ValueError(
+                f"{piece.path}:{_line_number(piece, k)}: invalid JSON ({exc.msg})"
+            ) from None
         if not isinstance(record, dict) or not isinstance(record.get(piece.field), str):
-            raise ValueError(f"{piece.path}:{_line_number(piece, k)}: expected an object with "
-                             f"a string {piece.field!r} field")
+            raise ValueError(
+                f"{piece.path}:{_line_number(piece, k)}: expected an object with "
+                f"a string {piece.field!r} field"
+            )
         yield record[piece.field]
 
 
 def _column_texts(piece: Piece, column: Iterable[str | None], first_row: int) -> Iterator[str]:
     for r, text in enumerate(column):
         if not isinstance(text, str):
-            raise ValueError(f"{piece.path}: row {first_row + r}: the {piece.field!r} field is "
-                             f"{'null' if text is None else type(text).__name__}, not a string")
+            raise ValueError(
+                f"{piece.path}: row {first_row + r}: the {piece.field!r} field is "
+                f"{'null' if text is None else type(text).__name__}, not a string"
+            )
         yield text
 
 
@@ -175,21 +182,22 @@ def open_hf_dataset(spec: str, field: str) -> object:
     datasets = import_optional("datasets", "datasets", spec)
     try:
         if spec.startswith(HFDS_PREFIX):
-            name, _, split = spec[len(HFDS_PREFIX):].partition(":")
+            name, _, split = spec[len(HFDS_PREFIX) :].partition(":")
             os.environ.setdefault("HF_DATASETS_OFFLINE", "1")  # the cache only, no download
             ds = datasets.load_dataset(name, split=split or "train")
         else:
             ds = datasets.load_from_disk(spec)
             if isinstance(ds, datasets.DatasetDict):
                 if "train" not in ds:
-                    raise ValueError(f"{spec}: a dataset dictionary without a 'train' split "
-                                     f"(splits: {', '.join(ds)}): give the split's folder")
+                    raise ValueError(
+                        f"{spec}: a dataset dictionary without a 'train' split "
+                        f"(splits: {', '.join(ds)}): give the split's folder"
+                    )
                 ds = ds["train"]
     except ValueError:
         raise
     except Exception as exc:  # the library's own errors (missing from the cache, ...)
-        raise ValueError(f"{spec}: cannot load the dataset ({type(exc).__name__}: {exc})"
-                         ) from None
+        raise ValueError(f"{spec}: cannot load the dataset ({type(exc).__name__}: {exc})") from None
     if field not in ds.column_names:
         raise ValueError(f"{spec}: no column {field!r} (columns: {', '.join(ds.column_names)})")
     _DATASETS[spec] = ds
@@ -200,7 +208,7 @@ def _hfds_texts(piece: Piece) -> Iterator[str]:
     ds = open_hf_dataset(piece.path, piece.field).with_format("arrow")
     step = 10_000
     for lo in range(piece.lo, piece.hi, step):
-        column = ds[lo:min(piece.hi, lo + step)][piece.field].to_pylist()
+        column = ds[lo : min(piece.hi, lo + step)][piece.field].to_pylist()
         yield from _column_texts(piece, column, lo)
 
 
@@ -336,5 +344,7 @@ def import_optional(module: str, package: str, path: str) -> object:
     try:
         return importlib.import_module(module)
     except ImportError:
-        raise ValueError(f"{path}: reading it needs the {package!r} package "
-                         f"(pip install {package}); it is not installed") from None
+        raise ValueError(
+            f"{path}: reading it needs the {package!r} package "
+            f"(pip install {package}); it is not installed"
+        ) from None

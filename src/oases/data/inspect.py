@@ -30,21 +30,30 @@ def describe(ds: PreparedDataset, samples: int = 3, seed: int = 0) -> str:
     tokens = sum(s[k]["tokens"] for s in sources for k in ("train", "val"))
     docs = sum(s[k]["documents"] for s in sources for k in ("train", "val"))
     shards = sum(len(s[k]["shards"]) for s in sources for k in ("train", "val"))
-    trained = (f" (trained on {info['sample_bytes'] / 1e6:.1f} MB of text)"
-               if "sample_bytes" in info else "")
-    lines = [f"{ds.root}: {tokens / 1e6:.2f} M tokens ({m['dtype']}) in {shards} shards, "
-             f"{docs:,} documents, fingerprint {m['fingerprint']['digest']}",
-             f"tokenizer: {info['spec']}, {info['vocab_size']} tokens{trained}, document "
-             f"separator id {info['doc_sep_id']}"]
+    trained = (
+        f" (trained on {info['sample_bytes'] / 1e6:.1f} MB of text)"
+        if "sample_bytes" in info
+        else ""
+    )
+    lines = [
+        f"{ds.root}: {tokens / 1e6:.2f} M tokens ({m['dtype']}) in {shards} shards, "
+        f"{docs:,} documents, fingerprint {m['fingerprint']['digest']}",
+        f"tokenizer: {info['spec']}, {info['vocab_size']} tokens{trained}, document "
+        f"separator id {info['doc_sep_id']}",
+    ]
     for c, s in enumerate(sources):
         rule = {"file": "every 20th file", "tail": "the last 5% of the text"}[s["split"]]
-        lines.append(f"source {c}: {s['spec']} (weight {s['weight']:.3f}, validation: {rule}), "
-                     f"{s['fingerprint']['files']} files, {s['fingerprint']['bytes'] / 1e6:.1f} "
-                     "MB")
+        lines.append(
+            f"source {c}: {s['spec']} (weight {s['weight']:.3f}, validation: {rule}), "
+            f"{s['fingerprint']['files']} files, {s['fingerprint']['bytes'] / 1e6:.1f} "
+            "MB"
+        )
         for split in ("train", "val"):
             e = s[split]
-            lines.append(f"  {split:5s} {e['tokens'] / 1e6:10.2f} M tokens {e['documents']:12,} "
-                         f"documents {len(e['shards']):5d} shards")
+            lines.append(
+                f"  {split:5s} {e['tokens'] / 1e6:10.2f} M tokens {e['documents']:12,} "
+                f"documents {len(e['shards']):5d} shards"
+            )
     tok = ds.tokenizer()
     rng = np.random.default_rng(seed)
     for k in range(samples):
@@ -55,8 +64,10 @@ def describe(ds: PreparedDataset, samples: int = 3, seed: int = 0) -> str:
             break
         w = int(WindowPermutation(n, seed, k)(np.array([0]))[0])
         text = tok.decode(stream.read(w * SAMPLE_TOKENS, SAMPLE_TOKENS).tolist())
-        lines.append(f"sample {k + 1} (train, source {c}, tokens {w * SAMPLE_TOKENS:,}-"
-                     f"{(w + 1) * SAMPLE_TOKENS:,} of {len(stream):,}):")
+        lines.append(
+            f"sample {k + 1} (train, source {c}, tokens {w * SAMPLE_TOKENS:,}-"
+            f"{(w + 1) * SAMPLE_TOKENS:,} of {len(stream):,}):"
+        )
         lines.append(f"  {text!r}")
     return "\n".join(lines)
 

@@ -108,8 +108,10 @@ class BlendPattern:
         rank = np.empty(period, dtype=np.int64)
         emitted = [0] * len(self.counts)
         for k in range(period):  # each next sample to the source furthest below its count
-            c = max(range(len(self.counts)),
-                    key=lambda s: (self.counts[s] * (k + 1) / period - emitted[s], -s))
+            c = max(
+                range(len(self.counts)),
+                key=lambda s: (self.counts[s] * (k + 1) / period - emitted[s], -s),
+            )
             source[k], rank[k] = c, emitted[c]
             emitted[c] += 1
         self.source, self.rank = source, rank

@@ -85,8 +85,10 @@ class SourcePlan:
 
 
 def _is_saved_dataset(path: Path) -> bool:
-    return path.is_dir() and ((path / "dataset_dict.json").is_file() or (
-        (path / "state.json").is_file() and (path / "dataset_info.json").is_file()))
+    return path.is_dir() and (
+        (path / "dataset_dict.json").is_file()
+        or ((path / "state.json").is_file() and (path / "dataset_info.json").is_file())
+    )
 
 
 def _stdlib_files() -> list[Path]:
@@ -122,8 +124,7 @@ def _dataset_piece(spec: str, text_field: str) -> tuple[Piece, Fingerprint, int]
     return piece, Fingerprint(digest, 1, nbytes), nbytes
 
 
-def plan_source(spec: str, text_field: str = "text", exclude: Path | None = None
-                ) -> SourcePlan:
+def plan_source(spec: str, text_field: str = "text", exclude: Path | None = None) -> SourcePlan:
     """The files of SOURCE (``stdlib``, a file, folder or glob, a ``datasets`` folder, or
     ``hfds:NAME[:SPLIT]``) as whole-file pieces, with the fingerprint the in-memory path gives
     the same files; files under ``exclude`` (the dataset being written, when it lies inside
@@ -168,8 +169,9 @@ def stream_size(piece: Piece) -> int | None:
     return piece.hi - piece.lo + (1 if piece.hi == piece.size and piece.size > 0 else 0)
 
 
-def split_source(plan: SourcePlan, task_bytes: int,
-                 measure: Callable[[list[Piece]], list[int]]) -> None:
+def split_source(
+    plan: SourcePlan, task_bytes: int, measure: Callable[[list[Piece]], list[int]]
+) -> None:
     """Set ``plan.train`` and ``plan.val`` (module docstring) as pieces of at most about
     ``task_bytes``; ``measure`` returns the stream bytes of pieces whose size does not tell
     (jsonl, gzip, parquet, datasets), only needed for the tail split."""
@@ -231,15 +233,22 @@ def _next_cut(fh: BinaryIO, kind: str, start: int, size: int) -> int:
 def cut_piece(piece: Piece, task_bytes: int) -> list[Piece]:
     """A text or jsonl file larger than ``task_bytes`` as several pieces (cuts from
     ``_next_cut``); other pieces as they are."""
-    if piece.kind not in ("text", "jsonl") or piece.gz or piece.cut is not None \
-            or piece.hi - piece.lo <= task_bytes:
+    if (
+        piece.kind not in ("text", "jsonl")
+        or piece.gz
+        or piece.cut is not None
+        or piece.hi - piece.lo <= task_bytes
+    ):
         return [piece]
     out, lo = [], piece.lo
     try:
         with open(piece.path, "rb") as fh:
             while lo < piece.hi:
-                hi = piece.hi if piece.hi - lo <= task_bytes else \
-                    _next_cut(fh, piece.kind, lo + task_bytes, piece.hi)
+                hi = (
+                    piece.hi
+                    if piece.hi - lo <= task_bytes
+                    else _next_cut(fh, piece.kind, lo + task_bytes, piece.hi)
+                )
                 out.append(replace(piece, lo=lo, hi=hi))
                 lo = hi
     except OSError as exc:
@@ -262,8 +271,9 @@ def _unit_pieces(piece: Piece, task_bytes: int) -> list[Piece]:
         return [piece]
     per_unit = max(piece.nbytes // max(piece.size, 1), 1)
     step = max(task_bytes // per_unit, 1)
-    return [replace(piece, lo=lo, hi=min(lo + step, piece.hi))
-            for lo in range(piece.lo, piece.hi, step)]
+    return [
+        replace(piece, lo=lo, hi=min(lo + step, piece.hi)) for lo in range(piece.lo, piece.hi, step)
+    ]
 
 
 def _stamp(path: str) -> tuple[int, int]:

@@ -84,13 +84,13 @@ def check_request(req: PrepareRequest) -> None:
 
     check_tokenizer_name(req.tokenizer)
     if req.tokenizer == "bpe" and req.vocab_size <= 256:
-        raise ValueError(f"--tokenizer bpe needs --vocab-size N above the 256 bytes (e.g. 4096), "
-                         f"got {req.vocab_size}")
+        raise ValueError(
+            f"--tokenizer bpe needs --vocab-size N above the 256 bytes (e.g. 4096), "
+            f"got {req.vocab_size}"
+        )
     if req.weights is not None and len(req.weights) != len(req.sources):
-        raise ValueError(f"--weights has {len(req.weights)} values for {len(req.sources)} "
-                         "sources")
-    if req.weights is not None and (any(not w >= 0 for w in req.weights)
-                                    or sum(req.weights) <= 0):
+        raise ValueError(f"--weights has {len(req.weights)} values for {len(req.sources)} sources")
+    if req.weights is not None and (any(not w >= 0 for w in req.weights) or sum(req.weights) <= 0):
         raise ValueError(f"--weights {req.weights} must be non-negative with a positive sum")
     if req.dtype != "auto" and req.dtype not in DTYPES:
         raise ValueError(f"--dtype={req.dtype!r}: valid are auto, {', '.join(DTYPES)}")
@@ -108,19 +108,25 @@ def _check_folder(req: PrepareRequest, plans_now: Any) -> dict[str, Any] | None:
     if manifest is not None:
         if manifest.get("request") != ident:
             was = ", ".join(manifest.get("request", {}).get("sources", []))
-            raise ValueError(f"{out} already holds a prepared dataset of other sources or "
-                             f"settings ({was}): prepare into another --out (this one is kept "
-                             "as it is)")
+            raise ValueError(
+                f"{out} already holds a prepared dataset of other sources or "
+                f"settings ({was}): prepare into another --out (this one is kept "
+                "as it is)"
+            )
         now = [p.fingerprint.to_dict() for p in plans_now()]
         if now == [s["fingerprint"] for s in manifest["sources"]]:
             return manifest
-        raise ValueError(f"{out} was prepared from files that have changed since (fingerprint "
-                         f"{manifest['sources'][0]['fingerprint']['digest']}, now "
-                         f"{now[0]['digest']}): prepare into another --out (this one is kept)")
+        raise ValueError(
+            f"{out} was prepared from files that have changed since (fingerprint "
+            f"{manifest['sources'][0]['fingerprint']['digest']}, now "
+            f"{now[0]['digest']}): prepare into another --out (this one is kept)"
+        )
     request = _read_json(out / REQUEST)
     if request is not None and request != ident:
-        raise ValueError(f"{out} holds an unfinished preparation of other sources or settings: "
-                         "finish it with its own command, or prepare into another --out")
+        raise ValueError(
+            f"{out} holds an unfinished preparation of other sources or settings: "
+            "finish it with its own command, or prepare into another --out"
+        )
     if request is None and out.is_dir() and any(out.iterdir()):
         raise ValueError(f"{out} is not empty and holds no dataset: prepare into a new folder")
     return None
@@ -137,8 +143,9 @@ def _read_json(path: Path) -> Any:
         raise ValueError(f"{path}: unreadable ({exc})") from None
 
 
-def _tokenizer(req: PrepareRequest, train_tasks: list[Task], log: TextIO
-               ) -> tuple[Any, dict[str, Any]]:
+def _tokenizer(
+    req: PrepareRequest, train_tasks: list[Task], log: TextIO
+) -> tuple[Any, dict[str, Any]]:
     """The tokenizer (saved into DIR) and its manifest entry."""
     from oases.train.tokenizer import ByteTokenizer, HFTokenizer, build_tokenizer, train_bpe
 
@@ -161,15 +168,23 @@ def _tokenizer(req: PrepareRequest, train_tasks: list[Task], log: TextIO
             tok = train_bpe(texts, req.vocab_size)
             tok.save(file)
             info["sample_bytes"] = size
-            print(f"prepare: trained a BPE of {tok.vocab_size} tokens on {size / 1e6:.1f} MB "
-                  f"of text in {time.perf_counter() - t0:.1f}s", file=log, flush=True)
+            print(
+                f"prepare: trained a BPE of {tok.vocab_size} tokens on {size / 1e6:.1f} MB "
+                f"of text in {time.perf_counter() - t0:.1f}s",
+                file=log,
+                flush=True,
+            )
         info["requested_vocab"] = req.vocab_size
     else:
         raise AssertionError(req.tokenizer)  # check_request allows no other name
     has_file = not isinstance(tok, ByteTokenizer)
-    info.update(name=tok.name, vocab_size=tok.vocab_size, doc_sep_id=tok.doc_sep_id,
-                file=file.name if has_file else None,
-                hash=_text_hash(tok.to_json()) if has_file else "byte")
+    info.update(
+        name=tok.name,
+        vocab_size=tok.vocab_size,
+        doc_sep_id=tok.doc_sep_id,
+        file=file.name if has_file else None,
+        hash=_text_hash(tok.to_json()) if has_file else "byte",
+    )
     return tok, info
 
 
@@ -177,14 +192,22 @@ def _dtype(req: PrepareRequest, vocab_size: int) -> str:
     if req.dtype == "auto":
         return smallest_dtype(vocab_size)
     if vocab_size > dtype_limit(req.dtype):
-        raise ValueError(f"the tokenizer {req.tokenizer} has {vocab_size} tokens, more than "
-                         f"{req.dtype} holds ({dtype_limit(req.dtype)} ids): use --dtype "
-                         "uint32 (or auto)")
+        raise ValueError(
+            f"the tokenizer {req.tokenizer} has {vocab_size} tokens, more than "
+            f"{req.dtype} holds ({dtype_limit(req.dtype)} ids): use --dtype "
+            "uint32 (or auto)"
+        )
     return req.dtype
 
 
-def _encode(todo: list[Task], spec: EncoderSpec, extra: dict[str, Any], workers: int,
-            out: Path, progress: Progress) -> None:
+def _encode(
+    todo: list[Task],
+    spec: EncoderSpec,
+    extra: dict[str, Any],
+    workers: int,
+    out: Path,
+    progress: Progress,
+) -> None:
     """Run ``todo`` here (one worker) or in ``workers`` spawned processes; finished shards
     stay on an error or an interrupt."""
     if workers <= 1:
@@ -214,29 +237,59 @@ def _remove_stale(out: Path, tasks: list[Task]) -> None:
                 path.unlink()
 
 
-def _fingerprint(sources: list[dict[str, Any]], tok_info: dict[str, Any], dtype: str
-                 ) -> dict[str, Any]:
+def _fingerprint(
+    sources: list[dict[str, Any]], tok_info: dict[str, Any], dtype: str
+) -> dict[str, Any]:
     import json
 
-    blob = json.dumps([tok_info["hash"], dtype, [
-        [s["weight"], s["split"], s["fingerprint"]["digest"],
-         [[sh["file"], sh["tokens"], sh["checksum"]] for sh in s["train"]["shards"] +
-          s["val"]["shards"]]] for s in sources]], sort_keys=True)
-    return {"digest": hashlib.sha256(blob.encode()).hexdigest()[:16],
-            "files": sum(s["fingerprint"]["files"] for s in sources),
-            "bytes": sum(s["train"]["text_bytes"] + s["val"]["text_bytes"] for s in sources)}
+    blob = json.dumps(
+        [
+            tok_info["hash"],
+            dtype,
+            [
+                [
+                    s["weight"],
+                    s["split"],
+                    s["fingerprint"]["digest"],
+                    [
+                        [sh["file"], sh["tokens"], sh["checksum"]]
+                        for sh in s["train"]["shards"] + s["val"]["shards"]
+                    ],
+                ]
+                for s in sources
+            ],
+        ],
+        sort_keys=True,
+    )
+    return {
+        "digest": hashlib.sha256(blob.encode()).hexdigest()[:16],
+        "files": sum(s["fingerprint"]["files"] for s in sources),
+        "bytes": sum(s["train"]["text_bytes"] + s["val"]["text_bytes"] for s in sources),
+    }
 
 
 def _split_entry(tasks: list[Task], records: dict[str, dict[str, Any]]) -> dict[str, Any]:
-    shards = [{"file": f"{t.name}.bin", **{k: records[t.name][k] for k in (
-        "tokens", "documents", "text_bytes", "checksum", "quick")}} for t in tasks]
-    return {"tokens": sum(s["tokens"] for s in shards),
-            "documents": sum(s["documents"] for s in shards),
-            "text_bytes": sum(s["text_bytes"] for s in shards), "shards": shards}
+    shards = [
+        {
+            "file": f"{t.name}.bin",
+            **{
+                k: records[t.name][k]
+                for k in ("tokens", "documents", "text_bytes", "checksum", "quick")
+            },
+        }
+        for t in tasks
+    ]
+    return {
+        "tokens": sum(s["tokens"] for s in shards),
+        "documents": sum(s["documents"] for s in shards),
+        "text_bytes": sum(s["text_bytes"] for s in shards),
+        "shards": shards,
+    }
 
 
-def prepare(req: PrepareRequest, log: TextIO | None = None, bar: bool | None = None,
-            quiet: bool = False) -> dict[str, Any]:
+def prepare(
+    req: PrepareRequest, log: TextIO | None = None, bar: bool | None = None, quiet: bool = False
+) -> dict[str, Any]:
     """Prepare ``req`` into ``req.out`` (module docstring); returns the manifest. ``bar``: a
     progress bar (None: on a terminal), else lines; ``quiet``: only the summary lines."""
     log = log or sys.stderr
@@ -251,8 +304,12 @@ def prepare(req: PrepareRequest, log: TextIO | None = None, bar: bool | None = N
 
     done = _check_folder(req, plan_all)
     if done is not None:
-        print(f"prepare: {req.out} already holds this dataset (fingerprint "
-              f"{done['fingerprint']['digest']}): nothing to do", file=log, flush=True)
+        print(
+            f"prepare: {req.out} already holds this dataset (fingerprint "
+            f"{done['fingerprint']['digest']}): nothing to do",
+            file=log,
+            flush=True,
+        )
         return done
     req.out.mkdir(parents=True, exist_ok=True)
     write_json_atomic(req.out / REQUEST, req.identity())
@@ -269,13 +326,20 @@ def prepare(req: PrepareRequest, log: TextIO | None = None, bar: bool | None = N
     records: dict[str, dict[str, Any]] = {}
     for task in tasks:
         record = read_done(req.out, task.name)
-        if record is not None and record.get("key") == task.key() and all(
-                record.get(k) == v for k, v in extra.items()):
+        if (
+            record is not None
+            and record.get("key") == task.key()
+            and all(record.get(k) == v for k, v in extra.items())
+        ):
             records[task.name] = record
     todo = [t for t in tasks if t.name not in records]
     _remove_stale(req.out, tasks)
-    spec = EncoderSpec(None if tok_info["file"] is None else str(req.out / tok_info["file"]),
-                       tok.doc_sep_id, tok.vocab_size, dtype)
+    spec = EncoderSpec(
+        None if tok_info["file"] is None else str(req.out / tok_info["file"]),
+        tok.doc_sep_id,
+        tok.vocab_size,
+        dtype,
+    )
     todo_bytes = sum(t.input_bytes for t in todo)
     workers = req.workers or (1 if todo_bytes < SMALL_BYTES else os.cpu_count() or 1)
     progress = Progress(todo_bytes, len(todo), log, bar, len(records), quiet)
@@ -288,26 +352,42 @@ def prepare(req: PrepareRequest, log: TextIO | None = None, bar: bool | None = N
     sources = []
     for i, plan in enumerate(plans):
         mine = [t for t in tasks if t.source == i]
-        sources.append({"spec": plan.spec, "split": plan.split_rule,
-                        "fingerprint": plan.fingerprint.to_dict(),
-                        "train": _split_entry([t for t in mine if t.split == "train"], records),
-                        "val": _split_entry([t for t in mine if t.split == "val"], records)})
+        sources.append(
+            {
+                "spec": plan.spec,
+                "split": plan.split_rule,
+                "fingerprint": plan.fingerprint.to_dict(),
+                "train": _split_entry([t for t in mine if t.split == "train"], records),
+                "val": _split_entry([t for t in mine if t.split == "val"], records),
+            }
+        )
     train_tokens = [s["train"]["tokens"] for s in sources]
     if sum(train_tokens) + sum(s["val"]["tokens"] for s in sources) == 0:
-        raise ValueError(f"{', '.join(req.sources)}: the data is empty (no text in "
-                         f"{sum(len(p.files) for p in plans)} files)")
+        raise ValueError(
+            f"{', '.join(req.sources)}: the data is empty (no text in "
+            f"{sum(len(p.files) for p in plans)} files)"
+        )
     weights = req.weights or [float(t) for t in train_tokens]
     total_w = sum(weights)
     for s, w in zip(sources, weights):
         s["weight"] = w / total_w
     elapsed = time.perf_counter() - start
-    manifest = {"format": FORMAT, "request": req.identity(), "tokenizer": tok_info,
-                "dtype": dtype, "sources": sources,
-                "fingerprint": _fingerprint(sources, tok_info, dtype),
-                "prepared": {"seconds": round(elapsed, 3), "workers": workers,
-                             "encode_seconds": round(progress.seconds_done, 3),
-                             "encoded_text_bytes": progress.text,
-                             "encoded_shards": len(todo), "reused_shards": len(tasks) - len(todo)}}
+    manifest = {
+        "format": FORMAT,
+        "request": req.identity(),
+        "tokenizer": tok_info,
+        "dtype": dtype,
+        "sources": sources,
+        "fingerprint": _fingerprint(sources, tok_info, dtype),
+        "prepared": {
+            "seconds": round(elapsed, 3),
+            "workers": workers,
+            "encode_seconds": round(progress.seconds_done, 3),
+            "encoded_text_bytes": progress.text,
+            "encoded_shards": len(todo),
+            "reused_shards": len(tasks) - len(todo),
+        },
+    }
     write_json_atomic(req.out / MANIFEST, manifest)
     (req.out / REQUEST).unlink(missing_ok=True)
     progress.summary(manifest, elapsed, workers, req.out)

@@ -16,24 +16,40 @@ from oases.data.plan import Task
 class Progress:
     """Counts finished tasks' input bytes, text bytes and tokens (encode time only)."""
 
-    def __init__(self, total_bytes: int, n_tasks: int, log: TextIO, bar: bool | None,
-                 reused: int, quiet: bool = False) -> None:
+    def __init__(
+        self,
+        total_bytes: int,
+        n_tasks: int,
+        log: TextIO,
+        bar: bool | None,
+        reused: int,
+        quiet: bool = False,
+    ) -> None:
         self.total, self.n_tasks, self.log = max(total_bytes, 1), n_tasks, log
         self.read = self.text = self.tokens = 0
         self.start = time.perf_counter()
         self.stopped: float | None = None
         self.next_line = 0.1
         if reused:
-            print(f"prepare: resuming: {reused} shards already finished, {n_tasks} to go",
-                  file=log, flush=True)
+            print(
+                f"prepare: resuming: {reused} shards already finished, {n_tasks} to go",
+                file=log,
+                flush=True,
+            )
         use_bar = log.isatty() if bar is None else bar
         self.quiet = quiet
         self.bar = None
         if use_bar and n_tasks:
             from tqdm import tqdm
 
-            self.bar = tqdm(total=total_bytes, unit="B", unit_scale=True, file=log,
-                            desc="prepare", smoothing=0.1)
+            self.bar = tqdm(
+                total=total_bytes,
+                unit="B",
+                unit_scale=True,
+                file=log,
+                desc="prepare",
+                smoothing=0.1,
+            )
 
     def done(self, task: Task, record: dict[str, Any]) -> None:
         self.read += task.input_bytes
@@ -48,9 +64,12 @@ class Progress:
         if frac >= self.next_line or self.read >= self.total:
             dt = max(time.perf_counter() - self.start, 1e-9)
             eta = dt * (1 - frac) / max(frac, 1e-9)
-            print(f"prepare: {100 * frac:3.0f}%  {self.read / 1e6:.1f} / {self.total / 1e6:.1f} "
-                  f"MB read, {self.text / dt / 1e6:.1f} MB/s of text, eta {eta:.0f}s",
-                  file=self.log, flush=True)
+            print(
+                f"prepare: {100 * frac:3.0f}%  {self.read / 1e6:.1f} / {self.total / 1e6:.1f} "
+                f"MB read, {self.text / dt / 1e6:.1f} MB/s of text, eta {eta:.0f}s",
+                file=self.log,
+                flush=True,
+            )
             while self.next_line <= frac:
                 self.next_line += 0.1
 
@@ -73,9 +92,16 @@ class Progress:
         docs = sum(s[k]["documents"] for s in sources for k in ("train", "val"))
         shards = sum(len(s[k]["shards"]) for s in sources for k in ("train", "val"))
         rate = self.text / dt / 1e6
-        print(f"prepare: {self.text / 1e6:.1f} MB of text in {dt:.2f}s: {rate:.1f} MB/s with "
-              f"{workers} worker{'s' * (workers > 1)} ({rate / workers:.1f} MB/s per worker); "
-              f"{elapsed:.2f}s in all", file=self.log, flush=True)
-        print(f"prepare: {tokens / 1e6:.2f} M tokens ({manifest['dtype']}) in {shards} shards, "
-              f"{docs} documents -> {out} (fingerprint {manifest['fingerprint']['digest']})",
-              file=self.log, flush=True)
+        print(
+            f"prepare: {self.text / 1e6:.1f} MB of text in {dt:.2f}s: {rate:.1f} MB/s with "
+            f"{workers} worker{'s' * (workers > 1)} ({rate / workers:.1f} MB/s per worker); "
+            f"{elapsed:.2f}s in all",
+            file=self.log,
+            flush=True,
+        )
+        print(
+            f"prepare: {tokens / 1e6:.2f} M tokens ({manifest['dtype']}) in {shards} shards, "
+            f"{docs} documents -> {out} (fingerprint {manifest['fingerprint']['digest']})",
+            file=self.log,
+            flush=True,
+        )

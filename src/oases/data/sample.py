@@ -47,11 +47,12 @@ def _head(task: Task, take: int) -> bytes:
     if len(data) <= take:
         return data
     cut = good_cut(data, 0, take)
-    return data[:cut if cut > 0 else take]
+    return data[: cut if cut > 0 else take]
 
 
-def sample_texts(tasks: list[Task], bound: int = BPE_SAMPLE_BYTES, seed: int = 0
-                 ) -> tuple[Iterator[str], int]:
+def sample_texts(
+    tasks: list[Task], bound: int = BPE_SAMPLE_BYTES, seed: int = 0
+) -> tuple[Iterator[str], int]:
     """(texts to train a BPE on, bytes of text they hold) from the training ``tasks``."""
     total = sum(t.input_bytes for t in tasks)
     if total <= bound:

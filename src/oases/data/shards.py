@@ -124,9 +124,14 @@ class ShardWriter:
             fh.close()
         os.replace(self.bin.with_name(self.bin.name + ".part"), self.bin)
         os.replace(self.idx.with_name(self.idx.name + ".part"), self.idx)
-        record = {"tokens": self.tokens, "documents": self.documents,
-                  "text_bytes": self.text_bytes, "checksum": self.hash.hexdigest()[:32],
-                  "quick": quick_checksum(self.bin), **extra}
+        record = {
+            "tokens": self.tokens,
+            "documents": self.documents,
+            "text_bytes": self.text_bytes,
+            "checksum": self.hash.hexdigest()[:32],
+            "quick": quick_checksum(self.bin),
+            **extra,
+        }
         write_json_atomic(self.meta, record)
         return record
 
@@ -152,19 +157,25 @@ def check_shard(root: Path, shard: dict[str, Any], itemsize: int, full: bool = F
     the preparation (sizes and the quick checksum; with ``full`` every byte)."""
     path = root / shard["file"]
     advice = "prepare the dataset again (oases data prepare)"
-    for file, want in ((path, shard["tokens"] * itemsize),
-                       (path.with_suffix(".idx"), shard["documents"] * 8)):
+    for file, want in (
+        (path, shard["tokens"] * itemsize),
+        (path.with_suffix(".idx"), shard["documents"] * 8),
+    ):
         try:
             size = file.stat().st_size
         except OSError:
             raise ValueError(f"{file}: missing ({advice})") from None
         if size != want:
-            raise ValueError(f"{file}: {size} bytes, the manifest says {want}: truncated or "
-                             f"changed since it was prepared ({advice})")
-    if quick_checksum(path) != shard["quick"] or (full and full_checksum(path) !=
-                                                  shard["checksum"]):
-        raise ValueError(f"{path}: its content changed since it was prepared (checksum "
-                         f"differs; {advice})")
+            raise ValueError(
+                f"{file}: {size} bytes, the manifest says {want}: truncated or "
+                f"changed since it was prepared ({advice})"
+            )
+    if quick_checksum(path) != shard["quick"] or (
+        full and full_checksum(path) != shard["checksum"]
+    ):
+        raise ValueError(
+            f"{path}: its content changed since it was prepared (checksum differs; {advice})"
+        )
 
 
 class TokenStream:
@@ -193,8 +204,10 @@ class TokenStream:
         size = self.dtype.itemsize
         data = os.pread(self._fd(k), n * size, lo * size)
         if len(data) != n * size:
-            raise ValueError(f"{self.root / self.shards[k]['file']}: truncated since it was "
-                             "opened (prepare the dataset again)")
+            raise ValueError(
+                f"{self.root / self.shards[k]['file']}: truncated since it was "
+                "opened (prepare the dataset again)"
+            )
         return np.frombuffer(data, dtype=self.dtype)
 
     def read(self, start: int, length: int) -> np.ndarray:
@@ -207,7 +220,7 @@ class TokenStream:
             lo = start + at - int(self.starts[k])
             n = min(length - at, int(self.starts[k + 1]) - (start + at))
             if n > 0:
-                out[at:at + n] = self._pread(k, lo, n)
+                out[at : at + n] = self._pread(k, lo, n)
                 at += n
             k += 1
         return out
@@ -218,8 +231,12 @@ class TokenStream:
 
     def map_shard(self, k: int) -> np.ndarray:
         """Shard k as a read-only ``np.memmap`` (tools; training reads with ``read``)."""
-        return np.memmap(self.root / self.shards[k]["file"], dtype=self.dtype, mode="r",
-                         shape=(int(self.shards[k]["tokens"]),))
+        return np.memmap(
+            self.root / self.shards[k]["file"],
+            dtype=self.dtype,
+            mode="r",
+            shape=(int(self.shards[k]["tokens"]),),
+        )
 
     def __del__(self) -> None:
         for fd in getattr(self, "_files", {}).values():

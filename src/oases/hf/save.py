@@ -85,8 +85,11 @@ def _umask() -> int:
 
 
 def write_hf_dir(
-    cfg: ModelConfig, full: dict[str, Tensor], out_dir: str | os.PathLike[str],
-    doc_sep_id: int = 0, dtype: str = "fp32",
+    cfg: ModelConfig,
+    full: dict[str, Tensor],
+    out_dir: str | os.PathLike[str],
+    doc_sep_id: int = 0,
+    dtype: str = "fp32",
 ) -> Path:
     """Write ``config.json`` and ``model.safetensors`` for ``cfg`` into ``out_dir``, the
     weights cast to ``dtype`` (a key of ``HF_DTYPES``; ``doc_sep_id``: see ``config_to_hf``)."""
@@ -106,21 +109,28 @@ def write_hf_dir(
     return out
 
 
-def write_tokenizer_files(tok: Tokenizer, doc_sep_id: int, max_length: int,
-                          out_dir: Path) -> None:
+def write_tokenizer_files(tok: Tokenizer, doc_sep_id: int, max_length: int, out_dir: Path) -> None:
     """``tokenizer.json`` and the ``tokenizer_config.json`` with which
     ``AutoTokenizer.from_pretrained(out_dir)`` loads it (the document separator as bos and
     eos token)."""
     sep = token_text(tok, doc_sep_id)
     (out_dir / TOKENIZER_FILE).write_text(tokenizer_json(tok), encoding="utf-8")
-    conf = {"tokenizer_class": "PreTrainedTokenizerFast", "bos_token": sep, "eos_token": sep,
-            "model_max_length": max_length, "clean_up_tokenization_spaces": False}
-    (out_dir / "tokenizer_config.json").write_text(json.dumps(conf, indent=2) + "\n",
-                                                   encoding="utf-8")
+    conf = {
+        "tokenizer_class": "PreTrainedTokenizerFast",
+        "bos_token": sep,
+        "eos_token": sep,
+        "model_max_length": max_length,
+        "clean_up_tokenization_spaces": False,
+    }
+    (out_dir / "tokenizer_config.json").write_text(
+        json.dumps(conf, indent=2) + "\n", encoding="utf-8"
+    )
 
 
 def save_hf(
-    model: Transformer, out_dir: str | os.PathLike[str], ctx: ParallelContext | None = None,
+    model: Transformer,
+    out_dir: str | os.PathLike[str],
+    ctx: ParallelContext | None = None,
     dtype: str = "fp32",
 ) -> Path:
     """Export ``model`` (single-device or parallelized at any tp) as a HF directory, its
@@ -166,15 +176,21 @@ def check_out_dir(out_dir: Path) -> None:
     what = ""
     with contextlib.suppress(OSError, ValueError, AttributeError):
         conf = json.loads((out_dir / "config.json").read_text(encoding="utf-8"))
-        what = (f" ({conf.get('model_type', 'a model')}, {conf.get('num_hidden_layers', '?')} "
-                f"layers, hidden size {conf.get('hidden_size', '?')})")
-    raise ValueError(f"{out_dir} already holds a model{what}: {', '.join(held)}; give "
-                     "--overwrite to replace it, or another --out")
+        what = (
+            f" ({conf.get('model_type', 'a model')}, {conf.get('num_hidden_layers', '?')} "
+            f"layers, hidden size {conf.get('hidden_size', '?')})"
+        )
+    raise ValueError(
+        f"{out_dir} already holds a model{what}: {', '.join(held)}; give "
+        "--overwrite to replace it, or another --out"
+    )
 
 
 @user_input_errors
 def export_checkpoint(
-    checkpoint_dir: str | os.PathLike[str], out_dir: str | os.PathLike[str], dtype: str = "fp32",
+    checkpoint_dir: str | os.PathLike[str],
+    out_dir: str | os.PathLike[str],
+    dtype: str = "fp32",
     overwrite: bool = False,
 ) -> Path:
     """Write the HF directory of an Oases checkpoint (saved at any tp and precision), in this
@@ -210,8 +226,10 @@ def _checkpoint_tokenizer(path: Path, manifest: dict[str, Any]) -> Tokenizer:
     if name == "byte":
         return ByteTokenizer()
     if not (path / TOKENIZER_FILE).is_file():
-        raise ValueError(f"checkpoint {path} was trained with data.tokenizer={name!r} but "
-                         f"holds no {TOKENIZER_FILE}")
+        raise ValueError(
+            f"checkpoint {path} was trained with data.tokenizer={name!r} but "
+            f"holds no {TOKENIZER_FILE}"
+        )
     if name.startswith(HF_PREFIX):
         return HFTokenizer.load(path / TOKENIZER_FILE)
     return BPETokenizer.load(path)

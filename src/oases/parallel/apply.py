@@ -45,8 +45,11 @@ __all__ = ["check_model_degrees", "parallelize", "shard_spec", "shard_tensor", "
 def check_model_degrees(model: Transformer, tp: int) -> None:
     """Raise ValueError (with the numbers) if the model's heads or ffn do not split over tp."""
     cfg = model.cfg
-    for key, value in (("n_heads", cfg.n_heads), ("n_kv_heads", cfg.n_kv_heads),
-                       ("ffn_dim", cfg.ffn_dim)):
+    for key, value in (
+        ("n_heads", cfg.n_heads),
+        ("n_kv_heads", cfg.n_kv_heads),
+        ("ffn_dim", cfg.ffn_dim),
+    ):
         if value % tp:
             raise ValueError(f"model.{key}={value} is not divisible by parallel.tp={tp}")
 
@@ -72,8 +75,9 @@ def _reshard(ctx: ParallelContext, from_tp: int, to_tp: int) -> nn.Module:
     return BatchReshard(from_tp, to_tp, ctx.merge_group(from_tp, to_tp))
 
 
-def parallelize(model: Transformer, ctx: ParallelContext,
-                plan: ParallelPlan | None = None) -> Transformer:
+def parallelize(
+    model: Transformer, ctx: ParallelContext, plan: ParallelPlan | None = None
+) -> Transformer:
     """Shard ``model`` in place and return it (``model.parallel_ctx = ctx``,
     ``model.parallel_plan = plan``).
 
@@ -88,12 +92,14 @@ def parallelize(model: Transformer, ctx: ParallelContext,
     cfg = model.cfg
     if plan is None:
         check_model_degrees(model, ctx.tp)
-        plan = ParallelPlan.uniform(cfg, ctx.world_size, ctx.tp,
-                                    **({"pp": ctx.pp} if ctx.pp > 1 else {}))
+        plan = ParallelPlan.uniform(
+            cfg, ctx.world_size, ctx.tp, **({"pp": ctx.pp} if ctx.pp > 1 else {})
+        )
     plan.check(cfg, ctx.world_size)
     if plan.pp != ctx.pp:
-        raise ValueError(f"plan pp={plan.pp} but the process groups have pp={ctx.pp} "
-                         "(init_distributed(pp=...))")
+        raise ValueError(
+            f"plan pp={plan.pp} but the process groups have pp={ctx.pp} (init_distributed(pp=...))"
+        )
     tied = model.head.weight is model.embed.weight
 
     def group(name: str) -> Group:
@@ -134,6 +140,7 @@ def parallelize(model: Transformer, ctx: ParallelContext,
 def region_parameters(model: Transformer) -> dict[str, list[nn.Parameter]]:
     """Each plan region's parameters (a tied weight once, under the embedding; a pipeline
     stage's model: those it holds, the other regions' lists empty)."""
+
     def params(*modules: nn.Module | None) -> list[nn.Parameter]:
         return [p for m in modules if m is not None for p in m.parameters()]
 
@@ -161,8 +168,9 @@ def reduce_gradients(model: Transformer) -> None:
     loss terms), which is the plain mean when the plan is uniform."""
     ctx, plan = model.parallel_ctx, model.parallel_plan
     dp_head = ctx.stage_size // plan.tp_of("head")
-    handles = [comm.gradient_mean_async(params, ctx.groups_for(plan.tp_of(name))[1],
-                                        divisor=dp_head)
-               for name, params in region_parameters(model).items()]
+    handles = [
+        comm.gradient_mean_async(params, ctx.groups_for(plan.tp_of(name))[1], divisor=dp_head)
+        for name, params in region_parameters(model).items()
+    ]
     for h in handles:
         h.wait()

@@ -104,8 +104,10 @@ class ParallelContext:
     def groups_for(self, tp: int) -> tuple[Group, Group]:
         """(TP group, DP group) at degree ``tp`` (built by ``init_distributed(degrees=...)``)."""
         if tp not in self.groups:
-            raise ValueError(f"no process groups for tp={tp}: pass it in "
-                             f"init_distributed(degrees=...) (built: {sorted(self.groups)})")
+            raise ValueError(
+                f"no process groups for tp={tp}: pass it in "
+                f"init_distributed(degrees=...) (built: {sorted(self.groups)})"
+            )
         return self.groups[tp]
 
     def merge_group(self, a: int, b: int) -> Group:
@@ -156,13 +158,16 @@ def check_local_devices(local_rank: int, local_world_size: int, device_count: in
     visible GPUs would share one (NCCL then fails far from the cause, or runs two ranks'
     memory on one device)."""
     if device_count < 1:
-        raise ValueError("parallel.backend='nccl' needs a CUDA device; none is visible "
-                         "(CUDA_VISIBLE_DEVICES?)")
+        raise ValueError(
+            "parallel.backend='nccl' needs a CUDA device; none is visible (CUDA_VISIBLE_DEVICES?)"
+        )
     if local_world_size > device_count or local_rank >= device_count:
-        raise ValueError(f"{max(local_world_size, local_rank + 1)} ranks on this machine "
-                         f"(LOCAL_WORLD_SIZE={local_world_size}, LOCAL_RANK={local_rank}) but "
-                         f"{device_count} visible GPU(s): one rank per GPU; start at most "
-                         f"--nproc-per-node={device_count}")
+        raise ValueError(
+            f"{max(local_world_size, local_rank + 1)} ranks on this machine "
+            f"(LOCAL_WORLD_SIZE={local_world_size}, LOCAL_RANK={local_rank}) but "
+            f"{device_count} visible GPU(s): one rank per GPU; start at most "
+            f"--nproc-per-node={device_count}"
+        )
 
 
 def _group_options(backend: str, high_priority: bool) -> Any:
@@ -176,16 +181,22 @@ def _group_options(backend: str, high_priority: bool) -> Any:
     return options
 
 
-def _new_group(ranks: list[int], timeout: datetime.timedelta,
-               options: Any = None) -> dist.ProcessGroup | None:
+def _new_group(
+    ranks: list[int], timeout: datetime.timedelta, options: Any = None
+) -> dist.ProcessGroup | None:
     # Every rank must call new_group for every group, in the same order.
-    return (dist.new_group(ranks, timeout=timeout, pg_options=options) if len(ranks) > 1
-            else None)
+    return dist.new_group(ranks, timeout=timeout, pg_options=options) if len(ranks) > 1 else None
 
 
-def _groups_for(d: int, members: list[int], rank: int, timeout: datetime.timedelta,
-                device: torch.device, tp_options: Any = None,
-                many: bool = True) -> tuple[Group, Group] | None:
+def _groups_for(
+    d: int,
+    members: list[int],
+    rank: int,
+    timeout: datetime.timedelta,
+    device: torch.device,
+    tp_options: Any = None,
+    many: bool = True,
+) -> tuple[Group, Group] | None:
     """The TP group (contiguous stage ranks) and DP group (equal TP rank) at degree ``d`` of
     the stage whose global ranks are ``members`` (in stage-rank order), for this ``rank``
     (None if it is not a member); ``tp_options``: the TP groups' ``pg_options``; ``many``:
@@ -195,7 +206,7 @@ def _groups_for(d: int, members: list[int], rank: int, timeout: datetime.timedel
     mine = members.index(rank) if rank in members else -1
     index, tp_rank = divmod(mine, d)
     for i in range(size // d):
-        ranks = members[i * d:(i + 1) * d]
+        ranks = members[i * d : (i + 1) * d]
         pg = _new_group(ranks, timeout, tp_options) if many else None
         if mine >= 0 and i == index:
             tp_group = Group("tp", tuple(ranks), tp_rank, pg, device)
@@ -210,8 +221,15 @@ def _groups_for(d: int, members: list[int], rank: int, timeout: datetime.timedel
     return tp_group, dp_group
 
 
-def _merge_group(a: int, b: int, members: list[int], rank: int, timeout: datetime.timedelta,
-                 device: torch.device, many: bool = True) -> Group | None:
+def _merge_group(
+    a: int,
+    b: int,
+    members: list[int],
+    rank: int,
+    timeout: datetime.timedelta,
+    device: torch.device,
+    many: bool = True,
+) -> Group | None:
     """The ranks whose degree-``a`` TP groups merge into this rank's degree-``b`` group and
     that hold the same shard (equal stage rank % a), in the stage of global ranks
     ``members``: a reshard between degrees a < b gathers (or slices) the batch over these b/a
@@ -229,8 +247,14 @@ def _merge_group(a: int, b: int, members: list[int], rank: int, timeout: datetim
     return mine
 
 
-def _pipeline_groups(world_size: int, pp: int, rank: int, pp_outer: bool,
-                     timeout: datetime.timedelta, device: torch.device) -> dict[str, Any]:
+def _pipeline_groups(
+    world_size: int,
+    pp: int,
+    rank: int,
+    pp_outer: bool,
+    timeout: datetime.timedelta,
+    device: torch.device,
+) -> dict[str, Any]:
     """The groups across stages (module docstring), built by every rank in one order:
     ``stage_group``, ``pp_group``, ``embed_group`` and ``p2p_groups`` of ``ParallelContext``."""
     stages = [stage_ranks(world_size, pp, s, pp_outer) for s in range(pp)]
@@ -253,13 +277,19 @@ def _pipeline_groups(world_size: int, pp: int, rank: int, pp_outer: bool,
                 if rank in pair:
                     side = "next" if rank == pair[0] else "prev"
                     out["p2p_groups"][direction, side] = Group(
-                        f"p2p-{direction}", tuple(pair), pair.index(rank), pg, device)
+                        f"p2p-{direction}", tuple(pair), pair.index(rank), pg, device
+                    )
     return out
 
 
 def init_distributed(
-    tp: int = 1, *, backend: str | None = None, timeout_s: float = 60.0,
-    degrees: tuple[int, ...] = (), high_priority_tp: bool = False, pp: int = 1,
+    tp: int = 1,
+    *,
+    backend: str | None = None,
+    timeout_s: float = 60.0,
+    degrees: tuple[int, ...] = (),
+    high_priority_tp: bool = False,
+    pp: int = 1,
     pp_outer: bool = True,
 ) -> ParallelContext:
     """Join (or reuse) the default process group and build the TP and DP groups (of every
@@ -287,8 +317,9 @@ def init_distributed(
         world_size, rank = dist.get_world_size(), dist.get_rank()
         existing = str(dist.get_backend())
         if backend not in (None, "auto") and backend != existing:
-            raise ValueError(f"parallel.backend={backend!r} but the process group already "
-                             f"uses {existing!r}")
+            raise ValueError(
+                f"parallel.backend={backend!r} but the process group already uses {existing!r}"
+            )
         backend = "nccl" if "nccl" in existing else "gloo"
     else:
         world_size = int(os.environ.get("WORLD_SIZE", "1"))
@@ -310,8 +341,9 @@ def init_distributed(
 
     timeout = datetime.timedelta(seconds=timeout_s)
     if world_size > 1 and not dist.is_initialized():
-        dist.init_process_group(backend, timeout=timeout,
-                                device_id=device if backend == "nccl" else None)
+        dist.init_process_group(
+            backend, timeout=timeout, device_id=device if backend == "nccl" else None
+        )
     tp_options = _group_options(backend, high_priority_tp)
 
     all_degrees = sorted({tp, *degrees})
@@ -336,8 +368,13 @@ def init_distributed(
     pipeline = _pipeline_groups(world_size, pp, rank, pp_outer, timeout, device) if pp > 1 else {}
     tp_group, dp_group = groups[tp]
     dp = world_size // (pp * tp)
-    world = Group("world", tuple(range(world_size)), rank,
-                  dist.group.WORLD if world_size > 1 else None, device)
+    world = Group(
+        "world",
+        tuple(range(world_size)),
+        rank,
+        dist.group.WORLD if world_size > 1 else None,
+        device,
+    )
     return ParallelContext(
         world_size=world_size,
         rank=rank,
@@ -367,8 +404,10 @@ def launch_identity() -> tuple[int, int]:
     """(global rank, attempt) of this process as its launcher set them: ``RANK`` and
     ``TORCHELASTIC_RESTART_COUNT`` (torchrun's agent and oases' supervisor both count restarts
     there; 0 for the first attempt and outside any launcher)."""
-    return (int(os.environ.get("RANK", "0")),
-            int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")))
+    return (
+        int(os.environ.get("RANK", "0")),
+        int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")),
+    )
 
 
 def fault_spec() -> str:
@@ -412,11 +451,13 @@ def build_tp_mesh(ctx: ParallelContext, tp: int | None = None) -> Any:
     from torch.distributed.device_mesh import init_device_mesh
 
     if ctx.pp > 1:
-        mesh = init_device_mesh(ctx.device.type, (ctx.pp, ctx.stage_size // tp, tp),
-                                mesh_dim_names=("pp", "dp", "tp"))
+        mesh = init_device_mesh(
+            ctx.device.type, (ctx.pp, ctx.stage_size // tp, tp), mesh_dim_names=("pp", "dp", "tp")
+        )
     else:
-        mesh = init_device_mesh(ctx.device.type, (ctx.world_size // tp, tp),
-                                mesh_dim_names=("dp", "tp"))
+        mesh = init_device_mesh(
+            ctx.device.type, (ctx.world_size // tp, tp), mesh_dim_names=("dp", "tp")
+        )
     tp_mesh = mesh["tp"]
     ranks = tuple(int(r) for r in tp_mesh.mesh.flatten().tolist())
     group = ctx.groups_for(tp)[0]

@@ -90,8 +90,13 @@ class ColumnParallelLinear(nn.Module):
     reduce_input_grad = True
 
     def __init__(
-        self, full: nn.Linear, group: Group, parts: tuple[int, ...] | None = None,
-        *, gather_output: bool = False, pad: bool = False,
+        self,
+        full: nn.Linear,
+        group: Group,
+        parts: tuple[int, ...] | None = None,
+        *,
+        gather_output: bool = False,
+        pad: bool = False,
     ) -> None:
         super().__init__()
         self.group, self.gather_output = group, gather_output
@@ -146,8 +151,7 @@ class RowParallelLinear(nn.Module):
         """y + b in y's dtype (under bf16 autocast the reduced sum is bf16 and stays so)."""
         return y if self.bias is None else y + self.bias.to(y.dtype)
 
-    def backward_partial(self, x: Tensor, grad_partial: Tensor, weight_grad: bool = True
-                         ) -> Tensor:
+    def backward_partial(self, x: Tensor, grad_partial: Tensor, weight_grad: bool = True) -> Tensor:
         """Backward of ``partial`` without its forward output: accumulates the weight gradient
         dW += dP^T x and returns dx = dP W. [.., O] x [.., I/t] -> [O, I/t]; [.., I/t].
         Lets recomputation skip the matmul whose output the backward never reads. Under
@@ -207,8 +211,13 @@ class _DeferrableLinear(torch.autograd.Function):
     leaves (x, dY) for the weight gradients; elsewhere it returns all three."""
 
     @staticmethod
-    def forward(ctx, x: Tensor, weight: Tensor, bias: Tensor | None,  # noqa: ANN001
-                layer: ColumnParallelLinear) -> Tensor:
+    def forward(
+        ctx,  # noqa: ANN001
+        x: Tensor,
+        weight: Tensor,
+        bias: Tensor | None,
+        layer: ColumnParallelLinear,
+    ) -> Tensor:
         ctx.save_for_backward(x, weight)
         ctx.layer, ctx.has_bias = layer, bias is not None
         return F.linear(x, weight, bias)

@@ -94,8 +94,12 @@ class ZeroUnit:
 class ZeroShards:
     """The ZeRO units of a parallelized model (``model.zero_shards``), and their collectives."""
 
-    def __init__(self, units: dict[int, ZeroUnit], stages: tuple[int, ...],
-                 reshard_after_forward: bool = True) -> None:
+    def __init__(
+        self,
+        units: dict[int, ZeroUnit],
+        stages: tuple[int, ...],
+        reshard_after_forward: bool = True,
+    ) -> None:
         self.units = units
         self.stages = stages
         self.reshard_after_forward = reshard_after_forward
@@ -105,14 +109,16 @@ class ZeroShards:
         return id(p) in self._sharded_ids
 
     # ------------------------------------------------------------------------- gradients
-    def start_grad_reduce(self, index: int, tag: str, dtype: torch.dtype | None = None
-                          ) -> comm.Handle:
+    def start_grad_reduce(
+        self, index: int, tag: str, dtype: torch.dtype | None = None
+    ) -> comm.Handle:
         """Flatten unit ``index``'s gradients (a missing one is zeros), free them, and start
         the reduce-scatter of the sum over the DP group (in ``dtype``, e.g. bf16 for half the
         bytes; None: the gradients' own); ``finish_grad_reduce`` takes the result."""
         u = self.units[index]
-        parts = [(p.grad if p.grad is not None else torch.zeros_like(p)).reshape(-1)
-                 for p in u.params]
+        parts = [
+            (p.grad if p.grad is not None else torch.zeros_like(p)).reshape(-1) for p in u.params
+        ]
         pad = u.flat.numel() - u.numel
         if pad:
             parts.append(parts[0].new_zeros(pad))
@@ -154,8 +160,7 @@ class ZeroShards:
         else:
             shard = u.shard.clone()
         u.gathered = True
-        return comm.all_gather_into_async(u.flat, shard, u.group, direction="forward",
-                                          tag=tag)
+        return comm.all_gather_into_async(u.flat, shard, u.group, direction="forward", tag=tag)
 
     def release(self, index: int) -> None:
         """Stage 3: free unit ``index``'s gathered weights (the views stay, empty)."""
@@ -184,7 +189,7 @@ class ZeroShards:
         finally:
             for u in self.units.values():
                 if write_back and u.stage == 3:
-                    u.shard.copy_(u.flat[u.lo: u.lo + u.shard_numel])
+                    u.shard.copy_(u.flat[u.lo : u.lo + u.shard_numel])
                 self.release(u.index)
 
 
@@ -208,8 +213,7 @@ def _owned_params(chain: list) -> dict[int, list[nn.Parameter]]:
     return out
 
 
-def _segments(params: list[nn.Parameter], offsets: list[int], lo: int, hi: int
-              ) -> list[Segment]:
+def _segments(params: list[nn.Parameter], offsets: list[int], lo: int, hi: int) -> list[Segment]:
     out = []
     for p, off in zip(params, offsets):
         start, stop = max(lo, off), min(hi, off + p.numel())
@@ -229,12 +233,21 @@ def _build_unit(index: int, stage: int, params: list[nn.Parameter], group: Group
     flat = torch.zeros(padded, dtype=ref.dtype, device=ref.device)
     with torch.no_grad():
         for p, off in zip(params, offsets):
-            flat[off: off + p.numel()].copy_(p.detach().reshape(-1))
-            p.data = flat[off: off + p.numel()].view_as(p)
+            flat[off : off + p.numel()].copy_(p.detach().reshape(-1))
+            p.data = flat[off : off + p.numel()].view_as(p)
     lo, hi = group.rank * (padded // d), (group.rank + 1) * (padded // d)
     shard = flat[lo:hi]
-    unit = ZeroUnit(index, stage, params, offsets, group, numel, flat, shard,
-                    segments=_segments(params, offsets, lo, hi))
+    unit = ZeroUnit(
+        index,
+        stage,
+        params,
+        offsets,
+        group,
+        numel,
+        flat,
+        shard,
+        segments=_segments(params, offsets, lo, hi),
+    )
     if stage == 3:
         unit.shard = shard.clone()
         flat.untyped_storage().resize_(0)
@@ -242,8 +255,9 @@ def _build_unit(index: int, stage: int, params: list[nn.Parameter], group: Group
     return unit
 
 
-def shard_model(model: nn.Module, stages: int | tuple[int, ...],
-                reshard_after_forward: bool = True) -> ZeroShards | None:
+def shard_model(
+    model: nn.Module, stages: int | tuple[int, ...], reshard_after_forward: bool = True
+) -> ZeroShards | None:
     """Shard the parameters of a parallelized ``model`` over data parallelism: ``stages`` is
     one ZeRO stage for every region or one per region (0: not sharded). Sets and returns
     ``model.zero_shards`` (None when every stage is 0). Call after the model is on its device
@@ -257,11 +271,15 @@ def shard_model(model: nn.Module, stages: int | tuple[int, ...],
         stages = (stages,) * len(chain)
     stages = tuple(int(s) for s in stages)
     if len(stages) != len(chain) or any(s not in STAGES for s in stages):
-        raise ValueError(f"zero stages {stages} must give one of {STAGES} for each of the "
-                         f"{len(chain)} regions")
+        raise ValueError(
+            f"zero stages {stages} must give one of {STAGES} for each of the {len(chain)} regions"
+        )
     owned = _owned_params(chain)
-    units = {r.index: _build_unit(r.index, stages[r.index], owned[r.index], r.dp_group)
-             for r in chain if stages[r.index] and owned[r.index]}
+    units = {
+        r.index: _build_unit(r.index, stages[r.index], owned[r.index], r.dp_group)
+        for r in chain
+        if stages[r.index] and owned[r.index]
+    }
     model.zero_shards = ZeroShards(units, stages, reshard_after_forward) if units else None
     return model.zero_shards
 

@@ -32,12 +32,21 @@ from oases.planner.costs import Costs
 from oases.planner.report import format_candidates
 from oases.planner.search import Candidate, Progress, SearchStats, solve_plan
 
-__all__ = ["PlanSearch", "auto_plan", "batch_shape", "costs_budget", "format_candidates",
-           "load_costs", "plan_model", "search_plans"]
+__all__ = [
+    "PlanSearch",
+    "auto_plan",
+    "batch_shape",
+    "costs_budget",
+    "format_candidates",
+    "load_costs",
+    "plan_model",
+    "search_plans",
+]
 
 
-def load_costs(source: str, model: ModelConfig, precision: str | None = None,
-               grad_reduce: str = "fp32") -> Costs:
+def load_costs(
+    source: str, model: ModelConfig, precision: str | None = None, grad_reduce: str = "fp32"
+) -> Costs:
     """A profile file (checked against the model's shape), or ``hw:PRESET`` / ``hw:FILE`` for
     a named or described cluster (analytic compute and links).
 
@@ -59,8 +68,10 @@ def load_costs(source: str, model: ModelConfig, precision: str | None = None,
             return HardwareCosts(cluster, model)
         wanted = resolve_plan_precision(precision, grad_reduce, gpu=True)
         if wanted.compute == "fp64":
-            raise ValueError(f"train.precision={precision}: the hardware presets price fp32 "
-                             "and bf16 (and tf32/fp16 in oases simulate), not fp64")
+            raise ValueError(
+                f"train.precision={precision}: the hardware presets price fp32 "
+                "and bf16 (and tf32/fp16 in oases simulate), not fp64"
+            )
         return HardwareCosts(cluster, model, wanted.compute, wanted.grad_reduce)
     from oases.planner.profile import Profile
 
@@ -125,29 +136,55 @@ class PlanSearch:
     excluded: list[str]
 
 
-def plan_model(cfg: Config, world_size: int, costs: Costs, budget_bytes: float,
-               schedules: tuple[str, ...] | None = None,
-               n_subs: tuple[int, ...] = (1, 2, 4), zeros: tuple[int, ...] = (0, 1, 2, 3),
-               search_micro_batch: bool = True,
-               max_tp: int | None = None,
-               sps: tuple[str, ...] = ("gathered", "shards"),
-               progress: Progress | None = None, stats: SearchStats | None = None,
-               exhaustive: bool = False) -> tuple[Candidate, list[Candidate]]:
+def plan_model(
+    cfg: Config,
+    world_size: int,
+    costs: Costs,
+    budget_bytes: float,
+    schedules: tuple[str, ...] | None = None,
+    n_subs: tuple[int, ...] = (1, 2, 4),
+    zeros: tuple[int, ...] = (0, 1, 2, 3),
+    search_micro_batch: bool = True,
+    max_tp: int | None = None,
+    sps: tuple[str, ...] = ("gathered", "shards"),
+    progress: Progress | None = None,
+    stats: SearchStats | None = None,
+    exhaustive: bool = False,
+) -> tuple[Candidate, list[Candidate]]:
     """``search_plans``' best plan and candidates."""
-    found = search_plans(cfg, world_size, costs, budget_bytes, schedules, n_subs, zeros,
-                         search_micro_batch, max_tp, sps, progress=progress, stats=stats,
-                         exhaustive=exhaustive)
+    found = search_plans(
+        cfg,
+        world_size,
+        costs,
+        budget_bytes,
+        schedules,
+        n_subs,
+        zeros,
+        search_micro_batch,
+        max_tp,
+        sps,
+        progress=progress,
+        stats=stats,
+        exhaustive=exhaustive,
+    )
     return found.best, found.candidates
 
 
-def search_plans(cfg: Config, world_size: int, costs: Costs, budget_bytes: float,
-                 schedules: tuple[str, ...] | None = None,
-                 n_subs: tuple[int, ...] = (1, 2, 4), zeros: tuple[int, ...] = (0, 1, 2, 3),
-                 search_micro_batch: bool = True,
-                 max_tp: int | None = None,
-                 sps: tuple[str, ...] = ("gathered", "shards"),
-                 progress: Progress | None = None, stats: SearchStats | None = None,
-                 exhaustive: bool = False) -> PlanSearch:
+def search_plans(
+    cfg: Config,
+    world_size: int,
+    costs: Costs,
+    budget_bytes: float,
+    schedules: tuple[str, ...] | None = None,
+    n_subs: tuple[int, ...] = (1, 2, 4),
+    zeros: tuple[int, ...] = (0, 1, 2, 3),
+    search_micro_batch: bool = True,
+    max_tp: int | None = None,
+    sps: tuple[str, ...] = ("gathered", "shards"),
+    progress: Progress | None = None,
+    stats: SearchStats | None = None,
+    exhaustive: bool = False,
+) -> PlanSearch:
     """Plan ``cfg`` for ``world_size`` ranks: every schedule, sub-batch count, ZeRO stage of
     ``zeros``, sequence-parallel mode of ``sps`` and (``search_micro_batch``) micro-batch of
     ``micro_batch_options`` under the config's global batch (``solve_plan``), TP degrees up to
@@ -173,16 +210,24 @@ def search_plans(cfg: Config, world_size: int, costs: Costs, budget_bytes: float
         if unknown or not schedules:
             raise ValueError(f"unknown schedule(s) {unknown}; valid: {', '.join(SPECS)}")
     every = tuple(n for n, s in SPECS.items() if not s.sequence_parallel)
-    space = SearchSpace(world_size, candidate_degrees(cfg.model, world_size), tuple(zeros),
-                        tuple(sps), schedules or every)
+    space = SearchSpace(
+        world_size,
+        candidate_degrees(cfg.model, world_size),
+        tuple(zeros),
+        tuple(sps),
+        schedules or every,
+    )
     degrees = getattr(costs, "degrees", None)
     if degrees is not None:  # a profile prices only the degrees it measured
         measured = degrees()
         if not any(t in measured for t in space.degrees):
-            raise ValueError(f"the profile measured tp {measured}, none of which fits "
-                             f"{world_size} ranks and this model: profile with this world size")
-        space.narrow_degrees(lambda t: t in measured, "the profile",
-                             f"it measured tp {'/'.join(map(str, measured))}")
+            raise ValueError(
+                f"the profile measured tp {measured}, none of which fits "
+                f"{world_size} ranks and this model: profile with this world size"
+            )
+        space.narrow_degrees(
+            lambda t: t in measured, "the profile", f"it measured tp {'/'.join(map(str, measured))}"
+        )
     if max_tp is not None:
         space.narrow_degrees(lambda t: t <= max_tp, f"--max-tp={max_tp}", "above it")
     space.narrow_zeros(_prices_zero(costs, world_size, space.degrees))
@@ -193,15 +238,28 @@ def search_plans(cfg: Config, world_size: int, costs: Costs, budget_bytes: float
     kw: dict = {"schedules": schedules} if schedules is not None else {}
     batch = batch_shape(cfg, world_size)
     best, candidates = solve_plan(
-        cfg.model, costs, world_size, batch, budget_bytes, n_subs=n_subs,
-        max_inflight=cfg.schedule.max_inflight, zeros=space.zeros, sps=space.sps,
+        cfg.model,
+        costs,
+        world_size,
+        batch,
+        budget_bytes,
+        n_subs=n_subs,
+        max_inflight=cfg.schedule.max_inflight,
+        zeros=space.zeros,
+        sps=space.sps,
         micro_batches=micro_batch_options(batch) if search_micro_batch else (),
-        degrees=space.degrees, progress=progress, stats=stats, exhaustive=exhaustive, **kw)
+        degrees=space.degrees,
+        progress=progress,
+        stats=stats,
+        exhaustive=exhaustive,
+        **kw,
+    )
     priced = precision_of(costs).describe()
     for c in candidates:  # what the prediction assumed, so a run reproduces it
         shape = c.batch or batch
-        c.plan.notes.update(world_size=world_size, global_batch=shape.global_batch,
-                            micro_rows=shape.micro_rows)
+        c.plan.notes.update(
+            world_size=world_size, global_batch=shape.global_batch, micro_rows=shape.micro_rows
+        )
         c.plan.precision = dict(priced)
     return PlanSearch(best, candidates, space.excluded)
 
@@ -211,9 +269,10 @@ def auto_plan(cfg: Config, world_size: int):  # noqa: ANN201 - ParallelPlan
     GB per device (0: the default of ``planner.budget``, as ``oases plan``)."""
     source = cfg.parallel.profile
     if not source:
-        raise ValueError('parallel.plan = "auto" needs parallel.profile: a file written by '
-                         "`oases profile`, or hw:PRESET")
+        raise ValueError(
+            'parallel.plan = "auto" needs parallel.profile: a file written by '
+            "`oases profile`, or hw:PRESET"
+        )
     costs = load_costs(source, cfg.model, cfg.train.precision, cfg.parallel.grad_reduce_dtype)
-    best, _ = plan_model(cfg, world_size, costs, costs_budget(cfg.parallel.memory_gb,
-                                                              costs).bytes)
+    best, _ = plan_model(cfg, world_size, costs, costs_budget(cfg.parallel.memory_gb, costs).bytes)
     return best.plan

@@ -62,7 +62,12 @@ def korthikanti_block_bytes(tokens: int, dim: int, tp: int, sp: bool, elt: int =
 
 
 def region_terms(
-    cfg: ModelConfig, kind: str, rows: int, tp: int, sp: bool, elt: int,
+    cfg: ModelConfig,
+    kind: str,
+    rows: int,
+    tp: int,
+    sp: bool,
+    elt: int,
     mask_bytes: int | None = None,
 ) -> dict[str, int]:
     """Bytes each tensor of one block region ("attn" or "mlp", with the dropout mask of the
@@ -99,8 +104,9 @@ def region_terms(
     return terms
 
 
-def block_terms(cfg: ModelConfig, rows: int, tp: int, sp: bool, elt: int,
-                mask_bytes: int | None = None) -> dict[str, int]:
+def block_terms(
+    cfg: ModelConfig, rows: int, tp: int, sp: bool, elt: int, mask_bytes: int | None = None
+) -> dict[str, int]:
     """``region_terms`` of a block's attention and MLP regions, added term by term."""
     out: dict[str, int] = {}
     for kind in ("attn", "mlp"):

@@ -47,11 +47,13 @@ DEFAULT_BUDGET_HELP = (
     f"{DEFAULT_MEMORY_FRACTION:.0%} of one device's memory: the GPU of a hardware preset or "
     "cluster file, or the GPU a profile was measured on; none for a profile of CPU ranks, "
     "or one made before profiles recorded their device's memory). Memory is printed in GiB = "
-    "2^30 bytes").replace("%", "%%")
+    "2^30 bytes"
+).replace("%", "%%")
 
 
-def memory_budget(memory_gb: float, device_bytes: float | None, device: str,
-                  unknown: str = "") -> Budget:
+def memory_budget(
+    memory_gb: float, device_bytes: float | None, device: str, unknown: str = ""
+) -> Budget:
     """``memory_gb`` GB per device if > 0; else the default: ``DEFAULT_MEMORY_FRACTION`` of
     ``device_bytes`` (the memory of one ``device``, e.g. a GPU's name), or none where the
     device's memory is unknown (``device_bytes`` None; ``unknown`` says why)."""
@@ -61,18 +63,27 @@ def memory_budget(memory_gb: float, device_bytes: float | None, device: str,
         b = memory_gb * GB
         over = ""
         if device_bytes is not None and b > device_bytes:
-            over = (f"; more than the {device_bytes / GB:g} GB = {device_bytes / GIB:.2f} GiB "
-                    f"of one {device}")
-        return Budget(b, f"{b / GIB:.2f} GiB per device (--memory-gb {memory_gb:g}: "
-                         f"{memory_gb:g} GB = 10^9 bytes{over})")
+            over = (
+                f"; more than the {device_bytes / GB:g} GB = {device_bytes / GIB:.2f} GiB "
+                f"of one {device}"
+            )
+        return Budget(
+            b,
+            f"{b / GIB:.2f} GiB per device (--memory-gb {memory_gb:g}: "
+            f"{memory_gb:g} GB = 10^9 bytes{over})",
+        )
     if device_bytes is None:
         why = unknown or f"{device} have no device memory the planner knows"
-        return Budget(float("inf"), f"none: {why} (--memory-gb G plans under G GB = 10^9 "
-                                    "bytes per rank)")
+        return Budget(
+            float("inf"), f"none: {why} (--memory-gb G plans under G GB = 10^9 bytes per rank)"
+        )
     b = DEFAULT_MEMORY_FRACTION * device_bytes
-    return Budget(b, f"{b / GIB:.2f} GiB per device, the default: "
-                     f"{DEFAULT_MEMORY_FRACTION:.0%} of one {device}'s {device_bytes / GB:g} GB "
-                     f"({device_bytes / GIB:.2f} GiB; --memory-gb G sets G GB = 10^9 bytes)")
+    return Budget(
+        b,
+        f"{b / GIB:.2f} GiB per device, the default: "
+        f"{DEFAULT_MEMORY_FRACTION:.0%} of one {device}'s {device_bytes / GB:g} GB "
+        f"({device_bytes / GIB:.2f} GiB; --memory-gb G sets G GB = 10^9 bytes)",
+    )
 
 
 def costs_budget(memory_gb: float, costs: object) -> Budget:
@@ -85,14 +96,26 @@ def costs_budget(memory_gb: float, costs: object) -> Budget:
     machine = getattr(costs, "machine", {}) or {}
     where = str(machine.get("device", "cpu")).split(":")[0]
     if "device_memory_bytes" not in machine:
-        return memory_budget(memory_gb, None, where, unknown=(
-            f"the profile does not record its {where} device's memory (made before oases "
-            "profile recorded it; profile again for the default of "
-            f"{DEFAULT_MEMORY_FRACTION:.0%} of a GPU's memory)"))
+        return memory_budget(
+            memory_gb,
+            None,
+            where,
+            unknown=(
+                f"the profile does not record its {where} device's memory (made before oases "
+                "profile recorded it; profile again for the default of "
+                f"{DEFAULT_MEMORY_FRACTION:.0%} of a GPU's memory)"
+            ),
+        )
     device_bytes = machine["device_memory_bytes"]
     if device_bytes is None:
-        return memory_budget(memory_gb, None, where, unknown=(
-            f"the profile's {where} ranks have no device memory of their own (they share the "
-            "host's RAM)"))
+        return memory_budget(
+            memory_gb,
+            None,
+            where,
+            unknown=(
+                f"the profile's {where} ranks have no device memory of their own (they share the "
+                "host's RAM)"
+            ),
+        )
     name = machine.get("device_name") or where
     return memory_budget(memory_gb, float(device_bytes), name)

@@ -28,8 +28,11 @@ class Candidate:
 
     def label(self) -> str:
         degrees = self.plan.degrees()
-        layout = (f"uniform tp={degrees[0]}" if len(degrees) == 1 else
-                  "mixed tp " + "/".join(str(d) for d in degrees))
+        layout = (
+            f"uniform tp={degrees[0]}"
+            if len(degrees) == 1
+            else "mixed tp " + "/".join(str(d) for d in degrees)
+        )
         zero = max(self.plan.zero_stages())
         extra = f", zero={zero}" if zero else ""
         if self.plan.sequence_parallel:
@@ -53,15 +56,29 @@ def state_factors(zero: int, dp: int) -> tuple[float, float, float]:
 
 def with_zero(plan: ParallelPlan, zero: int) -> ParallelPlan:
     """``plan`` with every region at ZeRO stage ``zero`` (0: as unsharded, no stage given)."""
-    return dataclasses.replace(plan, regions=[RegionPlan(r.name, r.tp, r.dp, zero or None)
-                                              for r in plan.regions])
+    return dataclasses.replace(
+        plan, regions=[RegionPlan(r.name, r.tp, r.dp, zero or None) for r in plan.regions]
+    )
 
 
-def plan_of(cfg: ModelConfig, choice: tuple[int, ...], degrees: list[int], world_size: int,
-            schedule: str, n_sub: int, sp: str = "") -> ParallelPlan:
+def plan_of(
+    cfg: ModelConfig,
+    choice: tuple[int, ...],
+    degrees: list[int],
+    world_size: int,
+    schedule: str,
+    n_sub: int,
+    sp: str = "",
+) -> ParallelPlan:
     """The plan of a chain solver's ``choice`` (an index into ``degrees`` per region)."""
     if all(degrees[d] == 1 for d in choice):
         sp = ""  # nothing to slice: the plan without it
-    return ParallelPlan([RegionPlan(name, degrees[d], world_size // degrees[d])
-                         for name, d in zip(region_names(cfg), choice)],
-                        n_sub=n_sub, schedule=schedule, sequence_parallel=sp)
+    return ParallelPlan(
+        [
+            RegionPlan(name, degrees[d], world_size // degrees[d])
+            for name, d in zip(region_names(cfg), choice)
+        ],
+        n_sub=n_sub,
+        schedule=schedule,
+        sequence_parallel=sp,
+    )

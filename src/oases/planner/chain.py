@@ -40,13 +40,16 @@ class ChainSolution:
 def _check(node_s: np.ndarray, node_bytes: np.ndarray, edge_s: np.ndarray) -> tuple[int, int]:
     n, k = node_s.shape
     if node_bytes.shape != (n, k) or edge_s.shape != (max(n - 1, 0), k, k):
-        raise ValueError(f"shapes: node_s {node_s.shape}, node_bytes {node_bytes.shape}, "
-                         f"edge_s {edge_s.shape}; expected (N,K), (N,K), (N-1,K,K)")
+        raise ValueError(
+            f"shapes: node_s {node_s.shape}, node_bytes {node_bytes.shape}, "
+            f"edge_s {edge_s.shape}; expected (N,K), (N,K), (N-1,K,K)"
+        )
     return n, k
 
 
-def evaluate(choice: tuple[int, ...], node_s: np.ndarray, node_bytes: np.ndarray,
-             edge_s: np.ndarray) -> ChainSolution:
+def evaluate(
+    choice: tuple[int, ...], node_s: np.ndarray, node_bytes: np.ndarray, edge_s: np.ndarray
+) -> ChainSolution:
     idx = np.arange(len(choice))
     c = np.asarray(choice)
     time = node_s[idx, c].sum() + sum(edge_s[i, c[i], c[i + 1]] for i in range(len(c) - 1))
@@ -61,8 +64,10 @@ def min_memory_bytes(node_bytes: np.ndarray) -> float:
 
 def _infeasible(budget: float, node_bytes: np.ndarray) -> ValueError:
     need = min_memory_bytes(node_bytes)
-    return ValueError(f"no plan fits in {budget / 2**30:.2f} GiB per device; the smallest "
-                      f"feasible budget is {need / 2**30:.2f} GiB")
+    return ValueError(
+        f"no plan fits in {budget / 2**30:.2f} GiB per device; the smallest "
+        f"feasible budget is {need / 2**30:.2f} GiB"
+    )
 
 
 def solve_chain_dp(node_s: np.ndarray, edge_s: np.ndarray) -> tuple[int, ...]:
@@ -86,9 +91,13 @@ def solve_chain_dp(node_s: np.ndarray, edge_s: np.ndarray) -> tuple[int, ...]:
 PARETO_LIMIT = 100_000  # (time, memory) pairs kept at a node before the MILP takes over
 
 
-def _lagrangian_fits(node_s: np.ndarray, node_bytes: np.ndarray, edge_s: np.ndarray,
-                     budget_bytes: float,
-                     iterations: int = 30) -> tuple[list[tuple[int, ...]], float]:
+def _lagrangian_fits(
+    node_s: np.ndarray,
+    node_bytes: np.ndarray,
+    edge_s: np.ndarray,
+    budget_bytes: float,
+    iterations: int = 30,
+) -> tuple[list[tuple[int, ...]], float]:
     """Choices that fit the budget from the Lagrangian relaxation: the fastest chain under
     time + price * memory (``solve_chain_dp``), the price bisected until the memory fits; and
     the least price found to fit (0.0: none). A good fitting choice early, and a price for a
@@ -102,8 +111,7 @@ def _lagrangian_fits(node_s: np.ndarray, node_bytes: np.ndarray, edge_s: np.ndar
     for _ in range(iterations):  # find a price high enough to fit, then bisect below it
         price = hi * scale / span
         try:
-            choice = solve_chain_dp(np.where(finite, node_s + price * node_bytes, np.inf),
-                                    edge_s)
+            choice = solve_chain_dp(np.where(finite, node_s + price * node_bytes, np.inf), edge_s)
         except ValueError:
             return found, 0.0
         if evaluate(choice, node_s, node_bytes, edge_s).memory_bytes <= budget_bytes:
@@ -114,8 +122,9 @@ def _lagrangian_fits(node_s: np.ndarray, node_bytes: np.ndarray, edge_s: np.ndar
         return found, 0.0
     for _ in range(iterations):
         mid = (lo + hi) / 2
-        choice = solve_chain_dp(np.where(finite, node_s + mid * scale / span * node_bytes,
-                                         np.inf), edge_s)
+        choice = solve_chain_dp(
+            np.where(finite, node_s + mid * scale / span * node_bytes, np.inf), edge_s
+        )
         if evaluate(choice, node_s, node_bytes, edge_s).memory_bytes <= budget_bytes:
             found.append(choice)
             hi = mid
@@ -124,8 +133,9 @@ def _lagrangian_fits(node_s: np.ndarray, node_bytes: np.ndarray, edge_s: np.ndar
     return found, hi * scale / span
 
 
-def solve_chain_pareto(node_s: np.ndarray, node_bytes: np.ndarray, edge_s: np.ndarray,
-                       budget_bytes: float) -> tuple[int, ...] | None:
+def solve_chain_pareto(
+    node_s: np.ndarray, node_bytes: np.ndarray, edge_s: np.ndarray, budget_bytes: float
+) -> tuple[int, ...] | None:
     """The minimum-time choice within the budget (``inf`` bans an option), exactly: walk the
     chain keeping, for every option of the current node, the partial choices that no other
     beats in both time and memory. None when a front outgrows ``PARETO_LIMIT`` (or nothing
@@ -147,8 +157,7 @@ def solve_chain_pareto(node_s: np.ndarray, node_bytes: np.ndarray, edge_s: np.nd
     # left takes at least priced[i, e] - price * (budget - memory so far)
     priced = np.zeros((n, k))
     finite_bytes = np.isfinite(node_bytes)
-    cost = np.where(finite_bytes, node_s + price * np.where(finite_bytes, node_bytes, 0.0),
-                    np.inf)
+    cost = np.where(finite_bytes, node_s + price * np.where(finite_bytes, node_bytes, 0.0), np.inf)
     for i in range(n - 2, -1, -1):
         priced[i] = (edge_s[i] + cost[i + 1] + priced[i + 1]).min(axis=1)
     upper = min(evaluate(c, node_s, node_bytes, edge_s).time_s for c in known)
@@ -167,8 +176,9 @@ def solve_chain_pareto(node_s: np.ndarray, node_bytes: np.ndarray, edge_s: np.nd
         mm = np.broadcast_to(m[None, :] + node_bytes[i][:, None], tt.shape)
         slack = price * (budget_bytes - mm) if price else 0.0  # (0 * an infinite budget)
         bound = np.maximum(tt + finish[i][:, None], tt + priced[i][:, None] - slack)
-        e_idx, j_idx = np.nonzero((bound <= upper) & np.isfinite(bound)
-                                  & (mm + lean_after[i] <= budget_bytes))
+        e_idx, j_idx = np.nonzero(
+            (bound <= upper) & np.isfinite(bound) & (mm + lean_after[i] <= budget_bytes)
+        )
         tv, mv = tt[e_idx, j_idx], mm[e_idx, j_idx]
         order = np.lexsort((tv, mv, e_idx))  # by option, then memory, then time
         e_idx, j_idx, tv, mv = e_idx[order], j_idx[order], tv[order], mv[order]
@@ -177,7 +187,7 @@ def solve_chain_pareto(node_s: np.ndarray, node_bytes: np.ndarray, edge_s: np.nd
         bounds = np.flatnonzero(np.r_[True, e_idx[1:] != e_idx[:-1], True]) if len(tv) else []
         for a, b in zip(bounds[:-1], bounds[1:]):
             keep[a] = True
-            keep[a + 1:b] = tv[a + 1:b] < np.minimum.accumulate(tv[a:b])[:-1]
+            keep[a + 1 : b] = tv[a + 1 : b] < np.minimum.accumulate(tv[a:b])[:-1]
         if keep.sum() > PARETO_LIMIT:
             return None
         opt, parent, t, m = e_idx[keep], j_idx[keep], tv[keep], mv[keep]
@@ -192,35 +202,44 @@ def solve_chain_pareto(node_s: np.ndarray, node_bytes: np.ndarray, edge_s: np.nd
     return tuple(reversed(choice))
 
 
-def solve_chain(node_s: np.ndarray, node_bytes: np.ndarray, edge_s: np.ndarray,
-                budget_bytes: float, time_limit_s: float = 30.0) -> ChainSolution:
+def solve_chain(
+    node_s: np.ndarray,
+    node_bytes: np.ndarray,
+    edge_s: np.ndarray,
+    budget_bytes: float,
+    time_limit_s: float = 30.0,
+) -> ChainSolution:
     """Exact minimum-time choice under the budget: the dynamic program's answer when it fits,
     else the Pareto dynamic program's (HiGHS's MILP if the fronts grow too large). Infeasible
     options are given as ``inf`` in node_s or node_bytes. Raises ValueError naming the
     smallest feasible budget."""
-    node_s, node_bytes, edge_s = (np.asarray(a, dtype=float) for a in (node_s, node_bytes,
-                                                                         edge_s))
+    node_s, node_bytes, edge_s = (np.asarray(a, dtype=float) for a in (node_s, node_bytes, edge_s))
     n, k = _check(node_s, node_bytes, edge_s)
     if min_memory_bytes(node_bytes) > budget_bytes:
         raise _infeasible(budget_bytes, node_bytes)
     banned = ~(np.isfinite(node_s) & np.isfinite(node_bytes))
     try:
-        free = evaluate(solve_chain_dp(np.where(banned, np.inf, node_s), edge_s), node_s,
-                        node_bytes, edge_s)
+        free = evaluate(
+            solve_chain_dp(np.where(banned, np.inf, node_s), edge_s), node_s, node_bytes, edge_s
+        )
     except ValueError:
         raise _infeasible(budget_bytes, node_bytes) from None
     if free.memory_bytes <= budget_bytes:  # the memory row does not bind
         return free
-    choice = solve_chain_pareto(np.where(banned, np.inf, node_s), node_bytes, edge_s,
-                                budget_bytes)
+    choice = solve_chain_pareto(np.where(banned, np.inf, node_s), node_bytes, edge_s, budget_bytes)
     if choice is not None:
         return evaluate(choice, node_s, node_bytes, edge_s)
     return _solve_chain_milp(node_s, node_bytes, edge_s, banned, budget_bytes, time_limit_s)
 
 
-def _solve_chain_milp(node_s: np.ndarray, node_bytes: np.ndarray, edge_s: np.ndarray,
-                      banned: np.ndarray, budget_bytes: float,
-                      time_limit_s: float) -> ChainSolution:
+def _solve_chain_milp(
+    node_s: np.ndarray,
+    node_bytes: np.ndarray,
+    edge_s: np.ndarray,
+    banned: np.ndarray,
+    budget_bytes: float,
+    time_limit_s: float,
+) -> ChainSolution:
     from scipy.optimize import Bounds, LinearConstraint, milp
     from scipy.sparse import coo_matrix
 
@@ -239,40 +258,49 @@ def _solve_chain_milp(node_s: np.ndarray, node_bytes: np.ndarray, edge_s: np.nda
     r_node, c_node = np.repeat(np.arange(n), k), np.arange(nx)
     # edge i: row n + 2ki + d holds y[i, d, :] - x[i, d];
     #         row n + 2ki + k + e holds y[i, :, e] - x[i+1, e]
-    i, d, e = (a.ravel() for a in np.meshgrid(np.arange(n - 1), np.arange(k), np.arange(k),
-                                               indexing="ij"))
+    i, d, e = (
+        a.ravel() for a in np.meshgrid(np.arange(n - 1), np.arange(k), np.arange(k), indexing="ij")
+    )
     y = nx + (i * k + d) * k + e
     r_out, r_in = n + 2 * k * i + d, n + 2 * k * i + k + e
     j, o = (a.ravel() for a in np.meshgrid(np.arange(n - 1), np.arange(k), indexing="ij"))
     r_x_out, r_x_in = n + 2 * k * j + o, n + 2 * k * j + k + o
     row = np.concatenate([r_node, r_out, r_in, r_x_out, r_x_in, np.full(nx, rows - 1)])
     col = np.concatenate([c_node, y, y, j * k + o, (j + 1) * k + o, np.arange(nx)])
-    val = np.concatenate([np.ones(nx + 2 * len(y)), -np.ones(2 * len(j)),
-                          np.where(banned, 0.0, node_bytes).ravel()])  # memory knapsack
+    val = np.concatenate(
+        [np.ones(nx + 2 * len(y)), -np.ones(2 * len(j)), np.where(banned, 0.0, node_bytes).ravel()]
+    )  # memory knapsack
     a = coo_matrix((val, (row, col)), shape=(rows, nx + ne)).tocsr()
     lo, hi = np.zeros(rows), np.zeros(rows)
     lo[:n] = hi[:n] = 1.0
     lo[-1], hi[-1] = -np.inf, budget_bytes
-    res = milp(cost, constraints=LinearConstraint(a, lo, hi),
-               integrality=np.ones(nx + ne), bounds=Bounds(0.0, upper),
-               options={"time_limit": time_limit_s})
+    res = milp(
+        cost,
+        constraints=LinearConstraint(a, lo, hi),
+        integrality=np.ones(nx + ne),
+        bounds=Bounds(0.0, upper),
+        options={"time_limit": time_limit_s},
+    )
     if res.x is None:
         raise _infeasible(budget_bytes, node_bytes)
     x = res.x[:nx].reshape(n, k)
     return evaluate(tuple(int(v) for v in x.argmax(axis=1)), node_s, node_bytes, edge_s)
 
 
-def solve_chain_brute(node_s: np.ndarray, node_bytes: np.ndarray, edge_s: np.ndarray,
-                      budget_bytes: float) -> ChainSolution:
+def solve_chain_brute(
+    node_s: np.ndarray, node_bytes: np.ndarray, edge_s: np.ndarray, budget_bytes: float
+) -> ChainSolution:
     """Every combination: the obvious solver the tests check ``solve_chain`` against."""
-    node_s, node_bytes, edge_s = (np.asarray(a, dtype=float) for a in (node_s, node_bytes,
-                                                                         edge_s))
+    node_s, node_bytes, edge_s = (np.asarray(a, dtype=float) for a in (node_s, node_bytes, edge_s))
     n, k = _check(node_s, node_bytes, edge_s)
     best = None
     for choice in itertools.product(range(k), repeat=n):
         sol = evaluate(choice, node_s, node_bytes, edge_s)
-        if sol.memory_bytes <= budget_bytes and np.isfinite(sol.time_s) and (
-                best is None or sol.time_s < best.time_s - 1e-12):
+        if (
+            sol.memory_bytes <= budget_bytes
+            and np.isfinite(sol.time_s)
+            and (best is None or sol.time_s < best.time_s - 1e-12)
+        ):
             best = sol
     if best is None:
         raise _infeasible(budget_bytes, node_bytes)

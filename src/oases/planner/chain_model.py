@@ -32,10 +32,19 @@ from oases.schedule.program import SPECS
 Simulate = Callable[[ModelConfig, ParallelPlan, BatchShape], "PlanResult | None"]
 
 
-def node_costs(cfg: ModelConfig, costs: Costs, world_size: int, batch: BatchShape,
-               schedule: str, n_sub: int, degrees: list[int], uniform: dict[int, PlanResult],
-               simulate: Simulate, zero: int = 0, sp: str = ""
-               ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+def node_costs(
+    cfg: ModelConfig,
+    costs: Costs,
+    world_size: int,
+    batch: BatchShape,
+    schedule: str,
+    n_sub: int,
+    degrees: list[int],
+    uniform: dict[int, PlanResult],
+    simulate: Simulate,
+    zero: int = 0,
+    sp: str = "",
+) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
     """Per-region seconds and bytes at each degree, reshard edge seconds, and per-region
     parameter bytes (master dtype, ``inf`` where a degree does not split the batch), for the chain
     solver. A layer's seconds are its marginal in the simulated uniform plan (L layers minus
@@ -56,23 +65,38 @@ def node_costs(cfg: ModelConfig, costs: Costs, world_size: int, batch: BatchShap
     mode = sp_mode(SPECS[schedule].recompute, sp or None)
     subs = n_sub if SPECS[schedule].overlapped else 1
     whole = (("forward", "body"), ("backward", "tp"), ("backward", "norm"))
-    sliced = (("forward", "sp-core"), ("forward", "sp-norm"), ("backward", "tp"),
-              ("backward", "sp-norm"))
+    sliced = (
+        ("forward", "sp-core"),
+        ("forward", "sp-norm"),
+        ("backward", "tp"),
+        ("backward", "sp-norm"),
+    )
     for d, t in enumerate(degrees):
         full = uniform.get(t)
         if full is None:
             continue
-        plan = with_zero(ParallelPlan.uniform(cfg, world_size, t, schedule=schedule,
-                                              n_sub=n_sub, sequence_parallel=sp), zero)
+        plan = with_zero(
+            ParallelPlan.uniform(
+                cfg, world_size, t, schedule=schedule, n_sub=n_sub, sequence_parallel=sp
+            ),
+            zero,
+        )
         rows = region_rows(plan, world_size, batch, subs)
         part = {}
         pieces = sliced if sp and t > 1 else whole  # (at degree 1 nothing is sliced)
         for kind in ("attn", "mlp"):
             part[kind] = sum(costs.compute_s(kind, ph, pc, t, rows[1]) for ph, pc in pieces)
         if shorter is not None:
-            less = simulate(shorter, with_zero(ParallelPlan.uniform(
-                shorter, world_size, t, schedule=schedule, n_sub=n_sub,
-                sequence_parallel=sp), zero), batch)
+            less = simulate(
+                shorter,
+                with_zero(
+                    ParallelPlan.uniform(
+                        shorter, world_size, t, schedule=schedule, n_sub=n_sub, sequence_parallel=sp
+                    ),
+                    zero,
+                ),
+                batch,
+            )
             layer_s = full.step_s - less.step_s if less is not None else 0.0
         else:
             layer_s = full.step_s / 2
@@ -80,12 +104,12 @@ def node_costs(cfg: ModelConfig, costs: Costs, world_size: int, batch: BatchShap
         share = part["attn"] / max(part["attn"] + part["mlp"], 1e-30)
         for i, name in enumerate(names):
             kind = region_kind(name)
-            node_s[i, d] = {"attn": layer_s * share, "mlp": layer_s * (1 - share)}.get(kind,
-                                                                                        ends)
+            node_s[i, d] = {"attn": layer_s * share, "mlp": layer_s * (1 - share)}.get(kind, ends)
             param_bytes[i, d] = region_param_count(cfg, kind, t) * prec.master_bytes
             kept = saved_bytes(costs, cfg, kind, mode, t, rows[i])
-            node_bytes[i, d] = (param_bytes[i, d] * state_factors(zero, world_size // t)[0]
-                                + subs * kept)
+            node_bytes[i, d] = (
+                param_bytes[i, d] * state_factors(zero, world_size // t)[0] + subs * kept
+            )
     # [M, S, H] of the whole world, in the compute dtype
     act = batch.micro_rows * cfg.seq_len * cfg.dim * prec.activation_bytes
     for a, ta in enumerate(degrees):
@@ -94,18 +118,24 @@ def node_costs(cfg: ModelConfig, costs: Costs, world_size: int, batch: BatchShap
                 lo, hi = sorted((ta, tb))
                 gathered = act * hi // world_size  # rows a rank holds at the larger degree
                 if sp:  # both directions gather the whole over the larger degree's group
-                    edge_s[:, a, b] = 2 * batch.n_micro() * costs.collective_s(
-                        "all_gather", hi, gathered)
+                    edge_s[:, a, b] = (
+                        2 * batch.n_micro() * costs.collective_s("all_gather", hi, gathered)
+                    )
                 else:
                     edge_s[:, a, b] = batch.n_micro() * costs.collective_s(
-                        "all_gather", hi // lo, gathered)
+                        "all_gather", hi // lo, gathered
+                    )
     return node_s, node_bytes, edge_s, param_bytes
 
 
-
-def least_memory(candidates: list[Candidate], models: list[ChainModel],
-                 add: Callable[[Candidate | None, BatchShape], bool], budget_bytes: float,
-                 rounds: int = 3, near: float = 1.1) -> Candidate:
+def least_memory(
+    candidates: list[Candidate],
+    models: list[ChainModel],
+    add: Callable[[Candidate | None, BatchShape], bool],
+    budget_bytes: float,
+    rounds: int = 3,
+    near: float = 1.1,
+) -> Candidate:
     """The candidate of least peak memory, after asking the chain models whose own leanest
     plan comes within ``near`` of it for their fastest plan under that peak (a few rounds,
     while one comes out leaner): so that the budget named is one the search itself meets
@@ -131,18 +161,32 @@ class ChainModel:
     """One schedule and sub-batch count priced as a chain (``_node_costs``), with the gap
     between the chain's additive memory and the simulated peaks of the uniform plans."""
 
-    def __init__(self, cfg: ModelConfig, costs: Costs, world_size: int, batch: BatchShape,
-                 schedule: str, n_sub: int, degrees: list[int], uniform: dict[int, PlanResult],
-                 simulate: Simulate, zero: int = 0, sp: str = "") -> None:
+    def __init__(
+        self,
+        cfg: ModelConfig,
+        costs: Costs,
+        world_size: int,
+        batch: BatchShape,
+        schedule: str,
+        n_sub: int,
+        degrees: list[int],
+        uniform: dict[int, PlanResult],
+        simulate: Simulate,
+        zero: int = 0,
+        sp: str = "",
+    ) -> None:
         self.cfg, self.costs, self.world_size, self.batch = cfg, costs, world_size, batch
         self.schedule, self.n_sub, self.degrees = schedule, n_sub, degrees
         self.simulate, self.zero, self.sp = simulate, zero, sp
         self.node_s, self.node_bytes, self.edge_s, params = node_costs(
-            cfg, costs, world_size, batch, schedule, n_sub, degrees, uniform, simulate, zero, sp)
+            cfg, costs, world_size, batch, schedule, n_sub, degrees, uniform, simulate, zero, sp
+        )
         # what the additive memory model leaves out (baseline, transients), from the uniform
         # plans
-        self.extra = min(res.peak_mem_bytes - self.node_bytes[:, degrees.index(t)].sum()
-                         for t, res in uniform.items())
+        self.extra = min(
+            res.peak_mem_bytes - self.node_bytes[:, degrees.index(t)].sum()
+            for t, res in uniform.items()
+        )
         # the peak is the larger of two moments: the turn from forward to backward (weights,
         # Adam moments and every kept activation; every gradient too after a first
         # micro-batch) and the optimizer step (weights, gradients, moments, one more copy)
@@ -153,8 +197,9 @@ class ChainModel:
         n = len(region_names(cfg))
         self.ties: list[list[int] | None] = [None]
         if cfg.tie_embeddings:  # a tied embedding and head share one degree
-            self.ties = [[d for d in range(len(degrees)) if d != tied]
-                         for tied in range(len(degrees))]
+            self.ties = [
+                [d for d in range(len(degrees)) if d != tied] for tied in range(len(degrees))
+            ]
         self.n = n
         self.lean_peak = float("inf")  # the simulated peak of ``leanest``, once asked
 
@@ -164,13 +209,19 @@ class ChainModel:
             rows[0, other] = rows[self.n - 1, other] = np.inf
         return rows
 
-    def _candidate(self, choice: tuple[int, ...], budget_bytes: float,
-                   kind: str) -> Candidate | None:
-        plan = with_zero(plan_of(self.cfg, choice, self.degrees, self.world_size,
-                                 self.schedule, self.n_sub, self.sp), self.zero)
+    def _candidate(
+        self, choice: tuple[int, ...], budget_bytes: float, kind: str
+    ) -> Candidate | None:
+        plan = with_zero(
+            plan_of(
+                self.cfg, choice, self.degrees, self.world_size, self.schedule, self.n_sub, self.sp
+            ),
+            self.zero,
+        )
         res = self.simulate(self.cfg, plan, self.batch)
-        return None if res is None else Candidate(plan, res, res.peak_mem_bytes <= budget_bytes,
-                                                  kind)
+        return (
+            None if res is None else Candidate(plan, res, res.peak_mem_bytes <= budget_bytes, kind)
+        )
 
     def fastest(self, limit_bytes: float, budget_bytes: float | None = None) -> Candidate | None:
         """The chain solver's fastest plan under ``limit_bytes`` (tightened by any overshoot, a
@@ -189,8 +240,11 @@ class ChainModel:
                 if cand is None:
                     break
                 if cand.result.peak_mem_bytes <= limit_bytes:
-                    if best is None or best.result.peak_mem_bytes > limit_bytes or \
-                            cand.result.step_s < best.result.step_s:
+                    if (
+                        best is None
+                        or best.result.peak_mem_bytes > limit_bytes
+                        or cand.result.step_s < best.result.step_s
+                    ):
                         best = cand
                     break
                 limit -= cand.result.peak_mem_bytes - limit_bytes  # optimistic: tighten

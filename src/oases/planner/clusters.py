@@ -142,6 +142,7 @@ class Cluster:
 
 def check_cluster(c: Cluster) -> None:
     """ValueError naming the first non-positive or inconsistent number."""
+
     def positive(where: str, value: float) -> None:
         if not value > 0:
             raise ValueError(f"{where}={value!r} must be > 0")
@@ -150,35 +151,45 @@ def check_cluster(c: Cluster) -> None:
     positive(f"{c.name}: nics_per_server", c.nics_per_server)
     positive(f"{c.name}: server.gpus_per_server", c.server.gpus_per_server)
     g = c.server.gpu
-    for key in ("memory_bytes", "memory_bandwidth_bytes_per_s", "matmul_efficiency",
-                "elementwise_efficiency"):
+    for key in (
+        "memory_bytes",
+        "memory_bandwidth_bytes_per_s",
+        "matmul_efficiency",
+        "elementwise_efficiency",
+    ):
         positive(f"{c.name}: gpu.{key}", getattr(g, key))
     if not g.peak_flops:
         raise ValueError(f"{c.name}: gpu.peak_flops is empty; give e.g. {{fp32 = 35.6e12}}")
     for dtype, flops in g.peak_flops.items():
         if dtype not in DTYPE_BYTES:
-            raise ValueError(f"{c.name}: gpu.peak_flops has unknown dtype {dtype!r}; "
-                             f"valid: {', '.join(DTYPE_BYTES)}")
+            raise ValueError(
+                f"{c.name}: gpu.peak_flops has unknown dtype {dtype!r}; "
+                f"valid: {', '.join(DTYPE_BYTES)}"
+            )
         positive(f"{c.name}: gpu.peak_flops.{dtype}", flops)
     for dtype, eff in g.dtype_efficiency.items():
         if dtype not in g.peak_flops:
-            raise ValueError(f"{c.name}: gpu.dtype_efficiency has {dtype!r}, which "
-                             f"gpu.peak_flops lacks ({', '.join(g.peak_flops)})")
+            raise ValueError(
+                f"{c.name}: gpu.dtype_efficiency has {dtype!r}, which "
+                f"gpu.peak_flops lacks ({', '.join(g.peak_flops)})"
+            )
         positive(f"{c.name}: gpu.dtype_efficiency.{dtype}", eff)
-    for where, link in (("server.link", c.server.link), ("server.pair_link",
-                                                         c.server.pair_link),
-                        ("inter_link", c.inter_link)):
+    for where, link in (
+        ("server.link", c.server.link),
+        ("server.pair_link", c.server.pair_link),
+        ("inter_link", c.inter_link),
+    ):
         if link is not None:
             positive(f"{c.name}: {where}.bandwidth_bytes_per_s", link.bandwidth_bytes_per_s)
             positive(f"{c.name}: {where}.efficiency", link.efficiency)
             positive(f"{c.name}: {where}.channels", link.channels)
             for key in ("latency_s", "duplex_efficiency", "nvls_bus_bytes_per_s"):
                 if getattr(link, key) < 0:
-                    raise ValueError(f"{c.name}: {where}.{key}={getattr(link, key)} must be "
-                                     ">= 0")
+                    raise ValueError(f"{c.name}: {where}.{key}={getattr(link, key)} must be >= 0")
             if link.kind not in LINK_KINDS:
-                raise ValueError(f"{c.name}: {where}.kind={link.kind!r}; valid: "
-                                 f"{', '.join(LINK_KINDS)}")
+                raise ValueError(
+                    f"{c.name}: {where}.kind={link.kind!r}; valid: {', '.join(LINK_KINDS)}"
+                )
     if c.servers > 1 and c.inter_link is None:
         raise ValueError(f"{c.name}: {c.servers} servers need an inter_link")
 
@@ -203,7 +214,7 @@ def get_cluster(name: str) -> Cluster:
 
 
 def describe_shape(cluster: Cluster) -> str:
-    """"one server of 4 GPUs" or "8 servers x 4 GPUs (32)"."""
+    """ "one server of 4 GPUs" or "8 servers x 4 GPUs (32)"."""
     gps = cluster.server.gpus_per_server
     if cluster.servers == 1:
         return f"one server of {gps} GPUs"
@@ -220,13 +231,19 @@ def check_world_size(cluster: Cluster, world_size: int) -> None:
     if world_size < 1:
         raise ValueError(f"--world-size={world_size} must be >= 1")
     same = [n for n, c in CLUSTERS.items() if c.world_size == world_size]
-    presets = (f"the cluster presets with {world_size} GPUs are {', '.join(same)}" if same else
-               f"no cluster preset has {world_size} GPUs (" + ", ".join(
-                   f"{n}: {c.world_size}" for n, c in CLUSTERS.items() if c.servers > 1) + ")")
-    raise ValueError(f"{cluster.name} is {describe_shape(cluster)}, fewer than --world-size "
-                     f"{world_size}: {presets}; or describe yours in a cluster file with "
-                     f"servers x gpus_per_server = {world_size} (`oases simulate --help` shows "
-                     "one)")
+    presets = (
+        f"the cluster presets with {world_size} GPUs are {', '.join(same)}"
+        if same
+        else f"no cluster preset has {world_size} GPUs ("
+        + ", ".join(f"{n}: {c.world_size}" for n, c in CLUSTERS.items() if c.servers > 1)
+        + ")"
+    )
+    raise ValueError(
+        f"{cluster.name} is {describe_shape(cluster)}, fewer than --world-size "
+        f"{world_size}: {presets}; or describe yours in a cluster file with "
+        f"servers x gpus_per_server = {world_size} (`oases simulate --help` shows "
+        "one)"
+    )
 
 
 def group_spans_servers(cluster: Cluster, ranks: typing.Iterable[int]) -> bool:
@@ -239,14 +256,17 @@ def group_layout(cluster: Cluster, ranks: typing.Iterable[int]) -> tuple[int, di
     per: dict[int, int] = {}
     for r in ranks:
         if not 0 <= r < cluster.world_size:
-            raise ValueError(f"rank {r} is outside {cluster.name} (world size "
-                             f"{cluster.world_size})")
-        per[r // cluster.server.gpus_per_server] = per.get(r // cluster.server.gpus_per_server,
-                                                           0) + 1
+            raise ValueError(
+                f"rank {r} is outside {cluster.name} (world size {cluster.world_size})"
+            )
+        per[r // cluster.server.gpus_per_server] = (
+            per.get(r // cluster.server.gpus_per_server, 0) + 1
+        )
     return max(per.values(), default=0), per
 
 
 # -- cluster files ------------------------------------------------------------------------------
+
 
 def _build(cls: type, data: Any, where: str, presets: dict[str, Any] | None = None) -> Any:
     """Build dataclass ``cls`` from a table (or a preset name), naming bad keys by path."""
@@ -255,16 +275,26 @@ def _build(cls: type, data: Any, where: str, presets: dict[str, Any] | None = No
             raise ValueError(f"{where}: unknown preset {data!r}; valid: {', '.join(presets)}")
         return presets[data]
     if not isinstance(data, dict):
-        raise ValueError(f"{where}: expected a table" + (" or a preset name" if presets else "")
-                         + f", got {data!r}")
+        raise ValueError(
+            f"{where}: expected a table"
+            + (" or a preset name" if presets else "")
+            + f", got {data!r}"
+        )
     hints = typing.get_type_hints(cls)
     fields = {f.name: f for f in dataclasses.fields(cls)}
     unknown = sorted(set(data) - set(fields))
     if unknown:
-        raise ValueError(f"{where}: unknown key(s) {', '.join(unknown)}; valid keys: "
-                         f"{', '.join(fields)}")
-    missing = [n for n, f in fields.items() if n not in data and f.default is dataclasses.MISSING
-               and f.default_factory is dataclasses.MISSING and n != "source"]
+        raise ValueError(
+            f"{where}: unknown key(s) {', '.join(unknown)}; valid keys: {', '.join(fields)}"
+        )
+    missing = [
+        n
+        for n, f in fields.items()
+        if n not in data
+        and f.default is dataclasses.MISSING
+        and f.default_factory is dataclasses.MISSING
+        and n != "source"
+    ]
     if missing:
         raise ValueError(f"{where}: missing key(s) {', '.join(missing)}")
     kwargs: dict[str, Any] = {}
@@ -280,7 +310,8 @@ def _build(cls: type, data: Any, where: str, presets: dict[str, Any] | None = No
             value = _build(sub, value, key, pre)
         elif tp == dict[str, float]:
             if not isinstance(value, dict) or not all(
-                    isinstance(v, int | float) and not isinstance(v, bool) for v in value.values()):
+                isinstance(v, int | float) and not isinstance(v, bool) for v in value.values()
+            ):
                 raise ValueError(f"{key}: expected a table of numbers, got {value!r}")
             value = {k: float(v) for k, v in value.items()}
         elif tp is float:

@@ -43,8 +43,7 @@ def sp_mode(mode: str, sp: str | None) -> str:
     return f"sp-commfree-{sp}" if mode == "commfree" else f"sp-{mode}"
 
 
-def sp_piece(piece: str, phase: str, index: int, commfree: bool, deferred: bool = False
-             ) -> str:
+def sp_piece(piece: str, phase: str, index: int, commfree: bool, deferred: bool = False) -> str:
     """The costs' name of a sequence-parallel program's piece ("norm", "epi", "core", "tp",
     "dw" of region ``index``): "sp-norm", "sp-epi", "sp-core" ("sp-core-commfree" in a
     communication-free recompute); where the region defers its weight gradients
@@ -99,8 +98,9 @@ def region_param_count(cfg: ModelConfig, kind: str, tp: int) -> int:
     return sum(region_params(cfg, kind, tp))
 
 
-def analytic_saved_bytes(cfg: ModelConfig, kind: str, mode: str, tp: int, rows: int,
-                         precision: PlanPrecision = FP32) -> float:
+def analytic_saved_bytes(
+    cfg: ModelConfig, kind: str, mode: str, tp: int, rows: int, precision: PlanPrecision = FP32
+) -> float:
     """Activations region ``kind`` keeps from forward to backward for one sub-batch of ``rows``
     under recompute ``mode`` ("none" | "block" | "commfree"; under sequence parallelism
     ``sp_mode(mode, keep)``: "sp-none" | "sp-block" | "sp-commfree-gathered" |
@@ -130,8 +130,9 @@ def analytic_saved_bytes(cfg: ModelConfig, kind: str, mode: str, tp: int, rows: 
     return _block_region_bytes(cfg, kind, tp, rows, e, mask, False)
 
 
-def _block_region_bytes(cfg: ModelConfig, kind: str, tp: int, rows: int, e: float,
-                        mask: float, sp: bool) -> float:
+def _block_region_bytes(
+    cfg: ModelConfig, kind: str, tp: int, rows: int, e: float, mask: float, sp: bool
+) -> float:
     """A block region's tensors without recompute, term by term as
     ``activation_terms.region_terms`` counts them (what the executor keeps; the per-module
     rotary tables, a few S x D, left out: they are not per sub-batch)."""
@@ -149,7 +150,8 @@ def matmul_params(cfg: ModelConfig) -> int:
     qkv = (cfg.n_heads + 2 * cfg.n_kv_heads) * cfg.head_dim
     fc1 = 2 * F if cfg.arch == "llama" else F
     return cfg.n_layers * (H * qkv + cfg.n_heads * cfg.head_dim * H + H * fc1 + F * H) + (
-        cfg.vocab_size * H)
+        cfg.vocab_size * H
+    )
 
 
 def model_flops(cfg: ModelConfig, tokens: float) -> float:
@@ -161,12 +163,12 @@ def model_flops(cfg: ModelConfig, tokens: float) -> float:
     N: ``matmul_params`` (the blocks' matmul weights and the output head's), L layers, H
     hidden, S sequence; the second term is attention's QK^T and AV (2 x 2 x S x H flops a token
     and layer forward, x 3 with the backward), over the full S x S."""
-    return (6 * matmul_params(cfg) * tokens
-            + 12 * cfg.n_layers * cfg.dim * cfg.seq_len * tokens)
+    return 6 * matmul_params(cfg) * tokens + 12 * cfg.n_layers * cfg.dim * cfg.seq_len * tokens
 
 
-def _sp_saved_bytes(cfg: ModelConfig, kind: str, mode: str, tp: int, tok: int,
-                    mask: float, e: float) -> float:
+def _sp_saved_bytes(
+    cfg: ModelConfig, kind: str, mode: str, tp: int, tok: int, mask: float, e: float
+) -> float:
     """``analytic_saved_bytes`` under sequence parallelism (see there): ``e`` bytes an
     activation element, ``mask`` bytes a dropout mask element."""
     H = cfg.dim

@@ -77,9 +77,25 @@ from oases.planner.kernels import FLOP_CLASSES, Kernel, KernelPrices, PieceKerne
 from oases.planner.kernels.pieces import memory
 from oases.planner.precision import PlanPrecision
 
-__all__ = ["CLUSTERS", "DTYPE_BYTES", "GPU", "GPUS", "LINKS", "PAPER_REFERENCE_MODEL", "Cluster",
-           "HardwareCosts", "Link", "Server", "cluster_from_dict", "comm_to_compute",
-           "get_cluster", "group_layout", "group_spans_servers", "load_cluster", "save_cluster"]
+__all__ = [
+    "CLUSTERS",
+    "DTYPE_BYTES",
+    "GPU",
+    "GPUS",
+    "LINKS",
+    "PAPER_REFERENCE_MODEL",
+    "Cluster",
+    "HardwareCosts",
+    "Link",
+    "Server",
+    "cluster_from_dict",
+    "comm_to_compute",
+    "get_cluster",
+    "group_layout",
+    "group_spans_servers",
+    "load_cluster",
+    "save_cluster",
+]
 
 REGIONS = ("embed", "attn", "mlp", "head")
 # sequence parallelism's pieces (``schedule.program._sp_chain``): the norm and the glue on a
@@ -88,13 +104,17 @@ REGIONS = ("embed", "attn", "mlp", "head")
 # block's TP backward split into its input gradient ("sp-dx") and weight gradients ("sp-dw")
 SP_FORWARD_PIECES = ("sp-norm", "sp-core", "sp-core-commfree", "sp-epi")
 _FORWARD_PIECES = ("body", "body-commfree", "epi", *SP_FORWARD_PIECES)
-PIECES = {"forward": _FORWARD_PIECES, "recompute": _FORWARD_PIECES,
-          "backward": ("norm", "epi", "tp", "sp-norm", "sp-epi", "sp-dx", "sp-dw")}
+PIECES = {
+    "forward": _FORWARD_PIECES,
+    "recompute": _FORWARD_PIECES,
+    "backward": ("norm", "epi", "tp", "sp-norm", "sp-epi", "sp-dx", "sp-dw"),
+}
 
 # The Oases paper's reference GPT layer (its profile table): what the bench's link presets
 # speak for.
-PAPER_REFERENCE_MODEL = ModelConfig(arch="gpt2", n_layers=24, dim=2048, n_heads=32,
-                                    vocab_size=50257, seq_len=1024, dropout=0.1)
+PAPER_REFERENCE_MODEL = ModelConfig(
+    arch="gpt2", n_layers=24, dim=2048, n_heads=32, vocab_size=50257, seq_len=1024, dropout=0.1
+)
 
 
 class HardwareCosts:
@@ -103,18 +123,25 @@ class HardwareCosts:
     gradient reduction in ``grad_reduce`` ("fp32" | "bf16"); ``precision`` says the bytes of
     each kind of tensor."""
 
-    def __init__(self, cluster: Cluster, model: ModelConfig, dtype: str = "fp32",
-                 grad_reduce: str = "fp32", *, attention: str = "materialized",
-                 algorithms: Sequence[str] = NCCL_ALGORITHMS) -> None:
+    def __init__(
+        self,
+        cluster: Cluster,
+        model: ModelConfig,
+        dtype: str = "fp32",
+        grad_reduce: str = "fp32",
+        *,
+        attention: str = "materialized",
+        algorithms: Sequence[str] = NCCL_ALGORITHMS,
+    ) -> None:
         gpu = cluster.server.gpu
         if dtype not in DTYPE_BYTES or dtype == "fp64":
-            raise ValueError(f"dtype={dtype!r}; valid: "
-                             f"{', '.join(d for d in DTYPE_BYTES if d != 'fp64')}")
+            raise ValueError(
+                f"dtype={dtype!r}; valid: {', '.join(d for d in DTYPE_BYTES if d != 'fp64')}"
+            )
         if grad_reduce not in ("fp32", "bf16"):
             raise ValueError(f"grad_reduce={grad_reduce!r}; valid: fp32, bf16")
         if dtype not in gpu.peak_flops:
-            raise ValueError(f"{gpu.name} has no {dtype} peak; it has "
-                             f"{', '.join(gpu.peak_flops)}")
+            raise ValueError(f"{gpu.name} has no {dtype} peak; it has {', '.join(gpu.peak_flops)}")
         if attention not in ("materialized", "fused"):
             raise ValueError(f"attention={attention!r}; valid: materialized, fused")
         unknown = [a for a in algorithms if a not in ALGORITHMS]
@@ -144,27 +171,29 @@ class HardwareCosts:
         work (the head's epi, the embedding's norm backward) cost 0."""
         return sum(self.breakdown(region, phase, piece, tp, rows).values())
 
-    def breakdown(self, region: str, phase: str, piece: str, tp: int,
-                  rows: int) -> dict[str, float]:
+    def breakdown(
+        self, region: str, phase: str, piece: str, tp: int, rows: int
+    ) -> dict[str, float]:
         """``compute_s`` by kernel class (``planner.kernels.CLASSES``; "launch" is what the
         launches add)."""
         self.kernels(region, phase, piece, tp, rows)  # checks the arguments
         return self._breakdown(region, phase, piece, tp, rows)
 
     @functools.cache  # noqa: B019 (a HardwareCosts lives as long as its planning)
-    def _breakdown(self, region: str, phase: str, piece: str, tp: int, rows: int
-                   ) -> dict[str, float]:
+    def _breakdown(
+        self, region: str, phase: str, piece: str, tp: int, rows: int
+    ) -> dict[str, float]:
         return self.prices.breakdown(self._kernels(region, phase, piece, tp, rows))
 
-    def work(self, region: str, phase: str, piece: str, tp: int,
-             rows: int) -> tuple[float, float]:
+    def work(self, region: str, phase: str, piece: str, tp: int, rows: int) -> tuple[float, float]:
         """(GEMM and attention flops, bytes moved by memory-bound kernels) of one piece."""
         ks = self.kernels(region, phase, piece, tp, rows)
-        return (sum(k.flops for k in ks if k.cls in FLOP_CLASSES),
-                sum(k.nbytes for k in ks if k.cls not in FLOP_CLASSES))
+        return (
+            sum(k.flops for k in ks if k.cls in FLOP_CLASSES),
+            sum(k.nbytes for k in ks if k.cls not in FLOP_CLASSES),
+        )
 
-    def kernels(self, region: str, phase: str, piece: str, tp: int, rows: int
-                ) -> list[Kernel]:
+    def kernels(self, region: str, phase: str, piece: str, tp: int, rows: int) -> list[Kernel]:
         """The kernels of one piece (``planner.kernels.pieces``); a sequence-parallel piece
         is the plain one's: the norm and the glue on 1/tp of the tokens, the TP matmuls
         without the norm, the backward split into weight gradients ("sp-dw") and the rest."""
@@ -178,8 +207,7 @@ class HardwareCosts:
         return self._kernels(region, phase, piece, tp, rows)
 
     @functools.cache  # noqa: B019 (a HardwareCosts lives as long as its planning)
-    def _kernels(self, region: str, phase: str, piece: str, tp: int, rows: int
-                 ) -> list[Kernel]:
+    def _kernels(self, region: str, phase: str, piece: str, tp: int, rows: int) -> list[Kernel]:
         pk, backward = self._pieces, phase == "backward"
         if not piece.startswith("sp-"):
             return (pk.backward if backward else pk.forward)(region, piece, tp, rows)
@@ -188,9 +216,11 @@ class HardwareCosts:
             if region == "embed":
                 return []
             elements = tokens * self.model.dim / tp
-            return (memory(pk.norm, "norm", elements, self.elem_bytes, backward)
-                    + (memory("residual", "residual gradient sum", elements, self.elem_bytes,
-                              True) if backward else []))
+            return memory(pk.norm, "norm", elements, self.elem_bytes, backward) + (
+                memory("residual", "residual gradient sum", elements, self.elem_bytes, True)
+                if backward
+                else []
+            )
         if piece == "sp-epi":
             return pk.epi(region, tokens / tp, backward)
         if piece in ("sp-dx", "sp-dw"):
@@ -217,8 +247,9 @@ class HardwareCosts:
 
     # -- collectives -----------------------------------------------------------------------
 
-    def collective_s(self, op: str, group_size: int, nbytes: int, *,
-                     spans_servers: bool | None = None) -> float:
+    def collective_s(
+        self, op: str, group_size: int, nbytes: int, *, spans_servers: bool | None = None
+    ) -> float:
         """Seconds of ``op`` over ``group_size`` ranks as NCCL runs it (``planner.collectives``);
         ``nbytes`` is the full (output) tensor. The group is taken to be contiguous ranks from
         rank 0 (a TP group: inside one server when it fits, a bridged pair at 2, else whole
@@ -230,8 +261,9 @@ class HardwareCosts:
         if group_size == 1:
             return 0.0
         if spans_servers is False and group_size > gps:
-            raise ValueError(f"a group of {group_size} does not fit in one server of "
-                             f"{c.name} ({gps} GPUs)")
+            raise ValueError(
+                f"a group of {group_size} does not fit in one server of {c.name} ({gps} GPUs)"
+            )
         if spans_servers is True:
             if c.servers == 1:
                 raise ValueError(f"{c.name} has one server: no group spans servers")
@@ -240,8 +272,9 @@ class HardwareCosts:
             else:
                 per_server = math.ceil(group_size / c.servers)
                 step = max(1, gps // per_server)
-                ranks = [s * gps + j * step for s in range(c.servers)
-                         for j in range(per_server)][:group_size]
+                ranks = [s * gps + j * step for s in range(c.servers) for j in range(per_server)][
+                    :group_size
+                ]
         else:
             ranks = list(range(group_size))
         return self.collective_ranks_s(op, ranks, nbytes)
@@ -261,8 +294,10 @@ class HardwareCosts:
         if op not in OPS:
             raise ValueError(f"op={op!r}; valid: {', '.join(OPS)}")
         if not 1 <= group_size <= self.cluster.world_size:
-            raise ValueError(f"group_size={group_size} must be in 1..{self.cluster.world_size} "
-                             f"({self.cluster.name})")
+            raise ValueError(
+                f"group_size={group_size} must be in 1..{self.cluster.world_size} "
+                f"({self.cluster.name})"
+            )
         if nbytes < 0:
             raise ValueError(f"nbytes={nbytes} must be >= 0")
 
@@ -272,40 +307,59 @@ class HardwareCosts:
         """One paragraph of the assumptions behind these costs."""
         c, s, g = self.cluster, self.cluster.server, self.cluster.server.gpu
         link = s.link
-        both = (f" one way, {link.duplex_bytes_per_s / 1e9:.1f} both ways"
-                if link.duplex_bytes_per_s != link.effective_bytes_per_s else "")
-        pair = (f", pairs bridged by {s.pair_link.name} "
-                f"({s.pair_link.effective_bytes_per_s / 1e9:.1f} GB/s)" if s.pair_link else "")
-        inter = (f"; servers joined by {c.inter_link.name} "
-                 f"({c.inter_link.effective_bytes_per_s / 1e9:.2f} GB/s bus bandwidth per port, "
-                 f"{c.nics_per_server} port(s) per server, shared by the server's GPUs' groups)"
-                 if c.inter_link is not None and c.servers > 1 else "")
+        both = (
+            f" one way, {link.duplex_bytes_per_s / 1e9:.1f} both ways"
+            if link.duplex_bytes_per_s != link.effective_bytes_per_s
+            else ""
+        )
+        pair = (
+            f", pairs bridged by {s.pair_link.name} "
+            f"({s.pair_link.effective_bytes_per_s / 1e9:.1f} GB/s)"
+            if s.pair_link
+            else ""
+        )
+        inter = (
+            f"; servers joined by {c.inter_link.name} "
+            f"({c.inter_link.effective_bytes_per_s / 1e9:.2f} GB/s bus bandwidth per port, "
+            f"{c.nics_per_server} port(s) per server, shared by the server's GPUs' groups)"
+            if c.inter_link is not None and c.servers > 1
+            else ""
+        )
         algos = "/".join(self.algorithms)
         pr = self.prices
-        return (f"{c.name}: {c.servers} server(s) x {s.gpus_per_server} {g.name} "
-                f"({g.memory_bytes / 1e9:.0f} GB); {self.dtype} matmuls by shape on {pr.sms} "
-                f"SMs (tiles and waves; {self.matmul_efficiency:.0%} of "
-                f"{g.peak_flops[self.dtype] / 1e12:.1f} TFLOP/s peak at the best shape), "
-                f"{self.attention} attention"
-                + (" (FlashAttention-2 series)" if self.attention == "fused"
-                   and pr.has_attention_series else "")
-                + f", memory-bound kernels at {self.memory_bytes_per_s / 1e9:.0f} GB/s "
-                f"({g.elementwise_efficiency:.0%} of {g.memory_bandwidth_bytes_per_s / 1e9:.0f}),"
-                f" {pr.value('kernel_gap_s') * 1e6:.0f} us per kernel launch, "
-                f"{pr.value('host_op_s') * 1e6:.0f} us host per op, compute x"
-                f"{pr.slowdown():.2f} beside a collective, "
-                f"{self.precision.label()}; collectives as NCCL's tuner picks them ({algos} x "
-                f"LL/LL128/Simple), inside a server over {link.name} "
-                f"({link.effective_bytes_per_s / 1e9:.1f} GB/s bus bandwidth{both}){pair}{inter}. "
-                f"Sources: {g.source}; {link.source}.")
+        return (
+            f"{c.name}: {c.servers} server(s) x {s.gpus_per_server} {g.name} "
+            f"({g.memory_bytes / 1e9:.0f} GB); {self.dtype} matmuls by shape on {pr.sms} "
+            f"SMs (tiles and waves; {self.matmul_efficiency:.0%} of "
+            f"{g.peak_flops[self.dtype] / 1e12:.1f} TFLOP/s peak at the best shape), "
+            f"{self.attention} attention"
+            + (
+                " (FlashAttention-2 series)"
+                if self.attention == "fused" and pr.has_attention_series
+                else ""
+            )
+            + f", memory-bound kernels at {self.memory_bytes_per_s / 1e9:.0f} GB/s "
+            f"({g.elementwise_efficiency:.0%} of {g.memory_bandwidth_bytes_per_s / 1e9:.0f}),"
+            f" {pr.value('kernel_gap_s') * 1e6:.0f} us per kernel launch, "
+            f"{pr.value('host_op_s') * 1e6:.0f} us host per op, compute x"
+            f"{pr.slowdown():.2f} beside a collective, "
+            f"{self.precision.label()}; collectives as NCCL's tuner picks them ({algos} x "
+            f"LL/LL128/Simple), inside a server over {link.name} "
+            f"({link.effective_bytes_per_s / 1e9:.1f} GB/s bus bandwidth{both}){pair}{inter}. "
+            f"Sources: {g.source}; {link.source}."
+        )
 
 
-def comm_to_compute(cluster: Cluster, model: ModelConfig, tp: int, rows: int,
-                    dtype: str = "fp32") -> float:
+def comm_to_compute(
+    cluster: Cluster, model: ModelConfig, tp: int, rows: int, dtype: str = "fp32"
+) -> float:
     """All-reduce of a TP region's output over its ``tp`` GPUs / that region's forward (body +
     epi), the mean of the attention and MLP regions: how slow the link is next to compute."""
     costs = HardwareCosts(cluster, model, dtype)
-    forward_s = [costs.compute_s(r, "forward", "body", tp, rows)
-                 + costs.compute_s(r, "forward", "epi", tp, rows) for r in ("attn", "mlp")]
+    forward_s = [
+        costs.compute_s(r, "forward", "body", tp, rows)
+        + costs.compute_s(r, "forward", "epi", tp, rows)
+        for r in ("attn", "mlp")
+    ]
     nbytes = rows * model.seq_len * model.dim * costs.elem_bytes  # [b, S, H]
     return costs.collective_s("all_reduce", tp, nbytes) / (sum(forward_s) / 2)

@@ -24,8 +24,7 @@ from pathlib import Path
 from oases.config import ModelConfig, format_params
 
 # (H, L) of the paper's table, in its order
-PAPER_SHAPES = ((1024, 24), (2048, 24), (3072, 24), (4096, 16), (6144, 16), (8192, 8),
-                (12288, 4))
+PAPER_SHAPES = ((1024, 24), (2048, 24), (3072, 24), (4096, 16), (6144, 16), (8192, 8), (12288, 4))
 GPT2_VOCAB = 50257
 PAPER_SEQ_LEN = 1024
 PAPER_HEAD_DIM = 64
@@ -35,9 +34,16 @@ def paper_model(dim: int, n_layers: int) -> ModelConfig:
     """One of the paper's GPT models (any H divisible by 64 and any L, in fact)."""
     if dim % PAPER_HEAD_DIM:
         raise ValueError(f"hidden size {dim} is not a multiple of the head dim {PAPER_HEAD_DIM}")
-    return ModelConfig(arch="gpt2", n_layers=n_layers, dim=dim, n_heads=dim // PAPER_HEAD_DIM,
-                       vocab_size=GPT2_VOCAB, seq_len=PAPER_SEQ_LEN, dropout=0.1,
-                       tie_embeddings=True)
+    return ModelConfig(
+        arch="gpt2",
+        n_layers=n_layers,
+        dim=dim,
+        n_heads=dim // PAPER_HEAD_DIM,
+        vocab_size=GPT2_VOCAB,
+        seq_len=PAPER_SEQ_LEN,
+        dropout=0.1,
+        tie_embeddings=True,
+    )
 
 
 MODELS: dict[str, ModelConfig] = {f"paper-h{h}-l{n}": paper_model(h, n) for h, n in PAPER_SHAPES}
@@ -52,8 +58,10 @@ def load_model(source: str) -> ModelConfig:
         from oases.config import load_config
 
         return load_config(source, []).model
-    raise ValueError(f"unknown model {source!r}: give a preset ({', '.join(MODELS)}) or a TOML "
-                     "run file with a [model] table")
+    raise ValueError(
+        f"unknown model {source!r}: give a preset ({', '.join(MODELS)}) or a TOML "
+        "run file with a [model] table"
+    )
 
 
 def describe_model(cfg: ModelConfig) -> str:
@@ -62,6 +70,8 @@ def describe_model(cfg: ModelConfig) -> str:
     from oases.planner.costs import region_kind, region_param_count
 
     n_params = sum(region_param_count(cfg, region_kind(n), 1) for n in region_names(cfg))
-    return (f"{cfg.arch} H={cfg.dim} L={cfg.n_layers} heads={cfg.n_heads} S={cfg.seq_len} "
-            f"V={cfg.vocab_size}{' tied' if cfg.tie_embeddings else ''}: "
-            f"{format_params(n_params)} parameters")
+    return (
+        f"{cfg.arch} H={cfg.dim} L={cfg.n_layers} heads={cfg.n_heads} S={cfg.seq_len} "
+        f"V={cfg.vocab_size}{' tied' if cfg.tie_embeddings else ''}: "
+        f"{format_params(n_params)} parameters"
+    )

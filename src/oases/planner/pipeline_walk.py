@@ -54,15 +54,23 @@ if TYPE_CHECKING:
     from oases.planner.simulate import PlanResult
 
 
-def walk_stages(programs: list[list[Instr]], costs: list[StepCosts], *, commfree: bool = False,
-                ranks: list[int] | None = None, record: bool = True) -> list[SimResult]:
+def walk_stages(
+    programs: list[list[Instr]],
+    costs: list[StepCosts],
+    *,
+    commfree: bool = False,
+    ranks: list[int] | None = None,
+    record: bool = True,
+) -> list[SimResult]:
     """Walk the stages' ``programs`` (stage s priced by ``costs[s]``, its events on rank
     ``ranks[s]``) together: round by round, each stage's walk runs until it waits for a send
     not yet started (module docstring). ValueError where no stage can go on."""
     sent: dict[tuple[str, int, int], tuple[float, float]] = {}
     ranks = list(range(len(programs))) if ranks is None else ranks
-    walks = [walk_program(p, c, commfree=commfree, rank=r, record=record, sent=sent)
-             for p, c, r in zip(programs, costs, ranks)]
+    walks = [
+        walk_program(p, c, commfree=commfree, rank=r, record=record, sent=sent)
+        for p, c, r in zip(programs, costs, ranks)
+    ]
     waiting: list[tuple[str, int, int] | None] = [None] * len(walks)
     results: list[SimResult | None] = [None] * len(walks)
     left = set(range(len(walks)))
@@ -78,8 +86,10 @@ def walk_stages(programs: list[list[Instr]], costs: list[StepCosts], *, commfree
                 results[s] = done.value
                 left.discard(s)
         if not moved:
-            raise ValueError("the stages' programs wait on each other: "
-                             + ", ".join(f"stage {s} for {waiting[s]}" for s in sorted(left)))
+            raise ValueError(
+                "the stages' programs wait on each other: "
+                + ", ".join(f"stage {s} for {waiting[s]}" for s in sorted(left))
+            )
     return [r for r in results if r is not None]
 
 
@@ -98,21 +108,31 @@ def p2p_s(costs: Costs, src: int, dst: int, nbytes: float) -> float:
     return float(costs.collective_s("all_gather", 2, int(2 * nbytes)))
 
 
-def stage_state(cfg: ModelConfig, plan: ParallelPlan, stage_world: int, layout: StageLayout,
-                stage: int) -> ModelState:
+def stage_state(
+    cfg: ModelConfig, plan: ParallelPlan, stage_world: int, layout: StageLayout, stage: int
+) -> ModelState:
     """``layout.model_state`` of one stage: the parameters of its regions only (0 elsewhere);
     the last stage's tied head holds a copy of the embedding (as many as region 0's shard)."""
     n = len(plan.regions)
-    numel = [region_param_count(cfg, region_kind(r.name), r.tp) if layout.holds(stage, i) else 0
-             for i, r in enumerate(plan.regions)]
+    numel = [
+        region_param_count(cfg, region_kind(r.name), r.tp) if layout.holds(stage, i) else 0
+        for i, r in enumerate(plan.regions)
+    ]
     if cfg.tie_embeddings and layout.pp > 1 and stage == layout.pp - 1:
         numel[n - 1] += region_params(cfg, "embed", plan.regions[0].tp)[0]
-    return ModelState(tuple(numel), tuple(stage_world // r.tp for r in plan.regions),
-                      plan.zero_stages())
+    return ModelState(
+        tuple(numel), tuple(stage_world // r.tp for r in plan.regions), plan.zero_stages()
+    )
 
 
-def stage_buckets(cfg: ModelConfig, plan: ParallelPlan, stage_world: int, state: ModelState,
-                  layout: StageLayout, stage: int) -> dict[int, list[tuple[int, int]]]:
+def stage_buckets(
+    cfg: ModelConfig,
+    plan: ParallelPlan,
+    stage_world: int,
+    state: ModelState,
+    layout: StageLayout,
+    stage: int,
+) -> dict[int, list[tuple[int, int]]]:
     """``layout.dp_buckets`` of one stage: backward task i reduces region i's own parameters
     (where the stage holds it; ``state``: the last stage's tied copy with the head's) and
     region i+1's norm (where it holds that one: the task before the stage's first region
@@ -135,9 +155,17 @@ def stage_buckets(cfg: ModelConfig, plan: ParallelPlan, stage_world: int, state:
     return buckets
 
 
-def simulate_pipeline(cfg: ModelConfig, plan: ParallelPlan, costs: Costs, world_size: int,
-                      batch: BatchShape, *, max_inflight: int = 1, timeline: bool = True,
-                      reshard_after_forward: bool = True) -> PlanResult:
+def simulate_pipeline(
+    cfg: ModelConfig,
+    plan: ParallelPlan,
+    costs: Costs,
+    world_size: int,
+    batch: BatchShape,
+    *,
+    max_inflight: int = 1,
+    timeline: bool = True,
+    reshard_after_forward: bool = True,
+) -> PlanResult:
     """Predict one optimizer step of ``plan`` with its pipeline stages (module docstring): a
     ``simulate.PlanResult`` whose breakdown is the bounding stage's, with
     ``stage{s}_step_s``, ``stage{s}_bubble_s``, ``stage{s}_peak_bytes``, ``..._params_bytes``
@@ -162,41 +190,82 @@ def simulate_pipeline(cfg: ModelConfig, plan: ParallelPlan, costs: Costs, world_
     ranks = [s * stage_world for s in range(pp)]
 
     def message_bytes(b: int) -> float:  # x_b (or dx_b) of one sub-batch at region b's degree
-        return rows[b] * (cfg.seq_len // degrees[b] if sp else cfg.seq_len) * cfg.dim * (
-            prec.activation_bytes)
+        return (
+            rows[b]
+            * (cfg.seq_len // degrees[b] if sp else cfg.seq_len)
+            * cfg.dim
+            * (prec.activation_bytes)
+        )
 
-    links = {b: p2p_s(costs, ranks[layout.stage_of(b) - 1], ranks[layout.stage_of(b)],
-                      message_bytes(b)) for b in layout.starts}
+    links = {
+        b: p2p_s(costs, ranks[layout.stage_of(b) - 1], ranks[layout.stage_of(b)], message_bytes(b))
+        for b in layout.starts
+    }
     tie_s = 0.0
     if cfg.tie_embeddings and pp > 1:
         tie_bytes = region_params(cfg, "embed", degrees[0])[0] * prec.master_bytes
         by_ranks = getattr(costs, "collective_ranks_s", None)
-        tie_s = (by_ranks("all_reduce", (ranks[0], ranks[-1]), int(tie_bytes))
-                 if by_ranks is not None else costs.collective_s("all_reduce", 2, int(tie_bytes)))
+        tie_s = (
+            by_ranks("all_reduce", (ranks[0], ranks[-1]), int(tie_bytes))
+            if by_ranks is not None
+            else costs.collective_s("all_reduce", 2, int(tie_bytes))
+        )
     programs, steps, states, buckets = [], [], [], []
     for s in range(pp):
         state = stage_state(cfg, plan, stage_world, layout, s)
         bucket = stage_buckets(cfg, plan, stage_world, state, layout, s)
         program = build_stage_program(
-            plan.schedule, plan.n_sub, layout, s, n_micro=batch.n_micro(),
-            pp_schedule=plan.pp_schedule, max_inflight=max_inflight,
-            dp_tasks=tuple(sorted(bucket)), degrees=None if len(set(degrees)) == 1 else
-            tuple(degrees), zero=zero, sp=sp, tied=cfg.tie_embeddings)
-        step = plan_step_costs(cfg, plan, costs, stage_world, rows, state=state, buckets=bucket,
-                               deferring=deferred_regions(program))
+            plan.schedule,
+            plan.n_sub,
+            layout,
+            s,
+            n_micro=batch.n_micro(),
+            pp_schedule=plan.pp_schedule,
+            max_inflight=max_inflight,
+            dp_tasks=tuple(sorted(bucket)),
+            degrees=None if len(set(degrees)) == 1 else tuple(degrees),
+            zero=zero,
+            sp=sp,
+            tied=cfg.tie_embeddings,
+        )
+        step = plan_step_costs(
+            cfg,
+            plan,
+            costs,
+            stage_world,
+            rows,
+            state=state,
+            buckets=bucket,
+            deferring=deferred_regions(program),
+        )
         programs.append(program)
         steps.append(_with_links(step, links, tie_s))
         states.append(state)
         buckets.append(bucket)
-    sims = walk_stages(programs, steps, commfree=spec.recompute == "commfree", ranks=ranks,
-                       record=timeline)
+    sims = walk_stages(
+        programs, steps, commfree=spec.recompute == "commfree", ranks=ranks, record=timeline
+    )
     optimizer = getattr(costs, "optimizer_s", None)
-    opt = [optimizer(sum(st.updated(i) for i in range(n))) if optimizer is not None else 0.0
-           for st in states]
-    mems = [peak_memory(cfg, programs[s], kinds, degrees, rows, sp_mode(spec.recompute, sp),
-                        costs, states[s], region_uses(cfg, n, tied=pp == 1), dp_bucket_bytes(
-                            buckets[s], prec.grad_reduce_bytes), graph_mode=sp_mode("none", sp))
-            for s in range(pp)]
+    opt = [
+        optimizer(sum(st.updated(i) for i in range(n))) if optimizer is not None else 0.0
+        for st in states
+    ]
+    mems = [
+        peak_memory(
+            cfg,
+            programs[s],
+            kinds,
+            degrees,
+            rows,
+            sp_mode(spec.recompute, sp),
+            costs,
+            states[s],
+            region_uses(cfg, n, tied=pp == 1),
+            dp_bucket_bytes(buckets[s], prec.grad_reduce_bytes),
+            graph_mode=sp_mode("none", sp),
+        )
+        for s in range(pp)
+    ]
     totals = [sim.step_s + o for sim, o in zip(sims, opt)]
     bound = max(range(pp), key=totals.__getitem__)
     fullest = max(range(pp), key=lambda s: mems[s]["peak"])
@@ -204,8 +273,9 @@ def simulate_pipeline(cfg: ModelConfig, plan: ParallelPlan, costs: Costs, world_
     for s, sim in enumerate(sims):
         events.events += sim.timeline.events
         if timeline and opt[s]:
-            events.add(Event(ranks[s], "compute", "optimizer", "optimizer", 0, sim.step_s,
-                             totals[s]))
+            events.add(
+                Event(ranks[s], "compute", "optimizer", "optimizer", 0, sim.step_s, totals[s])
+            )
     sim = sims[bound]
     per_stage = {}
     for s in range(pp):
@@ -214,16 +284,21 @@ def simulate_pipeline(cfg: ModelConfig, plan: ParallelPlan, costs: Costs, world_
         per_stage[f"stage{s}_peak_bytes"] = mems[s]["peak"]
         per_stage[f"stage{s}_params_bytes"] = mems[s]["params"]
         per_stage[f"stage{s}_activations_bytes"] = mems[s]["activations_peak"]
-    return PlanResult(totals[bound], mems[fullest]["peak"], events, {
-        "compute_s": sim.compute_busy_s,
-        "comm_s": sim.comm_busy_s,
-        "optimizer_s": opt[bound],
-        **{f"exposed_{c}_s": v for c, v in sorted(sim.exposed_s.items())},
-        **{f"{key}_bytes": v for key, v in mems[fullest].items()},
-        "bound_stage": float(bound),
-        "peak_stage": float(fullest),
-        **per_stage,
-    })
+    return PlanResult(
+        totals[bound],
+        mems[fullest]["peak"],
+        events,
+        {
+            "compute_s": sim.compute_busy_s,
+            "comm_s": sim.comm_busy_s,
+            "optimizer_s": opt[bound],
+            **{f"exposed_{c}_s": v for c, v in sorted(sim.exposed_s.items())},
+            **{f"{key}_bytes": v for key, v in mems[fullest].items()},
+            "bound_stage": float(bound),
+            "peak_stage": float(fullest),
+            **per_stage,
+        },
+    )
 
 
 def _with_links(step: StepCosts, links: dict[int, float], tie_s: float) -> StepCosts:

@@ -205,7 +205,12 @@ def region_signatures(
     n = len(kinds)
     return [
         (
-            kinds[i], degrees[i], rows[i], stages[i], i in deferring, i == 0,
+            kinds[i],
+            degrees[i],
+            rows[i],
+            stages[i],
+            i in deferring,
+            i == 0,
             (degrees[i - 1], rows[i - 1]) if i else None,
             (degrees[i + 1], stages[i + 1]) if i + 1 < n else None,
         )
@@ -235,20 +240,27 @@ def _tape_index(tape: Tape) -> _TapeIndex:
     triples = tape.pieces()
     at = {t: j for j, t in enumerate(triples)}
     names: dict[tuple[str, str], int] = {}
-    piece_id = np.array([names.setdefault((p, k), len(names)) for p, k, _ in triples],
-                        dtype=np.int64)
+    piece_id = np.array(
+        [names.setdefault((p, k), len(names)) for p, k, _ in triples], dtype=np.int64
+    )
     width = max((len(pieces) for _, pieces in tape.compute_keys), default=0)
     key_pieces = np.full((len(tape.compute_keys), width), len(triples), dtype=np.int64)
     for row, (phase, pieces) in enumerate(tape.compute_keys):
         for col, (kind, region) in enumerate(pieces):
             key_pieces[row, col] = at[phase, kind, region]
     kinds: dict[str, int] = {}
-    coll_kind = np.array([kinds.setdefault(k, len(kinds)) for k, _ in tape.coll_keys],
-                         dtype=np.int64)
+    coll_kind = np.array(
+        [kinds.setdefault(k, len(kinds)) for k, _ in tape.coll_keys], dtype=np.int64
+    )
     found = tape.memo["price index"] = _TapeIndex(
-        list(names), piece_id, np.array([r for _, _, r in triples], dtype=np.int64),
-        key_pieces, list(kinds), coll_kind,
-        np.array([i for _, i in tape.coll_keys], dtype=np.int64))
+        list(names),
+        piece_id,
+        np.array([r for _, _, r in triples], dtype=np.int64),
+        key_pieces,
+        list(kinds),
+        coll_kind,
+        np.array([i for _, i in tape.coll_keys], dtype=np.int64),
+    )
     return found
 
 
@@ -297,7 +309,11 @@ def price_tape(
         if step.slowdown is not None:
             factor.append(float(step.slowdown(kind)))
     inverse = inverse.ravel()
-    factors = (np.array(factor + [1.0])[inverse].tolist() if step.slowdown is not None
-               else None)
-    return (compute.tolist(), np.array(seconds + [0.0])[inverse].tolist(),
-            np.array(stream + [0], dtype=np.int64)[inverse].tolist(), len(streams), factors)
+    factors = np.array(factor + [1.0])[inverse].tolist() if step.slowdown is not None else None
+    return (
+        compute.tolist(),
+        np.array(seconds + [0.0])[inverse].tolist(),
+        np.array(stream + [0], dtype=np.int64)[inverse].tolist(),
+        len(streams),
+        factors,
+    )

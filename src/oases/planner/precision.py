@@ -76,8 +76,10 @@ class PlanPrecision:
 
     def label(self) -> str:
         """``bf16 compute, fp32 grad reduce, fp32 master`` (what report headers say)."""
-        return (f"{self.compute} compute, {self.grad_reduce} grad reduce, {self.master} master "
-                "weights and AdamW")
+        return (
+            f"{self.compute} compute, {self.grad_reduce} grad reduce, {self.master} master "
+            "weights and AdamW"
+        )
 
     @staticmethod
     def from_record(record: Any) -> PlanPrecision:
@@ -100,14 +102,17 @@ def precision_of(costs: object) -> PlanPrecision:
     return value if isinstance(value, PlanPrecision) else FP32
 
 
-def resolve_plan_precision(name: str, grad_reduce: str = "fp32", *,
-                           gpu: bool = True) -> PlanPrecision:
+def resolve_plan_precision(
+    name: str, grad_reduce: str = "fp32", *, gpu: bool = True
+) -> PlanPrecision:
     """``train.precision = name`` with ``parallel.grad_reduce_dtype = grad_reduce`` on GPUs
     (``gpu``, a hardware preset) or CPU ranks, as ``oases.precision.resolve_precision``
     resolves it: "auto" is bf16 on GPUs and fp32 on CPU; "fp64" keeps everything float64."""
     if grad_reduce not in GRAD_REDUCE_DTYPES:
-        raise ValueError(f"parallel.grad_reduce_dtype={grad_reduce!r} must be one of "
-                         f"{', '.join(GRAD_REDUCE_DTYPES)}")
+        raise ValueError(
+            f"parallel.grad_reduce_dtype={grad_reduce!r} must be one of "
+            f"{', '.join(GRAD_REDUCE_DTYPES)}"
+        )
     if name == "auto":
         name = "bf16" if gpu else "fp32"
     if name == "fp64":

@@ -18,9 +18,11 @@ _AMPERE = "NVIDIA Ampere GA102 GPU architecture whitepaper v2.1, table 9 (GeForc
 # bf16 matmul efficiencies: the Maximum Achievable Matmul FLOPS (MAMF) table of Stas Bekman's
 # "Machine Learning Engineering" ("Maximum Achievable Matmul FLOPS comparison table", BF16):
 # the best mean TFLOP/s of torch.matmul over a search of shapes, one GPU, no training run.
-_MAMF = ("https://github.com/stas00/ml-engineering/blob/master/compute/accelerator/README.md "
-         "'Maximum Achievable Matmul FLOPS comparison table' (BF16 torch.matmul "
-         "microbenchmark, best shape)")
+_MAMF = (
+    "https://github.com/stas00/ml-engineering/blob/master/compute/accelerator/README.md "
+    "'Maximum Achievable Matmul FLOPS comparison table' (BF16 torch.matmul "
+    "microbenchmark, best shape)"
+)
 MAMF_A100_SXM = 271.2 / 312  # 0.869, torch 2.6.0+cu126, 1024x10240x5120
 MAMF_H100_SXM = 794.5 / 989  # 0.803, torch 2.7.0+cu126, 2048x2048x13312 ("H200 is the same")
 GPUS: dict[str, GPU] = {

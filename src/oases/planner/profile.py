@@ -45,8 +45,16 @@ from oases.config import ModelConfig
 from oases.planner.precision import FP32, PlanPrecision
 
 FORMAT, VERSION = "oases-profile", 1
-SHAPE_KEYS = ("arch", "dim", "n_heads", "n_kv_heads", "ffn_dim", "vocab_size", "seq_len",
-              "tie_embeddings")
+SHAPE_KEYS = (
+    "arch",
+    "dim",
+    "n_heads",
+    "n_kv_heads",
+    "ffn_dim",
+    "vocab_size",
+    "seq_len",
+    "tie_embeddings",
+)
 
 
 def fit_latency_bandwidth(points: list[tuple[float, float]]) -> tuple[float, float]:
@@ -64,8 +72,9 @@ def fit_latency_bandwidth(points: list[tuple[float, float]]) -> tuple[float, flo
     return float(intercept), float(1.0 / slope)
 
 
-def check_collective_fit(op: str, group_size: int, points: list[tuple[float, float]]
-                         ) -> tuple[float, float]:
+def check_collective_fit(
+    op: str, group_size: int, points: list[tuple[float, float]]
+) -> tuple[float, float]:
     """``fit_latency_bandwidth`` of one collective's measured (nbytes, s) points, or ValueError
     when the fitted bandwidth is not finite and positive: times that do not grow with size
     were not timed to the collective's end (on CUDA, a clock read at enqueue, without events
@@ -73,10 +82,12 @@ def check_collective_fit(op: str, group_size: int, points: list[tuple[float, flo
     latency, bandwidth = fit_latency_bandwidth(points)
     if not (np.isfinite(bandwidth) and bandwidth > 0):
         shown = ", ".join(f"{int(n)} B: {s * 1e6:.1f} us" for n, s in sorted(points))
-        raise ValueError(f"the profile's {op} over {group_size} ranks fits a bandwidth of "
-                         f"{bandwidth} B/s: its times do not grow with size ({shown}); the "
-                         "measurement did not wait for the collectives to end (or the sizes "
-                         "are too small to tell latency from bandwidth); profile again")
+        raise ValueError(
+            f"the profile's {op} over {group_size} ranks fits a bandwidth of "
+            f"{bandwidth} B/s: its times do not grow with size ({shown}); the "
+            "measurement did not wait for the collectives to end (or the sizes "
+            "are too small to tell latency from bandwidth); profile again"
+        )
     return latency, bandwidth
 
 
@@ -125,7 +136,8 @@ class Profile:
         by_group: dict[tuple[str, int], list[tuple[float, float]]] = {}
         for e in self.collectives:
             by_group.setdefault((e["op"], int(e["group_size"])), []).append(
-                (float(e["nbytes"]), float(e["s"])))
+                (float(e["nbytes"]), float(e["s"]))
+            )
         self._fits = {k: fit_latency_bandwidth(v) for k, v in by_group.items()}
         self._memory: dict[tuple, dict[int, float]] = {}
         for e in self.memory:
@@ -138,20 +150,27 @@ class Profile:
 
     measures_overlap = True  # compute_s takes ``overlapped``: times beside collectives
 
-    def compute_s(self, region: str, phase: str, piece: str, tp: int, rows: int,
-                  overlapped: bool = False) -> float:
+    def compute_s(
+        self, region: str, phase: str, piece: str, tp: int, rows: int, overlapped: bool = False
+    ) -> float:
         """Seconds of one sub-batch's piece; ``overlapped``: as measured inside an overlapped
         schedule (falls back to the synchronous measurement where there is none)."""
-        points = (self._compute.get((region, phase, piece, tp, True)) if overlapped else None
-                  ) or self._compute.get((region, phase, piece, tp, False))
+        points = (
+            self._compute.get((region, phase, piece, tp, True)) if overlapped else None
+        ) or self._compute.get((region, phase, piece, tp, False))
         if points is None and piece in ("sp-dx", "sp-dw"):  # a profile from before the
             # deferred weight gradients: the whole backward where the input gradient runs
-            return self.compute_s(region, phase, "tp", tp, rows, overlapped
-                                  ) if piece == "sp-dx" else 0.0
+            return (
+                self.compute_s(region, phase, "tp", tp, rows, overlapped)
+                if piece == "sp-dx"
+                else 0.0
+            )
         if points is None:
-            raise ValueError(f"the profile has no {phase} {piece} time for {region} at tp={tp} "
-                             f"(profiled degrees: {self.degrees()}); profile with a world "
-                             "size that includes it")
+            raise ValueError(
+                f"the profile has no {phase} {piece} time for {region} at tp={tp} "
+                f"(profiled degrees: {self.degrees()}); profile with a world "
+                "size that includes it"
+            )
         return _interpolate(points, rows)
 
     def collective_s(self, op: str, group_size: int, nbytes: int) -> float:
@@ -197,16 +216,33 @@ class Profile:
         --verify`` re-times each candidate's pieces in the launch that measures it, so that
         how fast the machine runs now and how well the schedule is modelled can be told
         apart."""
+
         def piece(e: dict) -> tuple:
-            return (e["region"], e["phase"], e["piece"], int(e["tp"]), int(e["rows"]),
-                    bool(e.get("overlapped")))
+            return (
+                e["region"],
+                e["phase"],
+                e["piece"],
+                int(e["tp"]),
+                int(e["rows"]),
+                bool(e.get("overlapped")),
+            )
 
         new_pieces = {piece(e) for e in compute}
-        return Profile(self.model, self.machine,
-                       [e for e in self.compute if piece(e) not in new_pieces] + list(compute),
-                       self.collectives, self.memory, list(optimizer or self.optimizer),
-                       self.baseline_bytes, self.created, self.config, self.workspace_bytes,
-                       self.contention_factors, self.comm_contention_factors, self.precision)
+        return Profile(
+            self.model,
+            self.machine,
+            [e for e in self.compute if piece(e) not in new_pieces] + list(compute),
+            self.collectives,
+            self.memory,
+            list(optimizer or self.optimizer),
+            self.baseline_bytes,
+            self.created,
+            self.config,
+            self.workspace_bytes,
+            self.contention_factors,
+            self.comm_contention_factors,
+            self.precision,
+        )
 
     # ---------------------------------------------------------------------------- checks, io
     def check_precision(self, wanted: PlanPrecision) -> None:
@@ -220,26 +256,42 @@ class Profile:
                 f"the profile was measured in {have.label()}, the run asks for "
                 f"{wanted.label()}: its compute times and bytes are its own dtype's; run oases "
                 f"profile with --train.precision={wanted.compute} "
-                f"--parallel.grad_reduce_dtype={wanted.grad_reduce}")
+                f"--parallel.grad_reduce_dtype={wanted.grad_reduce}"
+            )
 
     def check_model(self, cfg: ModelConfig) -> None:
         """ValueError unless the profile measured regions of this model's shape (the number
         of layers may differ: costs are per region)."""
-        bad = [f"{k}: profile {self.model.get(k)!r}, model {getattr(cfg, k)!r}"
-               for k in SHAPE_KEYS if self.model.get(k) != getattr(cfg, k)]
+        bad = [
+            f"{k}: profile {self.model.get(k)!r}, model {getattr(cfg, k)!r}"
+            for k in SHAPE_KEYS
+            if self.model.get(k) != getattr(cfg, k)
+        ]
         if bad:
-            raise ValueError("the profile was made for another model shape (" + "; ".join(bad)
-                             + "); run oases profile with this config")
+            raise ValueError(
+                "the profile was made for another model shape ("
+                + "; ".join(bad)
+                + "); run oases profile with this config"
+            )
 
     def to_dict(self) -> dict:
-        return {"format": FORMAT, "version": VERSION, "created": self.created,
-                "machine": self.machine, "model": self.model, "compute": self.compute,
-                "collectives": self.collectives, "memory": self.memory,
-                "optimizer": self.optimizer, "baseline_bytes": self.baseline_bytes,
-                "workspace_bytes": self.workspace_bytes,
-                "contention": self.contention_factors,
-                "comm_contention": self.comm_contention_factors, "config": self.config,
-                "precision": self.precision.describe()}
+        return {
+            "format": FORMAT,
+            "version": VERSION,
+            "created": self.created,
+            "machine": self.machine,
+            "model": self.model,
+            "compute": self.compute,
+            "collectives": self.collectives,
+            "memory": self.memory,
+            "optimizer": self.optimizer,
+            "baseline_bytes": self.baseline_bytes,
+            "workspace_bytes": self.workspace_bytes,
+            "contention": self.contention_factors,
+            "comm_contention": self.comm_contention_factors,
+            "config": self.config,
+            "precision": self.precision.describe(),
+        }
 
     def save(self, path: str | os.PathLike[str]) -> None:
         Path(path).write_text(json.dumps(self.to_dict(), indent=1))
@@ -255,17 +307,26 @@ class Profile:
         if not isinstance(raw, dict) or raw.get("format") != FORMAT:
             raise ValueError(f"{path} is not an oases profile (no format={FORMAT!r})")
         if raw.get("version") != VERSION:
-            raise ValueError(f"{path}: profile version {raw.get('version')} is not {VERSION}; "
-                             "run oases profile again")
+            raise ValueError(
+                f"{path}: profile version {raw.get('version')} is not {VERSION}; "
+                "run oases profile again"
+            )
         try:
-            return Profile(raw["model"], raw["machine"], raw["compute"], raw["collectives"],
-                           raw.get("memory", []), raw.get("optimizer", []),
-                           float(raw.get("baseline_bytes", 0.0)), raw.get("created", ""),
-                           raw.get("config", {}), float(raw.get("workspace_bytes", 0.0)),
-                           {str(k): float(v) for k, v in raw.get("contention", {}).items()},
-                           {str(k): float(v)
-                            for k, v in raw.get("comm_contention", {}).items()},
-                           PlanPrecision.from_record(raw.get("precision")))
+            return Profile(
+                raw["model"],
+                raw["machine"],
+                raw["compute"],
+                raw["collectives"],
+                raw.get("memory", []),
+                raw.get("optimizer", []),
+                float(raw.get("baseline_bytes", 0.0)),
+                raw.get("created", ""),
+                raw.get("config", {}),
+                float(raw.get("workspace_bytes", 0.0)),
+                {str(k): float(v) for k, v in raw.get("contention", {}).items()},
+                {str(k): float(v) for k, v in raw.get("comm_contention", {}).items()},
+                PlanPrecision.from_record(raw.get("precision")),
+            )
         except (KeyError, TypeError, ValueError, AttributeError) as exc:
             raise ValueError(f"{path}: malformed profile ({exc!r})") from None
 

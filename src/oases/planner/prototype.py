@@ -65,9 +65,7 @@ def node_seconds(costs: HardwareCosts, kind: str, t: int, rows: int) -> float:
     a = (
         0.0
         if t == 1
-        else costs.collective_ranks_s(
-            "all_reduce", range(world), rows * cfg.seq_len * cfg.dim * e
-        )
+        else costs.collective_ranks_s("all_reduce", range(world), rows * cfg.seq_len * cfg.dim * e)
     )
     return 2 * max(f, a) + 2 * max(r, a)
 

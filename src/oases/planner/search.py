@@ -48,8 +48,16 @@ from oases.planner.search_bounds import chain_bounds
 from oases.planner.simulate import PlanResult, _CachedCosts, simulate_plan
 from oases.schedule.program import SPECS
 
-__all__ = ["BOUND_SLACK", "Candidate", "SearchStats", "candidate_degrees", "solve_plan",
-           "state_factors", "sub_batch_counts", "with_zero"]
+__all__ = [
+    "BOUND_SLACK",
+    "Candidate",
+    "SearchStats",
+    "candidate_degrees",
+    "solve_plan",
+    "state_factors",
+    "sub_batch_counts",
+    "with_zero",
+]
 
 BOUND_SLACK = 0.9  # a mixed plan may beat its chain's fastest uniform one by a few percent
 
@@ -64,8 +72,9 @@ def candidate_degrees(cfg: ModelConfig, world_size: int, limit: int | None = Non
     return out
 
 
-def sub_batch_counts(schedule: str, n_subs: tuple[int, ...],
-                     schedules: tuple[str, ...] = ()) -> tuple[int, ...]:
+def sub_batch_counts(
+    schedule: str, n_subs: tuple[int, ...], schedules: tuple[str, ...] = ()
+) -> tuple[int, ...]:
     """The sub-batch counts searched for ``schedule``: 1 for a non-overlapped one; for an
     overlapped one every count of ``n_subs``, 1 included unless ``schedules`` also has the
     non-overlapped schedule of the same recompute (with one sub-batch overlap runs megatron's
@@ -74,8 +83,10 @@ def sub_batch_counts(schedule: str, n_subs: tuple[int, ...],
     (``ScheduleSpec.min_sub``: merak, defined by its sub-batches, from 2)."""
     if not SPECS[schedule].overlapped:
         return (1,)
-    twin = any(not SPECS[s].overlapped and SPECS[s].recompute == SPECS[schedule].recompute
-               for s in schedules)
+    twin = any(
+        not SPECS[s].overlapped and SPECS[s].recompute == SPECS[schedule].recompute
+        for s in schedules
+    )
     return tuple(k for k in n_subs if (k > 1 or not twin) and k >= SPECS[schedule].min_sub)
 
 
@@ -94,14 +105,25 @@ class SearchStats:
 Progress = Callable[[SearchStats, int], None]  # (stats so far, candidates so far)
 
 
-def solve_plan(cfg: ModelConfig, costs: Costs, world_size: int, batch: BatchShape,
-               budget_bytes: float, *, schedules: tuple[str, ...] | None = None,
-               n_subs: tuple[int, ...] = (1, 2, 4), degrees: list[int] | None = None,
-               max_inflight: int = 1,
-               seeds: tuple[tuple[int, ...], ...] = (), zeros: tuple[int, ...] = (0,),
-               micro_batches: tuple[BatchShape, ...] = (), sps: tuple[str, ...] = (),
-               exhaustive: bool = False, progress: Progress | None = None,
-               stats: SearchStats | None = None) -> tuple[Candidate, list[Candidate]]:
+def solve_plan(
+    cfg: ModelConfig,
+    costs: Costs,
+    world_size: int,
+    batch: BatchShape,
+    budget_bytes: float,
+    *,
+    schedules: tuple[str, ...] | None = None,
+    n_subs: tuple[int, ...] = (1, 2, 4),
+    degrees: list[int] | None = None,
+    max_inflight: int = 1,
+    seeds: tuple[tuple[int, ...], ...] = (),
+    zeros: tuple[int, ...] = (0,),
+    micro_batches: tuple[BatchShape, ...] = (),
+    sps: tuple[str, ...] = (),
+    exhaustive: bool = False,
+    progress: Progress | None = None,
+    stats: SearchStats | None = None,
+) -> tuple[Candidate, list[Candidate]]:
     """The fastest predicted plan under ``budget_bytes`` per device, and every candidate.
 
     For each micro-batch (``batch``, then each of ``micro_batches``: the same global batch cut
@@ -144,9 +166,19 @@ def solve_plan(cfg: ModelConfig, costs: Costs, world_size: int, batch: BatchShap
     far (``stats``: filled in when given) and the number of candidates."""
     started = time.perf_counter()
     stats = stats if stats is not None else SearchStats()
-    kw = dict(schedules=schedules, n_subs=n_subs, degrees=degrees, max_inflight=max_inflight,
-              seeds=seeds, zeros=zeros, micro_batches=micro_batches, sps=sps,
-              progress=progress, stats=stats, started=started)
+    kw = dict(
+        schedules=schedules,
+        n_subs=n_subs,
+        degrees=degrees,
+        max_inflight=max_inflight,
+        seeds=seeds,
+        zeros=zeros,
+        micro_batches=micro_batches,
+        sps=sps,
+        progress=progress,
+        stats=stats,
+        started=started,
+    )
     search = _Search(cfg, costs, world_size, batch, budget_bytes, exhaustive=exhaustive, **kw)
     search.walk()
     if not exhaustive and not search.fitting() and search.skipped:  # the least-memory search
@@ -162,13 +194,27 @@ class _Search:
     """One search's state: the candidates in the order found, the chains solved, what was
     simulated (``solve_plan`` for the order and what the fast search skips)."""
 
-    def __init__(self, cfg: ModelConfig, costs: Costs, world_size: int, batch: BatchShape,
-                 budget_bytes: float, *, schedules: tuple[str, ...] | None,
-                 n_subs: tuple[int, ...], degrees: list[int] | None, max_inflight: int,
-                 seeds: tuple[tuple[int, ...], ...], zeros: tuple[int, ...],
-                 micro_batches: tuple[BatchShape, ...], sps: tuple[str, ...],
-                 exhaustive: bool, progress: Progress | None, stats: SearchStats,
-                 started: float) -> None:
+    def __init__(
+        self,
+        cfg: ModelConfig,
+        costs: Costs,
+        world_size: int,
+        batch: BatchShape,
+        budget_bytes: float,
+        *,
+        schedules: tuple[str, ...] | None,
+        n_subs: tuple[int, ...],
+        degrees: list[int] | None,
+        max_inflight: int,
+        seeds: tuple[tuple[int, ...], ...],
+        zeros: tuple[int, ...],
+        micro_batches: tuple[BatchShape, ...],
+        sps: tuple[str, ...],
+        exhaustive: bool,
+        progress: Progress | None,
+        stats: SearchStats,
+        started: float,
+    ) -> None:
         self.cfg, self.world_size, self.batch, self.budget = cfg, world_size, batch, budget_bytes
         # a search's prices never change: remember them for the whole search
         self.costs = costs if exhaustive else _CachedCosts(costs)
@@ -189,8 +235,9 @@ class _Search:
         self.progress, self.stats, self.started = progress, stats, started
 
     # ------------------------------------------------------------------ plans and candidates
-    def simulate(self, cfg: ModelConfig, plan: ParallelPlan, shape: BatchShape,
-                 why: list[str] | None = None) -> PlanResult | None:
+    def simulate(
+        self, cfg: ModelConfig, plan: ParallelPlan, shape: BatchShape, why: list[str] | None = None
+    ) -> PlanResult | None:
         """``plan`` simulated with ``shape`` (None where the batch does not split: not a
         candidate); the fast search remembers every answer."""
         key = (cfg.n_layers, _plan_key(plan), shape)
@@ -201,9 +248,16 @@ class _Search:
             return res
         self.stats.simulated += 1
         try:
-            res = simulate_plan(cfg, plan, self.costs, self.world_size, shape,
-                                max_inflight=self.max_inflight, timeline=False,
-                                tapes=not self.exhaustive)
+            res = simulate_plan(
+                cfg,
+                plan,
+                self.costs,
+                self.world_size,
+                shape,
+                max_inflight=self.max_inflight,
+                timeline=False,
+                tapes=not self.exhaustive,
+            )
         except BatchSplitError as exc:  # not a candidate: the batch does not split
             if why is not None:
                 why.append(str(exc))
@@ -212,8 +266,9 @@ class _Search:
             self.memo[key] = res
         return res
 
-    def _simulate_model(self, cfg: ModelConfig, plan: ParallelPlan,
-                        shape: BatchShape) -> PlanResult | None:
+    def _simulate_model(
+        self, cfg: ModelConfig, plan: ParallelPlan, shape: BatchShape
+    ) -> PlanResult | None:
         return self.simulate(cfg, plan, shape)
 
     def known(self, plan: ParallelPlan, shape: BatchShape) -> bool:
@@ -252,12 +307,12 @@ class _Search:
                     for zero in sorted(self.zeros):
                         if zero == 2 and shape.n_micro() == 1 and 1 in self.zeros:
                             continue  # one micro-batch: stage 2 runs stage 1's program
-                        if zero != 1 and (floors.get((schedule, n_sub), 0.0) * BOUND_SLACK
-                                          >= self.incumbent):
+                        if zero != 1 and (
+                            floors.get((schedule, n_sub), 0.0) * BOUND_SLACK >= self.incumbent
+                        ):
                             break
                         tight, floor = self.search(shape, zero, schedule, n_sub)
-                        floors[schedule, n_sub] = min(floors.get((schedule, n_sub), floor),
-                                                      floor)
+                        floors[schedule, n_sub] = min(floors.get((schedule, n_sub), floor), floor)
                         binds |= tight
                         if self.progress is not None:
                             self.stats.wall_s = time.perf_counter() - self.started
@@ -267,8 +322,7 @@ class _Search:
             if not binds:
                 break
 
-    def search(self, shape: BatchShape, zero: int, schedule: str,
-               n_sub: int) -> tuple[bool, float]:
+    def search(self, shape: BatchShape, zero: int, schedule: str, n_sub: int) -> tuple[bool, float]:
         """One chain: its uniform plans, the solver's plan, the seeds. Returns whether memory
         binds (the fastest uniform plan does not fit, or none splits the batch) and the least
         step time of its uniform plans less their optimizer step (fitting or not)."""
@@ -280,8 +334,9 @@ class _Search:
         for t in self.degrees:
             if zero and t == world_size:
                 continue  # no data parallelism to shard over
-            plan = with_zero(ParallelPlan.uniform(cfg, world_size, t, schedule=schedule,
-                                                  n_sub=n_sub), zero)
+            plan = with_zero(
+                ParallelPlan.uniform(cfg, world_size, t, schedule=schedule, n_sub=n_sub), zero
+            )
             res = self.simulate(cfg, plan, shape, self.split_errors)
             if res is None:
                 continue
@@ -293,31 +348,49 @@ class _Search:
                 if sp_res is not None:
                     sp_uniform.setdefault(mode, {})[t] = sp_res
                     if t > 1:  # at degree 1 it is the plan without it
-                        self.add(Candidate(sp_plan, sp_res, sp_res.peak_mem_bytes <= budget,
-                                           "uniform"), shape)
+                        self.add(
+                            Candidate(sp_plan, sp_res, sp_res.peak_mem_bytes <= budget, "uniform"),
+                            shape,
+                        )
         for mode, results in (("", uniform), *sp_uniform.items()):
             if len(results) < 2:
                 continue
             if not mode and self.skip(shape, zero, schedule, n_sub, mode):
                 continue
             self.stats.chains += 1
-            model = ChainModel(cfg, self.costs, world_size, shape, schedule, n_sub,
-                               self.degrees, results, self._simulate_model, zero, mode)
+            model = ChainModel(
+                cfg,
+                self.costs,
+                world_size,
+                shape,
+                schedule,
+                n_sub,
+                self.degrees,
+                results,
+                self._simulate_model,
+                zero,
+                mode,
+            )
             self.models.append(model)
             self.add(model.fastest(budget), shape)
         for seed in self.seeds:
-            if len(seed) != len(self.names) or len(set(seed)) == 1 or not set(seed) <= set(
-                    uniform):
+            if len(seed) != len(self.names) or len(set(seed)) == 1 or not set(seed) <= set(uniform):
                 continue  # uniform seeds are simulated above; a degree that does not split
-            plan = with_zero(ParallelPlan([RegionPlan(name, t, world_size // t)
-                                           for name, t in zip(self.names, seed)],
-                                          n_sub=n_sub, schedule=schedule), zero)
+            plan = with_zero(
+                ParallelPlan(
+                    [RegionPlan(name, t, world_size // t) for name, t in zip(self.names, seed)],
+                    n_sub=n_sub,
+                    schedule=schedule,
+                ),
+                zero,
+            )
             res = None if self.known(plan, shape) else self.simulate(cfg, plan, shape)
             if res is not None:
                 self.add(Candidate(plan, res, res.peak_mem_bytes <= budget, "seeded"), shape)
         fastest = min(uniform.values(), key=lambda r: r.step_s, default=None)
-        floor = min((r.step_s - r.breakdown["optimizer_s"] for r in uniform.values()),
-                    default=float("inf"))
+        floor = min(
+            (r.step_s - r.breakdown["optimizer_s"] for r in uniform.values()), default=float("inf")
+        )
         return fastest is None or fastest.peak_mem_bytes > budget, floor
 
     def skip(self, shape: BatchShape, zero: int, schedule: str, n_sub: int, sp: str) -> bool:
@@ -325,9 +398,18 @@ class _Search:
         for the exhaustive search.)"""
         if self.exhaustive:
             return False
-        time_lb, memory_lb = chain_bounds(self.cfg, self.costs, self.world_size, shape,
-                                          schedule, n_sub, zero, sp, self.degrees,
-                                          self.max_inflight)
+        time_lb, memory_lb = chain_bounds(
+            self.cfg,
+            self.costs,
+            self.world_size,
+            shape,
+            schedule,
+            n_sub,
+            zero,
+            sp,
+            self.degrees,
+            self.max_inflight,
+        )
         if memory_lb > self.budget or time_lb >= self.incumbent:
             self.stats.skipped_chains += 1
             self.skipped = True
@@ -340,12 +422,14 @@ class _Search:
         candidates, batch, world_size = self.candidates, self.batch, self.world_size
         if not candidates:
             errors = self.split_errors
-            raise ValueError(f"no plan splits the batch: {errors[0] if errors else ''}"
-                             f" (degrees {self.degrees}, sub-batches "
-                             f"{sorted(set(self.n_subs))}; a micro-batch of "
-                             f"{batch.micro_rows} sequences gives a TP group of degree t "
-                             f"{batch.micro_rows}*t/{world_size} of them, which must be a "
-                             "whole multiple of the sub-batch count)")
+            raise ValueError(
+                f"no plan splits the batch: {errors[0] if errors else ''}"
+                f" (degrees {self.degrees}, sub-batches "
+                f"{sorted(set(self.n_subs))}; a micro-batch of "
+                f"{batch.micro_rows} sequences gives a TP group of degree t "
+                f"{batch.micro_rows}*t/{world_size} of them, which must be a "
+                "whole multiple of the sub-batch count)"
+            )
         fitting = self.fitting()
         if not fitting:  # what each chain can do with the least memory, then maybe a plan fits
             for model in self.models:
@@ -362,7 +446,8 @@ class _Search:
                 "(every schedule and sub-batch count: each uniform degree, and per region "
                 "the chain's least-memory degrees and its fastest under that budget), with "
                 f"{batch.micro_rows} sequences per micro-batch across the {world_size} "
-                "ranks; fewer per micro-batch need less")
+                "ranks; fewer per micro-batch need less"
+            )
         best = min(fitting, key=lambda c: c.result.step_s)
         best.plan.predicted_step_s = best.result.step_s
         best.plan.predicted_peak_mem_bytes = int(best.result.peak_mem_bytes)
@@ -373,5 +458,9 @@ class _Search:
 def _plan_key(plan: ParallelPlan) -> tuple:
     """What tells two plans of one model apart in a search: every region's degree and stage,
     the schedule, sub-batch count and sequence parallelism."""
-    return (tuple((r.tp, r.zero) for r in plan.regions), plan.schedule, plan.n_sub,
-            plan.sequence_parallel)
+    return (
+        tuple((r.tp, r.zero) for r in plan.regions),
+        plan.schedule,
+        plan.n_sub,
+        plan.sequence_parallel,
+    )

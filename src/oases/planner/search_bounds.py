@@ -37,9 +37,18 @@ from oases.schedule.program import SPECS
 MARGIN = 1e-9
 
 
-def chain_bounds(cfg: ModelConfig, costs: Costs, world_size: int, batch: BatchShape,
-                 schedule: str, n_sub: int, zero: int, sp: str, degrees: list[int],
-                 max_inflight: int) -> tuple[float, float]:
+def chain_bounds(
+    cfg: ModelConfig,
+    costs: Costs,
+    world_size: int,
+    batch: BatchShape,
+    schedule: str,
+    n_sub: int,
+    zero: int,
+    sp: str,
+    degrees: list[int],
+    max_inflight: int,
+) -> tuple[float, float]:
     """(step seconds, peak bytes) no plan of the chain goes below: its regions at any of
     ``degrees`` that the chain takes (each splits the batch; above 1 with a ZeRO stage; dividing
     the sequence with sequence parallelism ``sp``). (0, 0) where no degree does."""
@@ -56,15 +65,20 @@ def chain_bounds(cfg: ModelConfig, costs: Costs, world_size: int, batch: BatchSh
     for t in degrees:
         if (zero and t == world_size) or (sp and cfg.seq_len % t):
             continue
-        plan = with_zero(ParallelPlan.uniform(cfg, world_size, t, schedule=schedule,
-                                              n_sub=n_sub, sequence_parallel=sp), zero)
+        plan = with_zero(
+            ParallelPlan.uniform(
+                cfg, world_size, t, schedule=schedule, n_sub=n_sub, sequence_parallel=sp
+            ),
+            zero,
+        )
         try:
             rows = region_rows(plan, world_size, batch, k)
         except BatchSplitError:
             continue
         try:
-            seconds = region_compute_s(cfg, plan, costs, world_size, batch,
-                                       max_inflight=max_inflight)
+            seconds = region_compute_s(
+                cfg, plan, costs, world_size, batch, max_inflight=max_inflight
+            )
         except ValueError:  # costs that cannot price it: the plan's simulation says so
             seconds = None
         compute.append(seconds if seconds is not None else [0.0] * len(rows))
@@ -75,13 +89,15 @@ def chain_bounds(cfg: ModelConfig, costs: Costs, world_size: int, batch: BatchSh
         for i, r in enumerate(plan.regions):
             stage = state.stages[i]
             updated = state.updated(i)
-            weights = (state.numel[i] if stage == 0 else state.padded(i) if stage < 3
-                       else state.shard(i))
+            weights = (
+                state.numel[i] if stage == 0 else state.padded(i) if stage < 3 else state.shard(i)
+            )
             resident = w * weights + prec.optimizer_bytes * updated
             grads = state.numel[i] if stage == 0 else state.shard(i)
             held.append(resident + w * updated + w * grads)
-            kept = min(saved_bytes(costs, cfg, region_kind(r.name), mode, t, rows[i])
-                       for mode in modes_t)
+            kept = min(
+                saved_bytes(costs, cfg, region_kind(r.name), mode, t, rows[i]) for mode in modes_t
+            )
             turn.append(resident + activations * kept)
         state_bytes.append(held)
         turn_bytes.append(turn)
@@ -92,6 +108,7 @@ def chain_bounds(cfg: ModelConfig, costs: Costs, world_size: int, batch: BatchSh
         return sum(min(column) for column in zip(*per_degree))
 
     extra = float(getattr(costs, "baseline_bytes", 0.0)) + float(
-        getattr(costs, "workspace_bytes", 0.0))
+        getattr(costs, "workspace_bytes", 0.0)
+    )
     peak = extra + max(least(state_bytes), least(turn_bytes))
     return least(compute) * (1 - MARGIN), peak * (1 - MARGIN)

@@ -116,8 +116,16 @@ def plan_program(
     from oases.schedule.program import build_program
 
     name, n_regions, n_sub, kw = _program_args(
-        cfg, plan, world_size, batch, max_inflight=max_inflight, n_micro=n_micro, dp=dp,
-        first=first, reshard_after_forward=reshard_after_forward)
+        cfg,
+        plan,
+        world_size,
+        batch,
+        max_inflight=max_inflight,
+        n_micro=n_micro,
+        dp=dp,
+        first=first,
+        reshard_after_forward=reshard_after_forward,
+    )
     return build_program(name, n_regions, n_sub, **dict(kw))
 
 
@@ -143,20 +151,26 @@ def _program_args(
         buckets = {}
     elif buckets is None:
         buckets = dp_buckets(cfg, kinds, list(degrees), world_size, stages)
-    return plan.schedule, len(degrees), plan.n_sub, (
-        ("n_micro", batch.n_micro() if n_micro is None else n_micro),
-        ("max_inflight", max_inflight),
-        ("dp_tasks", tuple(sorted(buckets))),
-        ("degrees", None if len(set(degrees)) == 1 else degrees),
-        ("zero", zero_layout(cfg, stages, reshard_after_forward, gather_updated=first,
-                             ends_step=dp)),
-        ("sp", plan_sp(plan)),
+    return (
+        plan.schedule,
+        len(degrees),
+        plan.n_sub,
+        (
+            ("n_micro", batch.n_micro() if n_micro is None else n_micro),
+            ("max_inflight", max_inflight),
+            ("dp_tasks", tuple(sorted(buckets))),
+            ("degrees", None if len(set(degrees)) == 1 else degrees),
+            (
+                "zero",
+                zero_layout(cfg, stages, reshard_after_forward, gather_updated=first, ends_step=dp),
+            ),
+            ("sp", plan_sp(plan)),
+        ),
     )
 
 
 @functools.lru_cache(maxsize=256)
-def _tape(name: str, n_regions: int, n_sub: int,
-          kw: tuple[tuple[str, object], ...]) -> Tape | None:
+def _tape(name: str, n_regions: int, n_sub: int, kw: tuple[tuple[str, object], ...]) -> Tape | None:
     """The compiled program of ``build_program(name, n_regions, n_sub, **kw)`` (None where
     the tape cannot walk it: the reference walks do), remembered: every degree of a schedule
     walks the same one."""
@@ -220,8 +234,9 @@ def simulate_plan(
     if plan.pp > 1:  # the stages' programs walked together
         from oases.planner.pipeline_walk import simulate_pipeline
 
-        return simulate_pipeline(cfg, plan, costs, world_size, batch, max_inflight=max_inflight,
-                                 timeline=timeline)
+        return simulate_pipeline(
+            cfg, plan, costs, world_size, batch, max_inflight=max_inflight, timeline=timeline
+        )
     spec = SPECS[plan.schedule]
     k = plan.n_sub if spec.overlapped else 1
     degrees = [r.tp for r in plan.regions]
@@ -239,12 +254,20 @@ def simulate_plan(
     args = dict(max_inflight=max_inflight, reshard_after_forward=reshard_after_forward)
 
     def tape(n: int | None, dp: bool, first: bool) -> Tape | None:
-        return _tape(*_program_args(cfg, plan, world_size, batch, n_micro=n, dp=dp,
-                                    first=first, buckets=buckets, **args))
+        return _tape(
+            *_program_args(
+                cfg, plan, world_size, batch, n_micro=n, dp=dp, first=first, buckets=buckets, **args
+            )
+        )
 
     last = None if timeline or not tapes else tape(None if whole else 1, True, whole)
-    program = last.program if last is not None else plan_program(
-        cfg, plan, world_size, batch, n_micro=None if whole else 1, first=whole, **args)
+    program = (
+        last.program
+        if last is not None
+        else plan_program(
+            cfg, plan, world_size, batch, n_micro=None if whole else 1, first=whole, **args
+        )
+    )
     deferring = last.memo.get("deferring") if last is not None else None
     if deferring is None:
         deferring = deferred_regions(program)
@@ -277,7 +300,8 @@ def simulate_plan(
 
         def one(first: bool) -> SimResult:
             micro = plan_program(
-                cfg, plan, world_size, batch, n_micro=1, dp=False, first=first, **args)
+                cfg, plan, world_size, batch, n_micro=1, dp=False, first=first, **args
+            )
             return simulate_program(micro, step, rank=rank, record=timeline)
 
         middle = one(first=False)
@@ -385,19 +409,36 @@ def region_compute_s(
     stages = plan.zero_stages()
     buckets = dp_buckets(cfg, kinds, degrees, world_size, stages)
     whole = batch.n_micro() == 1  # (the program ``simulate_plan`` walks last: its compiled one)
-    tape = _tape(*_program_args(cfg, plan, world_size, batch, max_inflight=max_inflight,
-                                n_micro=None if whole else 1, dp=True, first=whole,
-                                reshard_after_forward=True, buckets=buckets))
+    tape = _tape(
+        *_program_args(
+            cfg,
+            plan,
+            world_size,
+            batch,
+            max_inflight=max_inflight,
+            n_micro=None if whole else 1,
+            dp=True,
+            first=whole,
+            reshard_after_forward=True,
+            buckets=buckets,
+        )
+    )
     if tape is None:
         return None
     deferring = tape.memo.get("deferring")
     if deferring is None:
         deferring = tape.memo["deferring"] = deferred_regions(tape.program)
-    step = plan_step_costs(cfg, plan, costs, world_size, rows,
-                           state=model_state(cfg, plan, world_size), buckets=buckets,
-                           deferring=deferring)
-    values = piece_prices(step, tape, region_signatures(kinds, degrees, rows, stages,
-                                                        deferring))
+    step = plan_step_costs(
+        cfg,
+        plan,
+        costs,
+        world_size,
+        rows,
+        state=model_state(cfg, plan, world_size),
+        buckets=buckets,
+        deferring=deferring,
+    )
+    values = piece_prices(step, tape, region_signatures(kinds, degrees, rows, stages, deferring))
     counts, regions = _piece_counts(tape)
     per_micro = np.bincount(regions, weights=counts * values, minlength=len(degrees))
     return (per_micro * batch.n_micro()).tolist()

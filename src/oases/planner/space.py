@@ -42,8 +42,10 @@ class SearchSpace:
             return
         kept = [t for t in self.degrees if keep(t)]
         if not kept:
-            raise ValueError(f"{why}: no candidate degree of this model is left ({what}; "
-                             f"candidates {self.degrees})")
+            raise ValueError(
+                f"{why}: no candidate degree of this model is left ({what}; "
+                f"candidates {self.degrees})"
+            )
         self.degrees = kept
         self.excluded.append(f"{why}: tp={'/'.join(map(str, out))} not searched ({what})")
 
@@ -54,17 +56,21 @@ class SearchSpace:
             return
         dropped = [z for z in self.zeros if z]
         self.zeros = (0,)
-        self.excluded.append(f"the profile cannot price ZeRO's reduce-scatters and gathers "
-                             f"(it predates them): stage(s) {'/'.join(map(str, dropped))} not "
-                             "searched; run oases profile again")
+        self.excluded.append(
+            f"the profile cannot price ZeRO's reduce-scatters and gathers "
+            f"(it predates them): stage(s) {'/'.join(map(str, dropped))} not "
+            "searched; run oases profile again"
+        )
 
     def narrow_sps(self, priced: bool) -> None:
         """Costs that cannot price sequence parallelism's pieces plan without it."""
         if priced or not self.sps:
             return
-        self.excluded.append(f"the profile cannot price sequence parallelism's pieces (it "
-                             f"predates them): sequence parallelism ({'/'.join(self.sps)}) not "
-                             "searched; run oases profile again")
+        self.excluded.append(
+            f"the profile cannot price sequence parallelism's pieces (it "
+            f"predates them): sequence parallelism ({'/'.join(self.sps)}) not "
+            "searched; run oases profile again"
+        )
         self.sps = ()
 
     def note_flag_effects(self, cfg: ModelConfig, zero_flag: str, sp_flag: str) -> None:
@@ -73,22 +79,30 @@ class SearchSpace:
         single = [t for t in self.degrees if self.world_size // t == 1]
         if 0 not in self.zeros and single:
             if len(single) == len(self.degrees):
-                raise ValueError(f"{zero_flag}: every candidate degree ({self.degrees}) leaves "
-                                 "dp=1, with no data-parallel group to shard over; plan with "
-                                 "--zero 0, or more ranks")
-            self.excluded.append(f"{zero_flag}: tp={'/'.join(map(str, single))} not searched "
-                                 f"(dp=1 at {self.world_size} ranks: no data-parallel group to "
-                                 "shard over; --zero 0 plans it)")
+                raise ValueError(
+                    f"{zero_flag}: every candidate degree ({self.degrees}) leaves "
+                    "dp=1, with no data-parallel group to shard over; plan with "
+                    "--zero 0, or more ranks"
+                )
+            self.excluded.append(
+                f"{zero_flag}: tp={'/'.join(map(str, single))} not searched "
+                f"(dp=1 at {self.world_size} ranks: no data-parallel group to "
+                "shard over; --zero 0 plans it)"
+            )
         if not self.sps:
             return
         uneven = [t for t in self.degrees if t > 1 and cfg.seq_len % t]
         if uneven:
-            self.excluded.append(f"{sp_flag}: tp={'/'.join(map(str, uneven))} searched without "
-                                 f"sequence parallelism (model.seq_len={cfg.seq_len} is not "
-                                 "divisible)")
+            self.excluded.append(
+                f"{sp_flag}: tp={'/'.join(map(str, uneven))} searched without "
+                f"sequence parallelism (model.seq_len={cfg.seq_len} is not "
+                "divisible)"
+            )
         if "gathered" not in self.sps:
             other = [s for s in self.schedules if SPECS[s].recompute != "commfree"]
             if other:
-                self.excluded.append(f"{sp_flag}: {', '.join(other)} searched without sequence "
-                                     "parallelism (shards changes only a communication-free "
-                                     "recompute: oases, commfree-recompute)")
+                self.excluded.append(
+                    f"{sp_flag}: {', '.join(other)} searched without sequence "
+                    "parallelism (shards changes only a communication-free "
+                    "recompute: oases, commfree-recompute)"
+                )

@@ -63,8 +63,9 @@ def compile_tape(program: list[Instr] | tuple[Instr, ...]) -> Tape:
     waited without a start)."""
     from oases.planner.event_walk import COMM_CLASS
 
-    class_of = {kind: CLASSES.index(c) for kind, c in COMM_CLASS.items()
-                if c in CLASSES}  # (a pipeline's point-to-point: walked by pipeline_walk)
+    class_of = {
+        kind: CLASSES.index(c) for kind, c in COMM_CLASS.items() if c in CLASSES
+    }  # (a pipeline's point-to-point: walked by pipeline_walk)
     compute_id: dict[tuple[str, tuple[Piece, ...]], int] = {}
     coll_id: dict[tuple[str, int], int] = {}
     open_slots: dict[tuple[str, int, int], int] = {}

@@ -122,9 +122,7 @@ def perturb(cluster: Cluster, name: str, factor: float) -> Cluster:
         gpu = dataclasses.replace(
             s.gpu,
             matmul_efficiency=min(1.0, s.gpu.matmul_efficiency * factor),
-            dtype_efficiency={
-                k: min(1.0, v * factor) for k, v in s.gpu.dtype_efficiency.items()
-            },
+            dtype_efficiency={k: min(1.0, v * factor) for k, v in s.gpu.dtype_efficiency.items()},
         )
         s = dataclasses.replace(s, gpu=gpu)
     elif name == "inter-server rate" and cluster.inter_link is not None:

@@ -44,14 +44,23 @@ __all__ = ["SCHEDULES", "Schedule", "Timeline", "build_schedule", "record_timeli
 class Schedule:
     """A named schedule, ready to step any parallelized model (one executor per model)."""
 
-    def __init__(self, name: str, n_sub: int = 2, micro_batch: int | None = None,
-                 max_inflight: int = 1, grad_reduce_dtype: torch.dtype | None = None,
-                 sp: str | None = None, defer_weight_grads: bool = True) -> None:
+    def __init__(
+        self,
+        name: str,
+        n_sub: int = 2,
+        micro_batch: int | None = None,
+        max_inflight: int = 1,
+        grad_reduce_dtype: torch.dtype | None = None,
+        sp: str | None = None,
+        defer_weight_grads: bool = True,
+    ) -> None:
         if name not in SPECS:
             raise ValueError(f"unknown schedule {name!r}; valid: {', '.join(SPECS)}")
         if n_sub < 1 or max_inflight < 1 or (micro_batch is not None and micro_batch < 1):
-            raise ValueError(f"schedule.n_sub={n_sub}, schedule.max_inflight={max_inflight} and "
-                             f"train.micro_batch={micro_batch} must be at least 1")
+            raise ValueError(
+                f"schedule.n_sub={n_sub}, schedule.max_inflight={max_inflight} and "
+                f"train.micro_batch={micro_batch} must be at least 1"
+            )
         self.name, self.spec = name, SPECS[name]
         self.spec.check_n_sub(n_sub)
         if sp is None and self.spec.sequence_parallel:
@@ -67,15 +76,16 @@ class Schedule:
         self._programs: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 
     def __repr__(self) -> str:
-        return (f"Schedule({self.name!r}, n_sub={self.n_sub}, micro_batch={self.micro_batch}, "
-                f"max_inflight={self.max_inflight}, sp={self.sp!r})")
+        return (
+            f"Schedule({self.name!r}, n_sub={self.n_sub}, micro_batch={self.micro_batch}, "
+            f"max_inflight={self.max_inflight}, sp={self.sp!r})"
+        )
 
     def executor(self, model: Transformer) -> Executor:
         if model.parallel_ctx is None:
             raise ValueError("a schedule steps a parallelized model: call oases.parallelize first")
         if model not in self._executors:
-            self._executors[model] = Executor(model, self.spec, self.grad_reduce_dtype,
-                                              sp=self.sp)
+            self._executors[model] = Executor(model, self.spec, self.grad_reduce_dtype, sp=self.sp)
         return self._executors[model]
 
     def program(self, model: Transformer, rows: int) -> list[Instr]:
@@ -86,17 +96,33 @@ class Schedule:
         plan = model.parallel_plan
         if n_micro not in programs and plan.pp > 1:
             programs[n_micro] = build_stage_program(
-                self.name, self.n_sub, ex.layout, ex.stage, n_micro=n_micro,
-                pp_schedule=plan.pp_schedule, max_inflight=self.max_inflight,
-                dp_tasks=tuple(sorted(ex.buckets)), degrees=ex.degrees, zero=ex.zero_layout,
-                sp=self.sp, defer_weight_grads=self.defer_weight_grads,
-                tied=model.cfg.tie_embeddings)
+                self.name,
+                self.n_sub,
+                ex.layout,
+                ex.stage,
+                n_micro=n_micro,
+                pp_schedule=plan.pp_schedule,
+                max_inflight=self.max_inflight,
+                dp_tasks=tuple(sorted(ex.buckets)),
+                degrees=ex.degrees,
+                zero=ex.zero_layout,
+                sp=self.sp,
+                defer_weight_grads=self.defer_weight_grads,
+                tied=model.cfg.tie_embeddings,
+            )
         if n_micro not in programs:
             programs[n_micro] = build_program(
-                self.name, len(ex.chain), self.n_sub, n_micro=n_micro,
-                max_inflight=self.max_inflight, dp_tasks=tuple(sorted(ex.buckets)),
-                degrees=ex.degrees, zero=ex.zero_layout, sp=self.sp,
-                defer_weight_grads=self.defer_weight_grads)
+                self.name,
+                len(ex.chain),
+                self.n_sub,
+                n_micro=n_micro,
+                max_inflight=self.max_inflight,
+                dp_tasks=tuple(sorted(ex.buckets)),
+                degrees=ex.degrees,
+                zero=ex.zero_layout,
+                sp=self.sp,
+                defer_weight_grads=self.defer_weight_grads,
+            )
         return programs[n_micro]
 
     def split(self, rows: int) -> tuple[int, int]:
@@ -104,9 +130,11 @@ class Schedule:
         mb = self.micro_batch or rows
         k = sub_batches(self.name, self.n_sub)
         if rows % mb or mb % k:
-            raise ValueError(f"local batch of {rows} rows must split into micro-batches of "
-                             f"train.micro_batch={mb} rows, each into schedule.n_sub={k} "
-                             "sub-batches")
+            raise ValueError(
+                f"local batch of {rows} rows must split into micro-batches of "
+                f"train.micro_batch={mb} rows, each into schedule.n_sub={k} "
+                "sub-batches"
+            )
         return rows // mb, k
 
     def step(self, model: Transformer, tokens: Tensor, targets: Tensor) -> Tensor:
@@ -116,9 +144,11 @@ class Schedule:
         rows, degrees = tokens.shape[0] // (n_micro * k), self.executor(model).degrees
         for t in degrees:  # a reshard that shrinks the degree slices the sub-batch
             if rows * t % degrees[0]:
-                raise ValueError(f"a sub-batch of {rows} rows at the embedding's tp={degrees[0]} "
-                                 f"has no whole share at tp={t}: use a multiple of "
-                                 f"{degrees[0] // math.gcd(degrees[0], t)} rows per sub-batch")
+                raise ValueError(
+                    f"a sub-batch of {rows} rows at the embedding's tp={degrees[0]} "
+                    f"has no whole share at tp={t}: use a multiple of "
+                    f"{degrees[0] // math.gcd(degrees[0], t)} rows per sub-batch"
+                )
         program = self.program(model, tokens.shape[0])
         subs_t = list(tokens.chunk(n_micro * k))  # [rows / (n_micro k), S] each
         subs_y = list(targets.chunk(n_micro * k))
@@ -127,14 +157,23 @@ class Schedule:
             return torch.stack(losses).mean()
         ctx = model.parallel_ctx  # the last stage's loss, to every stage
         dtype = accum_dtype(next(model.parameters()).dtype)
-        loss = (torch.stack(losses).mean().to(dtype) if losses
-                else torch.zeros((), dtype=dtype, device=ctx.device))
+        loss = (
+            torch.stack(losses).mean().to(dtype)
+            if losses
+            else torch.zeros((), dtype=dtype, device=ctx.device)
+        )
         return comm.all_reduce_(loss.reshape(1), ctx.pp_group, tag="pp-loss")[0]
 
 
-def build_schedule(name: str, n_sub: int = 2, micro_batch: int | None = None,
-                   max_inflight: int = 1, grad_reduce_dtype: torch.dtype | None = None,
-                   sp: str | None = None, defer_weight_grads: bool = True) -> Schedule:
+def build_schedule(
+    name: str,
+    n_sub: int = 2,
+    micro_batch: int | None = None,
+    max_inflight: int = 1,
+    grad_reduce_dtype: torch.dtype | None = None,
+    sp: str | None = None,
+    defer_weight_grads: bool = True,
+) -> Schedule:
     """The schedule called ``name`` (ValueError listing the valid names otherwise).
     ``grad_reduce_dtype``: the dtype of the data-parallel gradient reduction (None: the
     gradients' own; ``Precision.grad_reduce_dtype``). ``sp``: sequence parallelism ("gathered"
@@ -142,5 +181,6 @@ def build_schedule(name: str, n_sub: int = 2, micro_batch: int | None = None,
     except for megatron-sp); ``defer_weight_grads``: under it, a block region's weight
     gradients run after its reduce-scatter and the next gather have started (False: inline,
     for comparison)."""
-    return Schedule(name, n_sub, micro_batch, max_inflight, grad_reduce_dtype, sp,
-                    defer_weight_grads)
+    return Schedule(
+        name, n_sub, micro_batch, max_inflight, grad_reduce_dtype, sp, defer_weight_grads
+    )

@@ -67,8 +67,12 @@ class ZeroLayout:
         return (i,)
 
 
-def insert_dp(body: list[Instr], dp_tasks: set[int], last_sub: int,
-              closed_by_norm: frozenset[int] = frozenset()) -> list[Instr]:
+def insert_dp(
+    body: list[Instr],
+    dp_tasks: set[int],
+    last_sub: int,
+    closed_by_norm: frozenset[int] = frozenset(),
+) -> list[Instr]:
     """Start each DP bucket's all-reduce once its last backward task is done, but after the TP
     gradient all-reduce (or the pipeline's gradient send, "sb") that task starts (the next
     compute waits on that one, not on DP). ``closed_by_norm``: buckets t that close with the

@@ -46,7 +46,7 @@ def activation_dtype(model: torch.nn.Module) -> torch.dtype:
 
 
 class PointToPointInstructions:
-    """"sf", "rf", "sb", "rb" and "tie" of ``Executor`` (see the module docstring)."""
+    """ "sf", "rf", "sb", "rb" and "tie" of ``Executor`` (see the module docstring)."""
 
     def _start_pipeline(self, ins: Start, tag: str) -> tuple[comm.Handle, bool]:
         """Start one point-to-point or "tie" instruction: (handle, moves data)."""
@@ -69,8 +69,9 @@ class PointToPointInstructions:
         if ins.kind == "sb":
             dx = self.gx.pop((i, j)).to(dtype)
             return comm.send_async(dx, pair, peer, tag=number, direction=passes, label=tag), True
-        return comm.recv_async(self._boundary_shape(i, j), dtype, pair, peer, tag=number,
-                               direction=passes, label=tag), True
+        return comm.recv_async(
+            self._boundary_shape(i, j), dtype, pair, peer, tag=number, direction=passes, label=tag
+        ), True
 
     def _wait_pipeline(self, ins: Wait, result: Tensor) -> None:
         """Put a received tensor where the next piece reads it."""

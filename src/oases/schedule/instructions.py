@@ -112,7 +112,6 @@ def comm_name(kind: str, index: int) -> str:
     sequence-parallel gather; its "fwd"/"bwd" reduce-scatters are named like the all-reduces)."""
     return (
         f"{kind} {index}"
-        if kind
-        in ("rsf", "rsb", "rs", "ag", "gf", "gb", "gr", "gh", "sf", "rf", "sb", "rb", "tie")
+        if kind in ("rsf", "rsb", "rs", "ag", "gf", "gb", "gr", "gh", "sf", "rf", "sb", "rb", "tie")
         else f"{kind} AR {index}"
     )

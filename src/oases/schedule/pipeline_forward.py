@@ -42,8 +42,14 @@ def stage_forward_loss(model: Transformer, tokens: Tensor, targets: Tensor) -> T
         rows = tokens.shape[0] * chain[lo].tp // chain[0].tp
         pair = ctx.p2p_groups["fwd", "prev"]
         dtype = activation_dtype(model)
-        x = comm.recv_async((rows, tokens.shape[1], model.cfg.dim), dtype, pair, pair.ranks[0],
-                            tag=comm.p2p_tag(lo, 0, "forward"), label="eval").wait()
+        x = comm.recv_async(
+            (rows, tokens.shape[1], model.cfg.dim),
+            dtype,
+            pair,
+            pair.ranks[0],
+            tag=comm.p2p_tag(lo, 0, "forward"),
+            label="eval",
+        ).wait()
     loss: Tensor | None = None
     for i in range(lo, hi):
         region = chain[i]
@@ -61,9 +67,15 @@ def stage_forward_loss(model: Transformer, tokens: Tensor, targets: Tensor) -> T
             x = region.epilogue(x, comm.all_reduce_(p, region.tp_group, tag="eval"))
     if hi < n:
         pair = ctx.p2p_groups["fwd", "next"]
-        comm.send_async(x.to(activation_dtype(model)), pair, pair.ranks[1],
-                        tag=comm.p2p_tag(hi, 0, "forward"), label="eval").wait()
+        comm.send_async(
+            x.to(activation_dtype(model)),
+            pair,
+            pair.ranks[1],
+            tag=comm.p2p_tag(hi, 0, "forward"),
+            label="eval",
+        ).wait()
     dtype = accum_dtype(next(model.parameters()).dtype)
-    out = (loss.to(dtype) if loss is not None
-           else torch.zeros((), dtype=dtype, device=ctx.device)).reshape(1)
+    out = (
+        loss.to(dtype) if loss is not None else torch.zeros((), dtype=dtype, device=ctx.device)
+    ).reshape(1)
     return comm.all_reduce_(out, ctx.pp_group, tag="pp-loss")[0]

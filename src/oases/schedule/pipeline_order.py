@@ -65,9 +65,17 @@ from __future__ import annotations
 
 from oases.stages import PIPELINE_SCHEDULES, PLANNED_SCHEDULES, check_pipeline_schedule
 
-__all__ = ["PIPELINE_SCHEDULES", "PLANNED_SCHEDULES", "check_pipeline_schedule",
-           "gpipe_order", "in_flight", "one_f_one_b_order", "pipeline_order", "warmup_forwards",
-           "zb_h1_order"]
+__all__ = [
+    "PIPELINE_SCHEDULES",
+    "PLANNED_SCHEDULES",
+    "check_pipeline_schedule",
+    "gpipe_order",
+    "in_flight",
+    "one_f_one_b_order",
+    "pipeline_order",
+    "warmup_forwards",
+    "zb_h1_order",
+]
 
 Pass = tuple[str, int]  # ("F" | "B" | "W", micro-batch)
 Unit = tuple[Pass, ...]

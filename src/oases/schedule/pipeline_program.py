@@ -103,20 +103,35 @@ def build_stage_program(
     degree_changes(n, degrees)  # (checks the degrees)
     for b in layout.starts:
         if degrees is not None and degrees[b - 1] != degrees[b]:
-            raise ValueError(f"regions {b - 1} (tp={degrees[b - 1]}) and {b} (tp={degrees[b]}) "
-                             "sit on either side of a stage boundary: a boundary needs one TP "
-                             "degree on both sides (change degrees inside a stage)")
+            raise ValueError(
+                f"regions {b - 1} (tp={degrees[b - 1]}) and {b} (tp={degrees[b]}) "
+                "sit on either side of a stage boundary: a boundary needs one TP "
+                "degree on both sides (change degrees inside a stage)"
+            )
     if zero is not None and (len(zero.stages) != n or len(zero.uses) != n):
         raise ValueError(f"zero layout for {len(zero.stages)} regions, program of {n}")
     if zero is not None and layout.pp > 1 and max(zero.stages) == 3:
-        raise ValueError("ZeRO stage 3 inside pipeline stages is not built yet (its gathers "
-                         "around every pass of interleaved micro-batches)")
+        raise ValueError(
+            "ZeRO stage 3 inside pipeline stages is not built yet (its gathers "
+            "around every pass of interleaved micro-batches)"
+        )
     if sp is None and spec.sequence_parallel:
         sp = "gathered"
     if sp is not None and sp not in SP_MODES:
         raise ValueError(f"sp={sp!r}; valid: {', '.join(SP_MODES)} (or None: off)")
-    program = _build(spec, k, layout, stage, n_micro, pp_schedule, max_inflight,
-                     tuple(sorted(dp_tasks)), degrees, sp, defer_weight_grads)
+    program = _build(
+        spec,
+        k,
+        layout,
+        stage,
+        n_micro,
+        pp_schedule,
+        max_inflight,
+        tuple(sorted(dp_tasks)),
+        degrees,
+        sp,
+        defer_weight_grads,
+    )
     lo, hi = layout.bounds(stage)
     if zero is not None and any(zero.stages[lo:hi]):
         program = insert_zero(program, zero, k)
@@ -125,9 +140,11 @@ def build_stage_program(
         index = 0 if stage == 0 else n - 1
         sharded = zero is not None and zero.stages[index] > 0
         if sharded and zero.stages[index] > 1:  # (its shards' layouts differ on the stages)
-            raise ValueError(f"a tied embedding across pipeline stages sums its full gradient "
-                             f"once a step: ZeRO stage {zero.stages[index]} of region {index} "
-                             "reduce-scatters it every micro-batch (use stage 1)")
+            raise ValueError(
+                f"a tied embedding across pipeline stages sums its full gradient "
+                f"once a step: ZeRO stage {zero.stages[index]} of region {index} "
+                "reduce-scatters it every micro-batch (use stage 1)"
+            )
         program = _tie_before_reduce(program, index, sharded, n_micro - 1)
     if sp is not None:  # after every gradient is final (ZeRO's scatters waited too)
         program += [Start("sg", 0), Wait("sg", 0)]
@@ -160,8 +177,10 @@ def _build(
         subs = range(m * k, (m + 1) * k)
         zb = pp_schedule == "zb-h1"  # its W passes take every block's weight gradients
         if sp is not None:
-            chains = [sp_chain(n, j, spec.recompute, sp, changes,
-                               defer and spec.overlapped and not zb) for j in subs]
+            chains = [
+                sp_chain(n, j, spec.recompute, sp, changes, defer and spec.overlapped and not zb)
+                for j in subs
+            ]
             fwd = staggered([[t for t in c if t.compute.phase == "forward"] for c in chains])
             bwd = staggered([[t for t in c if t.compute.phase != "forward"] for c in chains])
         else:
@@ -186,9 +205,13 @@ def weight_grad_tasks(tasks: list[Task], n: int) -> list[Task]:
     executor then computes only the input gradient in [tp i] and the TP matmuls' weight
     gradients in [dw i] (``executor_backward``). Not the embedding's and the head's: the
     lookup has no matmul, and the head's [b*S, V/t] logits gradient would be held to its W."""
-    return [Task(Compute("backward", (("dw", i),), t.compute.sub))
-            for t in tasks if t.compute.phase == "backward"
-            for kind, i in t.compute.pieces if kind == "tp" and 0 < i < n - 1]
+    return [
+        Task(Compute("backward", (("dw", i),), t.compute.sub))
+        for t in tasks
+        if t.compute.phase == "backward"
+        for kind, i in t.compute.pieces
+        if kind == "tp" and 0 < i < n - 1
+    ]
 
 
 def _on_stage(tasks: list[Task], lo: int, hi: int, n: int) -> list[_Marked]:
@@ -248,14 +271,22 @@ def _unit_body(tasks: list[_Marked], spec: ScheduleSpec, max_inflight: int) -> l
     return out
 
 
-def _place_p2p(units: list[Unit], bodies: list[list[Instr]],
-               passes: dict[tuple[str, int], list[_Marked]]) -> list[Instr]:
+def _place_p2p(
+    units: list[Unit], bodies: list[list[Instr]], passes: dict[tuple[str, int], list[_Marked]]
+) -> list[Instr]:
     """Concatenate the units' bodies with the receives posted one unit ahead and the sends
     waited ``SEND_WAIT_UNITS`` units later (module docstring)."""
-    recvs = [sorted((m.recv for p in unit for m in passes[p] if m.recv is not None),
-                    key=lambda key: (key[2], key[1])) for unit in units]
-    sends = [[ins for ins in body if isinstance(ins, Start) and ins.kind in SEND_KINDS]
-             for body in bodies]
+    recvs = [
+        sorted(
+            (m.recv for p in unit for m in passes[p] if m.recv is not None),
+            key=lambda key: (key[2], key[1]),
+        )
+        for unit in units
+    ]
+    sends = [
+        [ins for ins in body if isinstance(ins, Start) and ins.kind in SEND_KINDS]
+        for body in bodies
+    ]
     program: list[Instr] = []
     for u, body in enumerate(bodies):
         if u == 0:
@@ -265,13 +296,14 @@ def _place_p2p(units: list[Unit], bodies: list[list[Instr]],
         program += body
         if u - SEND_WAIT_UNITS + 1 >= 0:
             program += [Wait(s.kind, s.index, s.sub) for s in sends[u - SEND_WAIT_UNITS + 1]]
-    for done in sends[max(0, len(units) - SEND_WAIT_UNITS + 1):]:
+    for done in sends[max(0, len(units) - SEND_WAIT_UNITS + 1) :]:
         program += [Wait(s.kind, s.index, s.sub) for s in done]
     return program
 
 
-def _tie_before_reduce(program: list[Instr], index: int, sharded: bool,
-                       last_micro: int) -> list[Instr]:
+def _tie_before_reduce(
+    program: list[Instr], index: int, sharded: bool, last_micro: int
+) -> list[Instr]:
     """Sum the tied weight's gradient over the first and last stage ("tie") after the last
     compute, and only then start the reduction of region ``index``'s bucket ("dp") or ZeRO
     unit ("rs" of the last micro-batch), moved there from where it was (module docstring)."""
@@ -284,16 +316,19 @@ def _tie_before_reduce(program: list[Instr], index: int, sharded: bool,
             continue
         out.append(ins)
     last = max(i for i, ins in enumerate(out) if isinstance(ins, Compute))
-    while last + 1 < len(out) and isinstance(out[last + 1], Start) and (
-        out[last + 1].kind in SEND_KINDS
+    while (
+        last + 1 < len(out)
+        and isinstance(out[last + 1], Start)
+        and (out[last + 1].kind in SEND_KINDS)
     ):  # the last compute's send goes first: the other stage may be waiting for it
         last += 1
-    had_start = any(isinstance(ins, Start) and (ins.kind, ins.index, ins.sub) == key
-                    for ins in program)
+    had_start = any(
+        isinstance(ins, Start) and (ins.kind, ins.index, ins.sub) == key for ins in program
+    )
     tail: list[Instr] = [Start("tie", 0), Wait("tie", 0)]
     if had_start:
         tail.append(Start(*key))
-    out[last + 1:last + 1] = tail
+    out[last + 1 : last + 1] = tail
     if moved_wait:
         out.append(Wait(*key))
     return out

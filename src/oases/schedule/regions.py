@@ -80,6 +80,7 @@ def build_chain(model: Transformer) -> list[Region]:
         def held(index: int) -> bool:
             return layout.holds(ctx.pp_rank, index)
     else:
+
         def held(index: int) -> bool:
             return True
 
@@ -87,51 +88,94 @@ def build_chain(model: Transformer) -> list[Region]:
         """A region of another pipeline stage: its place in the chain, nothing to run."""
         return Region(index, kind, name, None, None, None, None, *degree(name))
 
-    def embed_epilogue(x: Tensor | None, r: Tensor, start: int = 0,
-                       pos_grad: bool = True) -> Tensor:
+    def embed_epilogue(
+        x: Tensor | None, r: Tensor, start: int = 0, pos_grad: bool = True
+    ) -> Tensor:
         S = r.shape[1]  # positions start .. start + S (a slice of the sequence under sp)
         if model.pos_embed is not None:  # in r's dtype, as the single-device model adds it
             w = model.pos_embed.weight  # (sp: its gradient comes from the gathered dr_0)
-            r = r + to_activation((w if pos_grad else w.detach())[start:start + S])
+            r = r + to_activation((w if pos_grad else w.detach())[start : start + S])
         return model.drop(r)
 
     chain = [
-        Region(0, "embed", "embed", None, None, None, embed_epilogue, *degree("embed"),
-               tp_params=_params(model.embed),
-               epi_params=_params(model.pos_embed), dropout=cfg.dropout)
-        if held(0) else stub(0, "embed", "embed")
+        Region(
+            0,
+            "embed",
+            "embed",
+            None,
+            None,
+            None,
+            embed_epilogue,
+            *degree("embed"),
+            tp_params=_params(model.embed),
+            epi_params=_params(model.pos_embed),
+            dropout=cfg.dropout,
+        )
+        if held(0)
+        else stub(0, "embed", "embed")
     ]
     for layer, block in enumerate(model.blocks):
         if not held(len(chain)):
-            chain += [stub(len(chain), "attn", f"blocks.{layer}.attn"),
-                      stub(len(chain) + 1, "mlp", f"blocks.{layer}.mlp")]
+            chain += [
+                stub(len(chain), "attn", f"blocks.{layer}.attn"),
+                stub(len(chain) + 1, "mlp", f"blocks.{layer}.mlp"),
+            ]
             continue
-        for kind, norm, sub in (("attn", block.attn_norm, block.attn),
-                                ("mlp", block.mlp_norm, block.mlp)):
+        for kind, norm, sub in (
+            ("attn", block.attn_norm, block.attn),
+            ("mlp", block.mlp_norm, block.mlp),
+        ):
             row = sub.proj if kind == "attn" else sub.fc2
 
-            def epilogue(x: Tensor | None, r: Tensor, row: RowParallelLinear = row,
-                         drop: nn.Module = block.drop) -> Tensor:
+            def epilogue(
+                x: Tensor | None,
+                r: Tensor,
+                row: RowParallelLinear = row,
+                drop: nn.Module = block.drop,
+            ) -> Tensor:
                 return x + drop(row.add_bias(r))
 
             tp = [p for p in sub.parameters() if p is not row.bias]
             name = f"blocks.{layer}.{kind}"
-            chain.append(Region(
-                len(chain), kind, name, norm, sub.core, row, epilogue, *degree(name),
-                norm_params=_params(norm), tp_params=tp,
-                epi_params=[row.bias] if row.bias is not None else [], dropout=cfg.dropout,
-                module=sub,
-            ))
+            chain.append(
+                Region(
+                    len(chain),
+                    kind,
+                    name,
+                    norm,
+                    sub.core,
+                    row,
+                    epilogue,
+                    *degree(name),
+                    norm_params=_params(norm),
+                    tp_params=tp,
+                    epi_params=[row.bias] if row.bias is not None else [],
+                    dropout=cfg.dropout,
+                    module=sub,
+                )
+            )
     if not held(len(chain)):
         return [*chain, stub(len(chain), "head", "head")]
-    chain.append(Region(len(chain), "head", "head", model.norm, None, None, None,
-                        *degree("head"), norm_params=_params(model.norm),
-                        tp_params=_params(model.head)))
+    chain.append(
+        Region(
+            len(chain),
+            "head",
+            "head",
+            model.norm,
+            None,
+            None,
+            None,
+            *degree("head"),
+            norm_params=_params(model.norm),
+            tp_params=_params(model.head),
+        )
+    )
     return chain
 
 
-def dp_buckets(chain: list[Region], skip: frozenset[int] = frozenset()
-               ) -> dict[int, list[nn.Parameter]]:
+def dp_buckets(
+    chain: list[Region], skip: frozenset[int] = frozenset()
+) -> dict[int, list[nn.Parameter]]:
     """Parameters grouped by the backward task after which their gradients are final.
 
     Backward task i runs ``norm:i+1``, ``epi:i`` and ``tp:i``; a parameter used by several tasks
@@ -141,8 +185,11 @@ def dp_buckets(chain: list[Region], skip: frozenset[int] = frozenset()
     last: dict[int, tuple[int, nn.Parameter]] = {}
     for region in chain:
         i = region.index
-        for task, params in ((i, region.tp_params), (i, region.epi_params),
-                             (i - 1, region.norm_params)):
+        for task, params in (
+            (i, region.tp_params),
+            (i, region.epi_params),
+            (i - 1, region.norm_params),
+        ):
             for p in params:
                 if id(p) in skip:
                     continue
@@ -154,8 +201,9 @@ def dp_buckets(chain: list[Region], skip: frozenset[int] = frozenset()
     return buckets
 
 
-def dp_bucket_groups(chain: list[Region], skip: frozenset[int] = frozenset()
-                     ) -> dict[int, list[tuple[Group, list[nn.Parameter]]]]:
+def dp_bucket_groups(
+    chain: list[Region], skip: frozenset[int] = frozenset()
+) -> dict[int, list[tuple[Group, list[nn.Parameter]]]]:
     """Each bucket of ``dp_buckets`` split by the data-parallel group its parameters are
     reduced over: that of the region owning them (backward task i holds norm:i+1's parameters
     and region i's, which differ where the degree changes). One entry per (task, group), in

@@ -22,10 +22,12 @@ class ScheduleSpec:
         """ValueError where ``n_sub`` is below what the schedule is defined with: Merak is
         sub-pipelined TMP, and with one sub-batch it is megatron-recompute's program."""
         if n_sub < self.min_sub:
-            raise ValueError(f"{self.name} overlaps {self.min_sub} or more sub-batches inside "
-                             f"each block (schedule.n_sub={n_sub}); with one it is "
-                             "megatron-recompute's program: use that, or n_sub >= "
-                             f"{self.min_sub}")
+            raise ValueError(
+                f"{self.name} overlaps {self.min_sub} or more sub-batches inside "
+                f"each block (schedule.n_sub={n_sub}); with one it is "
+                "megatron-recompute's program: use that, or n_sub >= "
+                f"{self.min_sub}"
+            )
 
 
 SPECS = {

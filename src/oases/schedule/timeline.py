@@ -44,9 +44,18 @@ def lane_of(event: Event) -> str:
     """The lane an event is drawn on: compute, or its collective's kind (``LANES``)."""
     if event.lane == "compute":
         return "compute"
-    return {"dp": "DP comm", "rs": "DP comm", "ag": "ZeRO gather", "rsf": "reshard",
-            "rsb": "reshard", "sf": "pipeline p2p", "rf": "pipeline p2p", "sb": "pipeline p2p",
-            "rb": "pipeline p2p", "tie": "DP comm"}.get(event.phase, "TP comm")
+    return {
+        "dp": "DP comm",
+        "rs": "DP comm",
+        "ag": "ZeRO gather",
+        "rsf": "reshard",
+        "rsb": "reshard",
+        "sf": "pipeline p2p",
+        "rf": "pipeline p2p",
+        "sb": "pipeline p2p",
+        "rb": "pipeline p2p",
+        "tie": "DP comm",
+    }.get(event.phase, "TP comm")
 
 
 @dataclass
@@ -68,8 +77,9 @@ class Timeline:
     def busy_s(self, lane: str, rank: int | None = None) -> float:
         """Total length of the union of ``lane``'s intervals (on one rank, or rank 0's)."""
         rank = min((e.rank for e in self.events), default=0) if rank is None else rank
-        spans = sorted((e.start_s, e.end_s) for e in self.events
-                       if e.lane == lane and e.rank == rank)
+        spans = sorted(
+            (e.start_s, e.end_s) for e in self.events if e.lane == lane and e.rank == rank
+        )
         total, cur_s, cur_e = 0.0, None, None
         for s, e in spans:
             if cur_e is None or s > cur_e:
@@ -103,27 +113,43 @@ class Timeline:
         backward (every schedule runs a micro-batch's forwards before its backwards, and a
         micro-batch's collectives end before the next micro-batch starts)."""
         rank = min((e.rank for e in self.events), default=0)
-        compute = sorted((e for e in self.events if e.rank == rank and e.lane == "compute"),
-                         key=lambda e: e.start_s)
+        compute = sorted(
+            (e for e in self.events if e.rank == rank and e.lane == "compute"),
+            key=lambda e: e.start_s,
+        )
         first_bwd = next((e.start_s for e in compute if e.phase == "backward"), float("inf"))
-        return max(1, len({e.sub for e in compute
-                           if e.phase == "forward" and e.start_s < first_bwd}))
+        return max(
+            1, len({e.sub for e in compute if e.phase == "forward" and e.start_s < first_bwd})
+        )
 
     def save_chrome_trace(self, path: str | Path) -> None:
         """Write the Chrome trace-event JSON (pid = rank, tid = lane of ``LANES``,
         microseconds)."""
         t0 = min((e.start_s for e in self.events), default=0.0)
         trace = [
-            {"name": e.name, "cat": e.phase, "ph": "X", "pid": e.rank,
-             "tid": LANES.index(lane_of(e)),
-             "ts": (e.start_s - t0) * 1e6, "dur": max(e.end_s - e.start_s, 0.0) * 1e6,
-             "args": {"sub_batch": e.sub, "phase": e.phase}}
+            {
+                "name": e.name,
+                "cat": e.phase,
+                "ph": "X",
+                "pid": e.rank,
+                "tid": LANES.index(lane_of(e)),
+                "ts": (e.start_s - t0) * 1e6,
+                "dur": max(e.end_s - e.start_s, 0.0) * 1e6,
+                "args": {"sub_batch": e.sub, "phase": e.phase},
+            }
             for e in self.events
         ]
         for rank in sorted({e.rank for e in self.events}):
             for tid, lane in enumerate(LANES):
-                trace.append({"name": "thread_name", "ph": "M", "pid": rank, "tid": tid,
-                              "args": {"name": lane}})
+                trace.append(
+                    {
+                        "name": "thread_name",
+                        "ph": "M",
+                        "pid": rank,
+                        "tid": tid,
+                        "args": {"name": lane},
+                    }
+                )
         Path(path).write_text(json.dumps({"traceEvents": trace}))
 
     @staticmethod
@@ -135,13 +161,26 @@ class Timeline:
             if r.get("ph") != "X":
                 continue
             start = r["ts"] * 1e-6
-            events.append(Event(r["pid"], "compute" if r["tid"] == 0 else "comm", r["name"],
-                                r["args"]["phase"], r["args"]["sub_batch"], start,
-                                start + r["dur"] * 1e-6))
+            events.append(
+                Event(
+                    r["pid"],
+                    "compute" if r["tid"] == 0 else "comm",
+                    r["name"],
+                    r["args"]["phase"],
+                    r["args"]["sub_batch"],
+                    start,
+                    start + r["dur"] * 1e-6,
+                )
+            )
         return Timeline(events)
 
-    def plot(self, path: str | Path, title: str = "", n_sub: int | None = None,
-             zoom: tuple[float, float] | None | str = "auto") -> None:
+    def plot(
+        self,
+        path: str | Path,
+        title: str = "",
+        n_sub: int | None = None,
+        zoom: tuple[float, float] | None | str = "auto",
+    ) -> None:
         """Draw the timeline to a PNG (``schedule.timeline_plot``): a lane per rank and kind
         of work, hue = sub-batch, shade = micro-batch, hatch = phase, a legend; ``zoom``
         ("auto": where bars would be too thin to see) adds a panel of a short window."""

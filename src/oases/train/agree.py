@@ -42,5 +42,3 @@ def agree_on_setup(ctx: ParallelContext, error: ValueError | None) -> None:
         assert error is not None
         raise error if first == 0 else ValueError(f"rank {first}: {error}")
     raise PeerError(f"setup failed on rank {first}")
-
-

@@ -73,6 +73,7 @@ MANIFEST = "oases.json"
 COMPLETE = "COMPLETE"
 _STEP_DIR = re.compile(r"^step_(\d+)$")
 
+
 def step_dir_name(step: int) -> str:
     return f"step_{step:06d}"
 
@@ -155,8 +156,9 @@ def _parts(local: Tensor, spec: ShardSpec, tp_rank: int, tp: int) -> list[tuple[
     return out
 
 
-def _entries(name: str, t: Tensor, spec: ShardSpec | None, tp: int, ctx: ParallelContext,
-             mesh: Any) -> dict[str, Tensor]:
+def _entries(
+    name: str, t: Tensor, spec: ShardSpec | None, tp: int, ctx: ParallelContext, mesh: Any
+) -> dict[str, Tensor]:
     """Checkpoint entries of one tensor with a parameter's layout (sharded over the TP group of
     degree ``tp``, whose mesh is ``mesh``): views or DTensors of ``t``."""
     if spec is None:
@@ -170,7 +172,11 @@ def _entries(name: str, t: Tensor, spec: ShardSpec | None, tp: int, ctx: Paralle
             from torch.distributed.tensor import DTensor, Shard
 
             out[f"{name}/part{i}"] = DTensor.from_local(
-                piece, mesh, [Shard(spec.dim)], run_check=False, shape=full_shape,
+                piece,
+                mesh,
+                [Shard(spec.dim)],
+                run_check=False,
+                shape=full_shape,
                 stride=_contiguous_stride(full_shape),
             )
     return out
@@ -186,8 +192,9 @@ def _adam_state(optimizer: torch.optim.Optimizer, p: nn.Parameter) -> dict[str, 
     return state
 
 
-def _local_tensors(model: nn.Module, optimizer: torch.optim.Optimizer
-                   ) -> list[tuple[str, Tensor, ShardSpec | None, int]]:
+def _local_tensors(
+    model: nn.Module, optimizer: torch.optim.Optimizer
+) -> list[tuple[str, Tensor, ShardSpec | None, int]]:
     """(key, local tensor, spec, TP degree) for every parameter and optimizer-state tensor."""
     degrees = parameter_degrees(model)
     out = []
@@ -212,9 +219,17 @@ def _rng_state(device: torch.device) -> dict[str, Tensor]:
 
 
 def save_checkpoint(
-    root: Path, step: int, model: nn.Module, optimizer: torch.optim.Optimizer,
-    extras: dict[str, Any], cfg: Config, ctx: ParallelContext, meshes: dict[int, Any],
-    keep: int, files: dict[str, Path] | None = None, run: dict[str, Any] | None = None,
+    root: Path,
+    step: int,
+    model: nn.Module,
+    optimizer: torch.optim.Optimizer,
+    extras: dict[str, Any],
+    cfg: Config,
+    ctx: ParallelContext,
+    meshes: dict[int, Any],
+    keep: int,
+    files: dict[str, Path] | None = None,
+    run: dict[str, Any] | None = None,
 ) -> Path:
     """Write checkpoint ``root/step_<step>`` atomically on every rank; returns its path.
 
@@ -246,10 +261,16 @@ def save_checkpoint(
             _fsync(tmp / name)
         files = {f.name: f.stat().st_size for f in sorted(tmp.iterdir()) if f.is_file()}
         manifest = {
-            "format": FORMAT_VERSION, "step": step, "tp": ctx.tp, "dp": ctx.dp,
-            "degrees": _region_degrees(model), "world_size": ctx.world_size,
-            "torch": torch.__version__, "extras": extras,
-            "config": config_to_dict(cfg), "files": files,
+            "format": FORMAT_VERSION,
+            "step": step,
+            "tp": ctx.tp,
+            "dp": ctx.dp,
+            "degrees": _region_degrees(model),
+            "world_size": ctx.world_size,
+            "torch": torch.__version__,
+            "extras": extras,
+            "config": config_to_dict(cfg),
+            "files": files,
             **({"run": run} if run is not None else {}),
         }
         _write_synced(tmp / MANIFEST, json.dumps(manifest, indent=1))
@@ -322,8 +343,9 @@ def _prune(root: Path, keep: int, just_saved: Path) -> None:
 # ---------------------------------------------------------------- load
 
 
-def check_checkpoint(path: Path, model: nn.Module, optimizer: torch.optim.Optimizer,
-                     ctx: ParallelContext) -> dict[str, Any]:
+def check_checkpoint(
+    path: Path, model: nn.Module, optimizer: torch.optim.Optimizer, ctx: ParallelContext
+) -> dict[str, Any]:
     """Local checks (no collective) that ``path`` is complete and fits ``model``; returns the
     manifest. ValueError naming the path: incomplete, truncated, or shapes that differ."""
     manifest = read_manifest(path)
@@ -349,8 +371,13 @@ def _full_shape(key: str, t: Tensor, spec: ShardSpec) -> torch.Size:
     return torch.Size(shape)
 
 
-def load_checkpoint(path: Path, model: nn.Module, optimizer: torch.optim.Optimizer,
-                    ctx: ParallelContext, meshes: dict[int, Any]) -> dict[str, Any]:
+def load_checkpoint(
+    path: Path,
+    model: nn.Module,
+    optimizer: torch.optim.Optimizer,
+    ctx: ParallelContext,
+    meshes: dict[int, Any],
+) -> dict[str, Any]:
     """Load checkpoint ``path`` into ``model`` and ``optimizer`` (any saved tp) on every rank and
     restore this rank's RNG; returns the manifest. Call ``check_checkpoint`` first (locally) so
     that user errors surface before this collective. A read failure inside DCP raises the same
@@ -371,17 +398,30 @@ def load_checkpoint(path: Path, model: nn.Module, optimizer: torch.optim.Optimiz
                 from torch.distributed.tensor import DTensor, Shard
 
                 full = _full_shape(k, t, spec)
-                state[k] = DTensor.from_local(buf, mesh, [Shard(spec.dim)], run_check=False,
-                                              shape=full, stride=_contiguous_stride(full))
+                state[k] = DTensor.from_local(
+                    buf,
+                    mesh,
+                    [Shard(spec.dim)],
+                    run_check=False,
+                    shape=full,
+                    stride=_contiguous_stride(full),
+                )
     src = ctx.rank if f"rng.rank{ctx.rank}.cpu" in saved else 0
-    rng = {kind: torch.empty(saved[f"rng.rank{src}.{kind}"].size, dtype=torch.uint8)
-           for kind in _rng_state(ctx.device) if f"rng.rank{src}.{kind}" in saved}
+    rng = {
+        kind: torch.empty(saved[f"rng.rank{src}.{kind}"].size, dtype=torch.uint8)
+        for kind in _rng_state(ctx.device)
+        if f"rng.rank{src}.{kind}" in saved
+    }
     for kind, buf in rng.items():
         state[f"rng.rank{src}.{kind}"] = buf
     try:
         with _single_process_quiet():
-            dcp.load(state, storage_reader=SafeReader(path), planner=TensorOnlyPlanner(),
-                     no_dist=_single_process())
+            dcp.load(
+                state,
+                storage_reader=SafeReader(path),
+                planner=TensorOnlyPlanner(),
+                no_dist=_single_process(),
+            )
     except (Exception, CheckpointException) as exc:  # a failure on any rank reaches every rank
         raise ValueError(
             f"checkpoint {path}: a tensor file is corrupt or unreadable ({_last_line(exc)})"
@@ -416,12 +456,16 @@ def read_full_tensors(path: str | os.PathLike[str], prefix: str = "") -> dict[st
     path = Path(path)
     read_manifest(path)
     saved = load_metadata(path).state_dict_metadata
-    state = {k: torch.empty(tuple(v.size), dtype=v.properties.dtype)
-             for k, v in saved.items() if k.startswith(prefix)}
+    state = {
+        k: torch.empty(tuple(v.size), dtype=v.properties.dtype)
+        for k, v in saved.items()
+        if k.startswith(prefix)
+    }
     try:
         with _single_process_quiet():
-            dcp.load(state, storage_reader=SafeReader(path), planner=TensorOnlyPlanner(),
-                     no_dist=True)
+            dcp.load(
+                state, storage_reader=SafeReader(path), planner=TensorOnlyPlanner(), no_dist=True
+            )
     except (Exception, CheckpointException) as exc:
         raise ValueError(f"checkpoint {path}: cannot be read ({_last_line(exc)})") from None
     return state

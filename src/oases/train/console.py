@@ -47,8 +47,9 @@ class Console:
     then go to stderr (a given ``stream``, a log, gets both); ``tty`` overrides
     ``terminal_has_room(stream)`` (a bar is drawn only on a terminal)."""
 
-    def __init__(self, enabled: bool, stream: TextIO | None = None, *,
-                 tty: bool | None = None) -> None:
+    def __init__(
+        self, enabled: bool, stream: TextIO | None = None, *, tty: bool | None = None
+    ) -> None:
         self.enabled = enabled
         self.stream = sys.stdout if stream is None else stream
         self.err_stream = sys.stderr if stream is None else stream
@@ -78,8 +79,7 @@ class Console:
         else:
             print(f"warning: {msg}", file=self.err_stream, flush=True)
 
-    def start(self, first: int, end: int, steps: int, log_every: int,
-              tokens_per_step: int) -> None:
+    def start(self, first: int, end: int, steps: int, log_every: int, tokens_per_step: int) -> None:
         """The steps ``first+1 .. end`` of a run of ``steps`` are about to run."""
         self._first, self._end, self._steps = first, end, steps
         self._log_every, self._tokens_per_step = log_every, tokens_per_step
@@ -87,10 +87,17 @@ class Console:
         if self.enabled and self.tty and end > first:
             from tqdm import tqdm
 
-            self._bar = tqdm(total=end, initial=first, file=self.stream, desc="step",
-                             unit="step", dynamic_ncols=True, leave=True,
-                             bar_format="{desc} {n_fmt}/{total_fmt} |{bar}| "
-                             "{percentage:3.0f}%{postfix} [{elapsed}<{remaining}]")
+            self._bar = tqdm(
+                total=end,
+                initial=first,
+                file=self.stream,
+                desc="step",
+                unit="step",
+                dynamic_ncols=True,
+                leave=True,
+                bar_format="{desc} {n_fmt}/{total_fmt} |{bar}| "
+                "{percentage:3.0f}%{postfix} [{elapsed}<{remaining}]",
+            )
 
     def step(self, step: int, loss: float, lr: float, grad_norm: float, dt: float) -> None:
         """Step ``step`` (1-based) finished in ``dt`` seconds with this (DP-mean) loss."""
@@ -112,9 +119,11 @@ class Console:
             mean_loss = sum(x for _, x, _ in window) / len(window)
             mean = f"  mean {mean_loss:.4f} over steps {window[0][0]}-{window[-1][0]}"
         rate = self._tokens_per_step * len(window) / sum(d for _, _, d in window)
-        self.say(f"step {step:5d}/{self._steps}  loss {loss:.4f}{mean}  lr {lr:.2e}"
-                 f"  grad_norm {grad_norm:.3f}  {rate:,.0f} tok/s"
-                 f"  elapsed {time.perf_counter() - self._start:.1f}s")
+        self.say(
+            f"step {step:5d}/{self._steps}  loss {loss:.4f}{mean}  lr {lr:.2e}"
+            f"  grad_norm {grad_norm:.3f}  {rate:,.0f} tok/s"
+            f"  elapsed {time.perf_counter() - self._start:.1f}s"
+        )
         self._window = []
 
     def close(self) -> None:

@@ -64,8 +64,9 @@ class EffectiveRun:
     pp_schedule: str = "1f1b"
 
     @staticmethod
-    def build(cfg: Config, plan: ParallelPlan, world_size: int,
-              precision: Precision) -> EffectiveRun:
+    def build(
+        cfg: Config, plan: ParallelPlan, world_size: int, precision: Precision
+    ) -> EffectiveRun:
         """The record of ``cfg`` as resolved by ``setup.resolve_setup``, running ``plan`` (a
         uniform one where the config gives none) on ``world_size`` ranks in ``precision``."""
         tp = plan.tp_of("embed")
@@ -73,14 +74,26 @@ class EffectiveRun:
         dtypes = precision.describe()
         t = cfg.train
         return EffectiveRun(
-            world_size=world_size, tp=tp, dp=dp, degrees=plan.degree_runs(),
-            zero=plan.zero_stages(cfg.parallel.zero), schedule=cfg.schedule.name,
-            n_sub=cfg.schedule.n_sub, sequence_parallel=cfg.parallel.sp() or "",
-            precision=t.precision, compute=dtypes["compute"], master=dtypes["master"],
-            grad_reduce=dtypes["grad_reduce"], micro_batch=t.micro_batch,
-            accumulation=t.global_batch // (t.micro_batch * dp), global_batch=t.global_batch,
-            plan=cfg.parallel.plan, plan_precision=plan.precision, pp=plan.pp,
-            pp_schedule=plan.pp_schedule)
+            world_size=world_size,
+            tp=tp,
+            dp=dp,
+            degrees=plan.degree_runs(),
+            zero=plan.zero_stages(cfg.parallel.zero),
+            schedule=cfg.schedule.name,
+            n_sub=cfg.schedule.n_sub,
+            sequence_parallel=cfg.parallel.sp() or "",
+            precision=t.precision,
+            compute=dtypes["compute"],
+            master=dtypes["master"],
+            grad_reduce=dtypes["grad_reduce"],
+            micro_batch=t.micro_batch,
+            accumulation=t.global_batch // (t.micro_batch * dp),
+            global_batch=t.global_batch,
+            plan=cfg.parallel.plan,
+            plan_precision=plan.precision,
+            pp=plan.pp,
+            pp_schedule=plan.pp_schedule,
+        )
 
     # ------------------------------------------------------------------------------ the record
     def record(self) -> dict[str, Any]:
@@ -88,23 +101,36 @@ class EffectiveRun:
         every region has one stage, else the list)."""
         zero = self.zero[0] if len(set(self.zero)) == 1 else list(self.zero)
         stages = {"pp": self.pp} | ({"pp_schedule": self.pp_schedule} if self.pp > 1 else {})
-        return {"world_size": self.world_size, **stages, "tp": self.tp, "dp": self.dp,
-                "degrees": self.degrees, "zero": zero, "schedule": self.schedule,
-                "n_sub": self.n_sub, "sequence_parallel": self.sequence_parallel or "off",
-                "precision": self.precision, "compute_dtype": self.compute,
-                "master_dtype": self.master, "grad_reduce_dtype": self.grad_reduce,
-                "micro_batch": self.micro_batch,
-                "accumulation": self.accumulation, "global_batch": self.global_batch,
-                "plan": self.plan or "none"}
+        return {
+            "world_size": self.world_size,
+            **stages,
+            "tp": self.tp,
+            "dp": self.dp,
+            "degrees": self.degrees,
+            "zero": zero,
+            "schedule": self.schedule,
+            "n_sub": self.n_sub,
+            "sequence_parallel": self.sequence_parallel or "off",
+            "precision": self.precision,
+            "compute_dtype": self.compute,
+            "master_dtype": self.master,
+            "grad_reduce_dtype": self.grad_reduce,
+            "micro_batch": self.micro_batch,
+            "accumulation": self.accumulation,
+            "global_batch": self.global_batch,
+            "plan": self.plan or "none",
+        }
 
     def changes(self, saved: dict[str, Any]) -> list[str]:
         """``key old -> new`` for every field of ``saved`` (a checkpoint's record) that differs
         from this run's, in record order."""
         now = self.record()
         uniform = all(str(r.get("degrees", "")).startswith("every region") for r in (saved, now))
-        return [f"{key} {_text(saved[key])} -> {_text(value)}" for key, value in now.items()
-                if key in saved and saved[key] != value
-                and not (key == "degrees" and uniform)]  # uniform: tp says it
+        return [
+            f"{key} {_text(saved[key])} -> {_text(value)}"
+            for key, value in now.items()
+            if key in saved and saved[key] != value and not (key == "degrees" and uniform)
+        ]  # uniform: tp says it
 
     # ------------------------------------------------------------------------------ the lines
     def zero_text(self) -> str:
@@ -117,65 +143,89 @@ class EffectiveRun:
             return "stages " + ", ".join(map(str, self.zero)) + " (by region, in chain order)"
         if self.dp == 1 and self.degrees.startswith("every region"):
             return f"stage {stages[0]} (no effect at dp=1)"
-        return f"stage {stages[0]} over dp={self.dp}" if self.degrees.startswith(
-            "every region") else f"stage {stages[0]} over each region's DP group"
+        return (
+            f"stage {stages[0]} over dp={self.dp}"
+            if self.degrees.startswith("every region")
+            else f"stage {stages[0]} over each region's DP group"
+        )
 
     def precision_text(self) -> str:
-        return (f"{self.precision} = {self.compute} compute and activations, {self.master} "
-                f"weights, gradients and optimizer state, gradients reduced in "
-                f"{self.grad_reduce}")
+        return (
+            f"{self.precision} = {self.compute} compute and activations, {self.master} "
+            f"weights, gradients and optimizer state, gradients reduced in "
+            f"{self.grad_reduce}"
+        )
 
     def plan_line(self) -> str:
         """``plan (plan.json): megatron, n_sub=1, zero=1; every region tp=1; priced in ...``"""
-        zero = (f", zero={self.zero[0]}" if len(set(self.zero)) == 1 and self.zero[0]
-                else f", zero {'/'.join(map(str, sorted(set(self.zero))))} by region"
-                if len(set(self.zero)) > 1 else "")
+        zero = (
+            f", zero={self.zero[0]}"
+            if len(set(self.zero)) == 1 and self.zero[0]
+            else f", zero {'/'.join(map(str, sorted(set(self.zero))))} by region"
+            if len(set(self.zero)) > 1
+            else ""
+        )
         sp = f", sequence-parallel ({self.sequence_parallel})" if self.sequence_parallel else ""
-        priced = ("priced in " + _dtypes(self.plan_precision) if self.plan_precision
-                  else "its precision not recorded (a plan from before plans recorded it)")
-        return (f"plan ({self.plan}): {self.schedule}, n_sub={self.n_sub}{zero}{sp}; "
-                f"{self.degrees}; {priced}")
+        priced = (
+            "priced in " + _dtypes(self.plan_precision)
+            if self.plan_precision
+            else "its precision not recorded (a plan from before plans recorded it)"
+        )
+        return (
+            f"plan ({self.plan}): {self.schedule}, n_sub={self.n_sub}{zero}{sp}; "
+            f"{self.degrees}; {priced}"
+        )
 
     def describe(self) -> list[str]:
         """The run's layout, schedule, memory levers, precision and batch, a line each."""
-        sp = (f"sequence parallelism ({self.sequence_parallel})" if self.sequence_parallel
-              else "no sequence parallelism")
+        sp = (
+            f"sequence parallelism ({self.sequence_parallel})"
+            if self.sequence_parallel
+            else "no sequence parallelism"
+        )
         ranks = f"{self.world_size} rank{'s' if self.world_size > 1 else ''}"
         stages = f"pp={self.pp} ({self.pp_schedule}) x " if self.pp > 1 else ""
         lines = [f"layout:    {ranks} = {stages}tp={self.tp} x dp={self.dp}; {self.degrees}"]
         if self.plan:
             lines.append(self.plan_line())
-        lines += [f"schedule:  {self.schedule}, n_sub={self.n_sub}; {sp}",
-                  f"ZeRO:      {self.zero_text()}",
-                  f"precision: {self.precision_text()}",
-                  f"batch:     {self.global_batch} sequences a step = {self.accumulation} "
-                  f"micro-batch{'es' if self.accumulation > 1 else ''} x {self.micro_batch} "
-                  f"sequences (per model replica) x dp={self.dp}"]
+        lines += [
+            f"schedule:  {self.schedule}, n_sub={self.n_sub}; {sp}",
+            f"ZeRO:      {self.zero_text()}",
+            f"precision: {self.precision_text()}",
+            f"batch:     {self.global_batch} sequences a step = {self.accumulation} "
+            f"micro-batch{'es' if self.accumulation > 1 else ''} x {self.micro_batch} "
+            f"sequences (per model replica) x dp={self.dp}",
+        ]
         return lines
 
     def toml_header(self) -> str:
         """``describe``'s lines as TOML comments: config.toml's head."""
-        lines = ["# What this run did (resolved once at its start; the keys below load back):",
-                 *(f"#   {line}" for line in self.describe())]
+        lines = [
+            "# What this run did (resolved once at its start; the keys below load back):",
+            *(f"#   {line}" for line in self.describe()),
+        ]
         return "\n".join(lines) + "\n"
 
     def precision_mismatch(self) -> str | None:
         """One line when the plan was priced in other compute or grad-reduce dtypes than this
         run's; None when they agree or the plan recorded none."""
         want = self.plan_precision
-        if not want or (want.get("compute"), want.get("grad_reduce")) == (self.compute,
-                                                                           self.grad_reduce):
+        if not want or (want.get("compute"), want.get("grad_reduce")) == (
+            self.compute,
+            self.grad_reduce,
+        ):
             return None
-        return (f"the plan ({self.plan}) was priced in {_dtypes(want)}, this run computes in "
-                f"{self.compute} with gradients reduced in {self.grad_reduce} "
-                f"(train.precision={self.precision}): its predicted step time and memory are "
-                f"for the other dtypes; plan again with --train.precision={self.compute}, or "
-                f"train with --train.precision={want.get('compute')}")
+        return (
+            f"the plan ({self.plan}) was priced in {_dtypes(want)}, this run computes in "
+            f"{self.compute} with gradients reduced in {self.grad_reduce} "
+            f"(train.precision={self.precision}): its predicted step time and memory are "
+            f"for the other dtypes; plan again with --train.precision={self.compute}, or "
+            f"train with --train.precision={want.get('compute')}"
+        )
 
 
 def _dtypes(record: dict[str, str]) -> str:
-    return (f"{record.get('compute', '?')} compute, {record.get('grad_reduce', '?')} grad "
-            "reduce")
+    return f"{record.get('compute', '?')} compute, {record.get('grad_reduce', '?')} grad reduce"
 
 
 def _text(value: Any) -> str:
@@ -192,9 +242,12 @@ def saved_record(manifest: dict[str, Any]) -> dict[str, Any]:
         return manifest["run"]
     config = manifest.get("config", {})
     old: dict[str, Any] = {k: manifest[k] for k in ("world_size", "tp", "dp") if k in manifest}
-    for key, (section, name) in {"zero": ("parallel", "zero"), "schedule": ("schedule", "name"),
-                                 "precision": ("train", "precision"),
-                                 "micro_batch": ("train", "micro_batch")}.items():
+    for key, (section, name) in {
+        "zero": ("parallel", "zero"),
+        "schedule": ("schedule", "name"),
+        "precision": ("train", "precision"),
+        "micro_batch": ("train", "micro_batch"),
+    }.items():
         if name in config.get(section, {}):
             old[key] = config[section][name]
     return old

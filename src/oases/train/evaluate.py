@@ -21,8 +21,9 @@ def loss_group(model: nn.Module, ctx: ParallelContext) -> Group:
 
 
 @torch.no_grad()
-def evaluate(model: nn.Module, batches: ShardBatches | PackedBatches, ctx: ParallelContext,
-             n: int) -> float:
+def evaluate(
+    model: nn.Module, batches: ShardBatches | PackedBatches, ctx: ParallelContext, n: int
+) -> float:
     """Mean loss over the first ``n`` validation batches (fewer if the split is small)."""
     was_training = model.training
     model.eval()
@@ -34,10 +35,9 @@ def evaluate(model: nn.Module, batches: ShardBatches | PackedBatches, ctx: Paral
 
         def forward(tokens: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
             return stage_forward_loss(model, tokens, targets)
+
     for i in range(n):
         tokens, targets = batches.batch(i)
         total += upcast(forward(tokens.to(ctx.device), targets.to(ctx.device)))
     model.train(was_training)
     return float(comm.all_reduce_mean(total / n, loss_group(model, ctx)))
-
-

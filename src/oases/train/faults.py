@@ -61,8 +61,11 @@ class Fault:
     attempt: int = 0
 
     def label(self) -> str:
-        where = f"collective {self.n} of step {self.step}" if self.at == "collective" else (
-            f"the save of step {self.step}" if self.at == "save" else f"step {self.step}")
+        where = (
+            f"collective {self.n} of step {self.step}"
+            if self.at == "collective"
+            else (f"the save of step {self.step}" if self.at == "save" else f"step {self.step}")
+        )
         return f"{self.kind} rank {self.rank} in {where}"
 
 
@@ -75,12 +78,17 @@ def parse(text: str) -> Fault:
     for f in fields:
         key, sep, value = f.partition("=")
         if not sep or key not in ("rank", "step", "at", "n", "attempt"):
-            raise ValueError(f"{ENV}={text!r}: {f!r} is not one of rank=, step=, at=, n=, "
-                             "attempt=")
+            raise ValueError(f"{ENV}={text!r}: {f!r} is not one of rank=, step=, at=, n=, attempt=")
         values[key] = value
     try:
-        fault = Fault(kind, int(values["rank"]), int(values["step"]), values.get("at", "step"),
-                      int(values.get("n", "0")), int(values.get("attempt", "0")))
+        fault = Fault(
+            kind,
+            int(values["rank"]),
+            int(values["step"]),
+            values.get("at", "step"),
+            int(values.get("n", "0")),
+            int(values.get("attempt", "0")),
+        )
     except KeyError as exc:
         raise ValueError(f"{ENV}={text!r}: {exc.args[0]}= is required") from None
     except ValueError:
@@ -114,17 +122,27 @@ def _on_issue(record: Any) -> None:
     if armed is None or armed.step != armed.fault.step:
         return
     armed.issued += 1
-    fire = ((armed.fault.at == "collective" and armed.issued == armed.fault.n)
-            or (armed.fault.at == "step" and record.direction == "backward"))
+    fire = (armed.fault.at == "collective" and armed.issued == armed.fault.n) or (
+        armed.fault.at == "step" and record.direction == "backward"
+    )
     if fire:
-        _fire(armed, armed.step - 1, f"before collective {armed.issued} of the step",
-              {"next": _describe(record), "previous": armed.previous})
+        _fire(
+            armed,
+            armed.step - 1,
+            f"before collective {armed.issued} of the step",
+            {"next": _describe(record), "previous": armed.previous},
+        )
     armed.previous = _describe(record)
 
 
 def _describe(record: Any) -> dict[str, Any]:
-    return {"op": record.op, "group": record.group, "direction": record.direction,
-            "tag": record.tag, "async": record.is_async}
+    return {
+        "op": record.op,
+        "group": record.group,
+        "direction": record.direction,
+        "tag": record.tag,
+        "async": record.is_async,
+    }
 
 
 def arm(run_dir: str | os.PathLike[str]) -> Fault | None:
@@ -173,17 +191,28 @@ def on_save(step: int) -> None:
     _fire(_ARMED, step, "after dcp.save, before rank 0 commits")
 
 
-def _fire(armed: _Armed, steps_done: int, where: str,
-          detail: dict[str, Any] | None = None) -> None:
+def _fire(armed: _Armed, steps_done: int, where: str, detail: dict[str, Any] | None = None) -> None:
     global _ARMED
     from oases.train.restart_events import write_event
 
     _ARMED = None  # once: a stopped rank that is continued (SIGCONT) trains on
     f = armed.fault
-    write_event(armed.run_dir, {"event": "fault", "kind": f.kind, "rank": f.rank, "at": f.at,
-                                "step": f.step, "n": f.n, "attempt": f.attempt,
-                                "steps_done": steps_done, "where": where, "pid": os.getpid(),
-                                **(detail or {})})
+    write_event(
+        armed.run_dir,
+        {
+            "event": "fault",
+            "kind": f.kind,
+            "rank": f.rank,
+            "at": f.at,
+            "step": f.step,
+            "n": f.n,
+            "attempt": f.attempt,
+            "steps_done": steps_done,
+            "where": where,
+            "pid": os.getpid(),
+            **(detail or {}),
+        },
+    )
     os.kill(os.getpid(), KINDS[f.kind])
     if f.kind == "kill":  # pragma: no cover - SIGKILL does not return
         time.sleep(60)

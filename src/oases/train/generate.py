@@ -93,8 +93,10 @@ def generate(
     if top_k is not None and top_k < 1:
         raise ValueError(f"top_k={top_k} must be >= 1 or None")
     if replicas < 1 or (replicas > 1 and prompt_tokens.shape[0] != 1):
-        raise ValueError(f"replicas={replicas} must be >= 1, and 1 for a batch of "
-                         f"{prompt_tokens.shape[0]} prompts")
+        raise ValueError(
+            f"replicas={replicas} must be >= 1, and 1 for a batch of "
+            f"{prompt_tokens.shape[0]} prompts"
+        )
     S = model.cfg.seq_len
     tokens = prompt_tokens.to(_model_device(model), dtype=torch.long)  # [B, P]
     tokens = tokens.expand(replicas, -1) if replicas > 1 else tokens  # [replicas, P]

@@ -40,7 +40,8 @@ EXIT_RANK_FAILED = 1
 
 _NCCL_TIMEOUT = re.compile(
     r"\[Rank (?P<rank>\d+)\] Watchdog caught collective operation timeout: "
-    r"WorkNCCL\((?P<work>[^)]*(?:\([^)]*\)[^)]*)*)\) ran for (?P<ms>\d+) milliseconds")
+    r"WorkNCCL\((?P<work>[^)]*(?:\([^)]*\)[^)]*)*)\) ran for (?P<ms>\d+) milliseconds"
+)
 
 
 def nccl_timeout_line(text: str) -> str | None:
@@ -54,15 +55,23 @@ def nccl_timeout_line(text: str) -> str | None:
         return None
     fields = dict(kv.split("=", 1) for kv in m["work"].split(", ") if "=" in kv)
     op = fields.get("OpType", "a collective")
-    what = ", ".join(f"{k} {fields[key]}" for k, key in (("sequence number", "SeqNum"),
-                                                          ("elements", "NumelIn"))
-                     if key in fields)
+    what = ", ".join(
+        f"{k} {fields[key]}"
+        for k, key in (("sequence number", "SeqNum"), ("elements", "NumelIn"))
+        if key in fields
+    )
     limit = fields.get("Timeout(ms)")
-    over = (f", over the {int(limit) / 1000:g} s limit (parallel.timeout_s)" if limit
-            and limit.isdigit() else "")
-    return (f"NCCL collective timed out on rank {m['rank']}: {op}"
-            + (f" ({what})" if what else "") + f" ran {int(m['ms']) / 1000:.1f} s{over}; "
-            "a peer stopped, died or issued another collective")
+    over = (
+        f", over the {int(limit) / 1000:g} s limit (parallel.timeout_s)"
+        if limit and limit.isdigit()
+        else ""
+    )
+    return (
+        f"NCCL collective timed out on rank {m['rank']}: {op}"
+        + (f" ({what})" if what else "")
+        + f" ran {int(m['ms']) / 1000:.1f} s{over}; "
+        "a peer stopped, died or issued another collective"
+    )
 
 
 def under_torchrun() -> bool:

@@ -106,8 +106,11 @@ def train(
     resumed run stops at the same place), with a checkpoint, as a stopped job would; the LR
     schedule still follows ``train.steps``.
     """
-    groups = dict(timeout_s=cfg.parallel.timeout_s, backend=cfg.parallel.backend,
-                  high_priority_tp=cfg.parallel.high_priority_tp)
+    groups = dict(
+        timeout_s=cfg.parallel.timeout_s,
+        backend=cfg.parallel.backend,
+        high_priority_tp=cfg.parallel.high_priority_tp,
+    )
     # with a plan, its degrees' groups are built once every rank has read it
     ctx = init_distributed(tp=1 if cfg.parallel.plan else cfg.parallel.tp, **groups)
     t, S = cfg.train, cfg.model.seq_len
@@ -131,11 +134,13 @@ def train(
     if plan is None:
         plan = ParallelPlan.uniform(cfg.model, ctx.world_size, ctx.tp)
     else:
-        agree_on_value(ctx, zlib.crc32(plan.to_json().encode()) % (1 << 24),
-                       "parallel.plan (every machine must read the same plan)")
+        agree_on_value(
+            ctx,
+            zlib.crc32(plan.to_json().encode()) % (1 << 24),
+            "parallel.plan (every machine must read the same plan)",
+        )
         release_groups(ctx)  # the first context's groups (a communicator each on NCCL)
-        ctx = init_distributed(tp=plan.tp_of("embed"), degrees=plan.degrees(), pp=plan.pp,
-                               **groups)
+        ctx = init_distributed(tp=plan.tp_of("embed"), degrees=plan.degrees(), pp=plan.pp, **groups)
     run = EffectiveRun.build(cfg, plan, ctx.world_size, precision)  # what this run does
     warnings += filter(None, [run.precision_mismatch()])
     try:  # nothing is written before every check of a resumed run has passed
@@ -146,18 +151,34 @@ def train(
         fingerprint = data_fingerprint(cfg)  # before anything is written
         if resume_from is not None:
             warnings += filter(None, [check_corpus(cfg, manifest, fingerprint, resume_from)])
-        data = open_run_data(cfg, fingerprint, resume_from,
-                             default_log(is_main, console.stream))
+        data = open_run_data(cfg, fingerprint, resume_from, default_log(is_main, console.stream))
         tok = data.tokenizer
         where = f"data.source={cfg.data.source!r}:"
-        train_data = split_batches(data.dataset, "train", S, t.global_batch, dp_rank=ctx.dp_rank,
-                                   dp=ctx.dp, seed=t.seed, name=f"{where} the training split")
-        val_data = split_batches(data.dataset, "val", S, t.global_batch, dp_rank=ctx.dp_rank,
-                                 dp=ctx.dp, name=f"{where} the validation split")
+        train_data = split_batches(
+            data.dataset,
+            "train",
+            S,
+            t.global_batch,
+            dp_rank=ctx.dp_rank,
+            dp=ctx.dp,
+            seed=t.seed,
+            name=f"{where} the training split",
+        )
+        val_data = split_batches(
+            data.dataset,
+            "val",
+            S,
+            t.global_batch,
+            dp_rank=ctx.dp_rank,
+            dp=ctx.dp,
+            name=f"{where} the validation split",
+        )
         if is_main:
-            for key, folder in (("train.run_dir", Path(t.run_dir)),
-                                ("train.metrics_file", metrics_path(cfg).parent),
-                                ("checkpoint.dir", ckpt.checkpoint_root(cfg))):
+            for key, folder in (
+                ("train.run_dir", Path(t.run_dir)),
+                ("train.metrics_file", metrics_path(cfg).parent),
+                ("checkpoint.dir", ckpt.checkpoint_root(cfg)),
+            ):
                 try:
                     folder.mkdir(parents=True, exist_ok=True)
                 except OSError as exc:
@@ -168,25 +189,37 @@ def train(
     # every rank must resume from the same step (a checkpoint dir not shared by all machines,
     # or a lagging network filesystem, would otherwise split the job) and read the same files
     resume_step = -1 if resume_from is None else int(manifest["step"])
-    agree_on_value(ctx, resume_step, "the checkpoint step to resume from "
-                   "(checkpoint.dir must be one folder every machine sees)")
-    agree_on_value(ctx, int(data.fingerprint.digest[:6], 16), "the data (data.source="
-                   f"{cfg.data.source!r} must be the same files on every machine)")
+    agree_on_value(
+        ctx,
+        resume_step,
+        "the checkpoint step to resume from (checkpoint.dir must be one folder every machine sees)",
+    )
+    agree_on_value(
+        ctx,
+        int(data.fingerprint.digest[:6], 16),
+        f"the data (data.source={cfg.data.source!r} must be the same files on every machine)",
+    )
 
     torch.manual_seed(t.seed)  # same full model on every rank before sharding
     if cfg.model.init_from and resume_from is None:  # each rank reads only its own slices
         from oases.hf import load_hf
 
-        _, model = load_hf(cfg.model.init_from[3:], ctx, plan, max_seq_len=cfg.model.seq_len,
-                           dropout=cfg.model.dropout)
+        _, model = load_hf(
+            cfg.model.init_from[3:],
+            ctx,
+            plan,
+            max_seq_len=cfg.model.seq_len,
+            dropout=cfg.model.dropout,
+        )
         n_params = cfg.model.num_params()
     else:
         model = build_model(cfg.model)
         n_params = count_params(model)
         parallelize(model, ctx, plan)
     model.to(precision.param_dtype).train()  # shards keep their identity: .data is cast
-    shards = shard_model(model, plan.zero_stages(cfg.parallel.zero),
-                         cfg.parallel.reshard_after_forward)  # ZeRO (None: off)
+    shards = shard_model(
+        model, plan.zero_stages(cfg.parallel.zero), cfg.parallel.reshard_after_forward
+    )  # ZeRO (None: off)
     optimizer = build_optimizer(model, t)
     schedule = build_schedule(
         cfg.schedule.name,
@@ -218,19 +251,32 @@ def train(
     tokenizer_files: dict[str, Path] = {}
     if is_main:
         save_config(cfg, run_dir / "config.toml", header=run.toml_header())
-        metrics = MetricsLog(metrics_path(cfg), start_step, plot_path=run_dir / LOSS_PLOT,
-                             tensorboard_dir=run_dir / TENSORBOARD_DIR if t.tensorboard else None,
-                             title=f"{run_dir}: {cfg.model.arch} {format_params(n_params)}")
+        metrics = MetricsLog(
+            metrics_path(cfg),
+            start_step,
+            plot_path=run_dir / LOSS_PLOT,
+            tensorboard_dir=run_dir / TENSORBOARD_DIR if t.tensorboard else None,
+            title=f"{run_dir}: {cfg.model.arch} {format_params(n_params)}",
+        )
         saved_tok = save_tokenizer(tok, run_dir)
         if saved_tok is not None:
             tokenizer_files[TOKENIZER_FILE] = saved_tok
-    n_train, n_val = (sum(len(s) for s in streams) for streams in (data.dataset.train,
-                                                                     data.dataset.val))
-    data_line = (f"{cfg.data.source} {n_train / 1e6:.2f}M train / {n_val / 1e6:.2f}M val tokens"
-                 f" ({data.dataset.files} files, memory-mapped from {data.dataset.root},"
-                 f" fingerprint {data.fingerprint.digest})")
-    for line in startup_lines(ctx, cfg, run, run_dir / "config.toml", metrics_path(cfg),
-                              model_line(cfg, n_params, data_line)):
+    n_train, n_val = (
+        sum(len(s) for s in streams) for streams in (data.dataset.train, data.dataset.val)
+    )
+    data_line = (
+        f"{cfg.data.source} {n_train / 1e6:.2f}M train / {n_val / 1e6:.2f}M val tokens"
+        f" ({data.dataset.files} files, memory-mapped from {data.dataset.root},"
+        f" fingerprint {data.fingerprint.digest})"
+    )
+    for line in startup_lines(
+        ctx,
+        cfg,
+        run,
+        run_dir / "config.toml",
+        metrics_path(cfg),
+        model_line(cfg, n_params, data_line),
+    ):
         say(line)
     if resume_from is not None:
         say(resume_line(resume_from, start_step, manifest, run))
@@ -253,12 +299,26 @@ def train(
         return value
 
     def save(step: int) -> Path:
-        extras = {"data": train_data.state_dict(), "lr": lr_at(max(0, step - 1), t),
-                  "tokenizer": tokenizer_info(tok), "corpus": data.fingerprint.to_dict()}
+        extras = {
+            "data": train_data.state_dict(),
+            "lr": lr_at(max(0, step - 1), t),
+            "tokenizer": tokenizer_info(tok),
+            "corpus": data.fingerprint.to_dict(),
+        }
         with whole_state(model, optimizer):
-            path = ckpt.save_checkpoint(ckpt.checkpoint_root(cfg), step, model, optimizer,
-                                        extras, cfg, ctx, meshes, cfg.checkpoint.keep,
-                                        tokenizer_files, run=run.record())
+            path = ckpt.save_checkpoint(
+                ckpt.checkpoint_root(cfg),
+                step,
+                model,
+                optimizer,
+                extras,
+                cfg,
+                ctx,
+                meshes,
+                cfg.checkpoint.keep,
+                tokenizer_files,
+                run=run.record(),
+            )
         say(f"step {step:5d}/{t.steps}  checkpoint {path}")
         return path
 
@@ -287,14 +347,28 @@ def train(
             drawing_s = 0.0  # the timeline's picture is not the step's time
             if timeline is not None:  # one step's picture, the second of the run (warmed up)
                 drawn = time.perf_counter()
-                save_timeline(timeline, ctx, run_dir / "timeline.png",
-                              timeline_title(cfg, plan, ctx.world_size, step + 1))
+                save_timeline(
+                    timeline,
+                    ctx,
+                    run_dir / "timeline.png",
+                    timeline_title(cfg, plan, ctx.world_size, step + 1),
+                )
                 drawing_s = time.perf_counter() - drawn
-                say(f"step {step + 1:5d}/{t.steps}  timeline of this step recorded: "
+                say(
+                    f"step {step + 1:5d}/{t.steps}  timeline of this step recorded: "
                     f"{run_dir / 'timeline.png'} (gathered and drawn in {drawing_s:.2f}s, "
-                    "outside the step's time)")
-            grad_norm = clip_grad_norm_(model.parameters(), t.grad_clip, ctx.tp_group,
-                                        tp_groups, shards, ctx.stage, ctx.pp_group, norm_skips)
+                    "outside the step's time)"
+                )
+            grad_norm = clip_grad_norm_(
+                model.parameters(),
+                t.grad_clip,
+                ctx.tp_group,
+                tp_groups,
+                shards,
+                ctx.stage,
+                ctx.pp_group,
+                norm_skips,
+            )
             optimizer.step()
             optimizer.zero_grad(set_to_none=True)
             loss = float(comm.all_reduce_mean(upcast(local), losses_over))
@@ -306,16 +380,18 @@ def train(
             dt = time.perf_counter() - t0 - drawing_s
             losses.append(loss)
             grad_norms.append(grad_norm)
-            write({
-                "step": step + 1,
-                "loss": loss,
-                "lr": lr,
-                "grad_norm": grad_norm,
-                "step_time_s": dt,
-                "tokens_per_s": tokens_per_step / dt,
-                "peak_mem_mb": peak_memory_mb(ctx.device),
-                **({"timeline": True} if timeline is not None else {}),
-            })
+            write(
+                {
+                    "step": step + 1,
+                    "loss": loss,
+                    "lr": lr,
+                    "grad_norm": grad_norm,
+                    "step_time_s": dt,
+                    "tokens_per_s": tokens_per_step / dt,
+                    "peak_mem_mb": peak_memory_mb(ctx.device),
+                    **({"timeline": True} if timeline is not None else {}),
+                }
+            )
             console.step(step + 1, loss, lr, grad_norm, dt)
             if t.eval_every and (step + 1) % t.eval_every == 0:
                 val_loss, evaluated_at = run_eval(step + 1), step + 1
@@ -330,9 +406,13 @@ def train(
         if t.sample_tokens and plan.pp == 1:  # every rank samples (logits gathered over TP)
             prompt = torch.tensor([[tok.doc_sep_id]], device=ctx.device)
             with materialized(model):
-                out = generate(model, prompt, t.sample_tokens,
-                               generator=sampling_generator(t.seed),
-                               replicas=plan.tp_of("embed") // min(plan.degrees()))
+                out = generate(
+                    model,
+                    prompt,
+                    t.sample_tokens,
+                    generator=sampling_generator(t.seed),
+                    replicas=plan.tp_of("embed") // min(plan.degrees()),
+                )
             say("sample:\n" + tok.decode(out[0, 1:].tolist()))
     finally:
         console.close()
@@ -340,7 +420,8 @@ def train(
             metrics.close()
     elapsed = time.perf_counter() - start
     say(
-        done_line(max(start_step, end), t.steps, start_step, elapsed) + "; "
+        done_line(max(start_step, end), t.steps, start_step, elapsed)
+        + "; "
         + (f"final train loss {loss:.4f}, " if losses else "no steps left to train; ")
         + f"validation loss {val_loss:.4f}"
         + (f"; loss curve {metrics.plot_path}" if metrics and metrics.plot_path else "")

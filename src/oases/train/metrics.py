@@ -48,8 +48,11 @@ def metrics_path(cfg: Config) -> Path:
 
 
 def _warn(what: str, exc: BaseException) -> None:
-    print(f"warning: {what} ({type(exc).__name__}: {exc}); the run goes on without it",
-          file=sys.stderr, flush=True)
+    print(
+        f"warning: {what} ({type(exc).__name__}: {exc}); the run goes on without it",
+        file=sys.stderr,
+        flush=True,
+    )
 
 
 class MetricsLog:
@@ -60,8 +63,15 @@ class MetricsLog:
     (None: no TensorBoard).
     """
 
-    def __init__(self, path: Path, start_step: int, *, plot_path: Path | None = None,
-                 tensorboard_dir: Path | None = None, title: str = "") -> None:
+    def __init__(
+        self,
+        path: Path,
+        start_step: int,
+        *,
+        plot_path: Path | None = None,
+        tensorboard_dir: Path | None = None,
+        title: str = "",
+    ) -> None:
         self.path, self.plot_path, self.title = path, plot_path, title
         self.rows: list[dict[str, Any]] = []
         kept: list[str] = []
@@ -85,8 +95,9 @@ class MetricsLog:
         if tensorboard_dir is not None:
             from torch.utils.tensorboard import SummaryWriter  # needs the tensorboard package
 
-            self._tb = SummaryWriter(str(tensorboard_dir),
-                                     purge_step=start_step + 1 if start_step > 0 else None)
+            self._tb = SummaryWriter(
+                str(tensorboard_dir), purge_step=start_step + 1 if start_step > 0 else None
+            )
 
     def write(self, row: dict[str, Any]) -> None:
         """Append ``row`` (it has a ``step``) to the JSONL and to TensorBoard."""
@@ -134,8 +145,9 @@ class MetricsLog:
                 _warn("TensorBoard events not flushed", exc)
 
 
-def save_loss_plot(path: Path, train: list[tuple[int, float]], val: list[tuple[int, float]],
-                   title: str = "") -> None:
+def save_loss_plot(
+    path: Path, train: list[tuple[int, float]], val: list[tuple[int, float]], title: str = ""
+) -> None:
     """Train (a line) and validation (points) loss against step, as a PNG at ``path``
     (written to ``path.part`` first, then renamed: a reader never sees half a picture)."""
     from matplotlib.figure import Figure

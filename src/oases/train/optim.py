@@ -75,15 +75,21 @@ class ZeroAdamW:
         groups: dict[bool, list[Tensor]] = {True: [], False: []}
         for u in shards.units.values():
             for seg in u.segments:
-                view = u.shard[seg.offset: seg.offset + seg.size]
+                view = u.shard[seg.offset : seg.offset + seg.size]
                 self.pieces.append((view, u, seg))
                 groups[decays[id(seg.param)]].append(view)
         for _, p in model.named_parameters():
             if p.requires_grad and not shards.is_sharded(p):
                 groups[decays[id(p)]].append(p)
         self.inner = torch.optim.AdamW(
-            [{"params": groups[True], "weight_decay": weight_decay},
-             {"params": groups[False], "weight_decay": 0.0}], lr=lr, betas=BETAS, eps=EPS)
+            [
+                {"params": groups[True], "weight_decay": weight_decay},
+                {"params": groups[False], "weight_decay": 0.0},
+            ],
+            lr=lr,
+            betas=BETAS,
+            eps=EPS,
+        )
         self.steps = 0
         self._full: dict[nn.Parameter, dict[str, Tensor]] | None = None
 
@@ -98,8 +104,9 @@ class ZeroAdamW:
 
     def step(self) -> None:
         for view, u, seg in self.pieces:
-            view.grad = (None if u.grad_shard is None else
-                         u.grad_shard[seg.offset: seg.offset + seg.size])
+            view.grad = (
+                None if u.grad_shard is None else u.grad_shard[seg.offset : seg.offset + seg.size]
+            )
         self.inner.step()
         self.steps += 1
         self.shards.mark_updated()  # the next step's program gathers them (shard.py)
@@ -125,13 +132,13 @@ class ZeroAdamW:
                 for view, unit, seg in self.pieces:
                     state = self.inner.state.get(view)
                     if unit is u and state:
-                        buf[seg.offset: seg.offset + seg.size].copy_(state[key])
+                        buf[seg.offset : seg.offset + seg.size].copy_(state[key])
                 flats[key] = u.shard.new_empty(u.shard_numel * u.group.size)
                 comm.all_gather_into_async(flats[key], buf, u.group, tag="optim-state").wait()
             for p, off in zip(u.params, u.offsets):
                 full[p] = {"step": torch.tensor(float(self.steps), dtype=torch.float32)}
                 for key, flat in flats.items():
-                    full[p][key] = flat[off: off + p.numel()].view_as(p)
+                    full[p][key] = flat[off : off + p.numel()].view_as(p)
         views = {id(view) for view, *_ in self.pieces}
         for group in self.inner.param_groups:  # unsharded parameters: AdamW's own state
             for p in group["params"]:
@@ -153,16 +160,21 @@ class ZeroAdamW:
             src = full[seg.param]
             self.inner.state[view] = {
                 "step": torch.tensor(float(self.steps), dtype=torch.float32),
-                "exp_avg": src["exp_avg"].reshape(-1)[seg.start: seg.stop].clone(),
-                "exp_avg_sq": src["exp_avg_sq"].reshape(-1)[seg.start: seg.stop].clone(),
+                "exp_avg": src["exp_avg"].reshape(-1)[seg.start : seg.stop].clone(),
+                "exp_avg_sq": src["exp_avg_sq"].reshape(-1)[seg.start : seg.stop].clone(),
             }
 
 
-def clip_grad_norm_(params: Iterable[nn.Parameter], max_norm: float, tp_group: Group,
-                    tp_groups: dict[int, Group] | None = None,
-                    shards: ZeroShards | None = None, world_group: Group | None = None,
-                    pp_group: Group | None = None, uncounted: frozenset[int] = frozenset()
-                    ) -> float:
+def clip_grad_norm_(
+    params: Iterable[nn.Parameter],
+    max_norm: float,
+    tp_group: Group,
+    tp_groups: dict[int, Group] | None = None,
+    shards: ZeroShards | None = None,
+    world_group: Group | None = None,
+    pp_group: Group | None = None,
+    uncounted: frozenset[int] = frozenset(),
+) -> float:
     """Clip ``.grad`` in place by the global norm of the full (unsharded) model's gradient.
 
     Sharded parameters contribute their local sum of squares, summed over their TP group by one
@@ -183,8 +195,7 @@ def clip_grad_norm_(params: Iterable[nn.Parameter], max_norm: float, tp_group: G
     the first stage counts.
     """
     params = [p for p in {id(p): p for p in params}.values() if p.grad is not None]
-    zero_part = (None if shards is None
-                 else _shard_sum_of_squares(shards, world_group, uncounted))
+    zero_part = None if shards is None else _shard_sum_of_squares(shards, world_group, uncounted)
     across = pp_group is not None and pp_group.size > 1
     if not params and zero_part is None and not across:
         return 0.0
@@ -201,13 +212,16 @@ def clip_grad_norm_(params: Iterable[nn.Parameter], max_norm: float, tp_group: G
             group = groups.get(id(p), tp_group)
             _, acc = sharded.get(group.ranks, (group, zero))
             sharded[group.ranks] = (group, acc + p.grad.to(zero.dtype).pow(2).sum())
-    replicated = sum((p.grad.to(zero.dtype).pow(2).sum() for p in counted
-                      if shard_spec(p) is None), zero)
+    replicated = sum(
+        (p.grad.to(zero.dtype).pow(2).sum() for p in counted if shard_spec(p) is None), zero
+    )
     total = replicated
     for _, (group, acc) in sorted(sharded.items(), key=lambda kv: len(kv[0])):  # same order on
         # every rank: one TP group per degree
-        total = total + comm.all_reduce_(acc.reshape(1), group, direction="backward",
-                                         tag="grad-norm")[0]
+        total = (
+            total
+            + comm.all_reduce_(acc.reshape(1), group, direction="backward", tag="grad-norm")[0]
+        )
     if zero_part is not None:
         total = total + zero_part.to(total.dtype)
     return _apply_clip(params, shards, max_norm, _stages_norm(total, pp_group))
@@ -216,13 +230,15 @@ def clip_grad_norm_(params: Iterable[nn.Parameter], max_norm: float, tp_group: G
 def _stages_norm(total: Tensor, pp_group: Group | None) -> float:
     """The norm from this stage's sum of squares, summed over the pipeline's stages."""
     if pp_group is not None and pp_group.size > 1:
-        total = comm.all_reduce_(total.reshape(1).clone(), pp_group, direction="backward",
-                                 tag="grad-norm")[0]
+        total = comm.all_reduce_(
+            total.reshape(1).clone(), pp_group, direction="backward", tag="grad-norm"
+        )[0]
     return float(total.sqrt())
 
 
-def _shard_sum_of_squares(shards: ZeroShards, world_group: Group | None,
-                          uncounted: frozenset[int] = frozenset()) -> Tensor:
+def _shard_sum_of_squares(
+    shards: ZeroShards, world_group: Group | None, uncounted: frozenset[int] = frozenset()
+) -> Tensor:
     """The sum of squares of every sharded region's gradient, over all ranks (one all-reduce
     over ``world_group``), without the parameters in ``uncounted``."""
     if world_group is None:
@@ -237,26 +253,28 @@ def _shard_sum_of_squares(shards: ZeroShards, world_group: Group | None,
         for seg in u.segments:
             if id(seg.param) in uncounted:
                 continue
-            sq = u.grad_shard[seg.offset: seg.offset + seg.size].to(acc.dtype).pow(2).sum()
+            sq = u.grad_shard[seg.offset : seg.offset + seg.size].to(acc.dtype).pow(2).sum()
             acc += sq if shard_spec(seg.param) is not None else sq / tp
     return comm.all_reduce_(acc, world_group, direction="backward", tag="grad-norm")[0]
 
 
-def _apply_clip(params: list[nn.Parameter], shards: ZeroShards | None, max_norm: float,
-                norm: float) -> float:
+def _apply_clip(
+    params: list[nn.Parameter], shards: ZeroShards | None, max_norm: float, norm: float
+) -> float:
     if max_norm > 0 and norm > max_norm:
         coef = max_norm / (norm + 1e-6)
         for p in params:
             p.grad.mul_(coef)
-        for u in (shards.units.values() if shards is not None else ()):
+        for u in shards.units.values() if shards is not None else ():
             if u.grad_shard is not None:
                 u.grad_shard.mul_(coef)
     return norm
 
 
 @contextlib.contextmanager
-def whole_state(model: nn.Module, optimizer: torch.optim.Optimizer | ZeroAdamW,
-                write_back: bool = False) -> Iterator[None]:
+def whole_state(
+    model: nn.Module, optimizer: torch.optim.Optimizer | ZeroAdamW, write_back: bool = False
+) -> Iterator[None]:
     """Whole weights, and AdamW's state per whole parameter, inside the block: what checkpoints
     save and load. Under ZeRO both are all-gathered over the DP groups (``write_back``: the
     block loaded new values, which each rank then keeps its shard of); otherwise a no-op."""
@@ -269,8 +287,9 @@ def whole_state(model: nn.Module, optimizer: torch.optim.Optimizer | ZeroAdamW,
         yield
 
 
-def model_state_bytes(model: nn.Module, optimizer: torch.optim.Optimizer | ZeroAdamW
-                      ) -> dict[str, int]:
+def model_state_bytes(
+    model: nn.Module, optimizer: torch.optim.Optimizer | ZeroAdamW
+) -> dict[str, int]:
     """Bytes of model state this rank holds, by kind, from the tensors themselves: weights as
     kept between steps (a stage-3 region: its shard), gradients as the optimizer sees them
     (whole ``.grad``, or a sharded region's gradient shard), and AdamW's moments (whole, or a

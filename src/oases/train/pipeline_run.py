@@ -25,20 +25,26 @@ def check_pipeline_run(cfg: Config, plan: ParallelPlan | None) -> None:
         return
     stages = plan.zero_stages(cfg.parallel.zero) if plan is not None else (cfg.parallel.zero,)
     if max(stages) >= 3:
-        raise ValueError(f"parallel.pp={pp} runs ZeRO stage 2 at most for now (got ZeRO "
-                         f"{max(stages)}): stage 3 gathers every region's weights around every "
-                         "pass, which the pipeline's interleaved micro-batches do not place "
-                         "yet; use parallel.zero=2")
+        raise ValueError(
+            f"parallel.pp={pp} runs ZeRO stage 2 at most for now (got ZeRO "
+            f"{max(stages)}): stage 3 gathers every region's weights around every "
+            "pass, which the pipeline's interleaved micro-batches do not place "
+            "yet; use parallel.zero=2"
+        )
     if cfg.model.tie_embeddings and max(stages[0], stages[-1]) >= 2:
-        raise ValueError(f"parallel.pp={pp} with model.tie_embeddings=true runs the embedding "
-                         f"and head at ZeRO stage 1 at most (got {max(stages[0], stages[-1])}): "
-                         "the tied weight's full gradient is summed between the first and last "
-                         "stage once a step, after its last micro-batch, while stage 2 "
-                         "reduce-scatters it after every micro-batch; use parallel.zero=1 (or a "
-                         "plan with stage 1 for embed and head)")
+        raise ValueError(
+            f"parallel.pp={pp} with model.tie_embeddings=true runs the embedding "
+            f"and head at ZeRO stage 1 at most (got {max(stages[0], stages[-1])}): "
+            "the tied weight's full gradient is summed between the first and last "
+            "stage once a step, after its last micro-batch, while stage 2 "
+            "reduce-scatters it after every micro-batch; use parallel.zero=1 (or a "
+            "plan with stage 1 for embed and head)"
+        )
     if cfg.model.init_from:
-        raise ValueError(f"parallel.pp={pp} with model.init_from={cfg.model.init_from!r}: "
-                         "loading Hugging Face weights into pipeline stages is not built yet")
+        raise ValueError(
+            f"parallel.pp={pp} with model.init_from={cfg.model.init_from!r}: "
+            "loading Hugging Face weights into pipeline stages is not built yet"
+        )
 
 
 def pipeline_warnings(cfg: Config, plan: ParallelPlan, n_micro: int) -> list[str]:
@@ -47,14 +53,18 @@ def pipeline_warnings(cfg: Config, plan: ParallelPlan, n_micro: int) -> list[str
         return []
     out = []
     if n_micro < plan.pp:
-        out.append(f"parallel.pp={plan.pp} with {n_micro} micro-batch(es) a step: every stage "
-                   f"idles at least {(plan.pp - 1) / (n_micro + plan.pp - 1):.0%} of it "
-                   "(the pipeline's bubble); more micro-batches (a smaller train.micro_batch or "
-                   "a larger train.global_batch) fill it")
+        out.append(
+            f"parallel.pp={plan.pp} with {n_micro} micro-batch(es) a step: every stage "
+            f"idles at least {(plan.pp - 1) / (n_micro + plan.pp - 1):.0%} of it "
+            "(the pipeline's bubble); more micro-batches (a smaller train.micro_batch or "
+            "a larger train.global_batch) fill it"
+        )
     if cfg.train.sample_tokens:
-        out.append(f"train.sample_tokens={cfg.train.sample_tokens}: no sample at the end of a "
-                   f"pipeline run (parallel.pp={plan.pp}): sampling across stages is not "
-                   "built yet")
+        out.append(
+            f"train.sample_tokens={cfg.train.sample_tokens}: no sample at the end of a "
+            f"pipeline run (parallel.pp={plan.pp}): sampling across stages is not "
+            "built yet"
+        )
     return out
 
 

@@ -69,4 +69,4 @@ def read_events(run_dir: str | os.PathLike[str]) -> list[dict[str, Any]]:
     rows = [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines() if line]
     rows.sort(key=lambda row: row["time"])
     starts = [i for i, row in enumerate(rows) if row.get("event") == "launch"]
-    return rows[starts[-1]:] if starts else rows
+    return rows[starts[-1] :] if starts else rows

@@ -47,8 +47,12 @@ MODEL_FREE = {
     "init_from": "where a fresh run's weights come from: a resumed run loads the checkpoint's",
 }
 # Settings the data position depends on: the same position would be another batch.
-RESUME_FIXED = (("data", "tokenizer"), ("data", "vocab_size"), ("train", "seed"),
-                ("train", "global_batch"))
+RESUME_FIXED = (
+    ("data", "tokenizer"),
+    ("data", "vocab_size"),
+    ("train", "seed"),
+    ("train", "global_batch"),
+)
 SCHEDULE_FIELDS = ("steps", "lr", "min_lr", "warmup_steps")
 NEW_RUN_ADVICE = "start a new run in another folder (--train.run_dir=NEW)"
 
@@ -67,27 +71,38 @@ def check_resume_compatible(cfg: Config, manifest: dict[str, Any], path: Path) -
     checkpoint cannot serve; returns the warnings to print (a data source changed under
     ``checkpoint.allow_data_change``)."""
     saved, now = manifest.get("config", {}), config_to_dict(cfg)
-    fields = [("model", f.name) for f in dataclasses.fields(ModelConfig)
-              if f.name not in MODEL_FREE]
+    fields = [
+        ("model", f.name) for f in dataclasses.fields(ModelConfig) if f.name not in MODEL_FREE
+    ]
     fields += RESUME_FIXED
-    source_changed = ("data" in saved and "source" in saved["data"]
-                      and saved["data"]["source"] != now["data"]["source"])
+    source_changed = (
+        "data" in saved
+        and "source" in saved["data"]
+        and saved["data"]["source"] != now["data"]["source"]
+    )
     if not cfg.checkpoint.allow_data_change:
         fields.append(("data", "source"))
-    diff = [f"{s}.{k}={_effective(saved, s, k)!r} (now {_effective(now, s, k)!r})"
-            for s, k in fields
-            if s in saved and k in saved[s] and _effective(saved, s, k) != _effective(now, s, k)]
+    diff = [
+        f"{s}.{k}={_effective(saved, s, k)!r} (now {_effective(now, s, k)!r})"
+        for s, k in fields
+        if s in saved and k in saved[s] and _effective(saved, s, k) != _effective(now, s, k)
+    ]
     if diff:
-        raise ValueError(f"checkpoint {path} was saved with {', '.join(diff)}; resume with the "
-                         f"same settings, or {NEW_RUN_ADVICE}")
+        raise ValueError(
+            f"checkpoint {path} was saved with {', '.join(diff)}; resume with the "
+            f"same settings, or {NEW_RUN_ADVICE}"
+        )
     if source_changed:
-        return [f"resuming checkpoint {path} (data.source={saved['data']['source']!r}) on "
-                f"data.source={now['data']['source']!r} (checkpoint.allow_data_change=true)"]
+        return [
+            f"resuming checkpoint {path} (data.source={saved['data']['source']!r}) on "
+            f"data.source={now['data']['source']!r} (checkpoint.allow_data_change=true)"
+        ]
     return []
 
 
-def check_corpus(cfg: Config, manifest: dict[str, Any], corpus: Fingerprint | None,
-                 path: Path) -> str | None:
+def check_corpus(
+    cfg: Config, manifest: dict[str, Any], corpus: Fingerprint | None, path: Path
+) -> str | None:
     """ValueError when the corpus differs from the one the checkpoint was trained on (its
     fingerprint); the warning line instead under ``checkpoint.allow_data_change``; None when
     they agree or the checkpoint predates fingerprints."""
@@ -97,14 +112,18 @@ def check_corpus(cfg: Config, manifest: dict[str, Any], corpus: Fingerprint | No
     before = Fingerprint.from_dict(saved)
     if before == corpus:
         return None
-    what = (f"checkpoint {path} was trained on data.source={cfg.data.source!r} with fingerprint "
-            f"{before}, now {corpus}")
+    what = (
+        f"checkpoint {path} was trained on data.source={cfg.data.source!r} with fingerprint "
+        f"{before}, now {corpus}"
+    )
     if cfg.checkpoint.allow_data_change:
         return f"{what}; resuming on the new data (checkpoint.allow_data_change=true)"
     hint = " (another Python version's stdlib?)" if cfg.data.source == "stdlib" else ""
-    raise ValueError(f"{what}{hint}: resume on the same data, set "
-                     "--checkpoint.allow_data_change=true to continue on this data, or "
-                     f"{NEW_RUN_ADVICE}")
+    raise ValueError(
+        f"{what}{hint}: resume on the same data, set "
+        "--checkpoint.allow_data_change=true to continue on this data, or "
+        f"{NEW_RUN_ADVICE}"
+    )
 
 
 def schedule_change(cfg: Config, manifest: dict[str, Any], step: int) -> str | None:
@@ -118,9 +137,11 @@ def schedule_change(cfg: Config, manifest: dict[str, Any], step: int) -> str | N
     known = {f.name for f in dataclasses.fields(TrainConfig)}
     old = dataclasses.replace(cfg.train, **{k: v for k, v in saved.items() if k in known})
     what = ", ".join(f"train.{k}={saved[k]} (now {now[k]})" for k in changed)
-    return (f"resuming at step {step} with {what}: the learning-rate schedule changes from "
-            f"here on (lr {lr_at(step, old):.3e} under the saved schedule, "
-            f"{lr_at(step, cfg.train):.3e} now)")
+    return (
+        f"resuming at step {step} with {what}: the learning-rate schedule changes from "
+        f"here on (lr {lr_at(step, old):.3e} under the saved schedule, "
+        f"{lr_at(step, cfg.train):.3e} now)"
+    )
 
 
 # ------------------------------------------------------------ which checkpoint a run resumes
@@ -148,8 +169,9 @@ def find_checkpoint(path: Path) -> Path:
     raise ValueError(f"{path}: no complete checkpoint (looked in {looked})")
 
 
-def newest_valid_checkpoint(root: str | os.PathLike[str]
-                            ) -> tuple[tuple[int, Path] | None, list[ValueError]]:
+def newest_valid_checkpoint(
+    root: str | os.PathLike[str],
+) -> tuple[tuple[int, Path] | None, list[ValueError]]:
     """(step, path) of the newest complete checkpoint in ``root`` that ``read_manifest``
     accepts (what ``resume = "auto"`` picks) or None, and the errors of the newer, damaged
     ones it skipped (newest first)."""
@@ -182,7 +204,8 @@ def resolve_resume(cfg: Config, warnings: list[str] | None = None) -> Path | Non
                 f"checkpoint.resume='never' starts a new run, but {root} already holds "
                 f"checkpoints (up to step {existing[-1][0]}) that it would mix with and prune: "
                 "start it in another folder (--train.run_dir=NEW), continue them "
-                "(--checkpoint.resume=auto), or delete that folder yourself")
+                "(--checkpoint.resume=auto), or delete that folder yourself"
+            )
         return None
     if resume == "auto":  # the newest valid one; if none is valid, the newest one's error
         found, skipped = newest_valid_checkpoint(root)
@@ -195,10 +218,13 @@ def resolve_resume(cfg: Config, warnings: list[str] | None = None) -> Path | Non
         return found[1]
     path = Path(resume).expanduser()
     if not path.exists():
-        raise ValueError(f"checkpoint.resume={resume!r} must be never, auto or the path of a "
-                         f"checkpoint or of a folder of checkpoints, and there is no {path}")
-    if not (_STEP_DIR.match(path.name) or (path / MANIFEST).exists()
-            or (path / ".metadata").exists()):
+        raise ValueError(
+            f"checkpoint.resume={resume!r} must be never, auto or the path of a "
+            f"checkpoint or of a folder of checkpoints, and there is no {path}"
+        )
+    if not (
+        _STEP_DIR.match(path.name) or (path / MANIFEST).exists() or (path / ".metadata").exists()
+    ):
         latest = latest_checkpoint(path)
         if latest is None:
             raise ValueError(f"checkpoint.resume={resume!r}: no complete checkpoint in this folder")
@@ -207,5 +233,6 @@ def resolve_resume(cfg: Config, warnings: list[str] | None = None) -> Path | Non
     if m and existing and existing[-1][0] > int(m.group(1)) and existing[-1][1] != path:
         raise ValueError(
             f"checkpoint.resume={resume!r} is step {int(m.group(1))} but {root} holds step "
-            f"{existing[-1][0]}: new checkpoints would be pruned; use another checkpoint.dir")
+            f"{existing[-1][0]}: new checkpoints would be pruned; use another checkpoint.dir"
+        )
     return path

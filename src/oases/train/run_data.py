@@ -63,14 +63,16 @@ def data_fingerprint(cfg: Config) -> Fingerprint:
 
 def _request(cfg: Config, out: Path, resume_from: Path | None) -> PrepareRequest:
     given = None
-    if cfg.data.tokenizer == "bpe" and resume_from is not None \
-            and (resume_from / TOKENIZER_FILE).is_file():
+    if (
+        cfg.data.tokenizer == "bpe"
+        and resume_from is not None
+        and (resume_from / TOKENIZER_FILE).is_file()
+    ):
         from oases.train.tokenizer import BPETokenizer
 
         given = BPETokenizer.load(resume_from)
     vocab = (cfg.data.vocab_size or cfg.model.vocab_size) if cfg.data.tokenizer == "bpe" else 0
-    return PrepareRequest([cfg.data.source], out, cfg.data.tokenizer, vocab,
-                          given_tokenizer=given)
+    return PrepareRequest([cfg.data.source], out, cfg.data.tokenizer, vocab, given_tokenizer=given)
 
 
 @contextlib.contextmanager
@@ -91,8 +93,10 @@ def _cache_is_stale(req: PrepareRequest, fingerprint: Fingerprint) -> bool:
 
     manifest = _read_json(req.out / MANIFEST)
     if manifest is not None:
-        return (manifest.get("request") != req.identity()
-                or manifest["sources"][0]["fingerprint"] != fingerprint.to_dict())
+        return (
+            manifest.get("request") != req.identity()
+            or manifest["sources"][0]["fingerprint"] != fingerprint.to_dict()
+        )
     request = _read_json(req.out / REQUEST)
     return request is not None and request != req.identity()
 
@@ -103,26 +107,34 @@ def check_tokenizer(cfg: Config, ds: PreparedDataset, tok: Tokenizer) -> None:
     info, where = ds.manifest["tokenizer"], f"data.source={cfg.data.source!r}"
     want = info["spec"] if info["name"] != "bpe" else "bpe"
     flags = f"--data.tokenizer={want}" + (
-        f" --data.vocab_size={info['requested_vocab']}" if info["name"] == "bpe" else "")
-    same = {"byte": cfg.data.tokenizer == "byte",
-            "bpe": cfg.data.tokenizer == "bpe" and (cfg.data.vocab_size or cfg.model.vocab_size)
-            == info.get("requested_vocab"),
-            "hf": cfg.data.tokenizer.startswith("hf:")}[info["name"]]
+        f" --data.vocab_size={info['requested_vocab']}" if info["name"] == "bpe" else ""
+    )
+    same = {
+        "byte": cfg.data.tokenizer == "byte",
+        "bpe": cfg.data.tokenizer == "bpe"
+        and (cfg.data.vocab_size or cfg.model.vocab_size) == info.get("requested_vocab"),
+        "hf": cfg.data.tokenizer.startswith("hf:"),
+    }[info["name"]]
     if same and info["name"] == "hf":
         from oases.train.tokenizer import HFTokenizer
 
         same = HFTokenizer.load(cfg.data.tokenizer[3:]).to_json() == tok.to_json()
     if not same:
-        raise ValueError(f"{where} was prepared with the {info['name']} tokenizer "
-                         f"({info['spec']}, {info['vocab_size']} tokens), not "
-                         f"data.tokenizer={cfg.data.tokenizer!r}: train with {flags}")
+        raise ValueError(
+            f"{where} was prepared with the {info['name']} tokenizer "
+            f"({info['spec']}, {info['vocab_size']} tokens), not "
+            f"data.tokenizer={cfg.data.tokenizer!r}: train with {flags}"
+        )
     if cfg.model.vocab_size < tok.vocab_size:
-        raise ValueError(f"model.vocab_size={cfg.model.vocab_size} is smaller than the "
-                         f"{info['name']} tokenizer's vocabulary of {tok.vocab_size} ({where})")
+        raise ValueError(
+            f"model.vocab_size={cfg.model.vocab_size} is smaller than the "
+            f"{info['name']} tokenizer's vocabulary of {tok.vocab_size} ({where})"
+        )
 
 
-def open_run_data(cfg: Config, fingerprint: Fingerprint, resume_from: Path | None = None,
-                  log: Any = None) -> RunData:
+def open_run_data(
+    cfg: Config, fingerprint: Fingerprint, resume_from: Path | None = None, log: Any = None
+) -> RunData:
     """The run's dataset (module docstring); ``fingerprint`` from ``data_fingerprint``.
     Preparation lines go to ``log`` (default: nowhere)."""
     if is_prepared(cfg.data.source):

@@ -38,13 +38,22 @@ def format_config(cfg: Config) -> str:
     )
 
 
-def startup_lines(ctx: ParallelContext, cfg: Config, run: EffectiveRun, config_path: Path,
-                  metrics: Path, model: str) -> list[str]:
+def startup_lines(
+    ctx: ParallelContext,
+    cfg: Config,
+    run: EffectiveRun,
+    config_path: Path,
+    metrics: Path,
+    model: str,
+) -> list[str]:
     """Rank 0's first lines: who it is, the config, ``model`` (the model and data line), and
     the effective run (``EffectiveRun.describe``)."""
-    return [f"oases train: {ctx}",
-            f"config (written to {config_path}; metrics to {metrics}):\n" + format_config(cfg),
-            model, *run.describe()]
+    return [
+        f"oases train: {ctx}",
+        f"config (written to {config_path}; metrics to {metrics}):\n" + format_config(cfg),
+        model,
+        *run.describe(),
+    ]
 
 
 def model_line(cfg: Config, n_params: int, data: str) -> str:
@@ -57,9 +66,11 @@ def resume_line(path: Path, step: int, manifest: dict[str, Any], run: EffectiveR
     degrees = sorted(set(manifest.get("degrees", {}).values()) | {manifest["tp"]})
     pp = manifest.get("run", {}).get("pp", 1)
     stages = f"pp={pp} x " if pp > 1 else ""
-    line = (f"resumed from {path} at step {step} (saved at {stages}"
-            f"tp={'/'.join(map(str, degrees))} on {manifest['world_size']} "
-            f"rank{'s' if manifest['world_size'] > 1 else ''})")
+    line = (
+        f"resumed from {path} at step {step} (saved at {stages}"
+        f"tp={'/'.join(map(str, degrees))} on {manifest['world_size']} "
+        f"rank{'s' if manifest['world_size'] > 1 else ''})"
+    )
     changed = run.changes(saved_record(manifest))
     if changed:
         return f"{line}; changed since: {', '.join(changed)}"
@@ -74,8 +85,10 @@ def done_line(end: int, steps: int, start_step: int, elapsed_s: float) -> str:
         return f"done: step {end}/{steps} in {elapsed_s:.1f}s"
     if end <= start_step:
         return f"done: step {end}/{steps} (resumed at step {start_step}, nothing left to train)"
-    return (f"done: step {end}/{steps}; steps {start_step + 1}-{end} in {elapsed_s:.1f}s "
-            f"(resumed at step {start_step}: steps 1-{start_step} ran in an earlier launch)")
+    return (
+        f"done: step {end}/{steps}; steps {start_step + 1}-{end} in {elapsed_s:.1f}s "
+        f"(resumed at step {start_step}: steps 1-{start_step} ran in an earlier launch)"
+    )
 
 
 def timeline_title(cfg: Config, plan: ParallelPlan, world_size: int, step: int) -> str:
@@ -100,5 +113,8 @@ def save_timeline(timeline: Timeline, ctx: ParallelContext, path: Path, title: s
             merged.save_chrome_trace(path.with_suffix(".json"))
             merged.plot(path, title=title)
         except Exception as exc:  # a picture never ends a run (and never strands the peers)
-            print(f"warning: timeline picture not written ({type(exc).__name__}: {exc})",
-                  file=sys.stderr, flush=True)
+            print(
+                f"warning: timeline picture not written ({type(exc).__name__}: {exc})",
+                file=sys.stderr,
+                flush=True,
+            )

@@ -22,8 +22,13 @@ from torch.distributed.checkpoint.metadata import Metadata, TensorStorageMetadat
 # The globals a DCP .metadata pickle may name (module -> names); anything else is refused.
 _METADATA_CLASSES = {
     "torch.distributed.checkpoint.metadata": {
-        "Metadata", "TensorStorageMetadata", "ChunkStorageMetadata", "TensorProperties",
-        "MetadataIndex", "StorageMeta", "_MEM_FORMAT_ENCODING",
+        "Metadata",
+        "TensorStorageMetadata",
+        "ChunkStorageMetadata",
+        "TensorProperties",
+        "MetadataIndex",
+        "StorageMeta",
+        "_MEM_FORMAT_ENCODING",
     },
     "torch.distributed.checkpoint.filesystem": {"_StorageInfo"},
     "torch": {"Size"},
@@ -56,8 +61,11 @@ def load_metadata(path: Path) -> Metadata:
         raise ValueError(f"checkpoint {path}: corrupt .metadata ({exc})") from None
     if not isinstance(metadata, Metadata) or not isinstance(metadata.state_dict_metadata, dict):
         raise ValueError(f"checkpoint {path}: .metadata is not a DCP index")
-    bad = [k for k, v in metadata.state_dict_metadata.items()
-           if not isinstance(v, TensorStorageMetadata)]
+    bad = [
+        k
+        for k, v in metadata.state_dict_metadata.items()
+        if not isinstance(v, TensorStorageMetadata)
+    ]
     if bad:
         raise ValueError(f"checkpoint {path}: non-tensor entries {bad[:3]} are not accepted")
     return metadata

@@ -39,10 +39,12 @@ def resolve_init_from(cfg: Config) -> None:
     if cfg.model.init_from:
         from oases.hf import hf_model_config
 
-        m = hf_model_config(cfg.model.init_from[3:], max_seq_len=cfg.model.seq_len,
-                            dropout=cfg.model.dropout)
-        cfg.model = dataclasses.replace(m, init_from=cfg.model.init_from,
-                                        init_std=cfg.model.init_std)
+        m = hf_model_config(
+            cfg.model.init_from[3:], max_seq_len=cfg.model.seq_len, dropout=cfg.model.dropout
+        )
+        cfg.model = dataclasses.replace(
+            m, init_from=cfg.model.init_from, init_std=cfg.model.init_std
+        )
 
 
 def resolve_plan(cfg: Config, world_size: int) -> ParallelPlan | None:
@@ -52,17 +54,26 @@ def resolve_plan(cfg: Config, world_size: int) -> ParallelPlan | None:
     source = cfg.parallel.plan
     if not source and cfg.parallel.pp > 1:
         p = cfg.parallel
-        plan = ParallelPlan.uniform(cfg.model, world_size, p.tp, pp=p.pp,
-                                    pp_schedule=p.pp_schedule, schedule=cfg.schedule.name,
-                                    n_sub=cfg.schedule.n_sub, sequence_parallel=p.sp() or "")
+        plan = ParallelPlan.uniform(
+            cfg.model,
+            world_size,
+            p.tp,
+            pp=p.pp,
+            pp_schedule=p.pp_schedule,
+            schedule=cfg.schedule.name,
+            n_sub=cfg.schedule.n_sub,
+            sequence_parallel=p.sp() or "",
+        )
         plan.check(cfg.model, world_size)
         return plan
     if not source:
         return None
     if source == "auto":
         if cfg.parallel.pp > 1:
-            raise ValueError(f'parallel.plan="auto" with parallel.pp={cfg.parallel.pp}: the '
-                             "planner does not plan pipeline stages yet")
+            raise ValueError(
+                f'parallel.plan="auto" with parallel.pp={cfg.parallel.pp}: the '
+                "planner does not plan pipeline stages yet"
+            )
         from oases.planner import auto_plan
 
         plan = auto_plan(cfg, world_size)
@@ -91,8 +102,10 @@ def apply_plan_knobs(cfg: Config, plan: ParallelPlan, world_size: int) -> None:
     if micro_rows:
         local, left = divmod(int(micro_rows) * plan.tp_of("embed"), world_size)
         if left or local < 1:
-            raise ValueError(f"the plan's micro-batch of {micro_rows} sequences does not split "
-                             f"over dp={world_size // plan.tp_of('embed')} ranks")
+            raise ValueError(
+                f"the plan's micro-batch of {micro_rows} sequences does not split "
+                f"over dp={world_size // plan.tp_of('embed')} ranks"
+            )
         # micro_batch is per rank at parallel.tp: both in the embedding's layout, so planning
         # this config again (every rank does) sees the same world micro-batch
         cfg.train.micro_batch = local
@@ -139,8 +152,10 @@ def resolve_setup(cfg: Config, world_size: int) -> Setup:
     hf_dir = cfg.model.init_from[3:]
     own_tokenizer = hf_dir and (Path(hf_dir) / TOKENIZER_FILE).is_file()
     if own_tokenizer and cfg.data.tokenizer != f"hf:{hf_dir}":
-        raise ValueError(f"model.init_from={cfg.model.init_from!r} has its own {TOKENIZER_FILE}: "
-                         f"train with it, --data.tokenizer=hf:{hf_dir}")
+        raise ValueError(
+            f"model.init_from={cfg.model.init_from!r} has its own {TOKENIZER_FILE}: "
+            f"train with it, --data.tokenizer=hf:{hf_dir}"
+        )
     build_schedule(
         cfg.schedule.name,
         n_sub=cfg.schedule.n_sub,
@@ -150,17 +165,22 @@ def resolve_setup(cfg: Config, world_size: int) -> Setup:
     )
     check_tokenizer_name(cfg.data.tokenizer)
     want = {"byte": BYTE_VOCAB, "bpe": cfg.data.vocab_size or cfg.model.vocab_size}.get(
-        cfg.data.tokenizer, 0)  # hf:PATH is checked against its file when it is built
+        cfg.data.tokenizer, 0
+    )  # hf:PATH is checked against its file when it is built
     if cfg.data.tokenizer == "bpe" and want <= BYTE_VOCAB:
-        raise ValueError(f"a BPE of {want} tokens has no merges beyond the {BYTE_VOCAB} bytes: "
-                         f"give --data.vocab_size (e.g. {DEFAULT_BPE_VOCAB})")
+        raise ValueError(
+            f"a BPE of {want} tokens has no merges beyond the {BYTE_VOCAB} bytes: "
+            f"give --data.vocab_size (e.g. {DEFAULT_BPE_VOCAB})"
+        )
     if cfg.model.vocab_size < want:
         raise ValueError(
             f"model.vocab_size={cfg.model.vocab_size} is smaller than the {cfg.data.tokenizer}"
             f" tokenizer's vocabulary of {want}"
         )
     if cfg.train.tensorboard and importlib.util.find_spec("tensorboard") is None:
-        raise ValueError("train.tensorboard=true needs the tensorboard package: "
-                         "pip install -e '.[tensorboard]' in the oases clone "
-                         "(or --train.tensorboard=false)")
+        raise ValueError(
+            "train.tensorboard=true needs the tensorboard package: "
+            "pip install -e '.[tensorboard]' in the oases clone "
+            "(or --train.tensorboard=false)"
+        )
     return Setup(plan, no_effect_warnings(given, cfg, plan, world_size))

@@ -214,13 +214,12 @@ def check_tokenizer_name(name: str) -> None:
     """ValueError unless ``name`` is a tokenizer this version can build (no training, no I/O):
     ``byte``, ``bpe`` or ``hf:PATH``."""
     if name.startswith(HF_PREFIX):
-        if not name[len(HF_PREFIX):]:
+        if not name[len(HF_PREFIX) :]:
             raise ValueError(f"data.tokenizer={name!r} needs a path: hf:PATH")
         return
     if name not in TOKENIZERS:
         raise ValueError(
-            f"data.tokenizer={name!r} is not supported; valid: {', '.join(TOKENIZERS)},"
-            " hf:PATH"
+            f"data.tokenizer={name!r} is not supported; valid: {', '.join(TOKENIZERS)}, hf:PATH"
         )
 
 
@@ -242,10 +241,12 @@ def build_tokenizer(
     if name == "byte":
         return ByteTokenizer()
     if name.startswith(HF_PREFIX):
-        hf_tok = HFTokenizer.load(name[len(HF_PREFIX):])
+        hf_tok = HFTokenizer.load(name[len(HF_PREFIX) :])
         if vocab_size is not None and hf_tok.vocab_size > vocab_size:
-            raise ValueError(f"data.tokenizer={name!r} has {hf_tok.vocab_size} tokens, more "
-                             f"than the model's vocab_size={vocab_size}")
+            raise ValueError(
+                f"data.tokenizer={name!r} has {hf_tok.vocab_size} tokens, more "
+                f"than the model's vocab_size={vocab_size}"
+            )
         return hf_tok
     if path is not None and (Path(path).is_file() or (Path(path) / TOKENIZER_FILE).is_file()):
         tok = BPETokenizer.load(path)
@@ -285,8 +286,11 @@ def _byte_chars() -> list[str]:
     """GPT-2's byte -> printable character table (the ``ByteLevel`` pre-tokenizer's): byte b
     is ``_byte_chars()[b]``; printable bytes stand for themselves, the others are shifted past
     255."""
-    keep = [*range(ord("!"), ord("~") + 1), *range(ord("¡"), ord("¬") + 1),
-            *range(ord("®"), ord("ÿ") + 1)]
+    keep = [
+        *range(ord("!"), ord("~") + 1),
+        *range(ord("¡"), ord("¬") + 1),
+        *range(ord("®"), ord("ÿ") + 1),
+    ]
     chars, extra = {}, 0
     for b in range(BYTE_VOCAB):
         if b in keep:

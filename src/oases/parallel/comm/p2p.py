@@ -36,8 +36,9 @@ def p2p_tag(index: int, sub: int, direction: str) -> int:
     return (index * _SUBS + sub) * 2 + (direction == "backward")
 
 
-def send_async(t: Tensor, pair: Group, peer: int, *, tag: int, direction: str = "forward",
-               label: str = "") -> Handle:
+def send_async(
+    t: Tensor, pair: Group, peer: int, *, tag: int, direction: str = "forward", label: str = ""
+) -> Handle:
     """Start sending ``t`` to global rank ``peer`` over ``pair``; ``.wait()`` (when the
     receiver has it, or at least has posted its receive) returns ``t``, kept alive until then."""
     t = t.contiguous()
@@ -46,8 +47,16 @@ def send_async(t: Tensor, pair: Group, peer: int, *, tag: int, direction: str = 
     return _Keep(t, work, t)
 
 
-def recv_async(shape: tuple[int, ...], dtype: torch.dtype, pair: Group, peer: int, *, tag: int,
-               direction: str = "forward", label: str = "") -> Handle:
+def recv_async(
+    shape: tuple[int, ...],
+    dtype: torch.dtype,
+    pair: Group,
+    peer: int,
+    *,
+    tag: int,
+    direction: str = "forward",
+    label: str = "",
+) -> Handle:
     """Post a receive of a ``shape`` tensor of ``dtype`` from global rank ``peer`` over
     ``pair``; ``.wait()`` returns it."""
     buf = torch.empty(shape, dtype=dtype, device=pair.device)

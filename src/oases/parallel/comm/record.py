@@ -73,8 +73,9 @@ def record_collectives() -> Iterator[list[CollectiveRecord]]:
         remove()
 
 
-def _issue(op: str, group: Group, t: Tensor, direction: str, tag: str, is_async: bool,
-           peer: int = -1) -> None:
+def _issue(
+    op: str, group: Group, t: Tensor, direction: str, tag: str, is_async: bool, peer: int = -1
+) -> None:
     if _HOOKS:
         rec = CollectiveRecord(
             next(_SEQ),

@@ -24,15 +24,15 @@ from collections.abc import Mapping
 BLOCK_Q = 128  # queries per thread block (FlashAttention-2's forward tile)
 
 
-def attention_flops(b: int, heads: float, s: int, d: int, causal: bool, backward: bool
-                    ) -> float:
+def attention_flops(b: int, heads: float, s: int, d: int, causal: bool, backward: bool) -> float:
     """The FlashAttention papers' flop count of one pass (see the module docstring)."""
     flops = 4 * b * heads * s * s * d * (0.5 if causal else 1.0)
     return flops * (2.5 if backward else 1.0)
 
 
-def _series(table: Mapping[str, float], direction: str, mask: str, d: int
-            ) -> tuple[list[int], list[float]] | None:
+def _series(
+    table: Mapping[str, float], direction: str, mask: str, d: int
+) -> tuple[list[int], list[float]] | None:
     """(sequences, efficiencies) of the series nearest head dim ``d``, or None."""
     points = _parsed(tuple(sorted(table.items()))).get((direction, mask), {})
     if not points:
@@ -43,8 +43,9 @@ def _series(table: Mapping[str, float], direction: str, mask: str, d: int
 
 
 @functools.cache
-def _parsed(items: tuple[tuple[str, float], ...]
-            ) -> dict[tuple[str, str], dict[int, dict[int, float]]]:
+def _parsed(
+    items: tuple[tuple[str, float], ...],
+) -> dict[tuple[str, str], dict[int, dict[int, float]]]:
     """{(direction, mask): {head dim: {sequence: efficiency}}} of a table's ``attn_*`` keys."""
     out: dict[tuple[str, str], dict[int, dict[int, float]]] = {}
     for key, value in items:
@@ -55,8 +56,9 @@ def _parsed(items: tuple[tuple[str, float], ...]
     return out
 
 
-def fused_efficiency(table: Mapping[str, float], d: int, s: int, causal: bool,
-                     backward: bool) -> float:
+def fused_efficiency(
+    table: Mapping[str, float], d: int, s: int, causal: bool, backward: bool
+) -> float:
     """The fused kernel's efficiency at head dim ``d`` and sequence ``s`` (0 when the table
     has no attention series)."""
     found = _series(table, "bwd" if backward else "fwd", "causal" if causal else "full", d)
@@ -79,14 +81,26 @@ def wave_fill(blocks: float, sms: int) -> float:
     return blocks / (math.ceil(blocks / sms) * sms)
 
 
-def fused_attention_s(table: Mapping[str, float], *, b: int, heads: float, s: int, d: int,
-                      causal: bool, backward: bool, peak_flops: float, sms: int) -> float:
+def fused_attention_s(
+    table: Mapping[str, float],
+    *,
+    b: int,
+    heads: float,
+    s: int,
+    d: int,
+    causal: bool,
+    backward: bool,
+    peak_flops: float,
+    sms: int,
+) -> float:
     """Seconds of one fused attention pass over ``b`` sequences of ``heads`` local heads;
     ValueError when the table has no attention series."""
     eff = fused_efficiency(table, d, s, causal, backward)
     if eff <= 0:
-        raise ValueError("the GPU's kernel table has no fused-attention series (attn_* keys); "
-                         "price attention as materialized, or add them")
+        raise ValueError(
+            "the GPU's kernel table has no fused-attention series (attn_* keys); "
+            "price attention as materialized, or add them"
+        )
     blocks = b * heads * math.ceil(s / BLOCK_Q)
     bench_blocks = 16384 / s * (2048 / d) * math.ceil(s / BLOCK_Q)  # the papers' setting
     eff *= min(1.0, wave_fill(blocks, sms) / wave_fill(bench_blocks, sms))

@@ -41,8 +41,9 @@ def tile_efficiency(tm: int, tn: int) -> float:
     return min(1.0, tm * tn / (tm + tn) / _REF_REUSE)
 
 
-def _compute_s(m: int, n: int, k: int, batch: int, sms: int, flops_per_sm_s: float,
-               bytes_per_s: float) -> float:
+def _compute_s(
+    m: int, n: int, k: int, batch: int, sms: int, flops_per_sm_s: float, bytes_per_s: float
+) -> float:
     """The fastest tile and split at efficiency 1 (``flops_per_sm_s``: one SM's peak)."""
     best = math.inf
     for tm, tn in TILES:
@@ -60,8 +61,9 @@ def _compute_s(m: int, n: int, k: int, batch: int, sms: int, flops_per_sm_s: flo
 
 
 @functools.cache
-def peak_efficiency(anchor: tuple[int, int, int], measured: float, sms: int,
-                    peak_flops: float, bytes_per_s: float) -> float:
+def peak_efficiency(
+    anchor: tuple[int, int, int], measured: float, sms: int, peak_flops: float, bytes_per_s: float
+) -> float:
     """``e_max``: the efficiency of full waves of the largest tiles that makes the model give
     ``measured`` x peak at the ``anchor`` shape (at most 1)."""
     m, n, k = anchor
@@ -71,8 +73,18 @@ def peak_efficiency(anchor: tuple[int, int, int], measured: float, sms: int,
 
 
 @functools.cache
-def gemm_s(m: int, n: int, k: int, *, batch: int = 1, elem_bytes: float, sms: int,
-           peak_flops: float, e_max: float, bytes_per_s: float) -> float:
+def gemm_s(
+    m: int,
+    n: int,
+    k: int,
+    *,
+    batch: int = 1,
+    elem_bytes: float,
+    sms: int,
+    peak_flops: float,
+    e_max: float,
+    bytes_per_s: float,
+) -> float:
     """Seconds of ``batch`` matmuls [M, K] x [K, N] (see the module docstring); 0 when empty."""
     if min(m, n, k, batch) <= 0:
         return 0.0

@@ -56,30 +56,48 @@ def _c(e: float) -> int:
 
 
 OPS: dict[str, MemoryOp] = {
-    "rmsnorm": MemoryOp("norm", lambda e: 20 + 2 * e + _c(e) * (8 + 2 * e),
-                        lambda e: 6 + 2 * _c(e), lambda e: 4 * e + 44 + _c(e) * (8 + 2 * e),
-                        lambda e: 12 + 2 * _c(e)),
-    "layernorm": MemoryOp("norm", lambda e: 8 + _c(e) * (8 + 2 * e), lambda e: 1 + 2 * _c(e),
-                          lambda e: 16 + _c(e) * (8 + 2 * e), lambda e: 2 + 2 * _c(e)),
-    "rotary": MemoryOp("rotary", lambda e: 3 * e + 28 + _c(e) * (10 + 3 * e),
-                       lambda e: 5 + 3 * _c(e), lambda e: 19 + 3 * e + _c(e) * (10 + 3 * e),
-                       lambda e: 5 + 3 * _c(e)),
-    "repeat_kv": MemoryOp("elementwise", lambda e: 2 * e, lambda e: 1, lambda e: 2 * e,
-                          lambda e: 1),
-    "copy": MemoryOp("elementwise", lambda e: 2 * e, lambda e: 1, lambda e: 2 * e,
-                     lambda e: 1),
-    "swiglu": MemoryOp("activation", lambda e: 5 * e, lambda e: 2, lambda e: 13 * e,
-                       lambda e: 4),
+    "rmsnorm": MemoryOp(
+        "norm",
+        lambda e: 20 + 2 * e + _c(e) * (8 + 2 * e),
+        lambda e: 6 + 2 * _c(e),
+        lambda e: 4 * e + 44 + _c(e) * (8 + 2 * e),
+        lambda e: 12 + 2 * _c(e),
+    ),
+    "layernorm": MemoryOp(
+        "norm",
+        lambda e: 8 + _c(e) * (8 + 2 * e),
+        lambda e: 1 + 2 * _c(e),
+        lambda e: 16 + _c(e) * (8 + 2 * e),
+        lambda e: 2 + 2 * _c(e),
+    ),
+    "rotary": MemoryOp(
+        "rotary",
+        lambda e: 3 * e + 28 + _c(e) * (10 + 3 * e),
+        lambda e: 5 + 3 * _c(e),
+        lambda e: 19 + 3 * e + _c(e) * (10 + 3 * e),
+        lambda e: 5 + 3 * _c(e),
+    ),
+    "repeat_kv": MemoryOp(
+        "elementwise", lambda e: 2 * e, lambda e: 1, lambda e: 2 * e, lambda e: 1
+    ),
+    "copy": MemoryOp("elementwise", lambda e: 2 * e, lambda e: 1, lambda e: 2 * e, lambda e: 1),
+    "swiglu": MemoryOp("activation", lambda e: 5 * e, lambda e: 2, lambda e: 13 * e, lambda e: 4),
     "gelu": MemoryOp("activation", lambda e: 2 * e, lambda e: 1, lambda e: 3 * e, lambda e: 1),
     "bias": MemoryOp("elementwise", lambda e: 2 * e, lambda e: 1, lambda e: e, lambda e: 1),
-    "residual": MemoryOp("elementwise", lambda e: 3 * e, lambda e: 1, lambda e: 3 * e,
-                         lambda e: 1),
-    "dropout": MemoryOp("elementwise", lambda e: 2 * e + 1, lambda e: 1, lambda e: 2 * e + 1,
-                        lambda e: 1),
-    "ce": MemoryOp("cross-entropy", lambda e: 32 + _c(e) * (4 + e), lambda e: 12 + _c(e),
-                   lambda e: 16 + _c(e) * (4 + e), lambda e: 4 + _c(e)),
-    "cast_weight": MemoryOp("cast", lambda e: 6 * _c(e), lambda e: _c(e),
-                            lambda e: 6 * _c(e) + 12, lambda e: 1 + _c(e)),
+    "residual": MemoryOp("elementwise", lambda e: 3 * e, lambda e: 1, lambda e: 3 * e, lambda e: 1),
+    "dropout": MemoryOp(
+        "elementwise", lambda e: 2 * e + 1, lambda e: 1, lambda e: 2 * e + 1, lambda e: 1
+    ),
+    "ce": MemoryOp(
+        "cross-entropy",
+        lambda e: 32 + _c(e) * (4 + e),
+        lambda e: 12 + _c(e),
+        lambda e: 16 + _c(e) * (4 + e),
+        lambda e: 4 + _c(e),
+    ),
+    "cast_weight": MemoryOp(
+        "cast", lambda e: 6 * _c(e), lambda e: _c(e), lambda e: 6 * _c(e) + 12, lambda e: 1 + _c(e)
+    ),
     "adamw": MemoryOp("optimizer", lambda e: 80, lambda e: 8, lambda e: 0, lambda e: 0),
     "grad_norm": MemoryOp("grad-norm", lambda e: 12, lambda e: 3, lambda e: 0, lambda e: 0),
 }

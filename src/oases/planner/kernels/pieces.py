@@ -52,14 +52,15 @@ class Kernel:
     weight_grad: bool = False  # a weight gradient (sequence parallelism's "sp-dw")
 
 
-def gemm(label: str, m: int, n: int, k: int, batch: int = 1, weight_grad: bool = False
-         ) -> Kernel:
-    return Kernel("gemm", label, 2.0 * m * n * k * batch, gemm=(m, n, k, batch),
-                  weight_grad=weight_grad)
+def gemm(label: str, m: int, n: int, k: int, batch: int = 1, weight_grad: bool = False) -> Kernel:
+    return Kernel(
+        "gemm", label, 2.0 * m * n * k * batch, gemm=(m, n, k, batch), weight_grad=weight_grad
+    )
 
 
-def memory(op: str, label: str, elements: float, e: float, backward: bool,
-           weight_grad: bool = False) -> list[Kernel]:
+def memory(
+    op: str, label: str, elements: float, e: float, backward: bool, weight_grad: bool = False
+) -> list[Kernel]:
     from oases.planner.kernels.memory_bound import OPS
 
     nbytes, count = op_bytes(op, elements, e, backward)
@@ -81,8 +82,10 @@ class PieceKernels:
         """(name, in, out) of the region's local linears in forward order."""
         m = self.m
         if region == "attn":
-            return [("qkv", m.dim, (m.n_heads + 2 * m.n_kv_heads) * m.head_dim // tp),
-                    ("proj", m.n_heads * m.head_dim // tp, m.dim)]
+            return [
+                ("qkv", m.dim, (m.n_heads + 2 * m.n_kv_heads) * m.head_dim // tp),
+                ("proj", m.n_heads * m.head_dim // tp, m.dim),
+            ]
         if region == "mlp":
             fc1 = (2 if m.arch == "llama" else 1) * m.ffn_dim // tp
             return [("fc1", m.dim, fc1), ("fc2", m.ffn_dim // tp, m.dim)]
@@ -110,8 +113,9 @@ class PieceKernels:
                 ks += self._after_first(region, T, tp, rows, backward=False)
         return ks
 
-    def _after_first(self, region: str, tokens: int, tp: int, rows: int, backward: bool
-                     ) -> list[Kernel]:
+    def _after_first(
+        self, region: str, tokens: int, tp: int, rows: int, backward: bool
+    ) -> list[Kernel]:
         """The ops between a region's first GEMM and its second (or, head, after it)."""
         m, e, T = self.m, self.e, tokens
         if region == "mlp":
@@ -136,19 +140,32 @@ class PieceKernels:
             from oases.planner.kernels.attention import attention_flops
 
             flops = attention_flops(rows, heads, S, D, True, backward)
-            return [Kernel("attention", "flash attention" + (" backward" if backward else ""),
-                           flops, attn=(rows, heads, S, D, True, backward))]
+            return [
+                Kernel(
+                    "attention",
+                    "flash attention" + (" backward" if backward else ""),
+                    flops,
+                    attn=(rows, heads, S, D, True, backward),
+                )
+            ]
         batch = max(1, round(rows * heads))
         drop = 2 + 1 / e if m.dropout > 0 else 0.0
         passes = (SCORE_BWD_PASSES if backward else SCORE_FWD_PASSES) + drop
-        scores = Kernel("attention", "scores (mask, softmax, dropout)",
-                        nbytes=rows * heads * S * S * e * passes,
-                        count=(SCORE_BWD_KERNELS if backward else SCORE_FWD_KERNELS)
-                        + (m.dropout > 0))
+        scores = Kernel(
+            "attention",
+            "scores (mask, softmax, dropout)",
+            nbytes=rows * heads * S * S * e * passes,
+            count=(SCORE_BWD_KERNELS if backward else SCORE_FWD_KERNELS) + (m.dropout > 0),
+        )
         if not backward:
             return [gemm("QK^T", S, S, D, batch), scores, gemm("AV", S, D, S, batch)]
-        return [gemm("dP = dO V^T", S, S, D, batch), gemm("dV = P^T dO", S, D, S, batch),
-                scores, gemm("dQ = dS K", S, D, S, batch), gemm("dK = dS^T Q", S, D, S, batch)]
+        return [
+            gemm("dP = dO V^T", S, S, D, batch),
+            gemm("dV = P^T dO", S, D, S, batch),
+            scores,
+            gemm("dQ = dS K", S, D, S, batch),
+            gemm("dK = dS^T Q", S, D, S, batch),
+        ]
 
     def epi(self, region: str, tokens: float, backward: bool) -> list[Kernel]:
         """Kernels of the glue after a region (forward, or its backward) over ``tokens``."""
@@ -158,8 +175,13 @@ class PieceKernels:
             return []
         ks: list[Kernel] = []
         if gpt2:  # the row-parallel bias (embed: the learned positions)
-            ks += memory("residual" if region == "embed" and not backward else "bias",
-                         "positions" if region == "embed" else "bias", T * H, e, backward)
+            ks += memory(
+                "residual" if region == "embed" and not backward else "bias",
+                "positions" if region == "embed" else "bias",
+                T * H,
+                e,
+                backward,
+            )
         if m.dropout > 0:
             ks += memory("dropout", "dropout", T * H, e, backward)
         if region != "embed" and not backward:
@@ -174,21 +196,29 @@ class PieceKernels:
         if piece == "norm":
             if region == "embed":
                 return []
-            return (memory(self.norm, "norm backward", T * H, e, True)
-                    + memory("residual", "residual gradient sum", T * H, e, True))
+            return memory(self.norm, "norm backward", T * H, e, True) + memory(
+                "residual", "residual gradient sum", T * H, e, True
+            )
         if piece == "epi":
             return self.epi(region, T, backward=True)
         if region == "embed":  # zero the [V/t, H] gradient, scatter-add the rows into it
             vt = math.ceil(m.vocab_size / tp)
-            return [Kernel("embedding", "lookup backward", nbytes=2 * T * H * e + vt * H * e,
-                           count=3)]
+            return [
+                Kernel("embedding", "lookup backward", nbytes=2 * T * H * e + vt * H * e, count=3)
+            ]
         ks: list[Kernel] = []
         linears = self._linears(region, tp)
         for i, (name, n_in, n_out) in reversed(list(enumerate(linears))):
             ks.append(gemm(f"{name} dX", T, n_in, n_out))
             ks.append(gemm(f"{name} dW", n_out, n_in, T, weight_grad=True))
-            ks += memory("cast_weight", f"{name} dW cast, accumulate", n_in * n_out, e, True,
-                         weight_grad=True)
+            ks += memory(
+                "cast_weight",
+                f"{name} dW cast, accumulate",
+                n_in * n_out,
+                e,
+                True,
+                weight_grad=True,
+            )
             if i == 0 and region != "head":
                 continue
             if i == 1 or region == "head":

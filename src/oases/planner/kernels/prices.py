@@ -28,16 +28,29 @@ from oases.planner.kernels.memory_bound import op_bytes, stream_s
 from oases.planner.kernels.pieces import Kernel
 
 DEFAULTS = {"kernel_gap_s": 2e-6, "host_op_s": 10e-6, "nccl_ctas": 0.0}
-CLASSES = ("gemm", "attention", "norm", "rotary", "activation", "elementwise",
-           "cross-entropy", "cast", "embedding", "optimizer", "grad-norm", "launch")
+CLASSES = (
+    "gemm",
+    "attention",
+    "norm",
+    "rotary",
+    "activation",
+    "elementwise",
+    "cross-entropy",
+    "cast",
+    "embedding",
+    "optimizer",
+    "grad-norm",
+    "launch",
+)
 FLOP_CLASSES = ("gemm", "attention")
 
 
 class KernelPrices:
     """Seconds of kernels on ``gpu`` with ``dtype`` matmuls and ``elem_bytes`` activations."""
 
-    def __init__(self, gpu: GPU, dtype: str, elem_bytes: float,
-                 table: Mapping[str, float] | None = None) -> None:
+    def __init__(
+        self, gpu: GPU, dtype: str, elem_bytes: float, table: Mapping[str, float] | None = None
+    ) -> None:
         self.gpu, self.dtype, self.e = gpu, dtype, elem_bytes
         self.table = dict(gpu.kernels if table is None else table)
         self.peak = gpu.peak_flops[dtype]
@@ -47,10 +60,13 @@ class KernelPrices:
         self.best_efficiency = gpu.matmul_efficiency_at(dtype)
         self.has_attention_series = any(key.startswith("attn_") for key in self.table)
         anchor = tuple(int(self.table.get(f"gemm_anchor_{d}", 0)) for d in "mnk")
-        self.e_max = (gemm_model.peak_efficiency(anchor, self.best_efficiency, self.sms,
-                                                 self.peak, self.bytes_per_s)
-                      if all(anchor) and dtype not in gpu.dtype_efficiency
-                      else self.best_efficiency)  # the anchor is matmul_efficiency's shape
+        self.e_max = (
+            gemm_model.peak_efficiency(
+                anchor, self.best_efficiency, self.sms, self.peak, self.bytes_per_s
+            )
+            if all(anchor) and dtype not in gpu.dtype_efficiency
+            else self.best_efficiency
+        )  # the anchor is matmul_efficiency's shape
 
     def value(self, key: str) -> float:
         return float(self.table.get(key, DEFAULTS.get(key, 0.0)))
@@ -60,16 +76,32 @@ class KernelPrices:
         """Seconds of kernel ``k`` on its own (no launch)."""
         if k.gemm is not None:
             m, n, kk, batch = k.gemm
-            return gemm_model.gemm_s(m, n, kk, batch=batch, elem_bytes=self.e, sms=self.sms,
-                                     peak_flops=self.peak, e_max=self.e_max,
-                                     bytes_per_s=self.bytes_per_s)
+            return gemm_model.gemm_s(
+                m,
+                n,
+                kk,
+                batch=batch,
+                elem_bytes=self.e,
+                sms=self.sms,
+                peak_flops=self.peak,
+                e_max=self.e_max,
+                bytes_per_s=self.bytes_per_s,
+            )
         if k.attn is not None:
             if not self.has_attention_series:  # a GPU without published series: at the
                 return k.flops / (self.peak * self.best_efficiency)  # best matmul rate
             b, heads, s, d, causal, backward = k.attn
-            return fused_attention_s(self.table, b=b, heads=heads, s=s, d=d, causal=causal,
-                                     backward=backward, peak_flops=self.attn_peak,
-                                     sms=self.sms)
+            return fused_attention_s(
+                self.table,
+                b=b,
+                heads=heads,
+                s=s,
+                d=d,
+                causal=causal,
+                backward=backward,
+                peak_flops=self.attn_peak,
+                sms=self.sms,
+            )
         return stream_s(k.nbytes, self.bytes_per_s)
 
     # -- a piece --------------------------------------------------------------------------
@@ -99,8 +131,11 @@ class KernelPrices:
             nbytes, count = op_bytes(op, n_params, self.e, False)
             own = stream_s(nbytes, self.bytes_per_s)
             out[op.replace("_", "-").replace("adamw", "optimizer")] = own
-            out["launch"] = out.get("launch", 0.0) + piece_s(
-                own, count, self.value("kernel_gap_s"), self.value("host_op_s")) - own
+            out["launch"] = (
+                out.get("launch", 0.0)
+                + piece_s(own, count, self.value("kernel_gap_s"), self.value("host_op_s"))
+                - own
+            )
         return out
 
     # -- interference ---------------------------------------------------------------------

@@ -71,9 +71,16 @@ class _ClassCosts:
         return getattr(self._costs, name)
 
 
-def step_kernels(cfg: ModelConfig, plan: ParallelPlan, costs: object, world_size: int,
-                 batch: BatchShape, result: PlanResult, mfu: float,
-                 peak_flops: float) -> StepKernels:
+def step_kernels(
+    cfg: ModelConfig,
+    plan: ParallelPlan,
+    costs: object,
+    world_size: int,
+    batch: BatchShape,
+    result: PlanResult,
+    mfu: float,
+    peak_flops: float,
+) -> StepKernels:
     """The step of ``plan`` (simulated as ``result``, at ``mfu``) by kernel class, on hardware
     ``costs`` (``planner.hardware.HardwareCosts``)."""
     from oases.planner.kernels.prices import CLASSES
@@ -92,8 +99,16 @@ def step_kernels(cfg: ModelConfig, plan: ParallelPlan, costs: object, world_size
     pieces = [(ins.phase, p) for ins in program if isinstance(ins, Compute) for p in ins.pieces]
 
     def total(cls: str, what: str) -> float:
-        step = plan_step_costs(cfg, plan, _ClassCosts(costs, cls, what), world_size, rows,
-                               state=state, buckets=buckets, deferring=deferring)
+        step = plan_step_costs(
+            cfg,
+            plan,
+            _ClassCosts(costs, cls, what),
+            world_size,
+            rows,
+            state=state,
+            buckets=buckets,
+            deferring=deferring,
+        )
         return batch.n_micro() * sum(step.piece_s(phase, kind, i) for phase, (kind, i) in pieces)
 
     seconds = {c: total(c, "seconds") for c in CLASSES if c not in ("optimizer", "grad-norm")}
@@ -104,9 +119,12 @@ def step_kernels(cfg: ModelConfig, plan: ParallelPlan, costs: object, world_size
     for c, s in costs.prices.optimizer_breakdown(n_params).items():
         seconds[c] = seconds.get(c, 0.0) + s
     seconds = {c: s for c, s in seconds.items() if s > 0}
-    own = {c: f / (2.0 if c == "attention" and costs.attention == "fused" else 1.0)
-           for c, f in counted.items()}  # the kernels' own flops (causal: half the square)
-    efficiency = {c: own[c] / (seconds[c] * peak_flops) for c in FLOP_CLASSES
-                  if seconds.get(c, 0) > 0}
+    own = {
+        c: f / (2.0 if c == "attention" and costs.attention == "fused" else 1.0)
+        for c, f in counted.items()
+    }  # the kernels' own flops (causal: half the square)
+    efficiency = {
+        c: own[c] / (seconds[c] * peak_flops) for c in FLOP_CLASSES if seconds.get(c, 0) > 0
+    }
     bound = sum(counted.values()) / (result.step_s * peak_flops)
     return StepKernels(seconds, efficiency, result.step_s, mfu, bound, own)
