@@ -326,7 +326,8 @@ def test_planning_1024_gpus_96_layers():
     oases under a 45 GiB budget (memory binds, so the Pareto solver runs), then the chosen
     plan simulated with its timeline. Its time is printed, never asserted (speed lives in
     benchmarks/*-paper-simulation)."""
-    from oases.planner.whatif import parse_entries, simulate_cluster
+    from oases.planner.sim_inputs import parse_entries
+    from oases.planner.whatif import simulate_cluster
 
     cfg = ModelConfig(
         arch="gpt2",

@@ -16,8 +16,9 @@ from oases.planner.kernels.attention import fused_efficiency, wave_fill
 from oases.planner.kernels.launch import piece_s
 from oases.planner.kernels.prices import KernelPrices
 from oases.planner.search import with_zero
+from oases.planner.sim_inputs import PlanSpec
 from oases.planner.simulate import simulate_plan
-from oases.planner.whatif import PlanSpec, simulate_cluster
+from oases.planner.whatif import simulate_cluster
 
 LLAMA = ModelConfig(
     arch="llama",

@@ -19,8 +19,8 @@ from oases.planner.candidate import with_zero
 from oases.planner.event_walk import StepCosts
 from oases.planner.hardware import HardwareCosts
 from oases.planner.pipeline_walk import p2p_s, simulate_pipeline, walk_stages
+from oases.planner.sim_inputs import load_any_cluster, parse_entries, parse_plan
 from oases.planner.simulate import simulate_plan
-from oases.planner.whatif import load_any_cluster, parse_entries, parse_plan
 from oases.schedule.instructions import Compute, Start, Wait
 
 CFG = ModelConfig(arch="gpt2", dim=256, n_heads=4, n_layers=4, vocab_size=512, seq_len=128)

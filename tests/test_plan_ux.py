@@ -29,8 +29,9 @@ from oases.planner.models import MODELS
 from oases.planner.profile import Profile
 from oases.planner.report import format_candidates, run_command
 from oases.planner.search import solve_plan
+from oases.planner.sim_inputs import parse_entries
 from oases.planner.simulate import simulate_plan
-from oases.planner.whatif import parse_entries, simulate_cluster
+from oases.planner.whatif import simulate_cluster
 from oases.schedule.specs import SPECS
 from oases.schedule.timeline import LANES, Timeline
 

@@ -26,8 +26,9 @@ from oases.planner.presets import MAMF_A100_SXM, MAMF_H100_SXM
 from oases.planner.profile import Profile
 from oases.planner.report import format_report
 from oases.planner.search import with_zero
+from oases.planner.sim_inputs import parse_entries
 from oases.planner.simulate import simulate_plan
-from oases.planner.whatif import parse_entries, simulate_cluster
+from oases.planner.whatif import simulate_cluster
 
 # a small GPT without dropout, so every activation byte is in the compute dtype
 SMALL = ModelConfig(

@@ -596,7 +596,7 @@ def test_the_planner_turns_to_sequence_parallelism_when_memory_binds():
 
 
 def test_simulate_plan_specs_take_sequence_parallelism():
-    from oases.planner.whatif import parse_entries, parse_plan
+    from oases.planner.sim_inputs import parse_entries, parse_plan
 
     assert parse_plan("tp=4,sp=shards").sp == "shards"
     assert parse_plan("auto").sp_modes() == ("gathered", "shards")

@@ -191,7 +191,7 @@ def test_a_smaller_micro_batch_is_searched_when_the_given_one_does_not_fit():
 
 # ------------------------------------------------------------------------- oases simulate
 def test_simulate_plan_specs_take_a_zero_stage():
-    from oases.planner.whatif import PlanSpec, parse_entries, parse_plan
+    from oases.planner.sim_inputs import PlanSpec, parse_entries, parse_plan
 
     assert parse_plan("tp=4,zero=3") == PlanSpec(False, 4, False, 3)
     assert parse_plan("auto,zero=1") == PlanSpec(True, zero=1)

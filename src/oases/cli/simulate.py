@@ -131,13 +131,8 @@ def _simulate(ns: argparse.Namespace, overrides: list[str]) -> int:
     from oases.planner.budget import memory_budget
     from oases.planner.models import load_model
     from oases.planner.report import format_report
-    from oases.planner.whatif import (
-        load_any_cluster,
-        parse_entries,
-        simulate_cluster,
-        simulate_precision,
-        write_report,
-    )
+    from oases.planner.sim_inputs import load_any_cluster, parse_entries, simulate_precision
+    from oases.planner.whatif import simulate_cluster, write_report
 
     cfg = load_model(ns.model)
     dtype, grad_reduce, priced = simulate_precision(ns.model, ns.dtype, ns.grad_reduce_dtype)

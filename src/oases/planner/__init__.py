@@ -61,7 +61,7 @@ def load_costs(
 
     if source.startswith("hw:"):
         from oases.planner.hardware import HardwareCosts
-        from oases.planner.whatif import load_any_cluster
+        from oases.planner.sim_inputs import load_any_cluster
 
         cluster = load_any_cluster(source[3:])
         if precision is None:

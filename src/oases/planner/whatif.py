@@ -25,7 +25,7 @@ auto row's search found. Collectives are priced by their groups' ranks as NCCL r
 The batch is given in training's terms (``planner.batch``: micro-batch per model replica);
 each row says what bounds its step (``PlanResult.step_parts``) and where its time goes by
 kernel class, with its MFU's sanity bound (``planner.kernels.step``); ``planner.report`` prints
-the rows.
+the rows; ``planner.sim_inputs`` reads the entries, the precision and the cluster.
 
 ``dtype`` is the compute dtype (fp32, tf32, bf16, fp16: matmuls at that peak, activations and
 TP collectives in its bytes), ``grad_reduce`` the DP gradient reduction's (``planner.precision``);
@@ -39,7 +39,6 @@ not counted), the peak of the preset's GPU at the compute dtype (tf32: its tf32 
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import time
 from dataclasses import dataclass
@@ -49,148 +48,16 @@ from oases.config import ModelConfig
 from oases.plan import ParallelPlan, RegionPlan
 from oases.planner.batch import BatchShape, BatchSpec, BatchSplitError
 from oases.planner.budget import Budget
-from oases.planner.clusters import Cluster, get_cluster, load_cluster
+from oases.planner.clusters import Cluster
 from oases.planner.costs import model_flops
 from oases.planner.hardware import HardwareCosts
 from oases.planner.kernels.step import StepKernels, step_kernels
 from oases.planner.search import candidate_degrees, solve_plan, with_zero
+from oases.planner.sim_inputs import PlanSpec
 from oases.planner.simulate import PlanResult, simulate_plan
 from oases.planner.uncertainty import Range, input_bounds, simulate_ranges
 from oases.schedule.program import SPECS
 from oases.schedule.timeline import Timeline
-from oases.stages import PIPELINE_SCHEDULES
-
-
-@dataclass(frozen=True)
-class PlanSpec:
-    """"auto", or a uniform degree ``tp`` (``at_least``: the smallest fitting degree >= tp);
-    ``zero``: the ZeRO stage of every region (None: auto searches 0-3, a degree takes 0);
-    ``sp``: sequence parallelism ("gathered" | "shards" | "off"; None: auto searches it
-    beside plans without it, a degree takes "off")."""
-
-    auto: bool
-    tp: int = 0
-    at_least: bool = False
-    zero: int | None = None
-    sp: str | None = None
-    pp: int = 1  # pipeline stages
-    pps: str | None = None  # pipeline schedule (None: the plan's default)
-
-    def __str__(self) -> str:
-        zero = "" if self.zero is None else f",zero={self.zero}"
-        sp = "" if self.sp is None or (self.sp == "off" and not self.auto) else f",sp={self.sp}"
-        pp = (f",pp={self.pp}" if self.pp > 1 else "") + (
-            f",pps={self.pps}" if self.pps is not None else "")
-        return (("auto" if self.auto else f"tp={self.tp}{'+' if self.at_least else ''}") + pp
-                + zero + sp)
-
-    def sp_modes(self) -> tuple[str, ...]:
-        """The sequence-parallel modes an auto row searches."""
-        if self.sp is None:
-            return ("gathered", "shards")
-        return () if self.sp == "off" else (self.sp,)
-
-
-def parse_plan(text: str) -> PlanSpec:
-    """"auto", "tp=N" or "tp=N+", each optionally followed by ",zero=Z", ",sp=MODE" (MODE:
-    gathered, shards or off), ",pp=P" (P pipeline stages) and ",pps=NAME" (the pipeline
-    schedule, ``stages.PIPELINE_SCHEDULES``); ValueError otherwise. A pipeline needs a degree:
-    the planner does not search stages yet."""
-    head, *tails = text.split(",")
-    zero, sp, pp, pps = None, None, None, None
-    for tail in tails:
-        if tail.startswith("zero=") and tail[5:] in ("0", "1", "2", "3") and zero is None:
-            zero = int(tail[5:])
-        elif tail.startswith("sp=") and tail[3:] in ("gathered", "shards", "off") and sp is None:
-            sp = tail[3:]
-        elif tail.startswith("pp=") and tail[3:].isdigit() and int(tail[3:]) >= 1 and pp is None:
-            pp = int(tail[3:])
-        elif tail.startswith("pps=") and tail[4:] in PIPELINE_SCHEDULES and pps is None:
-            pps = tail[4:]
-        else:
-            raise ValueError(f"plan {text!r}: after the degree, give zero=Z (Z = 0, 1, 2 or 3), "
-                             "sp=gathered|shards|off, pp=P (P >= 1 pipeline stages) and/or "
-                             f"pps={'|'.join(PIPELINE_SCHEDULES)}")
-    if pps is not None and (pp or 1) == 1:
-        raise ValueError(f"plan {text!r}: pps={pps} names a pipeline schedule: give pp=P "
-                         "(P >= 2 stages) too")
-    if head == "auto":
-        if (pp or 1) > 1:
-            raise ValueError(f"plan {text!r}: auto does not search pipeline stages yet "
-                             "(issue 28 item 7): give tp=N,pp=P")
-        return PlanSpec(True, zero=zero, sp=sp)
-    body = head[3:].removesuffix("+") if head.startswith("tp=") else ""
-    if not body.isdigit() or int(body) < 1:
-        raise ValueError(f"plan {text!r}: give auto, tp=N or tp=N+ (N >= 1), then optionally "
-                         ",zero=Z, ,sp=MODE, ,pp=P and ,pps=NAME")
-    return PlanSpec(False, int(body), head.endswith("+"), zero, sp, pp or 1, pps)
-
-
-def parse_entries(text: str, default: str) -> list[tuple[str, PlanSpec]]:
-    """"a,b@tp=4,c@auto,d@tp=2,zero=1" -> [(schedule, plan)], the default plan where none is
-    given (a ",zero=Z", ",sp=MODE", ",pp=P" or ",pps=NAME" belongs to the entry before it)."""
-    items: list[str] = []
-    for item in (s.strip() for s in text.split(",")):
-        if item.startswith(("zero=", "sp=", "pp=", "pps=")) and items:
-            items[-1] += "," + item
-        elif item:
-            items.append(item)
-    entries = []
-    for item in items:
-        name, _, plan = item.partition("@")
-        if name not in SPECS:
-            raise ValueError(f"unknown schedule {name!r}; valid: {', '.join(SPECS)}")
-        entries.append((name, parse_plan(plan or default)))
-    if not entries:
-        raise ValueError("--schedules lists no schedule")
-    return entries
-
-
-def simulate_precision(model: str, dtype: str = "auto",
-                       grad_reduce: str = "auto") -> tuple[str, str, str]:
-    """``oases simulate``'s (compute dtype, grad-reduce dtype, where they came from). "auto":
-    for a TOML run file, its ``train.precision`` and ``parallel.grad_reduce_dtype`` as
-    training resolves them on GPUs (``planner.precision.resolve_plan_precision``: "auto" is
-    bf16), the dtypes ``oases plan`` prices the same file in; for a model preset, the paper's
-    fp32. A flag given wins."""
-    from oases.planner.precision import resolve_plan_precision
-
-    if Path(model).suffix == ".toml":
-        from oases.config import load_config
-
-        cfg = load_config(model, [])
-        run = resolve_plan_precision(cfg.train.precision, cfg.parallel.grad_reduce_dtype)
-        if run.compute == "fp64" and dtype == "auto":
-            raise ValueError(f"{model}: train.precision=fp64 has no GPU peak to price; give "
-                             "--dtype fp32, tf32, bf16 or fp16")
-        where = (f"{model}'s train.precision={cfg.train.precision}"
-                 + (" as on GPUs" if cfg.train.precision == "auto" else ""))
-        auto = (run.compute, run.grad_reduce) if run.compute != "fp64" else ("fp32", "fp32")
-    else:
-        where, auto = "the paper's fp32 (a model preset)", ("fp32", "fp32")
-    picked = (auto[0] if dtype == "auto" else dtype,
-              auto[1] if grad_reduce == "auto" else grad_reduce)
-    given = [f for f, v in (("--dtype", dtype), ("--grad-reduce-dtype", grad_reduce))
-             if v != "auto"]
-    source = (" and ".join(given) if len(given) == 2 else
-              f"{where}" + (f"; {given[0]}" if given else ""))
-    return picked[0], picked[1], source
-
-
-def load_any_cluster(source: str, inter_gbps: float | None = None) -> Cluster:
-    """A preset name or a TOML/JSON cluster file; ``inter_gbps`` replaces the nominal rate of
-    the link between servers (Gb/s; its efficiency and latency stay)."""
-    cluster = load_cluster(source) if Path(source).suffix in (".toml", ".json") else \
-        get_cluster(source)
-    if inter_gbps is not None:
-        if inter_gbps <= 0 or cluster.inter_link is None:
-            raise ValueError(f"--inter-gbps={inter_gbps}: needs a rate > 0 and a cluster of "
-                             f"several servers ({cluster.name} has {cluster.servers})")
-        link = dataclasses.replace(cluster.inter_link, bandwidth_bytes_per_s=inter_gbps * 1e9 / 8,
-                                   name=f"{cluster.inter_link.name} at {inter_gbps:g} Gb/s")
-        cluster = dataclasses.replace(cluster, inter_link=link,
-                                      name=f"{cluster.name}@{inter_gbps:g}gbps")
-    return cluster
 
 
 @dataclass
@@ -233,12 +100,22 @@ class Report:
         return self.budget.bytes
 
 
-def simulate_cluster(cfg: ModelConfig, cluster: Cluster, entries: list[tuple[str, PlanSpec]],
-                     batch: BatchSpec | BatchShape, budget: Budget | float, *, n_sub: int = 2,
-                     max_tp: int | None = None, dtype: str = "fp32", grad_reduce: str = "fp32",
-                     attention: str = "materialized", model_name: str = "",
-                     uncertainty: bool = False,
-                     bounds: dict[str, tuple[float, float]] | None = None) -> Report:
+def simulate_cluster(
+    cfg: ModelConfig,
+    cluster: Cluster,
+    entries: list[tuple[str, PlanSpec]],
+    batch: BatchSpec | BatchShape,
+    budget: Budget | float,
+    *,
+    n_sub: int = 2,
+    max_tp: int | None = None,
+    dtype: str = "fp32",
+    grad_reduce: str = "fp32",
+    attention: str = "materialized",
+    model_name: str = "",
+    uncertainty: bool = False,
+    bounds: dict[str, tuple[float, float]] | None = None,
+) -> Report:
     """Simulate every (schedule, plan) entry; the first is the speedups' baseline. An auto
     entry searches every sub-batch count (1, 2, 4 and ``n_sub``), then also the degrees every
     other auto entry's search found, so no schedule's plan is missed by another's search.
@@ -258,12 +135,14 @@ def simulate_cluster(cfg: ModelConfig, cluster: Cluster, entries: list[tuple[str
     world = cluster.world_size
     degrees = candidate_degrees(cfg, world)
     global_batch = batch.global_batch or max(
-        batch.micro_rows(world // spec.pp, None if spec.auto else spec.tp) for _, spec in entries)
+        batch.micro_rows(world // spec.pp, None if spec.auto else spec.tp) for _, spec in entries
+    )
     start = time.perf_counter()
     rows, searched = [], {}
     for name, spec in entries:
-        row, found = _row(cfg, costs, world, batch, global_batch, budget.bytes, name, spec,
-                          n_sub, max_tp, degrees)
+        row, found = _row(
+            cfg, costs, world, batch, global_batch, budget.bytes, name, spec, n_sub, max_tp, degrees
+        )
         rows.append(row)
         if found is not None:
             searched[name] = found
@@ -276,18 +155,31 @@ def simulate_cluster(cfg: ModelConfig, cluster: Cluster, entries: list[tuple[str
         row.speedup = rows[0].result.step_s / row.result.step_s
         row.world_size = world
         row.mfu = mfu(cfg, row.batch.global_batch * cfg.seq_len, row.result.step_s, world, peak)
-        row.kernels = None if row.plan.pp > 1 else step_kernels(  # (one program: not stages)
-            cfg, row.plan, costs, world, row.batch, row.result, row.mfu, peak)
+        row.kernels = (
+            None
+            if row.plan.pp > 1
+            else step_kernels(  # (one program: not stages)
+                cfg, row.plan, costs, world, row.batch, row.result, row.mfu, peak
+            )
+        )
     rep = Report(cfg, model_name, cluster, costs, batch, global_batch, budget, rows, planning_s)
     if uncertainty:
         rep.bounds = input_bounds(cluster, bounds)
-        rep.ranges = simulate_ranges(cfg, cluster, [(r.plan, r.batch) for r in rows], dtype,
-                                     rep.bounds, grad_reduce, attention)
+        rep.ranges = simulate_ranges(
+            cfg,
+            cluster,
+            [(r.plan, r.batch) for r in rows],
+            dtype,
+            rep.bounds,
+            grad_reduce,
+            attention,
+        )
     return rep
 
 
-def mfu(cfg: ModelConfig, tokens: float, step_s: float, world_size: int,
-        peak_flops: float) -> float:
+def mfu(
+    cfg: ModelConfig, tokens: float, step_s: float, world_size: int, peak_flops: float
+) -> float:
     """Model FLOPs utilization of a step of ``tokens`` tokens taking ``step_s`` on
     ``world_size`` GPUs of ``peak_flops`` each: ``model_flops(cfg, tokens)`` (6 N tokens +
     12 L H S tokens, without recompute) / (step_s x world_size x peak_flops)."""
@@ -302,61 +194,117 @@ def _n_subs(name: str, n_sub: int) -> tuple[int, ...]:
     return tuple(k for k in sorted({1, 2, 4, n_sub}) if k >= SPECS[name].min_sub)
 
 
-def _row(cfg: ModelConfig, costs: HardwareCosts, world: int, spec_batch: BatchSpec,
-         global_batch: int, budget_bytes: float, name: str, spec: PlanSpec, n_sub: int,
-         max_tp: int | None, degrees: list[int]) -> tuple[Row, dict | None]:
+def _row(
+    cfg: ModelConfig,
+    costs: HardwareCosts,
+    world: int,
+    spec_batch: BatchSpec,
+    global_batch: int,
+    budget_bytes: float,
+    name: str,
+    spec: PlanSpec,
+    n_sub: int,
+    max_tp: int | None,
+    degrees: list[int],
+) -> tuple[Row, dict | None]:
     k = n_sub if SPECS[name].overlapped else 1
     if not spec.auto:
         SPECS[name].check_n_sub(k)
     found = None
     if spec.auto:
         batch = spec_batch.shape(world, global_batch)
-        plan, allowed = _auto(cfg, costs, world, batch, budget_bytes, name,
-                              _n_subs(name, n_sub), degrees, max_tp,
-                              (0, 1, 2, 3) if spec.zero is None else (spec.zero,),
-                              spec.sp_modes())
-        found = {"degrees": tuple(r.tp for r in plan.regions), "allowed": allowed,
-                 "batch": batch}
+        plan, allowed = _auto(
+            cfg,
+            costs,
+            world,
+            batch,
+            budget_bytes,
+            name,
+            _n_subs(name, n_sub),
+            degrees,
+            max_tp,
+            (0, 1, 2, 3) if spec.zero is None else (spec.zero,),
+            spec.sp_modes(),
+        )
+        found = {"degrees": tuple(r.tp for r in plan.regions), "allowed": allowed, "batch": batch}
     else:
         if world % spec.pp:
             raise ValueError(f"{name}@{spec}: pp={spec.pp} does not divide the {world} GPUs")
         stage = world // spec.pp  # ranks per pipeline stage
-        tried = [t for t in degrees if t >= spec.tp and stage % t == 0] if spec.at_least else [
-            spec.tp]
+        tried = (
+            [t for t in degrees if t >= spec.tp and stage % t == 0] if spec.at_least else [spec.tp]
+        )
         if not tried or (not spec.at_least and (spec.tp not in degrees or stage % spec.tp)):
-            raise ValueError(f"{name}@{spec}: tp={spec.tp} is not a candidate degree of this "
-                             f"model on {world} GPUs ({degrees})"
-                             + (f" in stages of {stage}" if spec.pp > 1 else ""))
+            raise ValueError(
+                f"{name}@{spec}: tp={spec.tp} is not a candidate degree of this "
+                f"model on {world} GPUs ({degrees})"
+                + (f" in stages of {stage}" if spec.pp > 1 else "")
+            )
         plan = None
         pipeline = {"pp": spec.pp, "pp_schedule": spec.pps or "1f1b"} if spec.pp > 1 else {}
         for t in tried:
             batch = spec_batch.shape(stage, global_batch, t)
-            plan = with_zero(ParallelPlan.uniform(
-                cfg, world, t, schedule=name, n_sub=k,
-                sequence_parallel="" if spec.sp in (None, "off") else spec.sp, **pipeline),
-                spec.zero or 0)
+            plan = with_zero(
+                ParallelPlan.uniform(
+                    cfg,
+                    world,
+                    t,
+                    schedule=name,
+                    n_sub=k,
+                    sequence_parallel="" if spec.sp in (None, "off") else spec.sp,
+                    **pipeline,
+                ),
+                spec.zero or 0,
+            )
             peak = simulate_plan(cfg, plan, costs, world, batch, timeline=False).peak_mem_bytes
             if not spec.at_least or peak <= budget_bytes:
                 break
         else:
-            raise ValueError(f"{name}@{spec}: no uniform degree in {tried} fits in "
-                             f"{budget_bytes / 2**30:.2f} GiB per GPU")
+            raise ValueError(
+                f"{name}@{spec}: no uniform degree in {tried} fits in "
+                f"{budget_bytes / 2**30:.2f} GiB per GPU"
+            )
     return _make_row(cfg, costs, world, batch, budget_bytes, name, spec, plan), found
 
 
-def _make_row(cfg: ModelConfig, costs: HardwareCosts, world: int, batch: BatchShape,
-              budget_bytes: float, name: str, spec: PlanSpec, plan: ParallelPlan,
-              found_by: str = "") -> Row:
+def _make_row(
+    cfg: ModelConfig,
+    costs: HardwareCosts,
+    world: int,
+    batch: BatchShape,
+    budget_bytes: float,
+    name: str,
+    spec: PlanSpec,
+    plan: ParallelPlan,
+    found_by: str = "",
+) -> Row:
     result = simulate_plan(cfg, plan, costs, world, batch)
     tokens = batch.global_batch * cfg.seq_len / result.step_s
-    return Row(name, spec, plan, result, tokens, result.peak_mem_bytes <= budget_bytes, batch,
-               found_by=found_by)
+    return Row(
+        name,
+        spec,
+        plan,
+        result,
+        tokens,
+        result.peak_mem_bytes <= budget_bytes,
+        batch,
+        found_by=found_by,
+    )
 
 
-def _auto(cfg: ModelConfig, costs: HardwareCosts, world: int, batch: BatchShape,
-          budget_bytes: float, name: str, n_subs: tuple[int, ...], degrees: list[int],
-          max_tp: int | None, zeros: tuple[int, ...] = (0,), sps: tuple[str, ...] = ()
-          ) -> tuple[ParallelPlan, list[int]]:
+def _auto(
+    cfg: ModelConfig,
+    costs: HardwareCosts,
+    world: int,
+    batch: BatchShape,
+    budget_bytes: float,
+    name: str,
+    n_subs: tuple[int, ...],
+    degrees: list[int],
+    max_tp: int | None,
+    zeros: tuple[int, ...] = (0,),
+    sps: tuple[str, ...] = (),
+) -> tuple[ParallelPlan, list[int]]:
     """The planner's plan for this schedule, its degrees capped at ``max_tp`` (default: one
     server's GPUs, doubled while nothing fits), and the degrees it allowed; ``zeros``: the
     ZeRO stages searched; ``sps``: the sequence-parallel modes."""
@@ -364,8 +312,18 @@ def _auto(cfg: ModelConfig, costs: HardwareCosts, world: int, batch: BatchShape,
     while True:
         allowed = [t for t in degrees if t <= cap]
         try:
-            best, _ = solve_plan(cfg, costs, world, batch, budget_bytes, schedules=(name,),
-                                 n_subs=n_subs, degrees=allowed, zeros=zeros, sps=sps)
+            best, _ = solve_plan(
+                cfg,
+                costs,
+                world,
+                batch,
+                budget_bytes,
+                schedules=(name,),
+                n_subs=n_subs,
+                degrees=allowed,
+                zeros=zeros,
+                sps=sps,
+            )
             return best.plan, allowed
         except ValueError:
             if max_tp is not None or cap >= max(degrees):
@@ -373,30 +331,59 @@ def _auto(cfg: ModelConfig, costs: HardwareCosts, world: int, batch: BatchShape,
             cap *= 2
 
 
-def _reseed(cfg: ModelConfig, costs: HardwareCosts, world: int, budget_bytes: float, row: Row,
-            searched: dict[str, dict]) -> None:
+def _reseed(
+    cfg: ModelConfig,
+    costs: HardwareCosts,
+    world: int,
+    budget_bytes: float,
+    row: Row,
+    searched: dict[str, dict],
+) -> None:
     """Replace an auto row's plan by the fastest fitting one made of degrees another auto
     row's search found (under this row's schedule, at each of its sub-batch counts)."""
     own = searched[row.schedule]
     best = row.result.step_s if row.fits else float("inf")
     for other, found in searched.items():
         degrees = found["degrees"]
-        if other == row.schedule or degrees == own["degrees"] or not set(degrees) <= set(
-                own["allowed"]):
+        if (
+            other == row.schedule
+            or degrees == own["degrees"]
+            or not set(degrees) <= set(own["allowed"])
+        ):
             continue
         for k in _n_subs(row.schedule, row.plan.n_sub):
-            plan = ParallelPlan([RegionPlan(r.name, t, world // t, r.zero) for r, t in
-                                 zip(row.plan.regions, degrees)], n_sub=k, schedule=row.schedule)
+            plan = ParallelPlan(
+                [
+                    RegionPlan(r.name, t, world // t, r.zero)
+                    for r, t in zip(row.plan.regions, degrees)
+                ],
+                n_sub=k,
+                schedule=row.schedule,
+            )
             try:
                 res = simulate_plan(cfg, plan, costs, world, own["batch"], timeline=False)
             except BatchSplitError:
                 continue
             if res.peak_mem_bytes <= budget_bytes and res.step_s < best - 1e-12:
                 best = res.step_s
-                new = _make_row(cfg, costs, world, own["batch"], budget_bytes, row.schedule,
-                                row.spec, plan, found_by=other)
+                new = _make_row(
+                    cfg,
+                    costs,
+                    world,
+                    own["batch"],
+                    budget_bytes,
+                    row.schedule,
+                    row.spec,
+                    plan,
+                    found_by=other,
+                )
                 row.plan, row.result, row.tokens_per_s, row.fits, row.found_by = (
-                    new.plan, new.result, new.tokens_per_s, new.fits, other)
+                    new.plan,
+                    new.result,
+                    new.tokens_per_s,
+                    new.fits,
+                    other,
+                )
 
 
 def last_micro_batch(row: Row) -> Timeline:
@@ -404,8 +391,9 @@ def last_micro_batch(row: Row) -> Timeline:
     whole step of many micro-batches is too long to read."""
     k = row.plan.n_sub if SPECS[row.schedule].overlapped else 1
     first = (row.batch.n_micro() - 1) * k
-    return Timeline([e for e in row.result.timeline.events
-                     if e.sub >= first or e.phase in ("dp", "optimizer")])
+    return Timeline(
+        [e for e in row.result.timeline.events if e.sub >= first or e.phase in ("dp", "optimizer")]
+    )
 
 
 def timeline_stems(rows: list[Row]) -> list[str]:
@@ -441,9 +429,11 @@ def write_report(rep: Report, out: Path) -> list[Path]:
         png = out / f"{stems[i]}.png"
         n = row.batch.n_micro()
         which = f"the last of {n} micro-batches" if n > 1 else "the step's one micro-batch"
-        title = (f"{row.schedule} ({plan_label(row)}) on {rep.cluster.name}, predicted: rank 0, "
-                 f"{which} with the DP all-reduces and the optimizer "
-                 f"({row.result.step_s:.3f} s step, bound by {row.result.bound()})")
+        title = (
+            f"{row.schedule} ({plan_label(row)}) on {rep.cluster.name}, predicted: rank 0, "
+            f"{which} with the DP all-reduces and the optimizer "
+            f"({row.result.step_s:.3f} s step, bound by {row.result.bound()})"
+        )
         k = row.plan.n_sub if SPECS[row.schedule].overlapped else 1
         last_micro_batch(row).plot(png, title=title, n_sub=k)
         paths.append(png)
@@ -461,8 +451,8 @@ memory, bandwidth, efficiencies), the link inside a server (PCIe, NVLink bridges
 the link between servers (Ethernet, InfiniBand; ports per server). Every number comes from a
 public specification or microbenchmark named in the preset (nccl-tests, p2pBandwidthLatencyTest;
 compute: each piece's kernels, planner/kernels/sources.py).
-  cluster presets: {', '.join(CLUSTERS)}
-  model presets:   {', '.join(MODELS)} (or a TOML run file: its [model] table)
+  cluster presets: {", ".join(CLUSTERS)}
+  model presets:   {", ".join(MODELS)} (or a TOML run file: its [model] table)
 
 Describe your own cluster in a TOML (or JSON) file with the same fields; a GPU or link may be a
 preset name or a table of its fields:
@@ -470,11 +460,11 @@ preset name or a table of its fields:
   name = "lab"                 # my-cluster.toml
   servers = 4
   nics_per_server = 1          # ports between servers, shared by the server's GPUs
-  inter_link = "25gbe"         # {', '.join(k for k in LINKS if 'gbe' in k or 'ib' in k)}
+  inter_link = "25gbe"         # {", ".join(k for k in LINKS if "gbe" in k or "ib" in k)}
   [server]
   gpus_per_server = 8
-  gpu = "rtx3090"              # {', '.join(GPUS)}
-  link = "pcie4-x16"           # {', '.join(k for k in LINKS if not ('gbe' in k or 'ib' in k))}
+  gpu = "rtx3090"              # {", ".join(GPUS)}
+  link = "pcie4-x16"           # {", ".join(k for k in LINKS if not ("gbe" in k or "ib" in k))}
   # or, instead of link = "...", a link of your own (same for gpu: a [server.gpu] table with
   # name, peak_flops = {{fp32 = 35.6e12, bf16 = 71e12}}, memory_bytes,
   # memory_bandwidth_bytes_per_s, matmul_efficiency, elementwise_efficiency, and optionally
