@@ -381,9 +381,7 @@ def test_pipeline_plan_checks_and_json_round_trip():
     with pytest.raises(ValueError, match='only with parallel.pp_schedule="interleaved"'):
         ParallelPlan.uniform(cfg, 8, 2, pp=2, pp_chunks=2).check(cfg, 8)
     with pytest.raises(ValueError, match="n_layers=4 blocks do not divide .* = 6 model chunks"):
-        ParallelPlan.uniform(cfg, 8, 2, pp=2, pp_schedule="interleaved", pp_chunks=3).check(
-            cfg, 8
-        )
+        ParallelPlan.uniform(cfg, 8, 2, pp=2, pp_schedule="interleaved", pp_chunks=3).check(cfg, 8)
     chunked = ParallelPlan.uniform(cfg, 8, 2, pp=2, pp_schedule="interleaved", pp_chunks=2)
     chunked.check(cfg, 8)
     assert chunked.stage_layout().chunk_bounds(1) == [(3, 5), (7, 10)]

@@ -150,19 +150,15 @@ def interleaved_order(pp: int, stage: int, n_micro: int, chunks: int) -> list[Un
         m = (k // (pp * chunks)) * pp + k % pp
         return ("F", m, c) if forward else ("B", m, chunks - 1 - c)
 
-    if n_micro == pp:
-        w = total
-    else:
-        w = min(2 * (pp - stage - 1) + (chunks - 1) * pp, total)
+    warm = 2 * (pp - stage - 1) + (chunks - 1) * pp
+    w = total if n_micro == pp else min(warm, total)  # (M = P: every forward first)
     units: list[Unit] = [(nth(k, True),) for k in range(w)]
     for k in range(total - w):
         units += [(nth(w + k, True),), (nth(k, False),)]
     return units + [(nth(k, False),) for k in range(total - w, total)]
 
 
-def pipeline_order(
-    name: str, pp: int, stage: int, n_micro: int, chunks: int = 1
-) -> list[Unit]:
+def pipeline_order(name: str, pp: int, stage: int, n_micro: int, chunks: int = 1) -> list[Unit]:
     """The units of ``stage`` under pipeline schedule ``name`` (``chunks``: per stage, the
     interleaved schedule's)."""
     check_pipeline_schedule(name)
