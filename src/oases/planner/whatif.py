@@ -329,6 +329,7 @@ def _row(cfg: ModelConfig, costs: HardwareCosts, world: int, spec_batch: BatchSp
                              + (f" in stages of {stage}" if spec.pp > 1 else ""))
         plan = None
         pipeline = {"pp": spec.pp, "pp_schedule": spec.pps or "1f1b"} if spec.pp > 1 else {}
+        pipeline.update({"pp_chunks": 2} if spec.pps == "interleaved" else {})  # (v=2)
         for t in tried:
             batch = spec_batch.shape(stage, global_batch, t)
             plan = with_zero(ParallelPlan.uniform(
