@@ -205,3 +205,21 @@ def test_cli_interleaved_pp2_resumes_at_pp1(tmp_path):
     assert [r[0] for r in got] == list(range(1, 7))
     torch.testing.assert_close([r[1:] for r in got[3:]], [r[1:] for r in want[3:]], **EXACT64)
     torch.testing.assert_close(got_val[-1], want_val[-1], **EXACT64)
+
+
+def test_config_checks_and_warns_about_chunks():
+    """Before any rank starts: a step of micro-batches that is no multiple of pp is one line;
+    pp_chunks without a pipeline is a warning."""
+    from oases.config import load_config
+    from oases.train.setup import check_config, resolve_setup
+    from test_train_cli import TINY
+
+    args = ["--parallel.tp=1", "--model.n_layers=4", "--parallel.pp=2", "--train.micro_batch=2"]
+    chunked = ["--parallel.pp_schedule=interleaved", "--parallel.pp_chunks=2"]
+    with pytest.raises(ValueError, match="a multiple of parallel.pp=2 micro-batches .*got 3"):
+        check_config(load_config(TINY, [*args, *chunked, "--train.global_batch=6"]), 2)
+    assert check_config(load_config(TINY, [*args, *chunked]), 2).pp_chunks == 2
+    with pytest.raises(ValueError, match='only with parallel.pp_schedule="interleaved"'):
+        check_config(load_config(TINY, [*args, "--parallel.pp_chunks=2"]), 2)
+    setup = resolve_setup(load_config(TINY, ["--parallel.pp_chunks=2"]), 2)
+    assert any("pp_chunks=2 has no effect at parallel.pp=1" in w for w in setup.warnings)
