@@ -28,12 +28,14 @@ from oases.stages import StageLayout, check_stage_starts, default_stage_starts
 PEER = {"rf": "sf", "rb": "sb", "sf": "rf", "sb": "rb"}
 
 
-def _layout(n_layers: int, pp: int) -> StageLayout:
-    return StageLayout(2 * n_layers + 2, default_stage_starts(n_layers, pp))
+def _layout(n_layers: int, pp: int, chunks: int = 1) -> StageLayout:
+    return StageLayout(2 * n_layers + 2, default_stage_starts(n_layers, pp * chunks), chunks)
 
 
-def _programs(name: str, n_layers: int, pp: int, n_micro: int, n_sub: int = 1, **kw) -> list:
-    layout = _layout(n_layers, pp)
+def _programs(
+    name: str, n_layers: int, pp: int, n_micro: int, n_sub: int = 1, chunks: int = 1, **kw
+) -> list:
+    layout = _layout(n_layers, pp, chunks)
     return [build_stage_program(name, n_sub, layout, s, n_micro=n_micro, **kw) for s in range(pp)]
 
 
@@ -89,15 +91,16 @@ def _p2p(prog: list, cls: type, kind: str) -> list[tuple[int, int]]:
 
 def _check_p2p(programs: list, layout: StageLayout, n_subs: int) -> None:
     """Every boundary and sub-batch: one send and one receive each way, each started once and
-    waited once after its start; the sender's sends and the receiver's posts in one order."""
-    pp = len(programs)
+    waited once after its start; the sender's sends and the receiver's posts in one order, per
+    pair of stages (NCCL matches a pair's operations by order: a wrap-around pair is its own)."""
+    n = layout.n_regions
     for s, prog in enumerate(programs):
-        lo, hi = layout.bounds(s)
+        ranges = layout.chunk_bounds(s)
         want = {
-            "sf": [hi] if s < pp - 1 else [],
-            "rb": [hi] if s < pp - 1 else [],
-            "rf": [lo] if s > 0 else [],
-            "sb": [lo] if s > 0 else [],
+            "sf": [hi for _, hi in ranges if hi < n],
+            "rb": [hi for _, hi in ranges if hi < n],
+            "rf": [lo for lo, _ in ranges if lo > 0],
+            "sb": [lo for lo, _ in ranges if lo > 0],
         }
         for kind, bounds in want.items():
             starts, waits = _p2p(prog, Start, kind), _p2p(prog, Wait, kind)
@@ -107,9 +110,14 @@ def _check_p2p(programs: list, layout: StageLayout, n_subs: int) -> None:
             for key in starts:
                 start = prog.index(Start(kind, *key))
                 assert start < prog.index(Wait(kind, *key)), (s, kind, key)
-    for s in range(pp - 1):
-        assert _p2p(programs[s], Start, "sf") == _p2p(programs[s + 1], Start, "rf")
-        assert _p2p(programs[s + 1], Start, "sb") == _p2p(programs[s], Start, "rb")
+
+    def on_pair(prog: list, kind: str, wraps: bool) -> list:
+        return [key for key in _p2p(prog, Start, kind) if layout.wraps(key[0]) == wraps]
+
+    for b in layout.starts:
+        s, t, wraps = layout.stage_of(b - 1), layout.stage_of(b), layout.wraps(b)
+        assert on_pair(programs[s], "sf", wraps) == on_pair(programs[t], "rf", wraps), b
+        assert on_pair(programs[t], "sb", wraps) == on_pair(programs[s], "rb", wraps), b
 
 
 def _computes(prog: list) -> list[Compute]:
@@ -148,10 +156,7 @@ def test_1f1b_warm_up_and_in_flight(pp, n_micro):
 
 
 def test_pipeline_schedule_names():
-    assert PIPELINE_SCHEDULES == ("gpipe", "1f1b", "1f1b-pair", "zb-h1")
-    for name in ("interleaved",):
-        with pytest.raises(ValueError, match="not built yet"):
-            check_pipeline_schedule(name)
+    assert PIPELINE_SCHEDULES == ("gpipe", "1f1b", "1f1b-pair", "zb-h1", "interleaved")
     with pytest.raises(ValueError, match="valid: gpipe, 1f1b, 1f1b-pair"):
         check_pipeline_schedule("pipedream")
 
@@ -193,26 +198,30 @@ def test_stage_programs_run_together(name, pp_schedule):
     """Every inner schedule x pipeline schedule, 2-4 stages, 1-5 micro-batches, 1-2
     sub-batches, with and without sequence parallelism: one send and receive per boundary,
     sub-batch and direction, matched in order, and no deadlock."""
+    chunks = 2 if pp_schedule == "interleaved" else 1  # (its micro-batches: multiples of pp)
     for pp, n_micro, n_sub, sp in itertools.product((2, 3, 4), (1, 2, 5), (1, 2), (None, "shards")):
-        layout = _layout(4, pp)
+        n_layers = 4 * chunks
+        n_micro = n_micro * pp if chunks > 1 else n_micro
+        layout = _layout(n_layers, pp, chunks)
         programs = _programs(
             name,
-            4,
+            n_layers,
             pp,
             n_micro,
             n_sub,
+            chunks,
             pp_schedule=pp_schedule,
             sp=sp,
-            dp_tasks=tuple(range(10)),
+            dp_tasks=tuple(range(2 * n_layers + 2)),
             tied=True,
         )
         k = n_sub if name not in ("megatron", "megatron-recompute", "commfree-recompute") else 1
         _check_p2p(programs, layout, n_micro * k)
         _walk(programs)
         for s, prog in enumerate(programs):
-            lo, hi = layout.bounds(s)
+            held = {i for lo, hi in layout.chunk_bounds(s) for i in range(lo, hi)}
             regions = {i for c in _computes(prog) for _, i in c.pieces}
-            assert regions == set(range(lo, hi)), (s, regions)
+            assert regions == held, (s, regions)
             last_fwd, first_bwd = {}, {}
             for i, c in enumerate(_computes(prog)):  # a sub-batch's backward after its forward
                 if c.phase == "forward":
@@ -367,8 +376,17 @@ def test_pipeline_plan_checks_and_json_round_trip():
         ).check(cfg, 8)
     with pytest.raises(ValueError, match="not the attention region"):
         ParallelPlan.uniform(cfg, 8, 2, pp=2, stage_starts=[4]).check(cfg, 8)
-    with pytest.raises(ValueError, match="not built yet"):
+    with pytest.raises(ValueError, match="needs parallel.pp_chunks >= 2 .*got 1"):
         ParallelPlan.uniform(cfg, 8, 2, pp=2, pp_schedule="interleaved").check(cfg, 8)
+    with pytest.raises(ValueError, match='only with parallel.pp_schedule="interleaved"'):
+        ParallelPlan.uniform(cfg, 8, 2, pp=2, pp_chunks=2).check(cfg, 8)
+    with pytest.raises(ValueError, match="n_layers=4 blocks do not divide .* = 6 model chunks"):
+        ParallelPlan.uniform(cfg, 8, 2, pp=2, pp_schedule="interleaved", pp_chunks=3).check(cfg, 8)
+    chunked = ParallelPlan.uniform(cfg, 8, 2, pp=2, pp_schedule="interleaved", pp_chunks=2)
+    chunked.check(cfg, 8)
+    assert chunked.stage_layout().chunk_bounds(1) == [(3, 5), (7, 10)]
+    assert ParallelPlan.from_json(chunked.to_json()) == chunked
+    assert '"pp_chunks"' in chunked.to_json() and '"pp_chunks"' not in plan.to_json()
     mixed = ParallelPlan(
         [
             RegionPlan(n, 1 if i < 5 else 2, 4 if i < 5 else 2)

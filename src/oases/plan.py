@@ -16,7 +16,9 @@ recorded.
 Pipeline (``pp`` > 1, written only then): ``pp`` stages of ``world_size / pp`` ranks each, every
 region's ``dp = world_size / (pp * tp)``; ``stage_starts`` the first region of each stage after
 the first (empty: ``oases.stages.default_stage_starts``, balanced by blocks); ``pp_schedule``
-the order of the stages' passes (``schedule.pipeline_order``).
+the order of the stages' passes (``schedule.pipeline_order``); ``pp_chunks`` the model chunks
+per stage of the "interleaved" schedule (written only above 1; ``stage_starts`` then gives the
+first region of each of the ``pp * pp_chunks`` virtual stages after the first).
 """
 
 from __future__ import annotations
@@ -30,6 +32,7 @@ from oases.config import ModelConfig
 from oases.config.checks import check_sequence_split
 from oases.stages import (
     StageLayout,
+    check_chunks,
     check_pipeline_schedule,
     check_stage_starts,
     default_stage_starts,
@@ -63,6 +66,7 @@ class ParallelPlan:
     pp: int = 1  # pipeline stages
     pp_schedule: str = "1f1b"  # schedule.pipeline_order.PIPELINE_SCHEDULES
     stage_starts: list[int] = field(default_factory=list)  # [] = default_stage_starts
+    pp_chunks: int = 1  # model chunks per stage (the interleaved schedule)
 
     def sp(self) -> str | None:
         """``build_schedule``'s ``sp``: None when off (a schedule that is always
@@ -87,9 +91,9 @@ class ParallelPlan:
         starts = (
             tuple(self.stage_starts)
             if self.stage_starts
-            else default_stage_starts(n_layers, self.pp)
+            else default_stage_starts(n_layers, self.pp * self.pp_chunks)
         )
-        return StageLayout(len(self.regions), starts)
+        return StageLayout(len(self.regions), starts, self.pp_chunks)
 
     def tp_of(self, name: str) -> int:
         for r in self.regions:
@@ -189,8 +193,9 @@ class ParallelPlan:
 
     def _check_pipeline(self, cfg: ModelConfig) -> None:
         check_pipeline_schedule(self.pp_schedule)
+        check_chunks(self.pp_schedule, self.pp_chunks, cfg.n_layers, self.pp)
         if self.stage_starts:
-            check_stage_starts(tuple(self.stage_starts), cfg.n_layers, self.pp)
+            check_stage_starts(tuple(self.stage_starts), cfg.n_layers, self.pp * self.pp_chunks)
         layout = self.stage_layout()
         for b in layout.starts:
             before, after = self.regions[b - 1], self.regions[b]
@@ -215,6 +220,8 @@ class ParallelPlan:
         if self.pp == 1:  # a plan without a pipeline reads as before
             for key in ("pp", "pp_schedule", "stage_starts"):
                 del raw[key]
+        if self.pp_chunks == 1:
+            del raw["pp_chunks"]
         return json.dumps(raw, indent=1)
 
     @staticmethod

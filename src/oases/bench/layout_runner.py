@@ -49,7 +49,9 @@ def _oases_step(
     tokens: torch.Tensor,
     targets: torch.Tensor,
 ) -> Callable[[], None]:
-    plan = ParallelPlan.uniform(cfg.model, ctx.world_size, lay.tp, pp=lay.pp, pp_schedule=lay.pps)
+    plan = ParallelPlan.uniform(
+        cfg.model, ctx.world_size, lay.tp, pp=lay.pp, pp_schedule=lay.pps, pp_chunks=lay.v
+    )
     plan.check(cfg.model, ctx.world_size)
     model = parallelize(copy.deepcopy(base), ctx, plan)
     if lay.zero:

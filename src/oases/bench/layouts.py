@@ -2,12 +2,13 @@
 link, timed side by side (``layout_runner``): tensor against data parallelism, ZeRO, pipeline
 stages under every pipeline order, and PyTorch's own pipelining (``torch_pp``).
 
-A layout entry is ``SCHEDULE@tp=T[,pp=P][,zero=Z][,pps=ORDER]`` (the rest of the world is
-data parallelism: dp = W / (pp tp); ``pps``: ``parallel.pp_schedule``, default 1f1b), or
+A layout entry is ``SCHEDULE@tp=T[,pp=P][,zero=Z][,pps=ORDER][,v=V]`` (the rest of the world
+is data parallelism: dp = W / (pp tp); ``pps``: ``parallel.pp_schedule``, default 1f1b; ``v``:
+``parallel.pp_chunks``, default 2 under pps=interleaved, else 1), or
 ``torch-pp@pp=W[,pps=gpipe|1f1b]``. For example, on 2 ranks::
 
     megatron@tp=2   megatron@tp=1   megatron@tp=1,zero=1   megatron@pp=2
-    oases@pp=2,pps=1f1b-pair   torch-pp@pp=2,pps=1f1b
+    oases@pp=2,pps=1f1b-pair   megatron@pp=2,pps=interleaved   torch-pp@pp=2,pps=1f1b
 
 The table gives each layout's median step (forward, backward and its gradient reduction),
 tokens/s, peak resident memory, and its speed against the first entry.
@@ -22,7 +23,7 @@ import tempfile
 from pathlib import Path
 from typing import NamedTuple
 
-LAYOUT_SYNTAX = "SCHEDULE@tp=T[,pp=P][,zero=Z][,pps=ORDER] or torch-pp@pp=P[,pps=gpipe|1f1b]"
+LAYOUT_SYNTAX = "SCHEDULE@tp=T[,pp=P][,zero=Z][,pps=ORDER][,v=V] or torch-pp@pp=P[,pps=gpipe|1f1b]"
 
 
 class Layout(NamedTuple):
@@ -31,6 +32,7 @@ class Layout(NamedTuple):
     pp: int = 1
     zero: int = 0
     pps: str = "1f1b"
+    v: int = 1  # model chunks per stage (pps=interleaved)
 
 
 def parse_layout(entry: str) -> Layout:
@@ -45,7 +47,7 @@ def parse_layout(entry: str) -> Layout:
         key, _, value = opt.partition("=")
         if (
             key in values
-            or key not in ("tp", "pp", "zero", "pps")
+            or key not in ("tp", "pp", "zero", "pps", "v")
             or not value
             or (key != "pps" and not value.isdigit())
         ):
@@ -59,6 +61,7 @@ def parse_layout(entry: str) -> Layout:
         int(values.get("pp", 1)),
         int(values.get("zero", 0)),
         values.get("pps", "1f1b"),
+        int(values.get("v", 2 if values.get("pps") == "interleaved" else 1)),
     )
     if lay.tp < 1 or lay.pp < 1 or lay.zero > 3:
         raise ValueError(f"layout {entry!r}: tp and pp at least 1, zero 0-3")
@@ -96,9 +99,9 @@ def check_layouts(entries: list[str], nproc: int, cfg) -> list[Layout]:  # noqa:
                 f"over dp={dp}"
             )
         if lay.name != "torch-pp":
-            ParallelPlan.uniform(cfg.model, nproc, lay.tp, pp=lay.pp, pp_schedule=lay.pps).check(
-                cfg.model, nproc
-            )
+            ParallelPlan.uniform(
+                cfg.model, nproc, lay.tp, pp=lay.pp, pp_schedule=lay.pps, pp_chunks=lay.v
+            ).check(cfg.model, nproc)
         out.append(lay)
     return out
 

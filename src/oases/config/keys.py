@@ -53,7 +53,8 @@ KEY_HELP: dict[str, str] = {
     "or `shards`",
     "parallel.pp": "pipeline stages (1: none); TP innermost, then DP, then PP across the world",
     "parallel.pp_schedule": "the stages' order of micro-batch passes: `gpipe`, `1f1b`, "
-    "`1f1b-pair` or `zb-h1`",
+    "`1f1b-pair`, `zb-h1` or `interleaved`",
+    "parallel.pp_chunks": "model chunks per pipeline stage (`interleaved` only: 2 or more)",
     "schedule.name": "megatron, megatron-recompute, commfree-recompute, overlap, "
     "overlap-recompute, oases, merak, megatron-sp",
     "schedule.n_sub": "sub-batches per micro-batch (overlapped schedules; merak: 2 or more)",

@@ -57,7 +57,9 @@ class ParallelConfig:
     ``stage_starts``). ``pp_schedule``: the order of the stages' micro-batch passes, "gpipe",
     "1f1b", "1f1b-pair" (1F1B whose steady state overlaps a forward's collectives with
     another micro-batch's backward, at twice the activations in flight) or "zb-h1" (1F1B with
-    the weight gradients held back to where it waits); see ``schedule/pipeline_order.py``.
+    the weight gradients held back to where it waits) or "interleaved" (Megatron-LM's
+    interleaved 1F1B over ``pp_chunks`` >= 2 model chunks per stage: stage s holds chunks s,
+    s + pp, ...; a multiple of ``pp`` micro-batches a step); see ``schedule/pipeline_order.py``.
     ``train.micro_batch`` is then a pipeline micro-batch.
     """
 
@@ -75,13 +77,14 @@ class ParallelConfig:
     sp_recompute: str = "gathered"
     pp: int = 1
     pp_schedule: str = "1f1b"
+    pp_chunks: int = 1
 
     def __post_init__(self) -> None:
         _check(
             self.backend in ("auto", "gloo", "nccl"),
             f"parallel.backend={self.backend!r} must be one of auto, gloo, nccl",
         )
-        _positive("parallel", self, "tp", "timeout_s", "pp")
+        _positive("parallel", self, "tp", "timeout_s", "pp", "pp_chunks")
         from oases.stages import check_pipeline_schedule  # (pure: no torch)
 
         check_pipeline_schedule(self.pp_schedule)

@@ -24,6 +24,10 @@ point-to-point pairs, one a direction (``p2p``; NCCL runs a group's operations i
 one stream, so a receive posted early in one direction never blocks a send in the other)::
 
     pp=2, tp=2, dp=1:    pp groups {0,2} {1,3}   embed {0,2} {1,3}   p2p fwd/bwd {0,2} {1,3}
+
+and two more pairs from the last stage back to the first (keyed "wrap-next" on the last stage,
+"wrap-prev" on the first): the interleaved schedule's last chunk of a round hands its output
+to the first stage's next chunk (``oases.stages.StageLayout``).
 """
 
 from __future__ import annotations
@@ -270,12 +274,13 @@ def _pipeline_groups(
             pg = _new_group(ranks, timeout)
             if rank in ranks:
                 out[f"{name}_group"] = Group(name, tuple(ranks), ranks.index(rank), pg, device)
-        for s in range(pp - 1):
+        for s in range(pp):  # (s = pp - 1: the pair that wraps around)
             for direction in ("fwd", "bwd"):  # one pair a direction (module docstring)
-                pair = [column[s], column[s + 1]]
+                pair = [column[s], column[(s + 1) % pp]]
                 pg = _new_group(pair, timeout)
                 if rank in pair:
                     side = "next" if rank == pair[0] else "prev"
+                    side = side if s < pp - 1 else f"wrap-{side}"
                     out["p2p_groups"][direction, side] = Group(
                         f"p2p-{direction}", tuple(pair), pair.index(rank), pg, device
                     )

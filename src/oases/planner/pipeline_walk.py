@@ -20,6 +20,10 @@ rank of the stage sends at once (a server's ports shared by its GPUs). Inside a 
 collectives are priced as rank 0's groups of a world of ``W / pp`` ranks (stage 0's; the
 stages repeat that layout).
 
+The interleaved schedule's model chunks need nothing of their own here: a stage's program holds
+all its chunks' passes, and the boundary that wraps around (the last stage to the first) is
+priced on those two stages' ranks like any other.
+
 A step's time is the slowest stage's (with its optimizer step); what bounds it is that stage's
 parts (``PlanResult.step_parts``: "bubble" its waits on the other stages). Memory per stage
 (``peak_memory.peak_memory`` on its own program): parameters, gradients and optimizer state of
@@ -198,7 +202,7 @@ def simulate_pipeline(
         )
 
     links = {
-        b: p2p_s(costs, ranks[layout.stage_of(b) - 1], ranks[layout.stage_of(b)], message_bytes(b))
+        b: p2p_s(costs, ranks[layout.stage_of(b - 1)], ranks[layout.stage_of(b)], message_bytes(b))
         for b in layout.starts
     }
     tie_s = 0.0

@@ -242,6 +242,7 @@ def _row(
             )
         plan = None
         pipeline = {"pp": spec.pp, "pp_schedule": spec.pps or "1f1b"} if spec.pp > 1 else {}
+        pipeline.update({"pp_chunks": 2} if spec.pps == "interleaved" else {})  # (v=2)
         for t in tried:
             batch = spec_batch.shape(stage, global_batch, t)
             plan = with_zero(

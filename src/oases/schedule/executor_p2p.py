@@ -10,6 +10,9 @@ region of the later stage, j the sub-batch::
     rb, b   receive dx_b into gx[b, j] for epi:b-1's backward          (pair "bwd", next)
     tie, 0  sum the tied embedding weight's gradient over the first and last stage (in place)
 
+Where b wraps around (the interleaved schedule's boundary from the last stage's chunk to the
+first stage's next one: ``StageLayout.wraps``), the pair is the "wrap-" one of that side.
+
 A receive's buffer is sized from the sub-batch (``tokens[j]``: every stage gets the batch) at
 region b's degree (rows_b = rows_0 * t_b / t_0; under sequence parallelism the sequence is
 S / t_b), in the activations' dtype (the autocast dtype inside autocast, else the weights'):
@@ -58,7 +61,10 @@ class PointToPointInstructions:
             group = self.ctx.embed_group
             return comm.all_reduce_async(weight.grad, group, direction="backward", tag=tag), True
         direction, side = P2P[ins.kind]
-        pair = self.ctx.p2p_groups[direction, side]
+        if self.layout.wraps(i):  # from the last stage's chunk to the first's next one
+            pair = self.ctx.p2p_groups[direction, f"wrap-{side}"]
+        else:
+            pair = self.ctx.p2p_groups[direction, side]
         peer = pair.ranks[1] if side == "next" else pair.ranks[0]
         passes = "forward" if direction == "fwd" else "backward"
         number = comm.p2p_tag(i, j, passes)

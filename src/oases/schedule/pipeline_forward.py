@@ -9,7 +9,8 @@ Each stage runs its regions on the whole batch, one after the other, with blocki
                  (a reshard where the degree changes)                 ... x_hi  -send->
     last stage   <-recv- ...   loss = loss_fn(head.local(norm(x_head)), targets)
 
-and the loss goes from the last stage to every stage (a sum over the ``pp`` group), so every
+(a stage of several model chunks runs them in chain order, each receiving and sending as one
+stage) and the loss goes from the last stage to every stage (a sum over the ``pp`` group), so every
 rank returns it. Sequence parallelism does not change the numbers, so evaluation runs without
 it, as ``Transformer.forward`` does.
 
@@ -35,12 +36,27 @@ def stage_forward_loss(model: Transformer, tokens: Tensor, targets: Tensor) -> T
     ctx, plan = model.parallel_ctx, model.parallel_plan
     chain = build_chain(model)
     layout = plan.stage_layout()
-    lo, hi = layout.bounds(ctx.pp_rank)
+    loss: Tensor | None = None
+    for lo, hi in layout.chunk_bounds(ctx.pp_rank):  # (model chunks: one after the other)
+        got = _chunk_forward(model, chain, lo, hi, tokens, targets)
+        loss = got if got is not None else loss
+    dtype = accum_dtype(next(model.parameters()).dtype)
+    out = (
+        loss.to(dtype) if loss is not None else torch.zeros((), dtype=dtype, device=ctx.device)
+    ).reshape(1)
+    return comm.all_reduce_(out, ctx.pp_group, tag="pp-loss")[0]
+
+
+def _chunk_forward(
+    model: Transformer, chain: list, lo: int, hi: int, tokens: Tensor, targets: Tensor
+) -> Tensor | None:
+    """Regions [lo, hi) of this stage: x_lo received, x_hi sent on; the loss on the last."""
+    ctx, layout = model.parallel_ctx, model.parallel_plan.stage_layout()
     n = len(chain)
     x: Tensor | None = None
     if lo > 0:  # x_lo [rows_lo, S, H] from the previous stage
         rows = tokens.shape[0] * chain[lo].tp // chain[0].tp
-        pair = ctx.p2p_groups["fwd", "prev"]
+        pair = ctx.p2p_groups["fwd", "wrap-prev" if layout.wraps(lo) else "prev"]
         dtype = activation_dtype(model)
         x = comm.recv_async(
             (rows, tokens.shape[1], model.cfg.dim),
@@ -66,7 +82,7 @@ def stage_forward_loss(model: Transformer, tokens: Tensor, targets: Tensor) -> T
             p = region.row.partial(region.core(region.norm(x)))  # [rows_i, S, H] partial sums
             x = region.epilogue(x, comm.all_reduce_(p, region.tp_group, tag="eval"))
     if hi < n:
-        pair = ctx.p2p_groups["fwd", "next"]
+        pair = ctx.p2p_groups["fwd", "wrap-next" if layout.wraps(hi) else "next"]
         comm.send_async(
             x.to(activation_dtype(model)),
             pair,
@@ -74,8 +90,4 @@ def stage_forward_loss(model: Transformer, tokens: Tensor, targets: Tensor) -> T
             tag=comm.p2p_tag(hi, 0, "forward"),
             label="eval",
         ).wait()
-    dtype = accum_dtype(next(model.parameters()).dtype)
-    out = (
-        loss.to(dtype) if loss is not None else torch.zeros((), dtype=dtype, device=ctx.device)
-    ).reshape(1)
-    return comm.all_reduce_(out, ctx.pp_group, tag="pp-loss")[0]
+    return loss

@@ -57,13 +57,34 @@ input and weight gradients 1 each) the walk of ``tests/test_pipeline_program.py`
 step 6-15% shorter than 1F1B's at P = 2-4 (lagging W by P - s - 1 instead gained nothing: the
 first stage's held-back W's ended up after its last B).
 
-``interleaved`` (v model chunks per stage) is named by issue 28 and not built yet
-(``check_pipeline_schedule`` says so).
+interleaved (Megatron-LM's interleaved 1F1B, after Narayanan et al., SC 2021): stage s holds v
+model chunks (``oases.stages.StageLayout``: virtual stages s, s + P, ...), and its passes are
+("F", m, c) and ("B", m, c), chunk c (0 .. v-1, local) of micro-batch m. The k-th forward of a
+stage runs chunk (k // P) % v of micro-batch (k // Pv) P + k % P: P micro-batches through one
+chunk, then the same P through the next; the k-th backward the same with the chunks reversed.
+Warm-up: 2(P - s - 1) + (v - 1) P forwards (all of them when M = P), then one forward and one
+backward in turn, then the last backwards. M must be a multiple of P::
+
+    P = 2, v = 2, M = 4 (Fm.c):  stage 0  F0.0 F1.0 F0.1 F1.1 | F2.0 B0.1 F3.0 B1.1 F2.1 B0.0
+                                          F3.1 B1.0 | B2.1 B3.1 B2.0 B3.0
+                                 stage 1  F0.0 F1.0 | F0.1 B0.1 F1.1 B1.1 F2.0 B0.0 F3.0 B1.0
+                                          F2.1 B2.1 F3.1 B3.1 | B2.0 B3.0
+
+A micro-batch crosses P v virtual stages instead of P, each 1/v of a stage's work, so the
+bubble shrinks about v times (warm-up and cool-down are chunks, not stages), for v times
+the point-to-point messages; the first stage holds up to 2(P - 1) + (v - 1) P + 1 chunk passes'
+activations, each 1/v of a micro-batch's there (P = 2, v = 2: 2.5 micro-batches', 1F1B's 2).
 """
 
 from __future__ import annotations
 
-from oases.stages import PIPELINE_SCHEDULES, PLANNED_SCHEDULES, check_pipeline_schedule
+from oases.stages import (
+    PIPELINE_SCHEDULES,
+    PLANNED_SCHEDULES,
+    check_chunks,
+    check_interleaved_micro,
+    check_pipeline_schedule,
+)
 
 __all__ = [
     "PIPELINE_SCHEDULES",
@@ -71,13 +92,14 @@ __all__ = [
     "check_pipeline_schedule",
     "gpipe_order",
     "in_flight",
+    "interleaved_order",
     "one_f_one_b_order",
     "pipeline_order",
     "warmup_forwards",
     "zb_h1_order",
 ]
 
-Pass = tuple[str, int]  # ("F" | "B" | "W", micro-batch)
+Pass = tuple  # ("F" | "B" | "W", micro-batch), or ("F" | "B", micro-batch, chunk)
 Unit = tuple[Pass, ...]
 
 
@@ -118,11 +140,33 @@ def zb_h1_order(pp: int, stage: int, n_micro: int) -> list[Unit]:
     return units + [(("W", m),) for m in range(n_micro - lag, n_micro)]
 
 
-def pipeline_order(name: str, pp: int, stage: int, n_micro: int) -> list[Unit]:
-    """The units of ``stage`` under pipeline schedule ``name``."""
+def interleaved_order(pp: int, stage: int, n_micro: int, chunks: int) -> list[Unit]:
+    """Megatron-LM's interleaved 1F1B over ``chunks`` model chunks (module docstring)."""
+    check_interleaved_micro(pp, chunks, n_micro)
+    total = n_micro * chunks
+
+    def nth(k: int, forward: bool) -> Pass:
+        c = (k // pp) % chunks
+        m = (k // (pp * chunks)) * pp + k % pp
+        return ("F", m, c) if forward else ("B", m, chunks - 1 - c)
+
+    warm = 2 * (pp - stage - 1) + (chunks - 1) * pp
+    w = total if n_micro == pp else min(warm, total)  # (M = P: every forward first)
+    units: list[Unit] = [(nth(k, True),) for k in range(w)]
+    for k in range(total - w):
+        units += [(nth(w + k, True),), (nth(k, False),)]
+    return units + [(nth(k, False),) for k in range(total - w, total)]
+
+
+def pipeline_order(name: str, pp: int, stage: int, n_micro: int, chunks: int = 1) -> list[Unit]:
+    """The units of ``stage`` under pipeline schedule ``name`` (``chunks``: per stage, the
+    interleaved schedule's)."""
     check_pipeline_schedule(name)
     if not 0 <= stage < pp or n_micro < 1:
         raise ValueError(f"stage {stage} of pp={pp}, n_micro={n_micro}")
+    check_chunks(name, chunks, pp * chunks, pp)
+    if name == "interleaved":
+        return interleaved_order(pp, stage, n_micro, chunks)
     if name == "gpipe":
         return gpipe_order(n_micro)
     if name == "zb-h1":
@@ -133,10 +177,10 @@ def pipeline_order(name: str, pp: int, stage: int, n_micro: int) -> list[Unit]:
 def in_flight(units: list[Unit]) -> int:
     """The most micro-batches whose forward has started and backward not finished."""
     started = finished = most = 0
-    for unit in units:
-        for kind, _ in unit:
-            if kind == "F":
+    for unit in units:  # (a micro-batch of several chunks: counted by its first F, last B)
+        for p in unit:
+            if p[0] == "F" and (len(p) == 2 or p[2] == 0):
                 started += 1
                 most = max(most, started - finished)
-        finished += sum(1 for kind, _ in unit if kind == "B")
+        finished += sum(1 for p in unit if p[0] == "B" and (len(p) == 2 or p[2] == 0))
     return most

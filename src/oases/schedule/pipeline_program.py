@@ -1,6 +1,7 @@
 """A pipeline stage's program: ``build_stage_program``, the instructions of one stage for a step.
 
-Stage s holds the regions [lo, hi) of the chain (``oases.stages.StageLayout``). A boundary b
+Stage s holds the regions [lo, hi) of the chain (``oases.stages.StageLayout``; under the
+interleaved schedule one range per model chunk, each chunk's passes its own). A boundary b
 between two stages is handled like a change of TP degree (``tasks.degree_changes``): the tasks
 that cross it split, and where a degree change puts a reshard, the boundary puts a send on one
 side and a receive on the other, each a Start/Wait pair of its own kind::
@@ -132,8 +133,8 @@ def build_stage_program(
         sp,
         defer_weight_grads,
     )
-    lo, hi = layout.bounds(stage)
-    if zero is not None and any(zero.stages[lo:hi]):
+    ranges = layout.chunk_bounds(stage)
+    if zero is not None and any(any(zero.stages[lo:hi]) for lo, hi in ranges):
         program = insert_zero(program, zero, k)
     program = list(program)
     if tied and layout.pp > 1 and stage in (0, layout.pp - 1):
@@ -169,10 +170,10 @@ def _build(
     instructions are frozen, callers get their own list)."""
     n = layout.n_regions
     changes = degree_changes(n, degrees) | layout.boundaries
-    lo, hi = layout.bounds(stage)
+    ranges = layout.chunk_bounds(stage)
     if sp is not None:
         max_inflight = max(max_inflight, 2)
-    passes: dict[tuple[str, int], list[_Marked]] = {}
+    passes: dict[tuple, list[_Marked]] = {}
     for m in range(n_micro):
         subs = range(m * k, (m + 1) * k)
         zb = pp_schedule == "zb-h1"  # its W passes take every block's weight gradients
@@ -187,14 +188,19 @@ def _build(
             fwd = forward_tasks(n, subs, changes)
             bwd = backward_tasks(n, subs, spec.recompute, changes)
         if zb:
-            passes["W", m] = _on_stage(weight_grad_tasks(bwd, n), lo, hi, n)
-        passes["F", m] = _on_stage(fwd, lo, hi, n)
-        passes["B", m] = _on_stage(bwd, lo, hi, n)
-    units = pipeline_order(pp_schedule, layout.pp, stage, n_micro)
+            passes["W", m] = _on_stage(weight_grad_tasks(bwd, n), *ranges[0], n)
+        if layout.chunks == 1:
+            passes["F", m] = _on_stage(fwd, *ranges[0], n)
+            passes["B", m] = _on_stage(bwd, *ranges[0], n)
+        else:  # the interleaved schedule's passes of each chunk (``pipeline_order``)
+            for c, (lo, hi) in enumerate(ranges):
+                passes["F", m, c] = _on_stage(fwd, lo, hi, n)
+                passes["B", m, c] = _on_stage(bwd, lo, hi, n)
+    units = pipeline_order(pp_schedule, layout.pp, stage, n_micro, layout.chunks)
     bodies = [_unit_body(_unit_tasks(unit, passes), spec, max_inflight) for unit in units]
     program = _place_p2p(units, bodies, passes)
     if dp_tasks:
-        first_norm = frozenset({lo - 1}) if lo > 0 and lo - 1 in dp_tasks else frozenset()
+        first_norm = frozenset(lo - 1 for lo, _ in ranges if lo > 0 and lo - 1 in dp_tasks)
         program = insert_dp(program, set(dp_tasks), n_micro * k - 1, first_norm)
     return tuple(program)
 
@@ -243,7 +249,7 @@ def _on_stage(tasks: list[Task], lo: int, hi: int, n: int) -> list[_Marked]:
     return out
 
 
-def _unit_tasks(unit: Unit, passes: dict[tuple[str, int], list[_Marked]]) -> list[_Marked]:
+def _unit_tasks(unit: Unit, passes: dict[tuple, list[_Marked]]) -> list[_Marked]:
     """A unit's tasks in priority order: one pass, or a forward and a backward alternating,
     the forward first (``pipeline_order``)."""
     if len(unit) == 1:
@@ -272,7 +278,7 @@ def _unit_body(tasks: list[_Marked], spec: ScheduleSpec, max_inflight: int) -> l
 
 
 def _place_p2p(
-    units: list[Unit], bodies: list[list[Instr]], passes: dict[tuple[str, int], list[_Marked]]
+    units: list[Unit], bodies: list[list[Instr]], passes: dict[tuple, list[_Marked]]
 ) -> list[Instr]:
     """Concatenate the units' bodies with the receives posted one unit ahead and the sends
     waited ``SEND_WAIT_UNITS`` units later (module docstring)."""

@@ -8,6 +8,9 @@ Lanes, per rank (only those with events; ``timeline.LANES``)::
     rank r DP comm   the data-parallel gradient all-reduces (grey: they serve every sub-batch)
                      and ZeRO's gradient reduce-scatters (purple)
     rank r ZeRO gather  ZeRO stage 3's weight all-gathers before each pass (green)
+    rank r pipeline p2p the sends and receives of activations and their gradients between
+                     pipeline stages ("sf", "rf", "sb", "rb"; measured: from start to wait,
+                     simulated: the transfer on the link)
 
 Colour: hue = sub-batch within its micro-batch (a, b, ...), shade = micro-batch (darkest
 first; each micro-batch's span is also marked, by number, over the first rank's lanes),

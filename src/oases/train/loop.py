@@ -68,6 +68,7 @@ from oases.parallel.shard import materialized, shard_model
 from oases.plan import ParallelPlan
 from oases.precision import resolve_precision, upcast
 from oases.schedule import build_schedule, record_timeline
+from oases.schedule.specs import sub_batches
 from oases.train import checkpoint as ckpt
 from oases.train import faults
 from oases.train.agree import PeerError, agree_on_setup, agree_on_value
@@ -352,6 +353,7 @@ def train(
                     ctx,
                     run_dir / "timeline.png",
                     timeline_title(cfg, plan, ctx.world_size, step + 1),
+                    sub_batches(cfg.schedule.name, cfg.schedule.n_sub),
                 )
                 drawing_s = time.perf_counter() - drawn
                 say(

@@ -139,6 +139,11 @@ def no_effect_warnings(
             f"parallel.pp_schedule={g.pp_schedule!r} has no effect at parallel.pp=1: "
             "it orders the passes of pipeline stages"
         )
+    if layout.pp == 1 and _set(given, "parallel", "pp_chunks"):
+        out.append(
+            f"parallel.pp_chunks={g.pp_chunks} has no effect at parallel.pp=1: it cuts "
+            "pipeline stages into model chunks"
+        )
     if g.high_priority_tp and _on_gloo(g.backend):
         out.append(
             "parallel.high_priority_tp=true has no effect on gloo: it sets NCCL's CUDA "

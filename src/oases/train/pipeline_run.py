@@ -40,6 +40,13 @@ def check_pipeline_run(cfg: Config, plan: ParallelPlan | None) -> None:
             "reduce-scatters it after every micro-batch; use parallel.zero=1 (or a "
             "plan with stage 1 for embed and head)"
         )
+    if plan is not None and plan.pp_chunks > 1:
+        from oases.stages import check_interleaved_micro
+
+        dp = plan.regions[0].dp
+        check_interleaved_micro(
+            pp, plan.pp_chunks, cfg.train.global_batch // (cfg.train.micro_batch * dp)
+        )
     if cfg.model.init_from:
         raise ValueError(
             f"parallel.pp={pp} with model.init_from={cfg.model.init_from!r}: "

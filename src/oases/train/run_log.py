@@ -105,13 +105,17 @@ def timeline_title(cfg: Config, plan: ParallelPlan, world_size: int, step: int) 
     return f"{cfg.schedule.name} (n_sub={cfg.schedule.n_sub}), step {step}, {layout}: {ranks}"
 
 
-def save_timeline(timeline: Timeline, ctx: ParallelContext, path: Path, title: str) -> None:
-    """Gather one step's timeline from every rank; rank 0 draws it (and writes the trace)."""
+def save_timeline(
+    timeline: Timeline, ctx: ParallelContext, path: Path, title: str, n_sub: int | None = None
+) -> None:
+    """Gather one step's timeline from every rank; rank 0 draws it (and writes the trace).
+    ``n_sub``: the sub-batches per micro-batch (None: read off the events, which a pipeline's
+    warm-up forwards of several micro-batches mislead)."""
     merged = timeline.gather(ctx.world_group)
     if ctx.rank == 0:  # rank 0 alone: nothing here may raise, or the others would wait on it
         try:
             merged.save_chrome_trace(path.with_suffix(".json"))
-            merged.plot(path, title=title)
+            merged.plot(path, title=title, n_sub=n_sub)
         except Exception as exc:  # a picture never ends a run (and never strands the peers)
             print(
                 f"warning: timeline picture not written ({type(exc).__name__}: {exc})",

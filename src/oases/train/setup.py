@@ -60,6 +60,7 @@ def resolve_plan(cfg: Config, world_size: int) -> ParallelPlan | None:
             p.tp,
             pp=p.pp,
             pp_schedule=p.pp_schedule,
+            pp_chunks=p.pp_chunks,
             schedule=cfg.schedule.name,
             n_sub=cfg.schedule.n_sub,
             sequence_parallel=p.sp() or "",
@@ -92,6 +93,7 @@ def apply_plan_knobs(cfg: Config, plan: ParallelPlan, world_size: int) -> None:
     it. The effective config is the one logged and saved with the run."""
     cfg.schedule.name, cfg.schedule.n_sub = plan.schedule, plan.n_sub
     cfg.parallel.pp, cfg.parallel.pp_schedule = plan.pp, plan.pp_schedule
+    cfg.parallel.pp_chunks = plan.pp_chunks
     cfg.parallel.sequence_parallel = plan.sp() is not None
     if plan.sp() is not None:
         cfg.parallel.sp_recompute = plan.sp()
