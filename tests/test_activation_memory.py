@@ -51,9 +51,10 @@ def test_recompute_schedules_and_plain_programs_gather_nothing_again(name):
     for sp in ("gathered", "shards", None):
         program = build_program(name, R, 2, sp=sp)
         assert not [ins for ins in program if isinstance(ins, Start) and ins.kind == "gh"]
-    assert not [
-        ins for ins in build_program("overlap", R, 2) if isinstance(ins, Start) and ins.kind == "gh"
-    ]
+    for name in ("overlap", "megatron", "megatron-sp"):  # off, or keeping the gathered h_i
+        for sp in (None, "gathered"):
+            program = build_program(name, R, 2, sp=sp)
+            assert not [ins for ins in program if isinstance(ins, Start) and ins.kind == "gh"]
 
 
 def test_korthikanti_counts_of_a_block():
