@@ -57,6 +57,41 @@ def test_recompute_schedules_and_plain_programs_gather_nothing_again(name):
             assert not [ins for ins in program if isinstance(ins, Start) and ins.kind == "gh"]
 
 
+@pytest.mark.parametrize("pp_schedule", ["1f1b", "1f1b-pair", "zb-h1", "gpipe"])
+@pytest.mark.parametrize("name", ["megatron", "overlap"])
+def test_pipeline_stages_gather_h_again_before_each_block_region_backward(name, pp_schedule):
+    """Issue 32 (e): a stage's program under sp="shards" re-gathers each of its block regions'
+    h_i once per sub-batch, started before it is waited, waited right before [tp i]; none
+    for the other stages' regions, none under "gathered"."""
+    from oases.schedule.pipeline_program import build_stage_program
+    from oases.stages import StageLayout, default_stage_starts
+
+    n_layers, pp, n_micro = 4, 2, 3
+    n = 2 * n_layers + 2
+    layout = StageLayout(n, default_stage_starts(n_layers, pp))
+    k = 2 if name == "overlap" else 1
+    for s in range(pp):
+        lo, hi = layout.bounds(s)
+        prog = build_stage_program(
+            name, 2, layout, s, n_micro=n_micro, pp_schedule=pp_schedule, sp="shards"
+        )
+        starts = [ins for ins in prog if isinstance(ins, Start) and ins.kind == "gh"]
+        want = {(i, j) for i in range(max(lo, 1), min(hi, n - 1)) for j in range(n_micro * k)}
+        assert sorted((ins.index, ins.sub) for ins in starts) == sorted(want), s
+        for i, j in want:
+            start, wait = prog.index(Start("gh", i, j)), prog.index(Wait("gh", i, j))
+            tp = next(
+                n
+                for n, ins in enumerate(prog)
+                if isinstance(ins, Compute) and ins.sub == j and ("tp", i) in ins.pieces
+            )
+            assert start < wait == tp - 1, (s, i, j)
+        plain = build_stage_program(
+            name, 2, layout, s, n_micro=n_micro, pp_schedule=pp_schedule, sp="gathered"
+        )
+        assert not [ins for ins in plain if isinstance(ins, Start) and ins.kind == "gh"]
+
+
 def test_korthikanti_counts_of_a_block():
     tokens, dim = 2048 * 4, 1024
     sbh = tokens * dim

@@ -13,6 +13,8 @@ without recompute (a recompute builds its core's graph in the backward anyway) u
                  (gh(i) flies with bwd(i+1), under [norm i+1 + epi i] and the other
                  sub-batches' tasks; waited right before [tp i], which needs it)
     synchronous  ... Start gh(i), Wait gh(i) [tp i]   (a synchronous program overlaps nothing)
+    pipeline     as above inside each unit of a stage's program; the stage's last region's
+                 gh starts at the unit's start (its bwd(i+1) is the next stage's)
 
 for every block region i (0 < i < R-1; not the embedding, whose lookup reads no gathered input,
 nor the head, whose backward starts the chain: its gather would be exposed whole). The
@@ -48,12 +50,18 @@ def regathers(recompute: str, scope: str, sp: str | None) -> bool:
     return sp == "shards" and recompute == "none" and scope != "block"
 
 
-def insert_regathers(body: list[Instr], n_regions: int, synchronous: bool) -> list[Instr]:
-    """``body`` (one micro-batch's list-scheduled instructions) with "gh" for each block
-    region's backward: started right after the Start of bwd(i+1) of its sub-batch
-    (``synchronous``: right before [tp i]) and waited right before the compute with
-    ("tp", i) of its sub-batch."""
+def insert_regathers(
+    body: list[Instr], n_regions: int, synchronous: bool, lo: int = 0, hi: int | None = None
+) -> list[Instr]:
+    """``body`` (one micro-batch's list-scheduled instructions, or a pipeline unit's) with "gh"
+    for each block region's backward: started right after the Start of bwd(i+1) of its
+    sub-batch (``synchronous``: right before [tp i]) and waited right before the compute
+    with ("tp", i) of its sub-batch. A pipeline stage holds regions [lo, hi): its last
+    region's bwd(hi) is the next stage's, so that gather starts at the body's start (it
+    flies while the stage waits for the gradient from the next stage)."""
     last = n_regions - 1
+    hi = n_regions if hi is None else hi
+    head: list[Instr] = []
     out: list[Instr] = []
     for ins in body:
         if isinstance(ins, Compute) and ins.phase == "backward":
@@ -61,6 +69,8 @@ def insert_regathers(body: list[Instr], n_regions: int, synchronous: bool) -> li
                 if kind == "tp" and 0 < i < last:
                     if synchronous:
                         out.append(Start("gh", i, ins.sub))
+                    elif i == hi - 1:  # (bwd(hi) runs on the next stage)
+                        head.append(Start("gh", i, ins.sub))
                     out.append(Wait("gh", i, ins.sub))
         out.append(ins)
         if (
@@ -68,9 +78,10 @@ def insert_regathers(body: list[Instr], n_regions: int, synchronous: bool) -> li
             and isinstance(ins, Start)
             and ins.kind == "bwd"
             and 1 < ins.index <= last
+            and lo <= ins.index - 1
         ):
             out.append(Start("gh", ins.index - 1, ins.sub))
-    return out
+    return head + out
 
 
 def regathered_regions(program: list[Instr]) -> frozenset[int]:
