@@ -68,10 +68,19 @@ class ModelState:
         Adam moments (master-dtype bytes: fp32 under bf16 too)."""
         r = range(len(self.numel))
         w = precision.master_bytes
-        return {"weights": w * sum(self.numel[i] if self.stages[i] == 0 else self.padded(i)
-                                   if self.stages[i] < 3 else self.shard(i) for i in r),
-                "gradients": w * sum(self.updated(i) for i in r),
-                "optimizer": precision.optimizer_bytes * sum(self.updated(i) for i in r)}
+        return {
+            "weights": w
+            * sum(
+                self.numel[i]
+                if self.stages[i] == 0
+                else self.padded(i)
+                if self.stages[i] < 3
+                else self.shard(i)
+                for i in r
+            ),
+            "gradients": w * sum(self.updated(i) for i in r),
+            "optimizer": precision.optimizer_bytes * sum(self.updated(i) for i in r),
+        }
 
 
 def _column_out(cfg: ModelConfig, kind: str) -> int:
@@ -88,8 +97,7 @@ def _row_in(cfg: ModelConfig, kind: str) -> int:
     return {"attn": cfg.n_heads * cfg.head_dim, "mlp": cfg.ffn_dim}.get(kind, 0)
 
 
-def saved_bytes(costs: Costs, cfg: ModelConfig, kind: str, mode: str, t: int,
-                rows: int) -> float:
+def saved_bytes(costs: Costs, cfg: ModelConfig, kind: str, mode: str, t: int, rows: int) -> float:
     """Activations a region keeps forward -> backward: the costs' measurement where they have
     one (a profile, measured in its own precision), else ``analytic_saved_bytes`` in the
     costs' compute dtype."""
@@ -115,8 +123,16 @@ class _Bytes:
     deferred: list[float]  # what a deferred weight gradient holds
 
 
-def _region_bytes(cfg: ModelConfig, kinds: list[str], degrees: list[int], rows: list[int],
-                  mode: str, graph_mode: str, costs: Costs, state: ModelState) -> _Bytes:
+def _region_bytes(
+    cfg: ModelConfig,
+    kinds: list[str],
+    degrees: list[int],
+    rows: list[int],
+    mode: str,
+    graph_mode: str,
+    costs: Costs,
+    state: ModelState,
+) -> _Bytes:
     """Every region's ``_Bytes`` (computed once per distinct region: the blocks of a model
     repeat)."""
     n = len(kinds)
@@ -145,7 +161,9 @@ def _region_bytes(cfg: ModelConfig, kinds: list[str], degrees: list[int], rows: 
             row = memo[key] = (
                 saved_bytes(costs, cfg, kind, mode, t, r),
                 saved_bytes(costs, cfg, kind, graph_mode, t, r),
-                state.numel[i] * w, state.shard(i) * w, padded,
+                state.numel[i] * w,
+                state.shard(i) * w,
+                padded,
                 state.padded(i) * g * (2 if scatter_copy else 1) + state.shard(i) * g,
                 padded if gather_copies else 0.0,
                 act * (1 / t + 1) if sp else 0.0,
@@ -153,17 +171,30 @@ def _region_bytes(cfg: ModelConfig, kinds: list[str], degrees: list[int], rows: 
                 # deferred weight gradients (sequence parallelism's "dw" pieces): from tp:i
                 # to dw:i a block's region holds the gathered h_i and dr_i, the row-parallel
                 # input y_i and the column-parallel output's gradient
-                r * cfg.seq_len * prec.activation_bytes
-                * (2 * cfg.dim + _column_out(cfg, kind) / t + _row_in(cfg, kind) / t))
+                r
+                * cfg.seq_len
+                * prec.activation_bytes
+                * (2 * cfg.dim + _column_out(cfg, kind) / t + _row_in(cfg, kind) / t),
+            )
         out.append(row)
     cols = [list(c) for c in zip(*out)] if out else [[] for _ in range(10)]
     return _Bytes(*cols[:7], (cols[7], cols[8]), cols[9])
 
 
-def peak_memory(cfg: ModelConfig, program: list[Instr], kinds: list[str], degrees: list[int],
-                rows: list[int], mode: str, costs: Costs, state: ModelState,
-                uses: tuple[tuple[int, ...], ...], bucket_bytes: dict[int, float],
-                repeats: int = 1, graph_mode: str = "none") -> dict[str, float]:
+def peak_memory(
+    cfg: ModelConfig,
+    program: list[Instr],
+    kinds: list[str],
+    degrees: list[int],
+    rows: list[int],
+    mode: str,
+    costs: Costs,
+    state: ModelState,
+    uses: tuple[tuple[int, ...], ...],
+    bucket_bytes: dict[int, float],
+    repeats: int = 1,
+    graph_mode: str = "none",
+) -> dict[str, float]:
     """Walk ``program`` (one micro-batch run ``repeats`` times back to back, or a whole step)
     and return the peak and its parts in bytes. ``uses[i]``: the regions whose parameters
     region i's TP backward makes gradients for; ``bucket_bytes[t]``: the flat copy of DP bucket
@@ -181,6 +212,7 @@ def peak_memory(cfg: ModelConfig, program: list[Instr], kinds: list[str], degree
     kept, graph, full, shard, padded = b.kept, b.graph, b.full, b.shard, b.padded
     scattering, gather_copy, seq, deferred = b.scattering, b.gather_copy, b.seq, b.deferred
     deferring = deferred_regions(program)
+
     def walk(later: bool) -> tuple[float, float, float]:
         whole: set[int] = set()  # regions whose full gradient is alive
         shards: set[int] = set()  # regions whose gradient shard exists (ZeRO)
@@ -264,9 +296,16 @@ def peak_memory(cfg: ModelConfig, program: list[Instr], kinds: list[str], degree
     return _with_step(peak, peak_act, end, static, by_kind, shard, state, costs)
 
 
-def _with_step(peak: float, peak_act: float, end: float, static: float,
-               by_kind: dict[str, float], shard: list[float], state: ModelState,
-               costs: Costs) -> dict[str, float]:
+def _with_step(
+    peak: float,
+    peak_act: float,
+    end: float,
+    static: float,
+    by_kind: dict[str, float],
+    shard: list[float],
+    state: ModelState,
+    costs: Costs,
+) -> dict[str, float]:
     """The peak of the walks with the optimizer step's, and its parts."""
     n = len(shard)
     w = precision_of(costs).master_bytes
@@ -281,7 +320,13 @@ def _with_step(peak: float, peak_act: float, end: float, static: float,
     baseline = float(getattr(costs, "baseline_bytes", 0.0))
     workspace = float(getattr(costs, "workspace_bytes", 0.0))  # a profile's measurement
     allocated = max(peak, opt_peak, gather_peak)  # the tensors: a GPU's allocator peak
-    return {"peak": baseline + workspace + allocated, "allocated": allocated,
-            "baseline": baseline, "workspace": workspace,
-            "params": by_kind["weights"], "grads": grads_end,
-            "optimizer_state": by_kind["optimizer"], "activations_peak": peak_act}
+    return {
+        "peak": baseline + workspace + allocated,
+        "allocated": allocated,
+        "baseline": baseline,
+        "workspace": workspace,
+        "params": by_kind["weights"],
+        "grads": grads_end,
+        "optimizer_state": by_kind["optimizer"],
+        "activations_peak": peak_act,
+    }

@@ -27,8 +27,21 @@ from oases.schedule.program import Compute, Instr, Release, Start, Wait, deferre
 
 ACT, GRADS, MOVING, HELD = range(4)
 # the per-region value rows of ``_memory_values``, in order (then one row per alive pattern)
-_ROWS = ("kept", "graph", "graph-kept", "full", "shard", "padded", "scattering",
-         "gather_copy", "shard+gather_copy", "seq0", "seq1", "deferred", "bucket")
+_ROWS = (
+    "kept",
+    "graph",
+    "graph-kept",
+    "full",
+    "shard",
+    "padded",
+    "scattering",
+    "gather_copy",
+    "shard+gather_copy",
+    "seq0",
+    "seq1",
+    "deferred",
+    "bucket",
+)
 _ROW = {name: r for r, name in enumerate(_ROWS)}
 
 
@@ -53,8 +66,14 @@ class _MemoryEvents:
     shards: set[int]
 
 
-def _compile_memory(program: tuple[Instr, ...], n: int, stages: tuple[int, ...],
-                    uses: tuple[tuple[int, ...], ...], sp: bool, later: bool) -> _MemoryEvents:
+def _compile_memory(
+    program: tuple[Instr, ...],
+    n: int,
+    stages: tuple[int, ...],
+    uses: tuple[tuple[int, ...], ...],
+    sp: bool,
+    later: bool,
+) -> _MemoryEvents:
     """The events of ``peak_memory``'s ``walk(later)`` on ``program`` (which sets hold which
     region depends on the program and the stages only, never on the bytes)."""
     deferring = deferred_regions(program)
@@ -80,8 +99,15 @@ def _compile_memory(program: tuple[Instr, ...], n: int, stages: tuple[int, ...],
     inflight: dict[tuple[str, int, int], int] = {}  # collective -> the row offset it holds
     gathered: set[int] = set()
     seq_kinds = ("gf", "gb", "gr", "gh", "fwd", "bwd") if sp else ()
-    moving_kinds = {"dp": at["bucket"], "gf": at["seq0"], "gb": at["seq0"], "gr": at["seq0"],
-                    "gh": at["seq0"], "fwd": at["seq1"], "bwd": at["seq1"]}
+    moving_kinds = {
+        "dp": at["bucket"],
+        "gf": at["seq0"],
+        "gb": at["seq0"],
+        "gr": at["seq0"],
+        "gh": at["seq0"],
+        "fwd": at["seq1"],
+        "bwd": at["seq1"],
+    }
     for ins in program:
         before = len(var)
         kind = type(ins)
@@ -146,14 +172,22 @@ def _compile_memory(program: tuple[Instr, ...], n: int, stages: tuple[int, ...],
             checkpoints.append(len(var) - 1)
         elif not checkpoints:  # the state the walk starts in, taken after this instruction
             checkpoints.append(-1)
-    return _MemoryEvents(np.array(var, dtype=np.int8), np.array(value, dtype=np.int64),
-                         np.array(sign), np.array(checkpoints, dtype=np.int64),
-                         np.array(rs_before, dtype=np.int64), np.array(rs_value, dtype=np.int64),
-                         tuple(patterns), start_whole, start_shards)
+    return _MemoryEvents(
+        np.array(var, dtype=np.int8),
+        np.array(value, dtype=np.int64),
+        np.array(sign),
+        np.array(checkpoints, dtype=np.int64),
+        np.array(rs_before, dtype=np.int64),
+        np.array(rs_value, dtype=np.int64),
+        tuple(patterns),
+        start_whole,
+        start_shards,
+    )
 
 
-def _memory_values(b: _Bytes, bucket_bytes: dict[int, float],
-                   patterns: tuple[str, ...]) -> np.ndarray:
+def _memory_values(
+    b: _Bytes, bucket_bytes: dict[int, float], patterns: tuple[str, ...]
+) -> np.ndarray:
     """The table the events index: ``_ROWS`` then one row per alive pattern, each a value per
     region, computed as the walk computes it (``alive[i, sub]`` grows by ``kept`` in a
     forward, by ``graph`` less ``kept`` in a recompute, is set to ``deferred``)."""
@@ -161,10 +195,21 @@ def _memory_values(b: _Bytes, bucket_bytes: dict[int, float],
     kept, graph = np.array(b.kept, dtype=float), np.array(b.graph, dtype=float)
     shard, gather_copy = np.array(b.shard, dtype=float), np.array(b.gather_copy, dtype=float)
     deferred = np.array(b.deferred, dtype=float)
-    rows = [kept, graph, graph - kept, np.array(b.full, dtype=float), shard,
-            np.array(b.padded, dtype=float), np.array(b.scattering, dtype=float), gather_copy,
-            shard + gather_copy, np.array(b.seq[0], dtype=float), np.array(b.seq[1], dtype=float),
-            deferred, np.array([bucket_bytes.get(t, 0.0) for t in range(n)], dtype=float)]
+    rows = [
+        kept,
+        graph,
+        graph - kept,
+        np.array(b.full, dtype=float),
+        shard,
+        np.array(b.padded, dtype=float),
+        np.array(b.scattering, dtype=float),
+        gather_copy,
+        shard + gather_copy,
+        np.array(b.seq[0], dtype=float),
+        np.array(b.seq[1], dtype=float),
+        deferred,
+        np.array([bucket_bytes.get(t, 0.0) for t in range(n)], dtype=float),
+    ]
     for p in patterns:
         v = np.zeros(n)
         for c in p:
@@ -173,8 +218,9 @@ def _memory_values(b: _Bytes, bucket_bytes: dict[int, float],
     return np.concatenate(rows) if n else np.zeros(0)
 
 
-def _walk_events(ev: _MemoryEvents, table: np.ndarray, static: float, b: _Bytes
-                 ) -> tuple[float, float, float]:
+def _walk_events(
+    ev: _MemoryEvents, table: np.ndarray, static: float, b: _Bytes
+) -> tuple[float, float, float]:
     """``walk`` on compiled events: each running total is the running sum of its own changes
     (``np.cumsum`` adds in order, as the walk does), the peak taken where the walk takes it."""
     grads0 = sum(b.full[u] for u in ev.whole) + sum(b.shard[u] for u in ev.shards)
@@ -195,15 +241,29 @@ def _walk_events(ev: _MemoryEvents, table: np.ndarray, static: float, b: _Bytes
         peak_act = max(peak_act, float(act[at].max()))
     if len(ev.rs_before):
         at = ev.rs_before + 1
-        peak = max(peak, float((static + act[at] + grads[at] + moving[at] + held[at]
-                                + table[ev.rs_value]).max()))
+        peak = max(
+            peak,
+            float(
+                (static + act[at] + grads[at] + moving[at] + held[at] + table[ev.rs_value]).max()
+            ),
+        )
     return peak, peak_act, float(grads[-1])
 
 
-def peak_memory_tape(cfg: ModelConfig, tape: Tape, kinds: list[str], degrees: list[int],
-                     rows: list[int], mode: str, costs: Costs, state: ModelState,
-                     uses: tuple[tuple[int, ...], ...], bucket_bytes: dict[int, float],
-                     repeats: int = 1, graph_mode: str = "none") -> dict[str, float]:
+def peak_memory_tape(
+    cfg: ModelConfig,
+    tape: Tape,
+    kinds: list[str],
+    degrees: list[int],
+    rows: list[int],
+    mode: str,
+    costs: Costs,
+    state: ModelState,
+    uses: tuple[tuple[int, ...], ...],
+    bucket_bytes: dict[int, float],
+    repeats: int = 1,
+    graph_mode: str = "none",
+) -> dict[str, float]:
     """``peak_memory`` of ``tape.program``, the same numbers: the walk compiled once per
     program and layout (``_compile_memory``, remembered on the tape), then run on every plan's
     bytes as running sums (``_walk_events``)."""
@@ -213,12 +273,13 @@ def peak_memory_tape(cfg: ModelConfig, tape: Tape, kinds: list[str], degrees: li
     b = _region_bytes(cfg, kinds, degrees, rows, mode, graph_mode, costs, state)
     sp = mode.startswith("sp-")
     walks = []
-    for later in (False, True)[:2 if repeats > 1 else 1]:
+    for later in (False, True)[: 2 if repeats > 1 else 1]:
         key = ("memory", state.stages, uses, sp, later)
         ev = tape.memo.get(key)
         if ev is None:
-            ev = tape.memo[key] = _compile_memory(tape.program, len(kinds), state.stages, uses,
-                                                  sp, later)
+            ev = tape.memo[key] = _compile_memory(
+                tape.program, len(kinds), state.stages, uses, sp, later
+            )
         walks.append(_walk_events(ev, _memory_values(b, bucket_bytes, ev.patterns), static, b))
     peak, peak_act, end = walks[0]
     if repeats > 1:
