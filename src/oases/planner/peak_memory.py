@@ -154,9 +154,9 @@ def _region_bytes(
             padded = state.padded(i) * w
             # sequence parallelism's collectives in flight (``comm.seq_*_async``): a gather
             # holds its slice and its rank-major [t, b, S/t, H] output; a reduce-scatter the
-            # rank-major copy of the partial sums (for one row, the partial sums themselves),
-            # its slice and, on gloo, the all-to-all's receive buffer (the partial sums it
-            # was given)
+            # rank-major copy of the partial sums (for one row, the partial sums themselves)
+            # and its slice; on gloo the other ranks' chunks sent and received and its slice,
+            # (t - 2)/t more (``comm.seq``'s ``_GlooSeqScatter``)
             act = r * cfg.seq_len * cfg.dim * prec.activation_bytes if sp else 0.0
             row = memo[key] = (
                 saved_bytes(costs, cfg, kind, mode, t, r),
@@ -167,7 +167,7 @@ def _region_bytes(
                 state.padded(i) * g * (2 if scatter_copy else 1) + state.shard(i) * g,
                 padded if gather_copies else 0.0,
                 act * (1 / t + 1) if sp else 0.0,
-                act * (1 + 1 / t + (1 if scatter_copy else 0)) if sp else 0.0,
+                act * (1 + 1 / t + (max(t - 2, 0) / t if scatter_copy else 0)) if sp else 0.0,
                 # deferred weight gradients (sequence parallelism's "dw" pieces): from tp:i
                 # to dw:i a block's region holds the gathered h_i and dr_i, the row-parallel
                 # input y_i and the column-parallel output's gradient
