@@ -344,10 +344,16 @@ def train(
                 check_batch(cfg.model, tokens, targets)  # schedule checks CPU batches itself
             recording = record_timeline() if step == timeline_step else contextlib.nullcontext()
             # live tensors: the model and optimizer state at the step start, + the step's peak
-            # above it (``memory.peak_live_bytes``; on a CPU the profiler's allocator events)
-            state_bytes = tensor_bytes(state_tensors(model, optimizer))
+            # above it (``memory.peak_live_bytes``): every step on a GPU (the allocator's
+            # statistics); on a CPU (the profiler's allocator events, which cost the step
+            # time of recording every op) the run's first step and every log_every-th
+            count_live = (
+                ctx.device.type == "cuda" or step == start_step or (step + 1) % t.log_every == 0
+            )
+            state_bytes = tensor_bytes(state_tensors(model, optimizer)) if count_live else 0
             run_peak_mb = max(run_peak_mb, peak_memory_mb(ctx.device))  # (CUDA: reset below)
-            with peak_live_bytes(ctx.device) as live:
+            counting = peak_live_bytes(ctx.device) if count_live else contextlib.nullcontext({})
+            with counting as live:
                 with precision.autocast(), recording as timeline:
                     local = schedule.step(model, tokens.to(ctx.device), targets.to(ctx.device))
                 drawing_s = 0.0  # the timeline's picture is not the step's time
@@ -395,7 +401,9 @@ def train(
                     "step_time_s": dt,
                     "tokens_per_s": tokens_per_step / dt,
                     "peak_mem_mb": max(run_peak_mb, peak_memory_mb(ctx.device)),
-                    "live_peak_mb": (state_bytes + live["peak"]) / 2**20,
+                    **(
+                        {"live_peak_mb": (state_bytes + live["peak"]) / 2**20} if count_live else {}
+                    ),
                     **({"timeline": True} if timeline is not None else {}),
                 }
             )

@@ -4,9 +4,10 @@ Rank 0 alone holds a ``MetricsLog``; nothing here is collective, so nothing here
 other ranks wait. Rows are JSON objects: one per step ``{step, loss, lr, grad_norm,
 step_time_s, tokens_per_s, peak_mem_mb, live_peak_mb}`` (the resident peak; the peak of live
 tensor bytes in the step, ``oases.memory.peak_live_bytes``, with the model and optimizer state
-it starts from) and one per evaluation ``{step, val_loss}``, appended and flushed one line at a
-time. A resumed run cuts the file back to its step (the lines after it
-came from a run that went further before it stopped) and keeps the lines before: it writes them
+it starts from: every step on a GPU, on a CPU the run's first and every ``log_every``-th) and
+one per evaluation ``{step, val_loss}``, appended and flushed one line at a time. A resumed run
+cuts the file back to its step (the lines after it came from a run that went further before it
+stopped) and keeps the lines before: it writes them
 to ``metrics.jsonl.part`` and renames that over the old file, so a kill meanwhile loses nothing.
 
 - TensorBoard (``train.tensorboard``): ``torch.utils.tensorboard.SummaryWriter`` into
