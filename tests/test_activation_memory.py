@@ -51,9 +51,45 @@ def test_recompute_schedules_and_plain_programs_gather_nothing_again(name):
     for sp in ("gathered", "shards", None):
         program = build_program(name, R, 2, sp=sp)
         assert not [ins for ins in program if isinstance(ins, Start) and ins.kind == "gh"]
-    assert not [
-        ins for ins in build_program("overlap", R, 2) if isinstance(ins, Start) and ins.kind == "gh"
-    ]
+    for name in ("overlap", "megatron", "megatron-sp"):  # off, or keeping the gathered h_i
+        for sp in (None, "gathered"):
+            program = build_program(name, R, 2, sp=sp)
+            assert not [ins for ins in program if isinstance(ins, Start) and ins.kind == "gh"]
+
+
+@pytest.mark.parametrize("pp_schedule", ["1f1b", "1f1b-pair", "zb-h1", "gpipe"])
+@pytest.mark.parametrize("name", ["megatron", "overlap"])
+def test_pipeline_stages_gather_h_again_before_each_block_region_backward(name, pp_schedule):
+    """Issue 32 (e): a stage's program under sp="shards" re-gathers each of its block regions'
+    h_i once per sub-batch, started before it is waited, waited right before [tp i]; none
+    for the other stages' regions, none under "gathered"."""
+    from oases.schedule.pipeline_program import build_stage_program
+    from oases.stages import StageLayout, default_stage_starts
+
+    n_layers, pp, n_micro = 4, 2, 3
+    n = 2 * n_layers + 2
+    layout = StageLayout(n, default_stage_starts(n_layers, pp))
+    k = 2 if name == "overlap" else 1
+    for s in range(pp):
+        lo, hi = layout.bounds(s)
+        prog = build_stage_program(
+            name, 2, layout, s, n_micro=n_micro, pp_schedule=pp_schedule, sp="shards"
+        )
+        starts = [ins for ins in prog if isinstance(ins, Start) and ins.kind == "gh"]
+        want = {(i, j) for i in range(max(lo, 1), min(hi, n - 1)) for j in range(n_micro * k)}
+        assert sorted((ins.index, ins.sub) for ins in starts) == sorted(want), s
+        for i, j in want:
+            start, wait = prog.index(Start("gh", i, j)), prog.index(Wait("gh", i, j))
+            tp = next(
+                n
+                for n, ins in enumerate(prog)
+                if isinstance(ins, Compute) and ins.sub == j and ("tp", i) in ins.pieces
+            )
+            assert start < wait == tp - 1, (s, i, j)
+        plain = build_stage_program(
+            name, 2, layout, s, n_micro=n_micro, pp_schedule=pp_schedule, sp="gathered"
+        )
+        assert not [ins for ins in plain if isinstance(ins, Start) and ins.kind == "gh"]
 
 
 def test_korthikanti_counts_of_a_block():
@@ -94,3 +130,41 @@ def test_our_terms_split_by_sequence_parallelism_as_megatron_keeps_them():
             assert ours - stats == korthikanti_block_bytes(n, h, t, sp), (t, sp)
     with pytest.raises(ValueError, match="must be attn or mlp"):
         region_terms(gpt2, "head", 2, 2, False, 4)
+
+
+def _rank_seq_scatter(rank: int, world: int) -> list:
+    import torch
+
+    from oases.memory import peak_live_bytes
+    from oases.parallel import comm
+    from oases.parallel.context import init_distributed
+
+    ctx = init_distributed(tp=world, timeout_s=60.0)
+    out = []
+    for rows in (1, 3):
+        full = [
+            torch.randn(
+                rows, 8 * world, 5, dtype=torch.float64, generator=torch.Generator().manual_seed(r)
+            )
+            for r in range(world)
+        ]
+        want = sum(full).chunk(world, dim=1)[rank]
+        t = full[rank].clone()
+        nbytes = t.untyped_storage().nbytes()
+        with peak_live_bytes(ctx.device) as peak:
+            handle = comm.seq_reduce_scatter_async(t, ctx.tp_group, consume=True)
+            del t
+            got = handle.wait()
+        out.append((rows, (got - want).abs().max().item(), peak["peak"], nbytes))
+    return out
+
+
+@pytest.mark.parametrize("world", [2, 4])
+def test_gloo_sequence_reduce_scatter_sums_and_holds_no_full_copy(spawn_ranks, world):
+    """Issue 32 (c): gloo's sequence reduce-scatter (the other ranks' chunks only, one
+    all-to-all) equals the sum's slice in float64 and allocates at most (2n - 1)/n of its
+    input (NCCL's: 1 + 1/n; the path before: 2 + 1/n), one row or several."""
+    for res in spawn_ranks(_rank_seq_scatter, world, timeout_s=120):
+        for rows, err, peak, nbytes in res:
+            assert err < 1e-12, (rows, err)
+            assert peak <= (2 * world - 1) * nbytes // world, (rows, peak, nbytes)

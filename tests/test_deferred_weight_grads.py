@@ -209,8 +209,8 @@ def test_the_simulator_prices_the_split_backward_as_the_whole_one():
     cfg = ModelConfig(arch="gpt2", n_layers=3, dim=1024, n_heads=16, vocab_size=50304, seq_len=1024)
     cluster = get_cluster("paper-3090-pcie-32")
     costs = HardwareCosts(cluster, cfg)
-    plan = ParallelPlan.uniform(
-        cfg, 4, 4, schedule="overlap", n_sub=2, sequence_parallel="gathered"
+    plan = ParallelPlan.uniform(  # (shards: h_i is gathered again, "gh")
+        cfg, 4, 4, schedule="overlap", n_sub=2, sequence_parallel="shards"
     )
     res = simulate_plan(cfg, plan, costs, 4, BatchShape(4, 4))
     compute = {(e.name, e.sub): e for e in res.timeline.events if e.lane == "compute"}

@@ -209,6 +209,7 @@ def test_cli_two_rank_tiny_run(tmp_path):
         "step_time_s",
         "tokens_per_s",
         "peak_mem_mb",
+        "live_peak_mb",
     }
     evals = [r for r in map(json.loads, lines) if "val_loss" in r]
     assert [r["step"] for r in evals] == [3, 6]  # tiny.toml: eval_every = 3

@@ -141,8 +141,12 @@ def test_resume_equals_uninterrupted_and_reshards_to_tp1(spawn_ranks, tmp_path):
         "step_time_s",
         "tokens_per_s",
         "peak_mem_mb",
+        "live_peak_mb",
     }
     assert all(r["peak_mem_mb"] > 0 for r in steps)
+    # the live-tensor peak: the run's first step and every log_every-th (tiny.toml: 2)
+    assert [r["step"] for r in steps if "live_peak_mb" in r] == [1, 2, 4, 6]
+    assert all(r["live_peak_mb"] > 0 for r in steps if "live_peak_mb" in r)
     assert [r["step"] for r in rows if "val_loss" in r] == [3, 6]
 
     # corrupt checkpoints: rank 0 reports the path in one line, rank 1 stops as a peer

@@ -175,9 +175,15 @@ def test_3_each_setting_without_effect_and_the_plans_replacements(tmp_path):
         "parallel.grad_reduce_dtype='bf16' has no effect: dp=1"
         in warnings("--parallel.grad_reduce_dtype=bf16")[0]
     )
-    assert warnings("--parallel.sequence_parallel=true", "--parallel.sp_recompute=shards") == [
-        "parallel.sp_recompute='shards' has no effect: megatron has no communication-free "
-        "recompute, the only one it changes (oases, commfree-recompute)"
+    assert warnings("--parallel.sequence_parallel=true", "--parallel.sp_recompute=shards") == []
+    assert warnings(
+        "--parallel.sequence_parallel=true",
+        "--parallel.sp_recompute=shards",
+        "--schedule.name=megatron-recompute",
+    ) == [
+        "parallel.sp_recompute='shards' has no effect: megatron-recompute recomputes each "
+        "block from its input's slice either way (it changes the schedules without recompute "
+        "and the communication-free recompute)"
     ]
     assert warnings("--parallel.reshard_after_forward=false", "--parallel.zero=3", world=4) == []
     assert warnings("--schedule.n_sub=4")[0].startswith(
@@ -231,9 +237,9 @@ def test_3_the_planner_names_what_a_flag_kept_out(capsys, tmp_path):
     assert kept_out == [
         "  --zero 2: tp=2 not searched (dp=1 at 2 ranks: no data-parallel group to shard "
         "over; --zero 0 plans it)",
-        "  --sequence-parallel shards: megatron, megatron-recompute, overlap, "
-        "overlap-recompute, merak searched without sequence parallelism (shards changes only "
-        "a communication-free recompute: oases, commfree-recompute)",
+        "  --sequence-parallel shards: megatron-recompute, overlap-recompute, merak searched "
+        "without sequence parallelism (shards changes a schedule without recompute or with "
+        "the communication-free one; block recompute is the same with gathered)",
     ]
     code, out, err = _main(
         capsys,

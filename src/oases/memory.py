@@ -13,14 +13,18 @@ share::
                       baseline + reserved is what the device must hold: the real OOM margin
 
 On a CPU the peak resident set holds all three, and the profile's baseline is the resident set
-before the model."""
+before the model. The tensors alone (``peak_live_bytes``, ``tensor_bytes``) are counted on a
+CPU from the profiler's allocation events: what the simulator's walk predicts there too."""
 
 from __future__ import annotations
 
 import contextlib
+import time
+from collections.abc import Iterable, Iterator
 from pathlib import Path
 
 import torch
+from torch import Tensor
 
 
 def reset_peak_memory(device: torch.device) -> None:
@@ -86,3 +90,55 @@ def device_baseline_bytes(device: torch.device) -> float:
         return 0.0
     free, total = torch.cuda.mem_get_info(device)
     return float(max(0, (total - free) - torch.cuda.memory_reserved(device)))
+
+
+@contextlib.contextmanager
+def peak_live_bytes(device: torch.device) -> Iterator[dict[str, int]]:
+    """Inside the block, measure the peak of live tensor bytes above those alive at its
+    start; the dict it yields holds ``"peak"`` after the block. On a GPU CUDA's allocator
+    peak (its peak statistics are reset); on a CPU the allocation and free events the
+    profiler records from torch's CPU allocator (``profile_memory``), summed in time order
+    (the resident set would also hold the allocator's free lists, gloo's buffers and code
+    pages)."""
+    out = {"peak": 0}
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+        start = torch.cuda.memory_allocated(device)
+        torch.cuda.reset_peak_memory_stats(device)
+        yield out
+        torch.cuda.synchronize(device)
+        out["peak"] = torch.cuda.max_memory_allocated(device) - start
+        return
+    from torch.profiler import ProfilerActivity, profile
+
+    prof = profile(activities=[ProfilerActivity.CPU], profile_memory=True)
+    with prof:
+        yield out
+        ended = time.perf_counter()
+    events = [e for e in prof.profiler.kineto_results.events() if e.name() == "[memory]"]
+    live = peak = 0
+    for e in sorted(events, key=lambda e: e.start_ns()):  # + an allocation, - a free
+        live += e.nbytes()
+        peak = max(peak, live)
+    out["peak"] = peak
+    out["counting_s"] = time.perf_counter() - ended  # the profiler's stop and this sum
+
+
+def tensor_bytes(tensors: Iterable[Tensor]) -> int:
+    """Bytes of the storages under ``tensors``, each storage counted once."""
+    seen: dict[int, int] = {}
+    for t in tensors:
+        storage = t.untyped_storage()
+        seen[storage.data_ptr()] = storage.nbytes()
+    return sum(seen.values())
+
+
+def state_tensors(model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> Iterator[Tensor]:
+    """The tensors a training step starts from: parameters, their gradients where kept, and
+    the optimizer's state."""
+    for p in model.parameters():
+        yield p
+        if p.grad is not None:
+            yield p.grad
+    for state in optimizer.state.values():
+        yield from (v for v in state.values() if isinstance(v, Tensor))

@@ -6,8 +6,8 @@ consecutive regions differ, the activations are resharded along the batch betwee
 ``oases.parallel.comm.reshard_batch``). JSON keys: ``regions`` (a list of ``{name, tp, dp}``),
 ``n_sub``, ``schedule``, ``predicted_step_s``, ``predicted_peak_mem_bytes``; a region may add
 ``zero`` (its ZeRO stage, 0-3; absent: the run's ``parallel.zero``). ``sequence_parallel``
-("" off; "gathered" or "shards": Megatron's sequence parallelism, naming what a
-communication-free recompute keeps, ``schedule.sp_tasks.sp_chain``) is per plan: every degree
+("" off; "gathered" or "shards": Megatron's sequence parallelism, naming what a TP
+region keeps of its gathered input, ``schedule.program.build_program``) is per plan: every degree
 must divide the sequence. ``precision`` (``{compute, grad_reduce, master}`` dtype names,
 ``planner.precision.PlanPrecision.describe``) is what the planner priced the plan in; a run in
 other dtypes says so in one line (``train.effective``); absent in plans from before it was

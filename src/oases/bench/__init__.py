@@ -16,8 +16,8 @@ PEERS = ("torch-tp", "fsdp2")
 
 class Entry(NamedTuple):
     """One column of ``oases bench``: a schedule (or peer), its ZeRO stage, its precision
-    ("" = the run's ``train.precision``), its sequence parallelism ("" = off, or what a
-    communication-free recompute keeps: "gathered" | "shards"; megatron-sp always has it)."""
+    ("" = the run's ``train.precision``), its sequence parallelism ("" = off, or what a TP
+    region keeps of its gathered input: "gathered" | "shards"; megatron-sp always has it)."""
 
     name: str
     zero: int = 0

@@ -49,8 +49,8 @@ KEY_HELP: dict[str, str] = {
     "parallel.grad_reduce_dtype": "the data-parallel gradient reduction's dtype, `fp32` or `bf16`",
     "parallel.high_priority_tp": "NCCL: TP collectives on high-priority CUDA streams",
     "parallel.sequence_parallel": "Megatron-LM's sequence parallelism inside every schedule",
-    "parallel.sp_recompute": "what a communication-free recompute keeps under it: `gathered` "
-    "or `shards`",
+    "parallel.sp_recompute": "what a TP region keeps of its gathered input under it: "
+    "`gathered` (whole) or `shards` (a slice, gathered again: Megatron-LM's)",
     "parallel.pp": "pipeline stages (1: none); TP innermost, then DP, then PP across the world",
     "parallel.pp_schedule": "the stages' order of micro-batch passes: `gpipe`, `1f1b`, "
     "`1f1b-pair`, `zb-h1` or `interleaved`",

@@ -43,11 +43,12 @@ class ParallelConfig:
     ``sequence_parallel``: Megatron-LM's sequence parallelism inside every schedule: norms,
     dropout and residuals run on this rank's 1/tp slice of the sequence, each TP all-reduce
     becomes a reduce-scatter plus a gather along the sequence (the same bytes).
-    ``sp_recompute``: what a communication-free recompute (oases, commfree-recompute) keeps
-    under it: "gathered" (each region's gathered input: no collective in the recompute) or
-    "shards" (only slices: one gather per region in the recompute, less memory); the
-    schedules without recompute always keep slices and gather again in the backward ("gh",
-    ``schedule.regather``), block recompute keeps the block input's slice. Every TP
+    ``sp_recompute``: what a TP region keeps of its gathered input under it: "gathered" (keep
+    it whole: no collective beyond the forward's and backward's four) or "shards" (keep
+    norm:i's slice, as Megatron-LM, sbh(1 - 1/t) less a region, and gather it again: in the
+    backward without recompute, "gh", ``schedule.regather``; in the communication-free
+    recompute, "gr"). On a slow link the extra gather shows in the step time; the planner
+    prices both. Block recompute keeps the block input's slice either way. Every TP
     degree must divide ``model.seq_len``; works with every ZeRO stage. The overlapped schedules
     hide every collective with ``schedule.n_sub >= 3`` (``schedule.program._staggered``).
 

@@ -19,8 +19,9 @@ storage counted once, parameters never), per tensor::
       x        norm input (the residual stream)               N H           / t under sp
       stats    LayerNorm: mean, rstd (2 N); RMSNorm: rsqrt (N)
                and the normalized x before the weight (N H)   / t under sp
-      h        norm output = QKV input (sp: the slice; the gathered h_i is not kept: it is
-               gathered again in the backward, ``schedule.regather``)   N H / t under sp
+      h        norm output = QKV input (sp: the slice)      N H / t under sp
+               sp="gathered": + the gathered h_i, N H; "shards": not kept, gathered again
+               in the backward (``schedule.regather``)
       qkv      the fused projection's output (Q, K, V are views of it), kept while a view
                of it is: GPT-2, or LLaMA without GQA (V)      N (A + 2K) D / t
       rope     LLaMA: the rotated Q (and K without GQA)       N (A + K) D / t
@@ -122,8 +123,9 @@ def schedule_block_bytes(
     ("none", "block", "commfree") and sequence-parallel mode (None, "gathered", "shards")."""
     n_h = rows * cfg.seq_len * cfg.dim * elt
     rep = tp if sp else 1
-    if recompute == "none":
-        return sum(block_terms(cfg, rows, tp, sp is not None, elt).values())
+    if recompute == "none":  # + the gathered h of both regions unless gathered again
+        kept_h = 2 * n_h if sp == "gathered" and tp > 1 else 0
+        return sum(block_terms(cfg, rows, tp, sp is not None, elt).values()) + kept_h
     if recompute == "block":
         return n_h // rep
     if recompute == "commfree":  # two regions a block

@@ -36,11 +36,11 @@ class Costs(Protocol):
 
 def sp_mode(mode: str, sp: str | None) -> str:
     """The saved-activation mode of recompute ``mode`` under sequence parallelism ``sp``
-    (None: off): "commfree" -> "sp-commfree-gathered" or "sp-commfree-shards", else "sp-"
-    + mode."""
+    (None: off): "none" and "commfree" -> "sp-none-gathered", "sp-none-shards",
+    "sp-commfree-gathered", "sp-commfree-shards"; "block" -> "sp-block" (the same in both)."""
     if sp is None:
         return mode
-    return f"sp-commfree-{sp}" if mode == "commfree" else f"sp-{mode}"
+    return f"sp-{mode}-{sp}" if mode in ("none", "commfree") else f"sp-{mode}"
 
 
 def sp_piece(piece: str, phase: str, index: int, commfree: bool, deferred: bool = False) -> str:
@@ -103,16 +103,16 @@ def analytic_saved_bytes(
 ) -> float:
     """Activations region ``kind`` keeps from forward to backward for one sub-batch of ``rows``
     under recompute ``mode`` ("none" | "block" | "commfree"; under sequence parallelism
-    ``sp_mode(mode, keep)``: "sp-none" | "sp-block" | "sp-commfree-gathered" |
-    "sp-commfree-shards"), from the shapes (an estimate of what autograd saves; a measured
-    profile replaces it), in the compute dtype's bytes (``precision.activation_bytes``: 2 under
-    bf16) plus a one-byte dropout mask per element. Region i owns the glue before it
-    (epi:i-1), as the executor counts.
+    ``sp_mode(mode, keep)``: "sp-none-gathered" | "sp-none-shards" | "sp-block" |
+    "sp-commfree-gathered" | "sp-commfree-shards"), from the shapes (an estimate of what
+    autograd saves; a measured profile replaces it), in the compute dtype's bytes
+    (``precision.activation_bytes``: 2 under bf16) plus a one-byte dropout mask per element.
+    Region i owns the glue before it (epi:i-1), as the executor counts.
 
     Without recompute a block region's tensors are ``activation_terms.region_terms``'. Sequence
     parallelism keeps the norm's input and output, the dropout mask and the post-collective
-    (x, r) on a 1/t slice; the TP matmuls' gathered input h [b, S, H] is gathered again in the
-    backward."""
+    (x, r) on a 1/t slice; the TP matmuls' gathered input h [b, S, H] is kept ("gathered") or
+    gathered again in the backward ("shards")."""
     H, S = cfg.dim, cfg.seq_len
     tok = rows * S
     e = precision.activation_bytes
@@ -180,6 +180,8 @@ def _sp_saved_bytes(
         return tok * e * (2 * H / tp + H)  # ... and the gathered input h
     if mode == "sp-block":
         return tok * e * H / tp if kind == "attn" else 0.0  # the block input's slice
-    # the norm's input and output on slices, the gathered input of the TP matmuls not kept
-    # (gathered again in the backward, ``schedule.regather``): Korthikanti's sbh(34/t)
-    return _block_region_bytes(cfg, kind, tp, tok // cfg.seq_len, e, mask, True)
+    # the norm's input and output on slices; the gathered input h of the TP matmuls kept
+    # ("sp-none-gathered") or gathered again in the backward ("sp-none-shards",
+    # ``schedule.regather``: Korthikanti's sbh(34/t))
+    kept_h = tok * e * H if mode == "sp-none-gathered" else 0.0
+    return _block_region_bytes(cfg, kind, tp, tok // cfg.seq_len, e, mask, True) + kept_h

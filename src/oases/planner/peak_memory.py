@@ -31,18 +31,17 @@ GPU what ``torch.cuda.max_memory_allocated`` measures), ``baseline`` the profile
 memory before the model (CPU: the resident set; CUDA: context, NCCL buffers and workspaces
 outside the allocator, ``memory.device_baseline_bytes``), ``workspace`` what warm steps leave
 resident beyond the tensors (CPU only; 0 on a GPU).
+
+The same walk compiled once per program for the search: ``peak_memory_tape``.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
-import numpy as np
-
 from oases.config import ModelConfig
 from oases.planner.costs import Costs, analytic_saved_bytes
 from oases.planner.precision import FP32, PlanPrecision, precision_of
-from oases.planner.tape import Tape
 from oases.schedule.program import Compute, Instr, Release, Start, Wait, deferred_regions
 
 
@@ -69,10 +68,19 @@ class ModelState:
         Adam moments (master-dtype bytes: fp32 under bf16 too)."""
         r = range(len(self.numel))
         w = precision.master_bytes
-        return {"weights": w * sum(self.numel[i] if self.stages[i] == 0 else self.padded(i)
-                                   if self.stages[i] < 3 else self.shard(i) for i in r),
-                "gradients": w * sum(self.updated(i) for i in r),
-                "optimizer": precision.optimizer_bytes * sum(self.updated(i) for i in r)}
+        return {
+            "weights": w
+            * sum(
+                self.numel[i]
+                if self.stages[i] == 0
+                else self.padded(i)
+                if self.stages[i] < 3
+                else self.shard(i)
+                for i in r
+            ),
+            "gradients": w * sum(self.updated(i) for i in r),
+            "optimizer": precision.optimizer_bytes * sum(self.updated(i) for i in r),
+        }
 
 
 def _column_out(cfg: ModelConfig, kind: str) -> int:
@@ -89,8 +97,7 @@ def _row_in(cfg: ModelConfig, kind: str) -> int:
     return {"attn": cfg.n_heads * cfg.head_dim, "mlp": cfg.ffn_dim}.get(kind, 0)
 
 
-def saved_bytes(costs: Costs, cfg: ModelConfig, kind: str, mode: str, t: int,
-                rows: int) -> float:
+def saved_bytes(costs: Costs, cfg: ModelConfig, kind: str, mode: str, t: int, rows: int) -> float:
     """Activations a region keeps forward -> backward: the costs' measurement where they have
     one (a profile, measured in its own precision), else ``analytic_saved_bytes`` in the
     costs' compute dtype."""
@@ -116,8 +123,16 @@ class _Bytes:
     deferred: list[float]  # what a deferred weight gradient holds
 
 
-def _region_bytes(cfg: ModelConfig, kinds: list[str], degrees: list[int], rows: list[int],
-                  mode: str, graph_mode: str, costs: Costs, state: ModelState) -> _Bytes:
+def _region_bytes(
+    cfg: ModelConfig,
+    kinds: list[str],
+    degrees: list[int],
+    rows: list[int],
+    mode: str,
+    graph_mode: str,
+    costs: Costs,
+    state: ModelState,
+) -> _Bytes:
     """Every region's ``_Bytes`` (computed once per distinct region: the blocks of a model
     repeat)."""
     n = len(kinds)
@@ -139,32 +154,47 @@ def _region_bytes(cfg: ModelConfig, kinds: list[str], degrees: list[int], rows: 
             padded = state.padded(i) * w
             # sequence parallelism's collectives in flight (``comm.seq_*_async``): a gather
             # holds its slice and its rank-major [t, b, S/t, H] output; a reduce-scatter the
-            # rank-major copy of the partial sums (for one row, the partial sums themselves),
-            # its slice and, on gloo, the all-to-all's receive buffer (the partial sums it
-            # was given)
+            # rank-major copy of the partial sums (for one row, the partial sums themselves)
+            # and its slice; on gloo the other ranks' chunks sent and received and its slice,
+            # (t - 2)/t more (``comm.seq``'s ``_GlooSeqScatter``)
             act = r * cfg.seq_len * cfg.dim * prec.activation_bytes if sp else 0.0
             row = memo[key] = (
                 saved_bytes(costs, cfg, kind, mode, t, r),
                 saved_bytes(costs, cfg, kind, graph_mode, t, r),
-                state.numel[i] * w, state.shard(i) * w, padded,
+                state.numel[i] * w,
+                state.shard(i) * w,
+                padded,
                 state.padded(i) * g * (2 if scatter_copy else 1) + state.shard(i) * g,
                 padded if gather_copies else 0.0,
                 act * (1 / t + 1) if sp else 0.0,
-                act * (1 + 1 / t + (1 if scatter_copy else 0)) if sp else 0.0,
+                act * (1 + 1 / t + (max(t - 2, 0) / t if scatter_copy else 0)) if sp else 0.0,
                 # deferred weight gradients (sequence parallelism's "dw" pieces): from tp:i
                 # to dw:i a block's region holds the gathered h_i and dr_i, the row-parallel
                 # input y_i and the column-parallel output's gradient
-                r * cfg.seq_len * prec.activation_bytes
-                * (2 * cfg.dim + _column_out(cfg, kind) / t + _row_in(cfg, kind) / t))
+                r
+                * cfg.seq_len
+                * prec.activation_bytes
+                * (2 * cfg.dim + _column_out(cfg, kind) / t + _row_in(cfg, kind) / t),
+            )
         out.append(row)
     cols = [list(c) for c in zip(*out)] if out else [[] for _ in range(10)]
     return _Bytes(*cols[:7], (cols[7], cols[8]), cols[9])
 
 
-def peak_memory(cfg: ModelConfig, program: list[Instr], kinds: list[str], degrees: list[int],
-                rows: list[int], mode: str, costs: Costs, state: ModelState,
-                uses: tuple[tuple[int, ...], ...], bucket_bytes: dict[int, float],
-                repeats: int = 1, graph_mode: str = "none") -> dict[str, float]:
+def peak_memory(
+    cfg: ModelConfig,
+    program: list[Instr],
+    kinds: list[str],
+    degrees: list[int],
+    rows: list[int],
+    mode: str,
+    costs: Costs,
+    state: ModelState,
+    uses: tuple[tuple[int, ...], ...],
+    bucket_bytes: dict[int, float],
+    repeats: int = 1,
+    graph_mode: str = "none",
+) -> dict[str, float]:
     """Walk ``program`` (one micro-batch run ``repeats`` times back to back, or a whole step)
     and return the peak and its parts in bytes. ``uses[i]``: the regions whose parameters
     region i's TP backward makes gradients for; ``bucket_bytes[t]``: the flat copy of DP bucket
@@ -182,6 +212,7 @@ def peak_memory(cfg: ModelConfig, program: list[Instr], kinds: list[str], degree
     kept, graph, full, shard, padded = b.kept, b.graph, b.full, b.shard, b.padded
     scattering, gather_copy, seq, deferred = b.scattering, b.gather_copy, b.seq, b.deferred
     deferring = deferred_regions(program)
+
     def walk(later: bool) -> tuple[float, float, float]:
         whole: set[int] = set()  # regions whose full gradient is alive
         shards: set[int] = set()  # regions whose gradient shard exists (ZeRO)
@@ -265,9 +296,16 @@ def peak_memory(cfg: ModelConfig, program: list[Instr], kinds: list[str], degree
     return _with_step(peak, peak_act, end, static, by_kind, shard, state, costs)
 
 
-def _with_step(peak: float, peak_act: float, end: float, static: float,
-               by_kind: dict[str, float], shard: list[float], state: ModelState,
-               costs: Costs) -> dict[str, float]:
+def _with_step(
+    peak: float,
+    peak_act: float,
+    end: float,
+    static: float,
+    by_kind: dict[str, float],
+    shard: list[float],
+    state: ModelState,
+    costs: Costs,
+) -> dict[str, float]:
     """The peak of the walks with the optimizer step's, and its parts."""
     n = len(shard)
     w = precision_of(costs).master_bytes
@@ -282,210 +320,13 @@ def _with_step(peak: float, peak_act: float, end: float, static: float,
     baseline = float(getattr(costs, "baseline_bytes", 0.0))
     workspace = float(getattr(costs, "workspace_bytes", 0.0))  # a profile's measurement
     allocated = max(peak, opt_peak, gather_peak)  # the tensors: a GPU's allocator peak
-    return {"peak": baseline + workspace + allocated, "allocated": allocated,
-            "baseline": baseline, "workspace": workspace,
-            "params": by_kind["weights"], "grads": grads_end,
-            "optimizer_state": by_kind["optimizer"], "activations_peak": peak_act}
-
-
-# ------------------------------------------------------------------ the walk on a tape
-ACT, GRADS, MOVING, HELD = range(4)
-# the per-region value rows of ``_memory_values``, in order (then one row per alive pattern)
-_ROWS = ("kept", "graph", "graph-kept", "full", "shard", "padded", "scattering",
-         "gather_copy", "shard+gather_copy", "seq0", "seq1", "deferred", "bucket")
-_ROW = {name: r for r, name in enumerate(_ROWS)}
-
-
-@dataclass(frozen=True)
-class _MemoryEvents:
-    """``peak_memory``'s walk of one program, compiled for one layout: every change of a
-    running total (``var``: ACT, GRADS, MOVING or HELD) in walk order, its value (an index
-    into ``_memory_values``'s table) and sign; the events after which the walk takes its
-    peak (``checkpoints``, -1: before any), and the reduce-scatters that take it before their
-    own changes, with the padded buffer they add (``rs_before``, ``rs_value``): the states the
-    walk takes its peak in (an instruction that changes nothing repeats the state before it).
-    """
-
-    var: np.ndarray
-    value: np.ndarray
-    sign: np.ndarray
-    checkpoints: np.ndarray
-    rs_before: np.ndarray
-    rs_value: np.ndarray
-    patterns: tuple[str, ...]  # what a (region, sub-batch)'s activations were built by
-    whole: set[int]  # regions whose gradient is whole at the start (a later micro-batch)
-    shards: set[int]
-
-
-def _compile_memory(program: tuple[Instr, ...], n: int, stages: tuple[int, ...],
-                    uses: tuple[tuple[int, ...], ...], sp: bool, later: bool) -> _MemoryEvents:
-    """The events of ``peak_memory``'s ``walk(later)`` on ``program`` (which sets hold which
-    region depends on the program and the stages only, never on the bytes)."""
-    deferring = deferred_regions(program)
-    var: list[int] = []
-    value: list[int] = []
-    sign: list[float] = []
-    checkpoints: list[int] = []
-    rs_before: list[int] = []
-    rs_value: list[int] = []
-    patterns: dict[str, int] = {}
-    at = {name: r * n for r, name in enumerate(_ROWS)}  # a row's offset in the table
-    kept, graph_kept, deferred_at = at["kept"], at["graph-kept"], at["deferred"]
-    full_at, shard_at, padded_at = at["full"], at["shard"], at["padded"]
-    put_var, put_value, put_sign = var.append, value.append, sign.append
-
-    def pattern_at(p: str) -> int:
-        return (len(_ROWS) + patterns.setdefault(p, len(patterns))) * n
-
-    whole = {i for i in range(n) if stages[i] <= 1} if later else set()
-    shards = {i for i in range(n) if stages[i] >= 2} if later else set()
-    start_whole, start_shards = set(whole), set(shards)
-    alive: dict[tuple[int, int], str] = {}  # (region, sub) -> how its bytes were built
-    inflight: dict[tuple[str, int, int], int] = {}  # collective -> the row offset it holds
-    gathered: set[int] = set()
-    seq_kinds = ("gf", "gb", "gr", "gh", "fwd", "bwd") if sp else ()
-    moving_kinds = {"dp": at["bucket"], "gf": at["seq0"], "gb": at["seq0"], "gr": at["seq0"],
-                    "gh": at["seq0"], "fwd": at["seq1"], "bwd": at["seq1"]}
-    for ins in program:
-        before = len(var)
-        kind = type(ins)
-        if kind is Compute:
-            phase, sub = ins.phase, ins.sub
-            for piece, i in ins.pieces:
-                if phase == "forward" and piece in ("body", "core"):
-                    alive[i, sub] = alive.get((i, sub), "") + "F"
-                    put_var(ACT), put_value(kept + i), put_sign(1.0)
-                elif phase == "recompute" and piece in ("body", "core"):
-                    alive[i, sub] = alive.get((i, sub), "") + "R"
-                    put_var(ACT), put_value(graph_kept + i), put_sign(1.0)
-                elif phase == "backward" and piece == "tp":
-                    p = alive.pop((i, sub), "")
-                    if p:
-                        put_var(ACT), put_value(pattern_at(p) + i), put_sign(-1.0)
-                    if i in deferring:
-                        alive[i, sub] = "D"
-                        put_var(ACT), put_value(deferred_at + i), put_sign(1.0)
-                    for u in uses[i]:
-                        if u not in whole:
-                            whole.add(u)
-                            put_var(GRADS), put_value(full_at + u), put_sign(1.0)
-                elif phase == "backward" and piece == "dw":
-                    p = alive.pop((i, sub), "")
-                    if p:
-                        put_var(ACT), put_value(pattern_at(p) + i), put_sign(-1.0)
-        elif kind is Start:
-            u = ins.index
-            if ins.kind == "rs":
-                rs_before.append(len(var) - 1)
-                rs_value.append(padded_at + u)
-                if u in whole:
-                    whole.discard(u)
-                    put_var(GRADS), put_value(full_at + u), put_sign(-1.0)
-                inflight[ins.kind, u, ins.sub] = at["scattering"]
-                put_var(MOVING), put_value(at["scattering"] + u), put_sign(1.0)
-            elif ins.kind == "ag":
-                if stages[u] < 3:
-                    inflight[ins.kind, u, ins.sub] = at["shard+gather_copy"]
-                elif u not in gathered:
-                    gathered.add(u)
-                    put_var(HELD), put_value(padded_at + u), put_sign(1.0)
-                    inflight[ins.kind, u, ins.sub] = at["gather_copy"]
-                row = inflight.get((ins.kind, u, ins.sub))
-                if row is not None:
-                    put_var(MOVING), put_value(row + u), put_sign(1.0)
-            elif ins.kind == "dp" or ins.kind in seq_kinds:
-                row = inflight[ins.kind, u, ins.sub] = moving_kinds[ins.kind]
-                put_var(MOVING), put_value(row + u), put_sign(1.0)
-        elif kind is Wait:
-            row = inflight.pop((ins.kind, ins.index, ins.sub), None)
-            if row is not None:
-                put_var(MOVING), put_value(row + ins.index), put_sign(-1.0)
-            if ins.kind == "rs" and ins.index not in shards:  # accumulated into the one shard
-                shards.add(ins.index)
-                put_var(GRADS), put_value(shard_at + ins.index), put_sign(1.0)
-        elif kind is Release and ins.index in gathered:
-            gathered.discard(ins.index)
-            put_var(HELD), put_value(padded_at + ins.index), put_sign(-1.0)
-        if len(var) > before:
-            checkpoints.append(len(var) - 1)
-        elif not checkpoints:  # the state the walk starts in, taken after this instruction
-            checkpoints.append(-1)
-    return _MemoryEvents(np.array(var, dtype=np.int8), np.array(value, dtype=np.int64),
-                         np.array(sign), np.array(checkpoints, dtype=np.int64),
-                         np.array(rs_before, dtype=np.int64), np.array(rs_value, dtype=np.int64),
-                         tuple(patterns), start_whole, start_shards)
-
-
-def _memory_values(b: _Bytes, bucket_bytes: dict[int, float],
-                   patterns: tuple[str, ...]) -> np.ndarray:
-    """The table the events index: ``_ROWS`` then one row per alive pattern, each a value per
-    region, computed as the walk computes it (``alive[i, sub]`` grows by ``kept`` in a
-    forward, by ``graph`` less ``kept`` in a recompute, is set to ``deferred``)."""
-    n = len(b.kept)
-    kept, graph = np.array(b.kept, dtype=float), np.array(b.graph, dtype=float)
-    shard, gather_copy = np.array(b.shard, dtype=float), np.array(b.gather_copy, dtype=float)
-    deferred = np.array(b.deferred, dtype=float)
-    rows = [kept, graph, graph - kept, np.array(b.full, dtype=float), shard,
-            np.array(b.padded, dtype=float), np.array(b.scattering, dtype=float), gather_copy,
-            shard + gather_copy, np.array(b.seq[0], dtype=float), np.array(b.seq[1], dtype=float),
-            deferred, np.array([bucket_bytes.get(t, 0.0) for t in range(n)], dtype=float)]
-    for p in patterns:
-        v = np.zeros(n)
-        for c in p:
-            v = v + kept if c == "F" else (v + graph) - kept if c == "R" else deferred.copy()
-        rows.append(v)
-    return np.concatenate(rows) if n else np.zeros(0)
-
-
-def _walk_events(ev: _MemoryEvents, table: np.ndarray, static: float, b: _Bytes
-                 ) -> tuple[float, float, float]:
-    """``walk`` on compiled events: each running total is the running sum of its own changes
-    (``np.cumsum`` adds in order, as the walk does), the peak taken where the walk takes it."""
-    grads0 = sum(b.full[u] for u in ev.whole) + sum(b.shard[u] for u in ev.shards)
-    m = len(ev.var)
-    changes = table[ev.value] * ev.sign
-    totals = []
-    for v, start in ((ACT, 0.0), (GRADS, grads0), (MOVING, 0.0), (HELD, 0.0)):
-        steps = np.zeros(m + 1)
-        steps[0] = start
-        mine = ev.var == v
-        steps[1:][mine] = changes[mine]
-        totals.append(np.cumsum(steps))
-    act, grads, moving, held = totals
-    peak = peak_act = 0.0
-    if len(ev.checkpoints):
-        at = ev.checkpoints + 1
-        peak = max(peak, float((static + act[at] + grads[at] + moving[at] + held[at]).max()))
-        peak_act = max(peak_act, float(act[at].max()))
-    if len(ev.rs_before):
-        at = ev.rs_before + 1
-        peak = max(peak, float((static + act[at] + grads[at] + moving[at] + held[at]
-                                + table[ev.rs_value]).max()))
-    return peak, peak_act, float(grads[-1])
-
-
-def peak_memory_tape(cfg: ModelConfig, tape: Tape, kinds: list[str], degrees: list[int],
-                     rows: list[int], mode: str, costs: Costs, state: ModelState,
-                     uses: tuple[tuple[int, ...], ...], bucket_bytes: dict[int, float],
-                     repeats: int = 1, graph_mode: str = "none") -> dict[str, float]:
-    """``peak_memory`` of ``tape.program``, the same numbers: the walk compiled once per
-    program and layout (``_compile_memory``, remembered on the tape), then run on every plan's
-    bytes as running sums (``_walk_events``)."""
-    prec = precision_of(costs)
-    by_kind = state.bytes_by_kind(prec)
-    static = by_kind["weights"] + by_kind["optimizer"]
-    b = _region_bytes(cfg, kinds, degrees, rows, mode, graph_mode, costs, state)
-    sp = mode.startswith("sp-")
-    walks = []
-    for later in (False, True)[:2 if repeats > 1 else 1]:
-        key = ("memory", state.stages, uses, sp, later)
-        ev = tape.memo.get(key)
-        if ev is None:
-            ev = tape.memo[key] = _compile_memory(tape.program, len(kinds), state.stages, uses,
-                                                  sp, later)
-        walks.append(_walk_events(ev, _memory_values(b, bucket_bytes, ev.patterns), static, b))
-    peak, peak_act, end = walks[0]
-    if repeats > 1:
-        later_peak, later_act, end = walks[1]
-        peak, peak_act = max(peak, later_peak), max(peak_act, later_act)
-    return _with_step(peak, peak_act, end, static, by_kind, b.shard, state, costs)
+    return {
+        "peak": baseline + workspace + allocated,
+        "allocated": allocated,
+        "baseline": baseline,
+        "workspace": workspace,
+        "params": by_kind["weights"],
+        "grads": grads_end,
+        "optimizer_state": by_kind["optimizer"],
+        "activations_peak": peak_act,
+    }

@@ -47,6 +47,7 @@ from oases.planner.costs import Costs
 from oases.planner.search_bounds import chain_bounds
 from oases.planner.simulate import PlanResult, _CachedCosts, simulate_plan
 from oases.schedule.program import SPECS
+from oases.schedule.specs import shards_differ
 
 __all__ = [
     "BOUND_SLACK",
@@ -145,10 +146,11 @@ def solve_plan(
 
     Sequence parallelism (``sps``: the modes searched, "gathered" and/or "shards") is one per
     plan as well: beside each uniform plan (degree t dividing the sequence, any ZeRO stage)
-    the same plan with each mode is simulated ("shards" only for the communication-free
-    recompute schedules, where it differs from "gathered": it keeps slices instead of gathered
-    inputs, and gathers again in the recompute), and each mode's chain is solved as another
-    chain (its pieces, saved activations and two-way reshards, ``chain_model.node_costs``).
+    the same plan with each mode is simulated ("shards" only where it differs from
+    "gathered", ``specs.shards_differ``: it keeps slices instead of gathered inputs, and
+    gathers again in the backward, "gh", or in the communication-free recompute, "gr"), and
+    each mode's chain is solved as another chain (its pieces, saved activations and two-way
+    reshards, ``chain_model.node_costs``).
 
     The ZeRO stage is one per plan: it trades memory for traffic on the DP links, which every
     region's gradients cross on one stream, so a region's share of the step is not its own
@@ -329,7 +331,7 @@ class _Search:
         cfg, world_size, budget = self.cfg, self.world_size, self.budget
         uniform: dict[int, PlanResult] = {}
         sp_uniform: dict[str, dict[int, PlanResult]] = {}
-        modes = [m for m in self.sps if m == "gathered" or SPECS[schedule].recompute == "commfree"]
+        modes = [m for m in self.sps if m == "gathered" or shards_differ(SPECS[schedule].recompute)]
         live = {m: not self.skip(shape, zero, schedule, n_sub, m) for m in modes}
         for t in self.degrees:
             if zero and t == world_size:

@@ -53,7 +53,8 @@ from oases.planner.layout import (
     region_uses,
     zero_layout,
 )
-from oases.planner.peak_memory import peak_memory, peak_memory_tape
+from oases.planner.peak_memory import peak_memory
+from oases.planner.peak_memory_tape import peak_memory_tape
 from oases.planner.plan_costs import (
     piece_prices,
     plan_step_costs,

@@ -7,7 +7,7 @@ the costs kept out: so a search that simulated fewer plans than asked says why.
       .narrow_zeros(...)                  costs that cannot price ZeRO's collectives
       .narrow_sps(...)                    costs that cannot price sequence parallelism
       .note_flag_effects(...)             what a fixed --zero or --sequence-parallel leaves out
-                                          (no stage at dp=1; "shards" only under commfree
+                                          (no stage at dp=1; "shards" not under block
                                           recompute; degrees that do not divide the sequence)
 
 ValueError when a flag leaves nothing to search, naming the flag and why.
@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 
 from oases.config import ModelConfig
 from oases.schedule.program import SPECS
+from oases.schedule.specs import shards_differ
 
 
 @dataclass
@@ -99,10 +100,10 @@ class SearchSpace:
                 "divisible)"
             )
         if "gathered" not in self.sps:
-            other = [s for s in self.schedules if SPECS[s].recompute != "commfree"]
+            other = [s for s in self.schedules if not shards_differ(SPECS[s].recompute)]
             if other:
                 self.excluded.append(
                     f"{sp_flag}: {', '.join(other)} searched without sequence "
-                    "parallelism (shards changes only a communication-free "
-                    "recompute: oases, commfree-recompute)"
+                    "parallelism (shards changes a schedule without recompute or with the "
+                    "communication-free one; block recompute is the same with gathered)"
                 )

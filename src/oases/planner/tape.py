@@ -1,5 +1,5 @@
 """A schedule program compiled once for the planner's fast walks: what ``event_walk.walk_tape``
-and ``peak_memory.peak_memory_tape`` step through instead of the instruction objects.
+and ``peak_memory_tape.peak_memory_tape`` step through instead of the instruction objects.
 
 A program (``schedule.program``) is a list of frozen ``Compute``/``Start``/``Wait``/``Release``
 objects; the reference walks (``event_walk.simulate_program``, ``peak_memory.peak_memory``)

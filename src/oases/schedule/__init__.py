@@ -67,7 +67,7 @@ class Schedule:
             sp = "gathered"
         if sp is not None and sp not in SP_MODES:
             raise ValueError(f"sequence-parallel mode {sp!r}; valid: {', '.join(SP_MODES)}")
-        self.sp = sp  # sequence parallelism: what a commfree recompute keeps; None: off
+        self.sp = sp  # sequence parallelism: what a region keeps of its gathered input; None: off
         self.defer_weight_grads = defer_weight_grads  # under sp (``sp_tasks.sp_chain``)
         self.n_sub, self.micro_batch, self.max_inflight = n_sub, micro_batch, max_inflight
         self.grad_reduce_dtype = grad_reduce_dtype  # None: the gradients' own dtype
@@ -177,8 +177,8 @@ def build_schedule(
     """The schedule called ``name`` (ValueError listing the valid names otherwise).
     ``grad_reduce_dtype``: the dtype of the data-parallel gradient reduction (None: the
     gradients' own; ``Precision.grad_reduce_dtype``). ``sp``: sequence parallelism ("gathered"
-    or "shards": what a communication-free recompute keeps, ``sp_tasks.sp_chain``; None: off,
-    except for megatron-sp); ``defer_weight_grads``: under it, a block region's weight
+    or "shards": what a TP region keeps of its gathered input, ``program.build_program``;
+    None: off, except for megatron-sp); ``defer_weight_grads``: under it, a block region's weight
     gradients run after its reduce-scatter and the next gather have started (False: inline,
     for comparison)."""
     return Schedule(

@@ -27,6 +27,9 @@ receives of one boundary and direction in micro-batch and sub-batch order (the o
 ``tests/test_pipeline_program.py`` checks that both sides agree, and that no stage waits on
 a peer that waits on it).
 
+Under ``sp="shards"`` without recompute each unit gets the backward's re-gathers of h_i
+("gh", ``regather.insert_regathers``), as a stage-less program does.
+
 After the units: the data-parallel gradient means of the stage's buckets (``dp_insert``;
 stage s > 0's first region's norm bucket closes with its ``[norm lo]``), ZeRO's collectives,
 the tied embedding's gradient sum ("tie", first and last stage: Megatron-LM's embedding group)
@@ -48,6 +51,7 @@ from oases.schedule.dp_insert import ZeroLayout, insert_dp, insert_zero
 from oases.schedule.instructions import CollKey, Compute, Instr, Start, Wait
 from oases.schedule.list_scheduler import Task, block_groups, list_schedule, staggered
 from oases.schedule.pipeline_order import Unit, pipeline_order
+from oases.schedule.regather import insert_regathers, regathers
 from oases.schedule.sp_tasks import sp_chain
 from oases.schedule.specs import SP_MODES, SPECS, ScheduleSpec
 from oases.schedule.tasks import backward_tasks, degree_changes, forward_tasks
@@ -198,6 +202,8 @@ def _build(
                 passes["B", m, c] = _on_stage(bwd, lo, hi, n)
     units = pipeline_order(pp_schedule, layout.pp, stage, n_micro, layout.chunks)
     bodies = [_unit_body(_unit_tasks(unit, passes), spec, max_inflight) for unit in units]
+    if regathers(spec.recompute, spec.scope, sp):  # sp="shards": "gh" in each unit
+        bodies = [insert_regathers(b, n, not spec.overlapped, lo, hi) for b in bodies]
     program = _place_p2p(units, bodies, passes)
     if dp_tasks:
         first_norm = frozenset(lo - 1 for lo, _ in ranges if lo > 0 and lo - 1 in dp_tasks)

@@ -11,12 +11,12 @@ planner's simulator on costs. Its parts, each in its own module::
     sp_tasks.py        the same under sequence parallelism (``sp``)
     dw_tasks.py        which backward tasks leave their weight gradients to a later "dw" task
     list_scheduler.py  tasks in priority order -> instructions, ``max_inflight`` collectives open
-    regather.py        sp without recompute: h_i gathered again in the backward ("gh")
+    regather.py        sp="shards" without recompute: h_i gathered again in the backward ("gh")
     dp_insert.py       the data-parallel and ZeRO gradient and weight collectives, placed after
 
 and ``build_program`` assembles them, per micro-batch::
 
-    tasks (tasks.py, or sp_tasks.py staggered)  ->  list_schedule  ->  (sp) insert_regathers
+    tasks (tasks.py, or sp_tasks.py staggered)  ->  list_schedule  ->  (shards) insert_regathers
     ->  insert_dp (last micro)
     ... every micro-batch ...  ->  insert_zero  ->  + Start/Wait "sg" (sp: the glue's gradients)
 
@@ -137,9 +137,13 @@ def build_program(
     "rsb") sit where it changes.
     ``zero``: the sharded regions (``ZeroLayout``): gradient reduce-scatters ("rs") and, at
     stage 3, weight gathers ("ag") and releases (``dp_insert.insert_zero``).
-    ``sp``: sequence parallelism, naming what a communication-free recompute keeps
-    (``SP_MODES``: "gathered" or "shards"; ``sp_tasks.sp_chain``); None: off, unless the schedule is
-    always sequence-parallel (megatron-sp, then "gathered": it recomputes nothing).
+    ``sp``: sequence parallelism, naming what a TP region keeps of its gathered input
+    (``SP_MODES``): "gathered" keeps it whole (no collective in the backward or the
+    recompute); "shards" keeps norm:i's slice and gathers it again, in the backward without
+    recompute ("gh", ``regather``) or in a communication-free recompute ("gr",
+    ``sp_tasks.sp_chain``); block recompute is the same either way. None: off, unless the
+    schedule is always sequence-parallel (megatron-sp, then "gathered", as everywhere; with
+    "shards" it keeps what Megatron-LM's keeps).
     ``defer_weight_grads``: under ``sp``, split each block region's TP backward into "tp" and
     "dw" (``defers_weight_grad``); False keeps it whole (for comparison).
     """
@@ -204,7 +208,7 @@ def _build_program(
             ]
         else:
             body = list_schedule(tasks, max_inflight, synchronous=not spec.overlapped)
-        if sp is not None and regathers(spec.recompute, spec.scope):
+        if regathers(spec.recompute, spec.scope, sp):
             body = insert_regathers(body, n_regions, synchronous=not spec.overlapped)
         if m == n_micro - 1 and dp_tasks:
             body = insert_dp(body, set(dp_tasks), subs[-1])

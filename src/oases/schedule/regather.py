@@ -6,18 +6,29 @@ weight gradients need it again in the backward. Keeping it from the forward cost
 instead and all-gathers it again in the backward (Korthikanti et al., "Reducing Activation
 Recomputation in Large Transformer Models", 2022, section 4.2.2). Here that gather is the
 collective "gh", i (``instructions``), inserted into a list-scheduled program of a schedule
-without recompute (a recompute builds its core's graph in the backward anyway)::
+without recompute (a recompute builds its core's graph in the backward anyway) under
+``sp="shards"`` (``parallel.sp_recompute``)::
 
     overlapped   [tp i+1] -bwd(i+1), gh(i)-> [norm i+1 + epi i] -gb(i)-> [dw i+1] [tp i]
                  (gh(i) flies with bwd(i+1), under [norm i+1 + epi i] and the other
                  sub-batches' tasks; waited right before [tp i], which needs it)
     synchronous  ... Start gh(i), Wait gh(i) [tp i]   (a synchronous program overlaps nothing)
+    pipeline     as above inside each unit of a stage's program; the stage's last region's
+                 gh starts at the unit's start (its bwd(i+1) is the next stage's)
 
 for every block region i (0 < i < R-1; not the embedding, whose lookup reads no gathered input,
 nor the head, whose backward starts the chain: its gather would be exposed whole). The
 executor then builds core:i's forward graph with the gathered h_i's saved uses swapped for a
 token (``saved_tensors_hooks``), frees the gathered input after the forward, and resolves the
 token to the "gh" result in tp:i (``executor_forward``, ``executor_backward``).
+
+It is a choice, not the default: ``sp="gathered"`` keeps the gathered h_i (no "gh"). The
+gather adds a fifth collective per region to the backward (gf + fwd forward, gb + bwd + gh
+backward: +25% of the backward's bytes); Megatron-LM hides it under the input-gradient matmul
+on a fast link, but where the link is the bottleneck (the shaped-link benchmark: link time
+2.4-2.7x compute) there is no compute left to hide it under and the step grows by its bytes
+(benchmarks/2026-12-03-actmem, +15% / +21%). So "shards" trades link time for sbh(1 - 1/t)
+per region, and the planner prices both modes (``planner.search``) and picks.
 """
 
 from __future__ import annotations
@@ -30,21 +41,27 @@ from torch import Tensor
 from oases.schedule.instructions import Compute, Instr, Start, Wait
 
 
-def regathers(recompute: str, scope: str) -> bool:
-    """Does a sequence-parallel program of this kind re-gather h_i in the backward? Only
-    without recompute (block recompute rebuilds the block's graph from its saved input slice
-    and its own gathers; communication-free recompute rebuilds core:i from the gathered h_i it
-    kept, ``sp="gathered"``, or gathers again in the recompute, ``"shards"``: "gr"), and not
-    in a program whose collectives are waited per block (merak)."""
-    return recompute == "none" and scope != "block"
+def regathers(recompute: str, scope: str, sp: str | None) -> bool:
+    """Does a sequence-parallel program of this kind re-gather h_i in the backward? Only under
+    ``sp="shards"`` and without recompute (block recompute rebuilds the block's graph from its
+    saved input slice and its own gathers; communication-free recompute rebuilds core:i from
+    the gathered h_i it kept, ``sp="gathered"``, or gathers again in the recompute,
+    ``"shards"``: "gr"), and not in a program whose collectives are waited per block (merak)."""
+    return sp == "shards" and recompute == "none" and scope != "block"
 
 
-def insert_regathers(body: list[Instr], n_regions: int, synchronous: bool) -> list[Instr]:
-    """``body`` (one micro-batch's list-scheduled instructions) with "gh" for each block
-    region's backward: started right after the Start of bwd(i+1) of its sub-batch
-    (``synchronous``: right before [tp i]) and waited right before the compute with
-    ("tp", i) of its sub-batch."""
+def insert_regathers(
+    body: list[Instr], n_regions: int, synchronous: bool, lo: int = 0, hi: int | None = None
+) -> list[Instr]:
+    """``body`` (one micro-batch's list-scheduled instructions, or a pipeline unit's) with "gh"
+    for each block region's backward: started right after the Start of bwd(i+1) of its
+    sub-batch (``synchronous``: right before [tp i]) and waited right before the compute
+    with ("tp", i) of its sub-batch. A pipeline stage holds regions [lo, hi): its last
+    region's bwd(hi) is the next stage's, so that gather starts at the body's start (it
+    flies while the stage waits for the gradient from the next stage)."""
     last = n_regions - 1
+    hi = n_regions if hi is None else hi
+    head: list[Instr] = []
     out: list[Instr] = []
     for ins in body:
         if isinstance(ins, Compute) and ins.phase == "backward":
@@ -52,6 +69,8 @@ def insert_regathers(body: list[Instr], n_regions: int, synchronous: bool) -> li
                 if kind == "tp" and 0 < i < last:
                     if synchronous:
                         out.append(Start("gh", i, ins.sub))
+                    elif i == hi - 1:  # (bwd(hi) runs on the next stage)
+                        head.append(Start("gh", i, ins.sub))
                     out.append(Wait("gh", i, ins.sub))
         out.append(ins)
         if (
@@ -59,9 +78,10 @@ def insert_regathers(body: list[Instr], n_regions: int, synchronous: bool) -> li
             and isinstance(ins, Start)
             and ins.kind == "bwd"
             and 1 < ins.index <= last
+            and lo <= ins.index - 1
         ):
             out.append(Start("gh", ins.index - 1, ins.sub))
-    return out
+    return head + out
 
 
 def regathered_regions(program: list[Instr]) -> frozenset[int]:

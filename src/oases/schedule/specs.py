@@ -45,7 +45,14 @@ SPECS = {
 }
 # other systems' schedules, rebuilt as programs (not the ablation set)
 BASELINES = ("merak", "megatron-sp")
-SP_MODES = ("gathered", "shards")  # what a communication-free recompute keeps under ``sp``
+SP_MODES = ("gathered", "shards")  # what a TP region keeps of its gathered input under ``sp``
+
+
+def shards_differ(recompute: str) -> bool:
+    """Does ``sp="shards"`` change a program of this recompute mode? Without recompute ("gh"
+    in the backward) and in the communication-free recompute ("gr"); block recompute keeps
+    the block input's slice and gathers in its recompute either way."""
+    return recompute in ("none", "commfree")
 
 
 def sub_batches(name: str, n_sub: int) -> int:

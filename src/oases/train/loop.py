@@ -55,7 +55,7 @@ import torch
 
 from oases.config import Config, format_params, save_config
 from oases.data.dataset import split_batches
-from oases.memory import peak_memory_mb
+from oases.memory import peak_live_bytes, peak_memory_mb, state_tensors, tensor_bytes
 from oases.model import build_model, check_batch, count_params
 from oases.parallel import comm
 from oases.parallel.apply import parallelize, parameter_degrees
@@ -328,6 +328,7 @@ def train(
     losses: list[float] = []
     grad_norms: list[float] = []
     evaluated_at = saved_at = -1
+    run_peak_mb = 0.0  # the resident (CUDA: allocated) peak so far, kept across the resets
     saved: Path | None = resume_from
     timeline_step = start_step + 1 if end - start_step > 1 else start_step
     start = time.perf_counter()
@@ -343,43 +344,54 @@ def train(
             if ctx.device.type != "cpu":  # ids checked on the host (no device sync); the
                 check_batch(cfg.model, tokens, targets)  # schedule checks CPU batches itself
             recording = record_timeline() if step == timeline_step else contextlib.nullcontext()
-            with precision.autocast(), recording as timeline:
-                local = schedule.step(model, tokens.to(ctx.device), targets.to(ctx.device))
-            drawing_s = 0.0  # the timeline's picture is not the step's time
-            if timeline is not None:  # one step's picture, the second of the run (warmed up)
-                drawn = time.perf_counter()
-                save_timeline(
-                    timeline,
-                    ctx,
-                    run_dir / "timeline.png",
-                    timeline_title(cfg, plan, ctx.world_size, step + 1),
-                    sub_batches(cfg.schedule.name, cfg.schedule.n_sub),
-                )
-                drawing_s = time.perf_counter() - drawn
-                say(
-                    f"step {step + 1:5d}/{t.steps}  timeline of this step recorded: "
-                    f"{run_dir / 'timeline.png'} (gathered and drawn in {drawing_s:.2f}s, "
-                    "outside the step's time)"
-                )
-            grad_norm = clip_grad_norm_(
-                model.parameters(),
-                t.grad_clip,
-                ctx.tp_group,
-                tp_groups,
-                shards,
-                ctx.stage,
-                ctx.pp_group,
-                norm_skips,
+            # live tensors: the model and optimizer state at the step start, + the step's peak
+            # above it (``memory.peak_live_bytes``): every step on a GPU (the allocator's
+            # statistics); on a CPU (the profiler's allocator events, which cost the step
+            # time of recording every op) the run's first step and every log_every-th
+            count_live = (
+                ctx.device.type == "cuda" or step == start_step or (step + 1) % t.log_every == 0
             )
-            optimizer.step()
-            optimizer.zero_grad(set_to_none=True)
+            state_bytes = tensor_bytes(state_tensors(model, optimizer)) if count_live else 0
+            run_peak_mb = max(run_peak_mb, peak_memory_mb(ctx.device))  # (CUDA: reset below)
+            counting = peak_live_bytes(ctx.device) if count_live else contextlib.nullcontext({})
+            with counting as live:
+                with precision.autocast(), recording as timeline:
+                    local = schedule.step(model, tokens.to(ctx.device), targets.to(ctx.device))
+                drawing_s = 0.0  # the timeline's picture is not the step's time
+                if timeline is not None:  # one step's picture, the second of the run (warmed up)
+                    drawn = time.perf_counter()
+                    save_timeline(
+                        timeline,
+                        ctx,
+                        run_dir / "timeline.png",
+                        timeline_title(cfg, plan, ctx.world_size, step + 1),
+                        sub_batches(cfg.schedule.name, cfg.schedule.n_sub),
+                    )
+                    drawing_s = time.perf_counter() - drawn
+                    say(
+                        f"step {step + 1:5d}/{t.steps}  timeline of this step recorded: "
+                        f"{run_dir / 'timeline.png'} (gathered and drawn in {drawing_s:.2f}s, "
+                        "outside the step's time)"
+                    )
+                grad_norm = clip_grad_norm_(
+                    model.parameters(),
+                    t.grad_clip,
+                    ctx.tp_group,
+                    tp_groups,
+                    shards,
+                    ctx.stage,
+                    ctx.pp_group,
+                    norm_skips,
+                )
+                optimizer.step()
+                optimizer.zero_grad(set_to_none=True)
             loss = float(comm.all_reduce_mean(upcast(local), losses_over))
             if not math.isfinite(loss):  # the same on every rank: rank 0 reports it
                 msg = f"loss became {loss} at step {step + 1}; try a lower train.lr={t.lr}"
                 raise ValueError(msg) if is_main else PeerError(msg)
             # host time: float(loss) above waited for the step's device work (the timeline's
             # events come from the executor's DeviceClock, without a sync inside the step)
-            dt = time.perf_counter() - t0 - drawing_s
+            dt = time.perf_counter() - t0 - drawing_s - live.get("counting_s", 0.0)
             losses.append(loss)
             grad_norms.append(grad_norm)
             write(
@@ -390,7 +402,10 @@ def train(
                     "grad_norm": grad_norm,
                     "step_time_s": dt,
                     "tokens_per_s": tokens_per_step / dt,
-                    "peak_mem_mb": peak_memory_mb(ctx.device),
+                    "peak_mem_mb": max(run_peak_mb, peak_memory_mb(ctx.device)),
+                    **(
+                        {"live_peak_mb": (state_bytes + live["peak"]) / 2**20} if count_live else {}
+                    ),
                     **({"timeline": True} if timeline is not None else {}),
                 }
             )

@@ -2,14 +2,18 @@
 
 Rank 0 alone holds a ``MetricsLog``; nothing here is collective, so nothing here can make the
 other ranks wait. Rows are JSON objects: one per step ``{step, loss, lr, grad_norm,
-step_time_s, tokens_per_s, peak_mem_mb}`` and one per evaluation ``{step, val_loss}``, appended
-and flushed one line at a time. A resumed run cuts the file back to its step (the lines after it
-came from a run that went further before it stopped) and keeps the lines before: it writes them
+step_time_s, tokens_per_s, peak_mem_mb, live_peak_mb}`` (the resident peak; the peak of live
+tensor bytes in the step, ``oases.memory.peak_live_bytes``, with the model and optimizer state
+it starts from: every step on a GPU, on a CPU the run's first and every ``log_every``-th) and
+one per evaluation ``{step, val_loss}``, appended and flushed one line at a time. A resumed run
+cuts the file back to its step (the lines after it came from a run that went further before it
+stopped) and keeps the lines before: it writes them
 to ``metrics.jsonl.part`` and renames that over the old file, so a kill meanwhile loses nothing.
 
 - TensorBoard (``train.tensorboard``): ``torch.utils.tensorboard.SummaryWriter`` into
   ``<run_dir>/tensorboard``, one scalar per field (``loss/train``, ``loss/val``, ``train/lr``,
-  ``train/grad_norm``, ``train/step_time_s``, ``train/tokens_per_s``, ``train/peak_mem_mb``);
+  ``train/grad_norm``, ``train/step_time_s``, ``train/tokens_per_s``, ``train/peak_mem_mb``,
+  ``train/live_peak_mb``);
   a resumed run purges the events after its step.
 - ``loss.png``: train and validation loss against step (matplotlib, no pyplot state), drawn by
   ``plot`` at every evaluation and at the end, written beside and then renamed over the old one.
@@ -38,7 +42,8 @@ TB_TAGS = {
     "grad_norm": "train/grad_norm",
     "step_time_s": "train/step_time_s",
     "tokens_per_s": "train/tokens_per_s",
-    "peak_mem_mb": "train/peak_mem_mb",
+    "peak_mem_mb": "train/peak_mem_mb",  # the resident peak (CUDA: the allocator's)
+    "live_peak_mb": "train/live_peak_mb",  # live tensors: state + the step's peak above it
 }
 
 

@@ -12,7 +12,7 @@ applied) and the layout (``plan``: every region's degree and stage), and says, p
                               every region has dp = 1: nothing to shard or reduce
     nothing to slice          parallel.sequence_parallel at tp = 1 in every region
     nothing it changes        parallel.sp_recompute = "shards" without sequence parallelism, or
-                              with a schedule without communication-free recompute;
+                              with a block-recompute schedule (the same program);
                               parallel.reshard_after_forward = false without a stage-3 region;
                               schedule.n_sub for a schedule that runs micro-batches whole;
                               parallel.high_priority_tp on gloo (CUDA streams only);
@@ -32,6 +32,7 @@ import dataclasses
 from oases.config import Config
 from oases.plan import ParallelPlan
 from oases.schedule.program import SPECS
+from oases.schedule.specs import shards_differ
 
 # (section, key) a plan replaces and ignores, in the order the warning names them. Not
 # parallel.tp and train.micro_batch: with a plan they are the unit its batch counts in (the
@@ -109,12 +110,12 @@ def no_effect_warnings(
         _set(given, "parallel", "sp_recompute")
         and resolved.parallel.sp() == "shards"
         and spec is not None
-        and spec.recompute != "commfree"
+        and not shards_differ(spec.recompute)
     ):
         out.append(
             f"parallel.sp_recompute='shards' has no effect: {resolved.schedule.name} "
-            "has no communication-free recompute, the only one it changes (oases, "
-            "commfree-recompute)"
+            "recomputes each block from its input's slice either way (it changes the "
+            "schedules without recompute and the communication-free recompute)"
         )
     if not g.reshard_after_forward and 3 not in stages:
         out.append(

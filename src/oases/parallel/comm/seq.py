@@ -13,7 +13,7 @@ import torch
 import torch.distributed as dist
 from torch import Tensor
 
-from oases.parallel.comm.core import Handle, _Keep, _local_chunk, _ReduceScatter
+from oases.parallel.comm.core import Handle, _Keep, _local_chunk, _on_gloo, _ReduceScatter
 from oases.parallel.comm.record import _issue
 from oases.parallel.context import Group
 
@@ -51,26 +51,66 @@ def seq_reduce_scatter_async(
 ) -> Handle:
     """Start the sum over the group of [b, S, ...] partial sums, keeping this rank's slice
     [b, S / size, ...] of the sequence (dim 1): sequence parallelism's "fwd"/"bwd", in place
-    of the all-reduce (no autograd). The partial sums are sent rank-major ([size, b, S / size,
-    ...], chunk j for rank j: one copy, none for one row) and summed straight into the slice.
-    ``consume``: the caller gives ``t`` up, and gloo's all-to-all receives into its storage
-    (no second buffer of its size)."""
+    of the all-reduce (no autograd). NCCL: the partial sums are sent rank-major ([size, b,
+    S / size, ...], chunk j for rank j: one copy, none for one row) and summed straight into
+    the slice. gloo: ``_GlooSeqScatter`` (the other ranks' chunks only). ``consume``: the
+    caller gives ``t`` up (nothing else reads it: the collective may keep it or let it go)."""
     if group.size == 1:
         return Handle(t, None)
     if t.shape[1] % group.size:
         raise ValueError(f"a sequence of {t.shape[1]} does not split over {group.size} ranks")
+    _issue("reduce_scatter", group, t, direction, tag, True)
+    if _on_gloo(group):
+        return _GlooSeqScatter(t, group)
     n, b, s = group.size, t.shape[0], t.shape[1] // group.size
     tt = t.reshape(b, n, s, *t.shape[2:]).transpose(0, 1).contiguous()  # [n, b, s, ...]
-    out = t.new_empty((b, s, *t.shape[2:]))
-    recv = None
-    if (
-        consume
-        and t.is_contiguous()
-        and t.untyped_storage().data_ptr() != tt.untyped_storage().data_ptr()
-    ):
-        recv = t  # (one row: tt is t itself, the buffer being sent)
-    _issue("reduce_scatter", group, tt, direction, tag, True)
-    return _ReduceScatter(out, tt, group, recv)
+    return _ReduceScatter(t.new_empty((b, s, *t.shape[2:])), tt, group)
+
+
+class _GlooSeqScatter(Handle):
+    """gloo's sequence reduce-scatter, holding no more than NCCL's: one ``all_to_all_single``
+    with split sizes that sends each other rank its chunk and receives theirs of this rank's
+    chunk, never this rank's own (gloo's own reduce-scatter moves an all-reduce's bytes; an
+    all-to-all moves a ring's). Buffers, in units of t [b, S, ...] at n ranks::
+
+        one row, 2 ranks   send the other chunk (a view of t); receive into the slice; the
+                           wait adds this rank's chunk (a view of t)       t + 1/2
+        otherwise          send the other chunks (one copy, (n-1)/n); this rank's chunk
+                           copied into the slice and t let go; receive (n-1)/n, added
+                           into the slice at the wait                    (2n - 1)/n
+
+    NCCL's holds its rank-major copy of t and the slice, 1 + 1/n (one row: t itself + 1/n).
+    So at 2 ranks the same bytes, at n ranks (n - 2)/n more (the receive buffer); the gloo
+    path before this one (an all-to-all of the whole rank-major copy into a buffer of t's
+    size) held 2 + 1/n."""
+
+    def __init__(self, t: Tensor, group: Group) -> None:
+        n, me, b, s = group.size, group.rank, t.shape[0], t.shape[1] // group.size
+        chunks = t.reshape(b, n, s, *t.shape[2:]).unbind(1)  # n x [b, s, ...] views of t
+        others = [chunks[j] for j in range(n) if j != me]
+        splits = [0 if j == me else 1 for j in range(n)]  # along dim 0 of send and recv
+        self._own: Tensor | None = None
+        if n == 2 and others[0].is_contiguous():  # one row: no copy at all
+            send = others[0].unsqueeze(0)
+            out = t.new_empty(chunks[me].shape)
+            recv, self._own = out.unsqueeze(0), chunks[me]  # (the view keeps t to the wait)
+        else:
+            send = torch.stack(others)  # [n - 1, b, s, ...]
+            out = chunks[me].contiguous()
+            recv = t.new_empty(send.shape)
+        self._send, self._recv = send, recv
+        work = dist.all_to_all_single(recv, send, splits, splits, group=group.pg, async_op=True)
+        super().__init__(out, work)
+
+    def wait(self) -> Tensor:
+        out = super().wait()
+        if self._own is not None:  # the other rank's partial sum is in the slice already
+            out.add_(self._own)
+        else:
+            for part in self._recv.unbind(0):
+                out.add_(part)
+        self._own = self._recv = self._send = None
+        return out
 
 
 class _Relayout(Handle):
