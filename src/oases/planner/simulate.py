@@ -44,7 +44,7 @@ from oases.config import ModelConfig
 from oases.plan import ParallelPlan
 from oases.planner.batch import BatchShape, region_rows
 from oases.planner.costs import Costs, region_kind, sp_mode
-from oases.planner.event_walk import SimResult, simulate_program, walk_tape
+from oases.planner.event_walk import SimResult, simulate_program
 from oases.planner.layout import (
     dp_bucket_bytes,
     dp_buckets,
@@ -62,6 +62,7 @@ from oases.planner.plan_costs import (
 )
 from oases.planner.precision import precision_of
 from oases.planner.tape import COMPUTE, Tape, TapeError, compile_tape
+from oases.planner.tape_walk import walk_tape
 from oases.schedule.program import Instr, deferred_regions
 from oases.schedule.timeline import Event, Timeline
 
