@@ -73,6 +73,7 @@ def walk_tape(
     done = [False] * n
     queues: list[list[int]] = [[] for _ in range(n_streams)]
     stable = [0] * n_streams
+    lo = [0] * n_streams  # per stream: its first flight that may end after now
     exposed = [0.0, 0.0, 0.0]
     now = compute_busy = comm_busy = 0.0
     compute_op, start_op = COMPUTE, START  # (locals: the loop's hottest names)
@@ -85,29 +86,28 @@ def walk_tape(
             cost = compute_cost[a]
             if every_slows:  # each stream's first flight ending after now, as below
                 first, factor, flying = inf, 1.0, False
-                for queue in queues:
-                    for g in queue:
-                        eg = E[g]
-                        if eg <= now:
-                            continue
+                for s, queue in enumerate(queues):
+                    pos, m = lo[s], len(queue)
+                    while pos < m and E[queue[pos]] <= now:
+                        pos += 1
+                    lo[s] = pos
+                    if pos < m:
+                        g = queue[pos]
                         bg = B[g]
                         if bg > now:
-                            first = min(first, bg)
+                            if bg < first:
+                                first = bg
                         else:
                             if F[g] > factor:
                                 factor = F[g]
-                            first = min(first, eg)
+                            if E[g] < first:
+                                first = E[g]
                         flying = True
-                        break
                 if flying:
                     if (first - now) / factor >= cost:
                         cost = now + cost * factor - now
                     else:
-                        cost = _stretched(
-                            now,
-                            cost,
-                            [(B[g], E[g], F[g]) for queue in queues for g in queue if E[g] > now],
-                        )
+                        cost = _stretched_queues(now, cost, queues, lo, B, E, F)
             elif slowing:
                 slowing = [g for g in slowing if not waited[g] and E[g] > now]
                 if slowing:  # ``_stretched``'s first span here; the rest where it goes on
@@ -153,10 +153,13 @@ def walk_tape(
             end = E[a]
             s = stream_of[a]
             queue = queues[s]
-            upto = queue.index(a)
+            # (the flights before ``lo[s]`` end by now: one ending after now comes later)
+            upto = queue.index(a, lo[s]) if end > now else queue.index(a)
             if end > now:  # idle until it is done: its stream's flights re-timed
-                prev, changed, first_stable = 0.0, False, stable[s]
-                for pos in range(len(queue)):
+                start = lo[s]  # (the ones before it: done, skipped as below)
+                prev = E[queue[start - 1]] if start else 0.0
+                changed, first_stable = False, stable[s]
+                for pos in range(start, len(queue)):
                     g = queue[pos]
                     e = E[g]
                     if pos > upto and not changed and pos >= first_stable:
@@ -182,9 +185,54 @@ def walk_tape(
                 now = end
                 stable[s] = upto + 1
             del queue[upto]
+            if upto < lo[s]:
+                lo[s] -= 1
             stable[s] = max(upto + 1, stable[s] - 1)
             comm_busy += end - B[a]
             waited[a] = True
     return SimResult(
         now, compute_busy, comm_busy, Timeline(), {c: exposed[i] for i, c in enumerate(CLASSES)}
     )
+
+
+def _stretched_queues(
+    start: float,
+    work: float,
+    queues: list[list[int]],
+    lo: list[int],
+    begins: list[float],
+    ends: list[float],
+    factors: list[float],
+) -> float:
+    """``_stretched(start, work, flights)`` for the flights of ``queues`` ending after
+    ``start`` (each queue's from position ``lo`` on, the ones before it ending by ``start``),
+    without building their list: a queue is chained (a flight begins after the one before
+    it ends), so at any time t at most one flight of a queue is in flight (its first ending
+    after t, if it has begun), and the next breakpoint after t is the least, over the queues,
+    of that flight's begin (not begun) or end (begun). The same breakpoints in the same order
+    and the same largest factor at each: the same floats."""
+    pos = list(lo)
+    t, left = start, work
+    while True:
+        p, factor = inf, 1.0
+        for s, queue in enumerate(queues):
+            i, m = pos[s], len(queue)
+            while i < m and ends[queue[i]] <= t:
+                i += 1
+            pos[s] = i
+            if i < m:
+                g = queue[i]
+                if begins[g] <= t:
+                    if factors[g] > factor:
+                        factor = factors[g]
+                    if ends[g] < p:
+                        p = ends[g]
+                elif begins[g] < p:
+                    p = begins[g]
+        if p == inf:
+            return t + left - start
+        span = (p - t) / factor
+        if span >= left:
+            return t + left * factor - start
+        left -= span
+        t = p
