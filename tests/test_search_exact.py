@@ -213,6 +213,10 @@ CASES = [
     ("llama", 3, False, 16, "a100-ib-64", 64, 1, ("loose", "tight", "under")),
     ("gpt2", 8, True, 8, "a100-ib-64", 64, 4, ("tight",)),
     ("llama", 6, True, 4, "paper-3090-pcie-32", 32, 4, ("tight",)),
+    ("llama", 5, False, 8, "a100-ib-64", 32, 2, ("loose", "mid", "tight")),
+    ("gpt2", 7, False, 16, "paper-3090-pcie-32", 64, 2, ("mid", "tight")),
+    ("gpt2", 3, True, 16, "paper-3090-pcie-32", 64, 1, ("loose", "under")),
+    ("llama", 8, False, 4, "a100-ib-64", 16, 1, ("loose", "mid")),
 ]
 
 
