@@ -3,10 +3,11 @@
 # /tmp/oases-cpu.lock (the lock the project's helpers share: the time waited for it is not
 # counted), the load average at its start beside it.
 #
-#   run.sh after  [N]    this branch's search (src/ of the checkout), N runs of every case
+#   run.sh after  [N]    this branch's search (its commit REV, default HEAD), N runs of every case
 #   run.sh before [N]    main at 0aedfd6 (the search before this session), N runs of every case
 #   CASES="gpt96-48gb ..." run.sh ...   only those cases, in that order
 #   LIMIT=S              give a run at most S seconds (default 900; a run cut is written "cut")
+#   FIRST=N              number the runs from N (more runs of cases already run)
 #   summarize.py         medians, the plans chosen before and after compared -> results.md
 #
 # Cases: issue 29's 96-layer GPT-2 (gpt-96.toml) on 32 RTX 3090s at 48 and 24 GB, the Oases
@@ -24,13 +25,12 @@ python=${PYTHON:-$root/.venv/bin/python}
 [ -x "$python" ] || python=/work/main/.venv/bin/python
 cd "$here"
 mkdir -p out
-if [ "$which" = before ]; then
-  src=$(mktemp -d)
-  git -C "$root" archive 0aedfd6 src | tar -x -C "$src"
-  export PYTHONPATH=$src/src
-else
-  export PYTHONPATH=$root/src
-fi
+rev=0aedfd6
+[ "$which" = after ] && rev=${REV:-HEAD}
+src=$(mktemp -d)
+git -C "$root" archive "$rev" src | tar -x -C "$src"
+export PYTHONPATH=$src/src
+echo "$which: $(git -C "$root" rev-parse --short "$rev")" >> out/revisions.txt
 declare -A args
 args[gpt96-48gb]="gpt-96.toml --world-size 32 --memory-gb 48 --hardware paper-3090-pcie-32 --train.global_batch=128"
 args[gpt96-24gb]="gpt-96.toml --world-size 32 --memory-gb 24 --hardware paper-3090-pcie-32 --train.global_batch=128"
@@ -45,7 +45,7 @@ order+=(llama64-1024)
 # shellcheck disable=SC2206
 [ -n "${CASES:-}" ] && order=($CASES)
 for name in "${order[@]}"; do
-  for run in $(seq 1 "$runs"); do
+  for run in $(seq "${FIRST:-1}" $((${FIRST:-1} + runs - 1))); do
     # shellcheck disable=SC2086
     wall=$(flock /tmp/oases-cpu.lock bash -c '
       load=$(cut -d" " -f1 /proc/loadavg)
@@ -60,5 +60,5 @@ for name in "${order[@]}"; do
     [ "${wall% *}" = cut ] && break
   done
 done
-[ "$which" = before ] && rm -rf "$src"
+rm -rf "$src"
 exit 0
