@@ -8,6 +8,7 @@
 #   CASES="gpt96-48gb ..." run.sh ...   only those cases, in that order
 #   LIMIT=S              give a run at most S seconds (default 900; a run cut is written "cut")
 #   FIRST=N              number the runs from N (more runs of cases already run)
+#   LOCKED=1             the caller holds /tmp/oases-cpu.lock (batch.sh: one wait for many runs)
 #   summarize.py         medians, the plans chosen before and after compared -> results.md
 #
 # Cases: issue 29's 96-layer GPT-2 (gpt-96.toml) on 32 RTX 3090s at 48 and 24 GB, the Oases
@@ -31,6 +32,8 @@ src=$(mktemp -d)
 git -C "$root" archive "$rev" src | tar -x -C "$src"
 export PYTHONPATH=$src/src
 echo "$which: $(git -C "$root" rev-parse --short "$rev")" >> out/revisions.txt
+lock="flock /tmp/oases-cpu.lock"
+[ -n "${LOCKED:-}" ] && lock=""  # the caller holds the lock for a batch of runs
 declare -A args
 args[gpt96-48gb]="gpt-96.toml --world-size 32 --memory-gb 48 --hardware paper-3090-pcie-32 --train.global_batch=128"
 args[gpt96-24gb]="gpt-96.toml --world-size 32 --memory-gb 24 --hardware paper-3090-pcie-32 --train.global_batch=128"
@@ -47,7 +50,7 @@ order+=(llama64-1024)
 for name in "${order[@]}"; do
   for run in $(seq "${FIRST:-1}" $((${FIRST:-1} + runs - 1))); do
     # shellcheck disable=SC2086
-    wall=$(flock /tmp/oases-cpu.lock bash -c '
+    wall=$($lock bash -c '
       load=$(cut -d" " -f1 /proc/loadavg)
       start=$(date +%s.%N)
       timeout "$4" "$0" -m oases plan $1 --out "$2" > "$3" 2>&1

@@ -47,7 +47,7 @@ def main() -> None:
         loads.setdefault((which, case), []).append(float(load))
         if case not in order:
             order.append(case)
-    rows = ["| case | before: median (runs) | after: median (runs) | faster | plans simulated "
+    rows = ["| case | before: median (runs) | after: median (runs) | before / after | plans simulated "
             "before / after | plan chosen, before and after |", "|---|---|---|---|---|---|"]
     detail = ["| case | plan chosen (after) | load averages at the runs' starts, before; after |",
               "|---|---|---|"]
@@ -57,7 +57,7 @@ def main() -> None:
             t = times.get((which, case), [])
             cells.append(f"{statistics.median(t):.1f} s ({len(t)})" if t else "-")
         b, a = times.get(("before", case)), times.get(("after", case))
-        faster = f"{statistics.median(b) / statistics.median(a):.0f}x" if a and b else "-"
+        faster = f"{statistics.median(b) / statistics.median(a):.2f}x" if a and b else "-"
         texts = {w: (HERE / "out" / f"{w}-{case}-1.txt") for w in ("before", "after")}
         sims = " / ".join(simulated(p.read_text()) if p.exists() else "-"
                           for p in texts.values())
