@@ -213,6 +213,10 @@ CASES = [
     ("llama", 3, False, 16, "a100-ib-64", 64, 1, ("loose", "tight", "under")),
     ("gpt2", 8, True, 8, "a100-ib-64", 64, 4, ("tight",)),
     ("llama", 6, True, 4, "paper-3090-pcie-32", 32, 4, ("tight",)),
+    ("llama", 5, False, 8, "a100-ib-64", 32, 2, ("loose", "mid", "tight")),
+    ("gpt2", 7, False, 16, "paper-3090-pcie-32", 64, 2, ("mid", "tight")),
+    ("gpt2", 3, True, 16, "paper-3090-pcie-32", 64, 1, ("loose", "under")),
+    ("llama", 8, False, 4, "a100-ib-64", 16, 1, ("loose", "mid")),
 ]
 
 
@@ -283,3 +287,35 @@ def test_progress_reports_the_search():
     )
     assert seen and seen[-1][1] == len(cands)
     assert stats.best is best and stats.simulated >= len(cands) and stats.wall_s > 0
+
+
+def test_stretch_over_chained_queues_gives_the_reference_floats():
+    """``tape_walk._stretched_queues`` (the next breakpoint read from each chained queue)
+    gives ``event_walk._stretched``'s very float on random queues: flights back to back,
+    with gaps, equal ends and begins, factors that differ, some done before the start."""
+    from oases.planner.event_walk import _stretched
+    from oases.planner.tape_walk import _stretched_queues
+
+    rng = random.Random(11)
+    for _ in range(2000):
+        begins, ends, factors, queues, lo = [], [], [], [], []
+        for _ in range(rng.randint(1, 3)):
+            queue, t = [], rng.uniform(0.0, 1.0)
+            for _ in range(rng.randint(0, 6)):
+                t += rng.choice([0.0, 0.0, rng.uniform(0.0, 0.5)])  # (back to back, or a gap)
+                cost = rng.choice([0.25, rng.uniform(1e-3, 1.0)])
+                queue.append(len(begins))
+                begins.append(t)
+                ends.append(t + cost)
+                factors.append(rng.choice([1.025, 1.3, rng.uniform(1.0001, 2.0)]))
+                t += cost
+            queues.append(queue)
+        start = rng.choice([0.0, rng.uniform(0.0, 3.0), *ends]) if ends else 0.0
+        for queue in queues:
+            lo.append(sum(1 for g in queue if ends[g] <= start))
+        work = rng.uniform(1e-3, 3.0)
+        flights = [(begins[g], ends[g], factors[g]) for q in queues for g in q if ends[g] > start]
+        if not flights:
+            continue
+        got = _stretched_queues(start, work, queues, lo, begins, ends, factors)
+        assert got == _stretched(start, work, flights)

@@ -11,7 +11,8 @@ Modules: ``costs`` (the interface, parameter and activation sizes), ``precision`
 kind by dtype), ``profile`` (a measured profile; ``bench.profile_runner`` measures it),
 ``hardware``/``clusters`` (presets), ``models`` (the paper's models), ``simulate`` (a plan's step on
 costs: ``event_walk`` walks one program, ``plan_costs`` prices its instructions, ``layout`` places
-groups, buckets and shards; ``tape`` compiles a program for the search's fast walks), ``chain``
+groups, buckets and shards; ``tape`` compiles a program for the search's fast walks,
+``tape_walk`` walks it), ``chain``
 (the chain solvers), ``search`` (the plan search: ``chain_model`` one chain of it, ``candidate``
 the plans it considers, ``search_bounds`` the bounds that let it skip a chain), ``space`` (what
 a search covers and what its flags kept out), ``batch`` (a step's batch, what a micro-batch

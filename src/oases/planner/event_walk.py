@@ -30,9 +30,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Generator, Hashable
 from dataclasses import dataclass, field
-from math import inf
 
-from oases.planner.tape import CLASSES, COMPUTE, START, Tape
 from oases.schedule.program import Compute, Instr, Piece, Start, Wait, comm_name, label
 from oases.schedule.timeline import Event, Timeline
 
@@ -171,8 +169,10 @@ def simulate_program(
         key = next(walk)
     except StopIteration as done:
         return done.value
-    raise ValueError(f"program waits for {key}, which no other program's walk sends "
-                     "(a pipeline stage's program: walk the stages with pipeline_walk)")
+    raise ValueError(
+        f"program waits for {key}, which no other program's walk sends "
+        "(a pipeline stage's program: walk the stages with pipeline_walk)"
+    )
 
 
 def walk_program(
@@ -271,8 +271,11 @@ def walk_program(
             queue = queues.setdefault(stream, [])
             begin = max([now, *(f.end_s for f in queue[-1:])])
             plain = ins.kind in SENDS  # a send's link is not the cores' (no contention)
-            g = 1.0 if costs.comm_slowdown is None or plain else max(
-                1.0, costs.comm_slowdown(ins.kind))
+            g = (
+                1.0
+                if costs.comm_slowdown is None or plain
+                else max(1.0, costs.comm_slowdown(ins.kind))
+            )
             f = 1.0 if costs.slowdown is None or plain else costs.slowdown(ins.kind)
             fl = _Flight(key, stream, now, cost, begin, begin + cost * g, g, f)
             queue.append(fl)
@@ -288,8 +291,17 @@ def walk_program(
                 exposed["pp"] = exposed.get("pp", 0.0) + arrival - now
                 now = arrival
             if record and arrival > begin:
-                timeline.add(Event(rank, "comm", comm_name(ins.kind, ins.index), ins.kind,
-                                   ins.sub, begin, arrival))
+                timeline.add(
+                    Event(
+                        rank,
+                        "comm",
+                        comm_name(ins.kind, ins.index),
+                        ins.kind,
+                        ins.sub,
+                        begin,
+                        arrival,
+                    )
+                )
         elif isinstance(ins, Wait):
             key = (ins.kind, ins.index, ins.sub)
             if key in done_at:
@@ -333,168 +345,3 @@ def _stretched(start: float, work: float, flights: list[tuple[float, float, floa
         left -= span
         t = p
     return t + left - start
-
-
-def walk_tape(
-    tape: Tape,
-    compute_cost: list[float],
-    coll_cost: list[float],
-    coll_stream: list[int],
-    n_streams: int,
-    coll_factor: list[float] | None = None,
-) -> SimResult:
-    """``simulate_program(program, costs, record=False)`` on the program's ``Tape``
-    (``planner.tape``), for costs without a collective's slowdown (``comm_slowdown`` None):
-    the same arithmetic in the same order, so the same floats, without the objects.
-    ``compute_cost[k]``: compute key k's seconds (its pieces summed in order from 0.0);
-    ``coll_cost[c]``, ``coll_stream[c]``: collective key c's seconds and stream (0 ..
-    ``n_streams`` - 1); ``coll_factor[c]`` (None: all 1.0): how much slower compute runs
-    while collective key c is in flight (``StepCosts.slowdown``).
-
-    Contention: a compute is stretched (``_stretched``) by the flights started, not waited,
-    of factor above 1 and ending after ``now``, as the reference walk stretches it (the
-    stretch reads them as a set: the order does not matter). ``slowing`` holds the flights
-    that may still stretch: one that ends by ``now`` never does again (a flight's end moves
-    only while it ends after ``now``, and ``now`` only grows), so it is dropped. Most
-    computes end before the first breakpoint (a flight's begin or end after ``now``): that
-    first span is computed here as ``_stretched`` computes it (the largest factor in flight
-    at ``now``, 1.0 if none), and ``_stretched`` called only where the compute goes on.
-    Where every collective slows compute (``every_slows``: a preset's one factor), the
-    flights in flight are the queues' own, and a stream's queue is chained (each flight
-    begins after the one before ends: ends never decrease along it), so its first flight
-    ending after ``now`` gives the stream's first breakpoint and its factor at ``now``; the
-    rest of the queue is not read.
-
-    A flight is a slot: its begin ``B``, end ``E``, issue time ``T`` and cost ``C``; ``done``
-    marks a zero-cost one (done at once). Without contention every factor is 1.0, which the
-    reference multiplies and divides by: ``x * 1.0`` and ``x / 1.0`` are ``x``, so they are
-    left out.
-
-    Waiting for a flight re-times every flight queued on its stream (``idle_until_done``): the
-    ones up to it settle, the later ones are re-chained (``begin = max(previous end,
-    issued)``). A stream of n flights waited one by one would cost n^2 / 2 steps (the DP
-    all-reduces of every region waited at the end, ZeRO's gathers of every region at the
-    head), so the re-chaining stops where it cannot change anything: at a flight whose
-    predecessor's end did not change in this wait and from which on every flight is done
-    (``end <= now``: never re-timed again) or already chained to its predecessor (what the
-    re-chaining would compute, it holds). ``stable[s]``: the first position of stream s's
-    queue from which that holds; a flight appended is chained to the last, a wait leaves
-    every flight after the awaited one chained, and removing the awaited one unchains only
-    its successor."""
-    n = tape.n_slots
-    B, E, T, C = [0.0] * n, [0.0] * n, [0.0] * n, [0.0] * n
-    stream_of = [0] * n
-    done = [False] * n
-    queues: list[list[int]] = [[] for _ in range(n_streams)]
-    stable = [0] * n_streams
-    exposed = [0.0, 0.0, 0.0]
-    now = compute_busy = comm_busy = 0.0
-    compute_op, start_op = COMPUTE, START  # (locals: the loop's hottest names)
-    F = [1.0] * n  # a flight's factor on compute
-    waited = [False] * n
-    slowing: list[int] = []  # flights of factor above 1 that may still stretch compute
-    every_slows = coll_factor is not None and min(coll_factor, default=1.0) > 1.0
-    for op, a, b in tape.ops:
-        if op == compute_op:
-            cost = compute_cost[a]
-            if every_slows:  # each stream's first flight ending after now, as below
-                first, factor, flying = inf, 1.0, False
-                for queue in queues:
-                    for g in queue:
-                        eg = E[g]
-                        if eg <= now:
-                            continue
-                        bg = B[g]
-                        if bg > now:
-                            first = min(first, bg)
-                        else:
-                            if F[g] > factor:
-                                factor = F[g]
-                            first = min(first, eg)
-                        flying = True
-                        break
-                if flying:
-                    if (first - now) / factor >= cost:
-                        cost = now + cost * factor - now
-                    else:
-                        cost = _stretched(now, cost, [(B[g], E[g], F[g]) for queue in queues
-                                                      for g in queue if E[g] > now])
-            elif slowing:
-                slowing = [g for g in slowing if not waited[g] and E[g] > now]
-                if slowing:  # ``_stretched``'s first span here; the rest where it goes on
-                    first, factor = inf, 1.0
-                    for g in slowing:
-                        bg, eg = B[g], E[g]
-                        if bg > now:
-                            if bg < first:
-                                first = bg
-                        elif F[g] > factor:
-                            factor = F[g]
-                        if eg < first:
-                            first = eg
-                    if (first - now) / factor >= cost:
-                        cost = now + cost * factor - now
-                    else:
-                        cost = _stretched(now, cost, [(B[g], E[g], F[g]) for g in slowing])
-            now += cost
-            compute_busy += cost
-        elif op == start_op:
-            cost = coll_cost[a]
-            if cost <= 0:  # nothing moves: done at once
-                done[b] = True
-                continue
-            s = coll_stream[a]
-            queue = queues[s]
-            begin = now
-            if queue:
-                last = E[queue[-1]]
-                if last > now:
-                    begin = last
-            B[b], E[b], T[b], C[b] = begin, begin + cost, now, cost
-            stream_of[b] = s
-            queue.append(b)
-            if coll_factor is not None and coll_factor[a] > 1.0:
-                F[b] = coll_factor[a]
-                if not every_slows:
-                    slowing.append(b)
-        else:
-            if done[a]:
-                done[a] = False
-                continue
-            end = E[a]
-            s = stream_of[a]
-            queue = queues[s]
-            upto = queue.index(a)
-            if end > now:  # idle until it is done: its stream's flights re-timed
-                prev, changed, first_stable = 0.0, False, stable[s]
-                for pos in range(len(queue)):
-                    g = queue[pos]
-                    e = E[g]
-                    if pos > upto and not changed and pos >= first_stable:
-                        break  # from here on nothing changes
-                    if e <= now:
-                        prev, changed = e, False
-                        continue
-                    if pos <= upto:
-                        if B[g] < now:
-                            new = now + (e - now)
-                        else:
-                            bg = max(prev, T[g], now)
-                            B[g] = bg
-                            new = bg + C[g]
-                    else:
-                        bg = max(prev, T[g])
-                        B[g] = bg
-                        new = bg + C[g]
-                    changed = new != e
-                    E[g] = prev = new
-                end = E[a]
-                exposed[b] += end - now
-                now = end
-                stable[s] = upto + 1
-            del queue[upto]
-            stable[s] = max(upto + 1, stable[s] - 1)
-            comm_busy += end - B[a]
-            waited[a] = True
-    return SimResult(now, compute_busy, comm_busy, Timeline(),
-                     {c: exposed[i] for i, c in enumerate(CLASSES)})

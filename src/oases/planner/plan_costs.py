@@ -285,7 +285,7 @@ def piece_prices(step: StepCosts, tape: Tape, signatures: list[tuple]) -> np.nda
 def price_tape(
     step: StepCosts, tape: Tape, signatures: list[tuple]
 ) -> tuple[list[float], list[float], list[int], int, list[float] | None]:
-    """``tape``'s prices under ``step`` (``event_walk.walk_tape``'s arguments): every compute
+    """``tape``'s prices under ``step`` (``tape_walk.walk_tape``'s arguments): every compute
     key's seconds (its pieces summed in order from 0.0, as ``simulate_program`` sums them),
     every collective key's seconds and stream id, the number of streams, and every collective
     key's slowdown of compute (``step.slowdown``; None without one). Each distinct

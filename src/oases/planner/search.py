@@ -238,11 +238,17 @@ class _Search:
 
     # ------------------------------------------------------------------ plans and candidates
     def simulate(
-        self, cfg: ModelConfig, plan: ParallelPlan, shape: BatchShape, why: list[str] | None = None
+        self,
+        cfg: ModelConfig,
+        plan: ParallelPlan,
+        shape: BatchShape,
+        why: list[str] | None = None,
+        memory: bool = True,
     ) -> PlanResult | None:
         """``plan`` simulated with ``shape`` (None where the batch does not split: not a
-        candidate); the fast search remembers every answer."""
-        key = (cfg.n_layers, _plan_key(plan), shape)
+        candidate); the fast search remembers every answer. ``memory=False``: the step only
+        (``simulate_plan``'s), for a chain's shorter models."""
+        key = (cfg.n_layers, _plan_key(plan), shape, memory)
         if not self.exhaustive and key in self.memo:
             res = self.memo[key]
             if res is None and why is not None:
@@ -259,6 +265,7 @@ class _Search:
                 max_inflight=self.max_inflight,
                 timeline=False,
                 tapes=not self.exhaustive,
+                memory=memory,
             )
         except BatchSplitError as exc:  # not a candidate: the batch does not split
             if why is not None:
@@ -271,7 +278,9 @@ class _Search:
     def _simulate_model(
         self, cfg: ModelConfig, plan: ParallelPlan, shape: BatchShape
     ) -> PlanResult | None:
-        return self.simulate(cfg, plan, shape)
+        """A chain's plan (``ChainModel``), or its shorter model's (``node_costs``: a model
+        of one layer less, whose step alone is read)."""
+        return self.simulate(cfg, plan, shape, memory=cfg.n_layers == self.cfg.n_layers)
 
     def known(self, plan: ParallelPlan, shape: BatchShape) -> bool:
         return (_plan_key(plan), shape) in self.keys

@@ -44,7 +44,7 @@ from oases.config import ModelConfig
 from oases.plan import ParallelPlan
 from oases.planner.batch import BatchShape, region_rows
 from oases.planner.costs import Costs, region_kind, sp_mode
-from oases.planner.event_walk import SimResult, simulate_program, walk_tape
+from oases.planner.event_walk import SimResult, simulate_program
 from oases.planner.layout import (
     dp_bucket_bytes,
     dp_buckets,
@@ -63,6 +63,7 @@ from oases.planner.plan_costs import (
 )
 from oases.planner.precision import precision_of
 from oases.planner.tape import COMPUTE, Tape, TapeError, compile_tape
+from oases.planner.tape_walk import walk_tape
 from oases.schedule.program import Instr, deferred_regions
 from oases.schedule.timeline import Event, Timeline
 
@@ -196,6 +197,7 @@ def simulate_plan(
     scaled: bool = True,
     reshard_after_forward: bool = True,
     tapes: bool = True,
+    memory: bool = True,
 ) -> PlanResult:
     """Predict one optimizer step of ``plan`` (its ``schedule`` and ``n_sub``): time, timeline
     (``timeline=False``: none, faster) and peak memory per device.
@@ -226,7 +228,10 @@ def simulate_plan(
 
     Bytes by dtype (``planner.precision``, the costs' ``precision``): TP all-reduces and
     reshards move activations in the compute dtype, DP all-reduces and ZeRO's reduce-scatters
-    gradients in ``grad_reduce``, ZeRO's all-gathers master weights."""
+    gradients in ``grad_reduce``, ZeRO's all-gathers master weights.
+
+    ``memory=False``: the step only (the peak not walked: ``peak_mem_bytes`` nan, no bytes
+    in the breakdown), for the search's shorter models, whose step alone it reads."""
     from oases.schedule.program import SPECS
 
     costs = _CachedCosts(costs)
@@ -310,20 +315,22 @@ def simulate_plan(
         sim = _repeat(head, middle, sim, n_micro, k)
     optimizer = getattr(costs, "optimizer_s", None)
     opt_s = optimizer(sum(state.updated(i) for i in range(n))) if optimizer is not None else 0.0
-    mem = (peak_memory_tape if last is not None else peak_memory)(
-        cfg,
-        last if last is not None else program,
-        kinds,
-        degrees,
-        rows,
-        sp_mode(spec.recompute, sp),
-        costs,
-        state,
-        region_uses(cfg, n),
-        dp_bucket_bytes(buckets, prec.grad_reduce_bytes),
-        repeats=1 if whole else n_micro,
-        graph_mode=sp_mode("none", sp),
-    )
+    mem = {"peak": float("nan")}
+    if memory:
+        mem = (peak_memory_tape if last is not None else peak_memory)(
+            cfg,
+            last if last is not None else program,
+            kinds,
+            degrees,
+            rows,
+            sp_mode(spec.recompute, sp),
+            costs,
+            state,
+            region_uses(cfg, n),
+            dp_bucket_bytes(buckets, prec.grad_reduce_bytes),
+            repeats=1 if whole else n_micro,
+            graph_mode=sp_mode("none", sp),
+        )
     events = sim.timeline
     if timeline:
         end = sim.step_s
@@ -338,7 +345,7 @@ def simulate_plan(
             "comm_s": sim.comm_busy_s,
             "optimizer_s": opt_s,
             **{f"exposed_{c}_s": v for c, v in sorted(sim.exposed_s.items())},
-            **{f"{k}_bytes": v for k, v in mem.items()},
+            **({f"{k}_bytes": v for k, v in mem.items()} if memory else {}),
         },
     )
 

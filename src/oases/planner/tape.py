@@ -1,4 +1,4 @@
-"""A schedule program compiled once for the planner's fast walks: what ``event_walk.walk_tape``
+"""A schedule program compiled once for the planner's fast walks: what ``tape_walk.walk_tape``
 and ``peak_memory_tape.peak_memory_tape`` step through instead of the instruction objects.
 
 A program (``schedule.program``) is a list of frozen ``Compute``/``Start``/``Wait``/``Release``
