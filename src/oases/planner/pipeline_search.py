@@ -35,9 +35,9 @@ import dataclasses
 import time
 from dataclasses import dataclass, field
 
-from oases.config import ModelConfig
+from oases.config import Config, ModelConfig
 from oases.plan import ParallelPlan
-from oases.planner.batch import BatchShape, BatchSplitError
+from oases.planner.batch import BatchShape
 from oases.planner.candidate import Candidate, with_zero
 from oases.planner.costs import Costs, region_kind, region_param_count
 from oases.planner.pipeline_walk import p2p_s
@@ -61,6 +61,25 @@ class PipelineSearch:
     walked: int = 0
     wall_s: float = 0.0
     notes: list[str] = field(default_factory=list)
+
+
+class PipelineCandidate(Candidate):
+    """A pipeline plan the search walked: its label names the stages and their order."""
+
+    def label(self) -> str:
+        starts = ",".join(map(str, self.plan.stage_layout().starts))
+        return f"pp={self.plan.pp} {self.plan.pp_schedule} (stages at {starts}), " + (
+            super().label()
+        )
+
+
+def choose(flat: Candidate, piped: PipelineSearch) -> Candidate:
+    """The plan to run: the pipeline search's best where it fits and is faster than the best
+    plan without a pipeline (or that one does not fit), else that one."""
+    best = piped.best
+    if best is None or (flat.fits and flat.result.step_s <= best.result.step_s):
+        return flat
+    return best
 
 
 @dataclass(frozen=True)
@@ -164,11 +183,14 @@ def search_pipelines(
     if not depths:
         found.notes.append(f"no pipeline depth fits {world_size} ranks of {cfg.n_layers} blocks")
         return found
-    zeros = tuple(z for z in zeros if z in PIPELINE_ZEROS) or (0,)
+    # ZeRO 2 at most; a tied embedding's copies at stage 1 at most (``train.pipeline_run``)
+    top_zero = 1 if cfg.tie_embeddings else max(PIPELINE_ZEROS)
+    zeros = tuple(z for z in zeros if z <= top_zero) or (0,)
     shapes = [batch, *(b for b in micro_batches if b != batch)]
     prec = precision_of(costs)
     layouts: dict[tuple, tuple[float, float, PlanResult, list[float]] | None] = {}
     screens: list[_Screen] = []
+    seen: set[tuple] = set()
     for pp in depths:
         stage_world = world_size // pp
         for shape in shapes:
@@ -200,8 +222,9 @@ def search_pipelines(
                                         cfg, base, costs, stage_world, stage_shape, max_inflight
                                     )
                                 priced = layouts[key]
-                                if priced is None:
-                                    continue
+                                if priced is None or (pp, key) in seen:
+                                    continue  # (zero > 0 at dp=1 is the same plan as 0)
+                                seen.add((pp, key))
                                 found.screened += 1
                                 screens.append(
                                     _screen(
@@ -275,7 +298,7 @@ def _price_layout(
         region_s = region_compute_s(
             cfg, base, costs, stage_world, BatchShape(rows, rows), max_inflight=max_inflight
         )
-    except BatchSplitError:
+    except ValueError:  # the batch does not split (BatchSplitError), or the layout refuses it
         return None
     c = two.step_s - one.step_s
     if region_s is None or not sum(region_s):
@@ -351,10 +374,9 @@ def _walk(
         res = simulate_plan(
             cfg, plan, costs, world_size, shape, max_inflight=max_inflight, timeline=False
         )
-    except BatchSplitError:
+    except ValueError:  # the batch does not split (BatchSplitError), or the stages refuse it
         return None
-    cand = Candidate(plan, res, res.peak_mem_bytes <= budget_bytes, "pipeline", shape, True)
-    return cand
+    return PipelineCandidate(plan, res, res.peak_mem_bytes <= budget_bytes, "pipeline", shape, True)
 
 
 def _refine(
@@ -397,3 +419,54 @@ def _refine(
         if not improved:
             break
     return best
+
+
+def search_config_pipelines(
+    cfg: Config,
+    world_size: int,
+    costs: Costs,
+    budget_bytes: float,
+    *,
+    pp_options: tuple[int, ...] = (),
+    pp_schedules: tuple[str, ...] = PIPELINE_SCHEDULES,
+    schedules: tuple[str, ...] = ("megatron", "oases"),
+    zeros: tuple[int, ...] = PIPELINE_ZEROS,
+    sps: tuple[str, ...] = ("shards",),
+    search_micro_batch: bool = True,
+    max_tp: int | None = None,
+) -> PipelineSearch:
+    """``search_pipelines`` for a run file, as ``planner.search_plans`` plans it: the config's
+    batch (and ``micro_batch_options`` of it with ``search_micro_batch``), TP degrees up to
+    ``max_tp`` (default: a server's GPUs: a stage's TP stays inside a server), ``sps`` beside
+    no sequence parallelism. Every candidate's plan notes what it assumed (world size, global
+    batch, a stage's micro-batch ``micro_rows``) and the precision it was priced in."""
+    from oases.planner import batch_shape, micro_batch_options
+    from oases.planner.search import candidate_degrees
+
+    cluster = getattr(costs, "cluster", None)
+    if max_tp is None and cluster is not None:
+        max_tp = cluster.server.gpus_per_server
+    batch = batch_shape(cfg, world_size)
+    found = search_pipelines(
+        cfg.model,
+        costs,
+        world_size,
+        batch,
+        budget_bytes,
+        schedules=schedules,
+        degrees=candidate_degrees(cfg.model, world_size, max_tp),
+        zeros=zeros,
+        sps=("", *(s for s in sps if s)),
+        micro_batches=micro_batch_options(batch) if search_micro_batch else (),
+        pp_options=pp_options,
+        pp_schedules=pp_schedules,
+        max_inflight=cfg.schedule.max_inflight,
+    )
+    priced = precision_of(costs).describe()
+    for c in found.candidates:
+        assert c.batch is not None
+        c.plan.notes.update(
+            world_size=world_size, global_batch=c.batch.global_batch, micro_rows=c.batch.micro_rows
+        )
+        c.plan.precision = dict(priced)
+    return found
