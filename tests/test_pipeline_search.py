@@ -159,3 +159,60 @@ def test_oases_plan_pp_auto_writes_the_pipeline(tmp_path):
     assert "pipelines:" in proc.stdout and "best without a pipeline" in proc.stdout
     raw = json.loads(out.read_text())
     assert raw["pp"] == 2 and raw["pp_schedule"] and raw["stage_starts"]
+
+
+@pytest.mark.slow
+@pytest.mark.exact
+def test_train_runs_a_searched_pipeline_plan_file_exactly(tmp_path):
+    """A pipeline plan the search chose (2 ranks, one GPU per server over 10 GbE) written to a
+    file and run by ``oases train --parallel.plan=FILE`` on 2 ranks in float64: every step's
+    loss and gradient norm equal a one-rank run's of the single-device model."""
+    import io
+    import json
+
+    import torch
+
+    from exactness import EXACT64
+    from oases.config import load_config
+    from oases.planner.clusters import load_cluster
+    from oases.train.loop import train
+    from test_train_cli import TINY, _run_cli
+
+    (tmp_path / "slow2.toml").write_text(SLOW_TWO_SERVERS)
+    cfg = load_config(TINY, [])
+    costs = HardwareCosts(load_cluster(tmp_path / "slow2.toml"), cfg.model, "fp32", "fp32")
+    found = search_config_pipelines(cfg, 2, costs, 1e12, pp_options=(2,))
+    assert found.best is not None and found.best.plan.pp == 2
+    plan_path = tmp_path / "plan.json"
+    found.best.plan.save(plan_path)
+    run_dir = tmp_path / "run"
+    args = [
+        str(TINY),
+        "--nproc-per-node",
+        "2",
+        f"--train.run_dir={run_dir}",
+        "--train.precision=fp64",
+        "--train.sample_tokens=0",
+        f"--parallel.plan={plan_path}",
+    ]
+    proc, _ = _run_cli(args, 240)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "pp=2" in proc.stdout
+    ref = train(
+        load_config(
+            TINY,
+            [
+                f"--train.run_dir={tmp_path / 'one'}",
+                "--parallel.tp=1",
+                "--train.precision=fp64",
+                "--train.sample_tokens=0",
+                "--checkpoint.resume=never",
+            ],
+        ),
+        log=io.StringIO(),
+    )
+    lines = [json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    rows = [r for r in lines if "loss" in r]
+    assert [r["step"] for r in rows] == list(range(1, 7))
+    torch.testing.assert_close([r["loss"] for r in rows], ref["losses"], **EXACT64)
+    torch.testing.assert_close([r["grad_norm"] for r in rows], ref["grad_norms"], **EXACT64)
