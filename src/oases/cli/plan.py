@@ -201,7 +201,11 @@ def _plan(ns: argparse.Namespace, overrides: list[str]) -> int:
         )
     )
     if ns.verify:
-        return _verify(ns, overrides, cfg, best, candidates, budget.bytes, text, costs)
+        if pipelines is not None and pipelines.best is not None and pipelines.best is not best:
+            best_pp = [pipelines.best]  # measured too: the best pipeline plan beside the chosen
+        else:
+            best_pp = []
+        return _verify(ns, overrides, cfg, best, candidates, budget.bytes, text, costs, best_pp)
     return 0
 
 
@@ -306,6 +310,7 @@ def _verify(
     budget: float,
     text: str,
     costs: object,
+    also: list[Candidate],
 ) -> int:
     from oases.bench.suite import resolve_link
     from oases.planner.profile import Profile
@@ -326,12 +331,14 @@ def _verify(
     out = Path(ns.verify)
     out.mkdir(parents=True, exist_ok=True)
     rate, label, _ = resolve_link(ns.link, ns.config, overrides, ns.world_size, cfg.parallel.tp)
-    chosen = [best]
+    chosen = [best, *also]
     if ns.candidates == "all":
         chosen += [
             c
             for c in candidates
-            if c is not best and (c.kind == "uniform" or (c.fits and not c.plan.is_uniform()))
+            if c is not best
+            and c not in also
+            and (c.kind == "uniform" or (c.fits and not c.plan.is_uniform()))
         ]  # and every mixed plan the search found
     profiled = isinstance(costs, Profile)  # re-time the pieces as the profile timed them
     rows = measure_candidates(

@@ -45,7 +45,7 @@ from oases.planner.precision import precision_of
 from oases.planner.simulate import PlanResult, _CachedCosts, region_compute_s, simulate_plan
 from oases.stages import PIPELINE_SCHEDULES, block_start
 
-FINALISTS = 3  # screened combinations walked whole (each in every pipeline order)
+FINALISTS = 5  # screened combinations walked whole (each in every pipeline order)
 SCREEN_SLACK = 1.25  # the screen's peak may exceed the budget by this much and still be walked
 PIPELINE_ZEROS = (0, 1, 2)  # the runtime runs ZeRO 2 at most under a pipeline
 
