@@ -46,7 +46,10 @@ def describe(c) -> dict:  # noqa: ANN001 - a Candidate
 
 def main() -> None:
     for arg in sys.argv[1:]:
-        run_case(*arg.split("|"))
+        try:
+            run_case(*arg.split("|"))
+        except ValueError as exc:  # a case that does not fit its cluster: say so, go on
+            print(f"{arg.split('|')[0]}: {exc}", flush=True)
 
 
 def run_case(case: str, runfile: str, cluster_name: str, gbps: str, world: str, fused: str) -> None:
