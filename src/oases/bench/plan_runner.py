@@ -14,6 +14,7 @@ timed after the steps, as ``oases profile`` times them (``retime``).
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import statistics
 from pathlib import Path
@@ -43,7 +44,9 @@ def run(spec: dict) -> None:
     torch.set_num_threads(1)
     plan = ParallelPlan.load(spec["plan"])
     embed_tp = plan.tp_of("embed")
-    ctx = init_distributed(tp=embed_tp, timeout_s=cfg.parallel.timeout_s, degrees=plan.degrees())
+    ctx = init_distributed(
+        tp=embed_tp, timeout_s=cfg.parallel.timeout_s, degrees=plan.degrees(), pp=plan.pp
+    )
     comm.barrier(ctx.world_group)
     before_model = device_baseline(ctx)  # as the profile measures its baseline
     torch.manual_seed(cfg.train.seed)
@@ -53,9 +56,10 @@ def run(spec: dict) -> None:
     optimizer = build_optimizer(model, cfg.train)  # ZeroAdamW where regions are sharded
     # the world's micro-batch, as the planner assumed it (the plan notes the one it searched),
     # in the embedding's layout: each of its dp groups feeds its share
+    # (a pipeline's: across one stage of stage_size ranks, every stage fed the same rows)
     micro_rows = int(plan.notes.get("micro_rows") or batch_shape(cfg, ctx.world_size).micro_rows)
-    local_micro = micro_rows * embed_tp // ctx.world_size
-    local_rows = cfg.train.global_batch * embed_tp // ctx.world_size
+    local_micro = micro_rows * embed_tp // ctx.stage_size
+    local_rows = cfg.train.global_batch * embed_tp // ctx.stage_size
     precision = resolve_precision(cfg.train.precision, ctx.device, cfg.parallel.grad_reduce_dtype)
     schedule = build_schedule(
         plan.schedule,
@@ -65,7 +69,7 @@ def run(spec: dict) -> None:
         grad_reduce_dtype=precision.grad_reduce_dtype,
         sp=plan.sp(),
     )
-    gen = torch.Generator().manual_seed(cfg.train.seed + ctx.rank // embed_tp)
+    gen = torch.Generator().manual_seed(cfg.train.seed + ctx.stage.rank // embed_tp)
     tokens = torch.randint(
         0, cfg.model.vocab_size, (local_rows, cfg.model.seq_len), generator=gen
     ).to(ctx.device)
@@ -94,6 +98,16 @@ def run(spec: dict) -> None:
     retimed: dict = {}
     if spec.get("retime"):
         del model, optimizer, schedule
+        if plan.pp > 1:  # the pieces of one stage's layout, timed without the pipeline
+            ctx = init_distributed(
+                tp=embed_tp, timeout_s=cfg.parallel.timeout_s, degrees=plan.degrees()
+            )
+            plan = dataclasses.replace(
+                plan,
+                pp=1,
+                stage_starts=[],
+                regions=[dataclasses.replace(r, dp=ctx.world_size // r.tp) for r in plan.regions],
+            )
         retimed = retime(cfg, ctx, plan, local_micro, int(spec.get("retime_repeats", 2)), precision)
     if ctx.rank == 0:
         Path(spec["out"]).write_text(

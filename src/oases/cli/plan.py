@@ -12,6 +12,7 @@ from oases.cli.command import BENCH_CONFIG, SubCommand
 from oases.config import Config, load_config
 
 if TYPE_CHECKING:
+    from oases.planner.pipeline_search import PipelineSearch
     from oases.planner.search import Candidate, SearchStats
 
 
@@ -78,6 +79,20 @@ def _plan_arguments(plan: argparse.ArgumentParser) -> None:
         help="the reference search: every chain solved and every plan simulated by walking "
         "its instructions (slow; the same plan as the default search)",
     )
+    plan.add_argument(
+        "--pp",
+        default="1",
+        metavar="auto|P[,P...]",
+        help="pipeline stages: 1 none (default); auto every depth that divides the world "
+        "and fits the servers; or the depths given. Searched together with the stage "
+        "boundaries, the pipeline order, the micro-batch, TP, schedule, ZeRO and sp; the "
+        "faster of the best plans with and without a pipeline is written",
+    )
+    plan.add_argument(
+        "--pp-schedules",
+        default="gpipe,1f1b,1f1b-pair,zb-h1",
+        help="with --pp: pipeline orders to consider (default: %(default)s)",
+    )
     plan.add_argument("--out", default="plan.json", help="plan file to write")
     plan.add_argument(
         "--verify",
@@ -138,6 +153,12 @@ def _plan(ns: argparse.Namespace, overrides: list[str]) -> int:
         exhaustive=ns.exhaustive,
     )
     best, candidates = found.best, found.candidates
+    pipelines = _pipelines(ns, cfg, costs, budget.bytes, schedules, zeros, sps)
+    if pipelines is not None:
+        from oases.planner.pipeline_search import choose
+
+        best = choose(best, pipelines)
+        candidates = [*candidates, *pipelines.candidates]
     best.plan.save(ns.out)
     text = "\n".join(
         [
@@ -159,6 +180,7 @@ def _plan(ns: argparse.Namespace, overrides: list[str]) -> int:
                 simulated=stats.simulated,
             ),
             searched_line(stats, ns.exhaustive),
+            *([] if pipelines is None else _pipeline_lines(pipelines, found.best, best)),
             *(
                 ["kept out of the search:", *(f"  {line}" for line in found.excluded)]
                 if found.excluded
@@ -179,8 +201,77 @@ def _plan(ns: argparse.Namespace, overrides: list[str]) -> int:
         )
     )
     if ns.verify:
-        return _verify(ns, overrides, cfg, best, candidates, budget.bytes, text, costs)
+        if pipelines is not None and pipelines.best is not None and pipelines.best is not best:
+            best_pp = [pipelines.best]  # measured too: the best pipeline plan beside the chosen
+        else:
+            best_pp = []
+        return _verify(ns, overrides, cfg, best, candidates, budget.bytes, text, costs, best_pp)
     return 0
+
+
+def _pipelines(
+    ns: argparse.Namespace,
+    cfg: Config,
+    costs: object,
+    budget: float,
+    schedules: tuple[str, ...] | None,
+    zeros: tuple[int, ...],
+    sps: tuple[str, ...],
+) -> PipelineSearch | None:
+    """``--pp``: the pipeline search (None at ``--pp 1``)."""
+    from oases.planner.pipeline_search import PIPELINE_ZEROS, search_config_pipelines
+    from oases.stages import check_pipeline_schedule
+
+    if ns.pp == "1":
+        return None
+    try:
+        depths = () if ns.pp == "auto" else tuple(int(p) for p in ns.pp.split(","))
+    except ValueError:
+        raise ValueError(f"--pp={ns.pp!r} must be 1, auto or depths like 2,4") from None
+    for p in depths:
+        if p < 2 or ns.world_size % p:
+            raise ValueError(f"--pp {p} must be a divisor > 1 of --world-size {ns.world_size}")
+    orders = tuple(o for o in ns.pp_schedules.split(",") if o)
+    for o in orders:
+        check_pipeline_schedule(o)
+    kw = {"schedules": schedules} if schedules is not None else {}
+    return search_config_pipelines(
+        cfg,
+        ns.world_size,
+        costs,  # type: ignore[arg-type]
+        budget,
+        pp_options=depths,
+        pp_schedules=orders,
+        zeros=tuple(z for z in zeros if z in PIPELINE_ZEROS),
+        sps=sps,
+        search_micro_batch=not ns.fixed_micro_batch,
+        max_tp=ns.max_tp,
+        **kw,
+    )
+
+
+def _pipeline_lines(found: PipelineSearch, flat: Candidate, chosen: Candidate) -> list[str]:
+    """What the pipeline search found, beside the best plan without a pipeline."""
+    lines = [
+        f"pipelines: {found.screened} combinations screened, {found.walked} walked whole, "
+        f"{found.wall_s:.1f} s"
+    ]
+    fitting = sorted((c for c in found.candidates if c.fits), key=lambda c: c.result.step_s)
+    for c in fitting[:5]:
+        lines.append(
+            f"  {c.result.step_s:.4g} s, {c.result.peak_mem_bytes / 2**30:.2f} GiB, "
+            f"bound by {c.result.bound()}: {c.label()}"
+        )
+    if not fitting:
+        lines.append("  no pipeline plan fits the budget")
+    lines += [f"  {note}" for note in found.notes]
+    lines.append(
+        f"best without a pipeline {flat.result.step_s:.4g} s"
+        + ("" if flat.fits else " (over the budget)")
+        + (f"; best with one {found.best.result.step_s:.4g} s" if found.best is not None else "")
+        + f"; chosen: {chosen.label()}"
+    )
+    return lines
 
 
 class _Progress:
@@ -219,6 +310,7 @@ def _verify(
     budget: float,
     text: str,
     costs: object,
+    also: list[Candidate],
 ) -> int:
     from oases.bench.suite import resolve_link
     from oases.planner.profile import Profile
@@ -239,12 +331,14 @@ def _verify(
     out = Path(ns.verify)
     out.mkdir(parents=True, exist_ok=True)
     rate, label, _ = resolve_link(ns.link, ns.config, overrides, ns.world_size, cfg.parallel.tp)
-    chosen = [best]
+    chosen = [best, *also]
     if ns.candidates == "all":
         chosen += [
             c
             for c in candidates
-            if c is not best and (c.kind == "uniform" or (c.fits and not c.plan.is_uniform()))
+            if c is not best
+            and c not in also
+            and (c.kind == "uniform" or (c.fits and not c.plan.is_uniform()))
         ]  # and every mixed plan the search found
     profiled = isinstance(costs, Profile)  # re-time the pieces as the profile timed them
     rows = measure_candidates(

@@ -100,13 +100,14 @@ def apply_plan_knobs(cfg: Config, plan: ParallelPlan, world_size: int) -> None:
     stages = {r.zero for r in plan.regions}
     if len(stages) == 1 and None not in stages:
         cfg.parallel.zero = stages.pop()
-    micro_rows = plan.notes.get("micro_rows")
+    micro_rows = plan.notes.get("micro_rows")  # across the world (a pipeline: one stage)
     if micro_rows:
-        local, left = divmod(int(micro_rows) * plan.tp_of("embed"), world_size)
+        stage = world_size // plan.pp
+        local, left = divmod(int(micro_rows) * plan.tp_of("embed"), stage)
         if left or local < 1:
             raise ValueError(
                 f"the plan's micro-batch of {micro_rows} sequences does not split "
-                f"over dp={world_size // plan.tp_of('embed')} ranks"
+                f"over dp={stage // plan.tp_of('embed')} ranks"
             )
         # micro_batch is per rank at parallel.tp: both in the embedding's layout, so planning
         # this config again (every rank does) sees the same world micro-batch

@@ -1,0 +1,218 @@
+"""The pipeline search (``planner.pipeline_search``): stage boundaries balanced against a brute
+force; the depths that fit the servers; a pipeline plan found where it must win (a slow link
+between servers, a model whose gradient reduction dominates) and not where it must lose (one
+server, a fast link); the numbers a candidate carries are its full walk's; the plan file round
+trip; ``oases plan --pp``; and a pipeline plan file run by ``oases train`` on 2 ranks, float64
+equal to the single-device model."""
+
+from __future__ import annotations
+
+import itertools
+import random
+
+import pytest
+
+from oases.config import Config, ModelConfig
+from oases.plan import ParallelPlan
+from oases.planner import search_plans
+from oases.planner.budget import costs_budget
+from oases.planner.hardware import HardwareCosts
+from oases.planner.pipeline_search import (
+    balanced_stage_starts,
+    choose,
+    pipeline_depths,
+    search_config_pipelines,
+    stage_shares,
+)
+from oases.planner.simulate import simulate_plan
+from oases.planner.whatif import load_any_cluster
+from oases.stages import block_start
+
+DP_HEAVY = ModelConfig(arch="gpt2", dim=2048, n_heads=16, n_layers=8, vocab_size=512, seq_len=256)
+SLOW_TWO_SERVERS = """name = "slow2"
+servers = 2
+inter_link = "10gbe"
+[server]
+gpus_per_server = 1
+gpu = "rtx3090"
+link = "pcie4-x16-geforce"
+"""
+
+
+def _config(model: ModelConfig, global_batch: int, micro_batch: int, tp: int) -> Config:
+    cfg = Config()
+    cfg.model = model
+    cfg.train.global_batch, cfg.train.micro_batch, cfg.parallel.tp = global_batch, micro_batch, tp
+    return cfg
+
+
+def _brute_force(region_s: list[float], pp: int) -> float:
+    n_layers = (len(region_s) - 2) // 2
+    best = float("inf")
+    for cuts in itertools.combinations(range(1, n_layers), pp - 1):
+        starts = tuple(block_start(c) for c in cuts)
+        edges = (0, *starts, len(region_s))
+        best = min(best, max(sum(region_s[a:b]) for a, b in zip(edges, edges[1:])))
+    return best
+
+
+@pytest.mark.parametrize("seed", range(20))
+def test_balanced_stage_starts_match_the_brute_force(seed):
+    rng = random.Random(seed)
+    n_layers, pp = rng.randint(2, 9), rng.randint(2, 4)
+    if pp > n_layers:
+        pp = n_layers
+    region_s = [rng.uniform(0.1, 3.0) for _ in range(2 * n_layers + 2)]
+    starts = balanced_stage_starts(region_s, pp)
+    total = sum(region_s)
+    got = max(stage_shares(region_s, starts)) * total
+    assert got == pytest.approx(_brute_force(region_s, pp), rel=1e-12)
+    ParallelPlan.uniform(
+        ModelConfig(n_layers=n_layers, dim=32, n_heads=4), pp, 1, pp=pp, stage_starts=list(starts)
+    ).check(ModelConfig(n_layers=n_layers, dim=32, n_heads=4), pp)
+
+
+def test_pipeline_depths_fit_the_servers():
+    assert pipeline_depths(32, 40, 4) == [2, 4, 8, 16, 32]  # stages of 16, 8, 4, 2, 1 GPUs
+    assert pipeline_depths(24, 40, 4) == [2, 3, 6, 12, 24]  # not 4 (stages of 6 GPUs)
+    assert pipeline_depths(32, 6, 4) == [2, 4]  # at most one block a stage
+    assert pipeline_depths(32, 40, 4, (4, 3)) == [4]
+    assert pipeline_depths(8, 8, None) == [2, 4, 8]
+
+
+def _both(cfg: Config, costs: HardwareCosts, world: int):  # noqa: ANN202
+    budget = costs_budget(0.0, costs).bytes
+    flat = search_plans(
+        cfg, world, costs, budget, ("megatron", "oases"), zeros=(0, 1), sps=(),
+        search_micro_batch=False,
+    )  # fmt: skip
+    piped = search_config_pipelines(cfg, world, costs, budget, search_micro_batch=False, sps=())
+    return flat.best, piped
+
+
+def test_a_pipeline_wins_on_a_slow_link_where_the_reduction_dominates():
+    """Two 4-GPU servers joined by 1 Gb/s, a model of 0.4 G parameters and 32 sequences a
+    step: every plan without a pipeline reduces the gradient over the slow port, a pipeline
+    of one stage per server sends only activations over it."""
+    cfg = _config(DP_HEAVY, 32, 1, 1)
+    costs = HardwareCosts(load_any_cluster("paper-3090-pcie-32", 1.0), DP_HEAVY, "bf16", "fp32")
+    flat, piped = _both(cfg, costs, 8)
+    assert piped.best is not None and piped.best.fits
+    assert piped.best.result.step_s < 0.2 * flat.result.step_s
+    chosen = choose(flat, piped)
+    assert chosen is piped.best and chosen.plan.pp == 2
+    assert "pp=2" in chosen.label()
+    # the numbers a candidate carries are its own full walk's
+    again = simulate_plan(DP_HEAVY, chosen.plan, costs, 8, chosen.batch, timeline=False)
+    assert again.step_s == chosen.result.step_s
+    assert again.peak_mem_bytes == chosen.result.peak_mem_bytes
+    assert chosen.plan.notes["micro_rows"] == chosen.batch.micro_rows
+    assert chosen.plan.precision == {"compute": "bf16", "grad_reduce": "fp32", "master": "fp32"}
+
+
+def test_no_pipeline_where_it_must_lose():
+    """One server of 8 A100s on NVLink, a small model, 8 sequences a step: the reduction is
+    cheap and a pipeline's bubble is not, so the plan without a pipeline is chosen."""
+    model = ModelConfig(arch="gpt2", dim=256, n_heads=4, n_layers=8, vocab_size=512, seq_len=1024)
+    cfg = _config(model, 8, 1, 1)
+    costs = HardwareCosts(load_any_cluster("a100-ib-64"), model, "bf16", "fp32")
+    flat, piped = _both(cfg, costs, 8)
+    assert piped.best is not None
+    assert piped.best.result.step_s > flat.result.step_s
+    assert choose(flat, piped) is flat
+
+
+def test_the_plan_file_round_trip_keeps_the_pipeline(tmp_path):
+    cfg = _config(DP_HEAVY, 32, 1, 1)
+    costs = HardwareCosts(load_any_cluster("paper-3090-pcie-32", 1.0), DP_HEAVY, "bf16", "fp32")
+    _, piped = _both(cfg, costs, 8)
+    plan = piped.best.plan
+    plan.stage_starts = [7]  # not the default boundaries: the file must keep them
+    plan.save(tmp_path / "plan.json")
+    back = ParallelPlan.load(tmp_path / "plan.json")
+    assert back == plan
+    assert (back.pp, back.pp_schedule, back.stage_starts) == (2, plan.pp_schedule, [7])
+    back.check(DP_HEAVY, 8)
+    a = simulate_plan(DP_HEAVY, plan, costs, 8, piped.best.batch, timeline=False)
+    b = simulate_plan(DP_HEAVY, back, costs, 8, piped.best.batch, timeline=False)
+    assert a.step_s == b.step_s
+
+
+@pytest.mark.slow
+def test_oases_plan_pp_auto_writes_the_pipeline(tmp_path):
+    import json
+    import subprocess
+    import sys
+
+    from test_train_cli import TINY
+
+    cluster = tmp_path / "slow2.toml"
+    cluster.write_text(SLOW_TWO_SERVERS)
+    out = tmp_path / "plan.json"
+    proc = subprocess.run(
+        [sys.executable, "-m", "oases", "plan", str(TINY), "--world-size", "2", "--hardware",
+         str(cluster), "--pp", "auto", "--out", str(out), "--model.dim=512",
+         "--model.n_layers=4", "--model.vocab_size=256"],
+        capture_output=True, text=True, timeout=240,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "pipelines:" in proc.stdout and "best without a pipeline" in proc.stdout
+    raw = json.loads(out.read_text())
+    assert raw["pp"] == 2 and raw["pp_schedule"] and raw["stage_starts"]
+
+
+@pytest.mark.slow
+@pytest.mark.exact
+def test_train_runs_a_searched_pipeline_plan_file_exactly(tmp_path):
+    """A pipeline plan the search chose (2 ranks, one GPU per server over 10 GbE) written to a
+    file and run by ``oases train --parallel.plan=FILE`` on 2 ranks in float64: every step's
+    loss and gradient norm equal a one-rank run's of the single-device model."""
+    import io
+    import json
+
+    import torch
+
+    from exactness import EXACT64
+    from oases.config import load_config
+    from oases.planner.clusters import load_cluster
+    from oases.train.loop import train
+    from test_train_cli import TINY, _run_cli
+
+    (tmp_path / "slow2.toml").write_text(SLOW_TWO_SERVERS)
+    cfg = load_config(TINY, [])
+    costs = HardwareCosts(load_cluster(tmp_path / "slow2.toml"), cfg.model, "fp32", "fp32")
+    found = search_config_pipelines(cfg, 2, costs, 1e12, pp_options=(2,))
+    assert found.best is not None and found.best.plan.pp == 2
+    plan_path = tmp_path / "plan.json"
+    found.best.plan.save(plan_path)
+    run_dir = tmp_path / "run"
+    args = [
+        str(TINY),
+        "--nproc-per-node",
+        "2",
+        f"--train.run_dir={run_dir}",
+        "--train.precision=fp64",
+        "--train.sample_tokens=0",
+        f"--parallel.plan={plan_path}",
+    ]
+    proc, _ = _run_cli(args, 240)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "pp=2" in proc.stdout
+    ref = train(
+        load_config(
+            TINY,
+            [
+                f"--train.run_dir={tmp_path / 'one'}",
+                "--parallel.tp=1",
+                "--train.precision=fp64",
+                "--train.sample_tokens=0",
+                "--checkpoint.resume=never",
+            ],
+        ),
+        log=io.StringIO(),
+    )
+    lines = [json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    rows = [r for r in lines if "loss" in r]
+    assert [r["step"] for r in rows] == list(range(1, 7))
+    torch.testing.assert_close([r["loss"] for r in rows], ref["losses"], **EXACT64)
+    torch.testing.assert_close([r["grad_norm"] for r in rows], ref["grad_norms"], **EXACT64)
