@@ -21,7 +21,7 @@ from oases.planner.budget import costs_budget
 from oases.planner.hardware import HardwareCosts
 from oases.planner.pipeline_search import search_config_pipelines
 from oases.planner.precision import resolve_plan_precision
-from oases.planner.whatif import load_any_cluster
+from oases.planner.sim_inputs import load_any_cluster
 
 
 def describe(c) -> dict:  # noqa: ANN001 - a Candidate

@@ -18,7 +18,7 @@ from oases.plan import ParallelPlan
 from oases.planner.batch import BatchShape
 from oases.planner.hardware import HardwareCosts
 from oases.planner.pipeline_walk import simulate_pipeline
-from oases.planner.whatif import load_any_cluster
+from oases.planner.sim_inputs import load_any_cluster
 
 HERE = Path(__file__).parent
 CFG = ModelConfig(  # (untied: a tied embedding's gradient sum between the servers is its own wait)
