@@ -24,8 +24,8 @@ from oases.planner.pipeline_search import (
     search_config_pipelines,
     stage_shares,
 )
-from oases.planner.simulate import simulate_plan
 from oases.planner.sim_inputs import load_any_cluster
+from oases.planner.simulate import simulate_plan
 from oases.stages import block_start
 
 DP_HEAVY = ModelConfig(arch="gpt2", dim=2048, n_heads=16, n_layers=8, vocab_size=512, seq_len=256)

@@ -203,7 +203,10 @@ def _build(
     units = pipeline_order(pp_schedule, layout.pp, stage, n_micro, layout.chunks)
     bodies = [_unit_body(_unit_tasks(unit, passes), spec, max_inflight) for unit in units]
     if regathers(spec.recompute, spec.scope, sp):  # sp="shards": "gh" in each unit
-        bodies = [insert_regathers(b, n, not spec.overlapped, lo, hi) for b in bodies]
+        bodies = [
+            insert_regathers(b, n, not spec.overlapped, *ranges[_backward_chunk(u)])
+            for u, b in zip(units, bodies, strict=True)
+        ]
     program = _place_p2p(units, bodies, passes)
     if dp_tasks:
         first_norm = frozenset(lo - 1 for lo, _ in ranges if lo > 0 and lo - 1 in dp_tasks)
@@ -253,6 +256,12 @@ def _on_stage(tasks: list[Task], lo: int, hi: int, n: int) -> list[_Marked]:
                 send, produces = ("sb", i, j), None
         out.append(_Marked(Task(task.compute, needs, produces), recv, send))
     return out
+
+
+def _backward_chunk(unit: Unit) -> int:
+    """The model chunk of a unit's backward pass (0: none, or one chunk per stage): the range
+    of regions whose re-gathers it starts."""
+    return next((p[2] for p in unit if p[0] == "B" and len(p) > 2), 0)
 
 
 def _unit_tasks(unit: Unit, passes: dict[tuple, list[_Marked]]) -> list[_Marked]:
