@@ -295,9 +295,6 @@ def run_attempt(a: Attempt) -> list[RankEnd] | None:
                     RankEnd(r, now, signal="SIGSTOP") for r in sorted(stopped)
                 ]
                 return with_survivors(ends, a.nproc, now)
-            if not running:  # every rank exited 0
-                a.events.open()  # finished: its checks passed
-                return None
             if watch is not None:
                 if not a.events.opened and watch.written():  # the ranks passed their checks
                     a.events.open()
@@ -305,6 +302,9 @@ def run_attempt(a: Attempt) -> list[RankEnd] | None:
                     a.events.add(
                         {"event": "first_step", "step": watch.first_step, "attempt": a.number}
                     )
+            if not running:  # every rank exited 0
+                a.events.open()  # finished: its checks passed
+                return None
             time.sleep(POLL_S)
     finally:
         group.close()
