@@ -1,19 +1,20 @@
-"""Training data: the embedded corpus, user files, the byte tokenizer, packed DP-sharded batches."""
+"""Training data: the embedded corpus, user files, the byte tokenizer, DP-sharded batches of
+windows (``ShardBatches`` over a token stream in memory)."""
 
 import json
 import sysconfig
 from pathlib import Path
 
+import numpy as np
 import pytest
 import torch
 
+from oases.data.dataset import ShardBatches
 from oases.train.data import (
     DOC_SEP,
     STDLIB_CAP_BYTES,
     VAL_EVERY,
     ByteTokenizer,
-    PackedBatches,
-    build_tokenizer,
     check_source,
     list_stdlib_files,
     load_corpus,
@@ -21,22 +22,26 @@ from oases.train.data import (
 )
 
 
-def _stream(n: int) -> torch.Tensor:
-    return (torch.arange(n) % 251).to(torch.uint8)
+class _ArrayStream:
+    """A token stream held in memory, read as ``data.shards.TokenStream`` is."""
+
+    def __init__(self, tokens: np.ndarray) -> None:
+        self.tokens = tokens
+
+    def __len__(self) -> int:
+        return len(self.tokens)
+
+    def read(self, start: int, length: int) -> np.ndarray:
+        return self.tokens[start : start + length].astype(np.int64)
 
 
-def test_byte_tokenizer_round_trip():
-    tok = build_tokenizer("byte")
-    text = "def f(x):\n    return 'héllo' + x  # ünïcode\n"
-    ids = tok.encode(text)
-    assert tok.vocab_size == 256 and all(0 <= i < 256 for i in ids)
-    assert tok.decode(ids) == text
-    with pytest.raises(ValueError, match="data.tokenizer='bpe'.*valid: byte"):
-        build_tokenizer("bpe")
+def _batches(n: int, seq_len: int, global_batch: int, **kw) -> ShardBatches:
+    stream = _ArrayStream((np.arange(n) % 251).astype(np.uint8))
+    return ShardBatches([stream], [1.0], seq_len, global_batch, **kw)
 
 
 def test_windows_are_shifted_token_target_pairs():
-    data = PackedBatches(_stream(1000), seq_len=8, global_batch=4, seed=0)
+    data = _batches(1000, seq_len=8, global_batch=4, seed=0)
     tokens, targets = data.next_batch()
     assert tokens.shape == targets.shape == (4, 8) and tokens.dtype == torch.int64
     assert torch.equal(tokens[:, 1:], targets[:, :-1])
@@ -44,15 +49,15 @@ def test_windows_are_shifted_token_target_pairs():
 
 
 def test_order_is_deterministic_from_seed():
-    a = PackedBatches(_stream(5000), seq_len=16, global_batch=8, seed=3)
-    b = PackedBatches(_stream(5000), seq_len=16, global_batch=8, seed=3)
-    c = PackedBatches(_stream(5000), seq_len=16, global_batch=8, seed=4)
+    a = _batches(5000, seq_len=16, global_batch=8, seed=3)
+    b = _batches(5000, seq_len=16, global_batch=8, seed=3)
+    c = _batches(5000, seq_len=16, global_batch=8, seed=4)
     for _ in range(5):
         (ta, _), (tb, _), (tc, _) = a.next_batch(), b.next_batch(), c.next_batch()
         assert torch.equal(ta, tb)
     assert not torch.equal(ta, tc)
     # batch(i) is a pure function: resuming from a saved position gives the same batches
-    d = PackedBatches(_stream(5000), seq_len=16, global_batch=8, seed=3)
+    d = _batches(5000, seq_len=16, global_batch=8, seed=3)
     d.load_state_dict({"position": 2})
     assert d.state_dict() == {"position": 2}
     assert torch.equal(d.next_batch()[0], a.batch(2)[0])
@@ -60,9 +65,9 @@ def test_order_is_deterministic_from_seed():
 
 @pytest.mark.parametrize("dp", [1, 2, 4])
 def test_dp_shards_are_disjoint_contiguous_and_cover_an_epoch(dp):
-    stream, S, G = _stream(17 * 40), 16, 8  # 40 windows of 17 tokens: 5 global batches
-    full = PackedBatches(stream, S, G, seed=1)
-    shards = [PackedBatches(stream, S, G, dp_rank=r, dp=dp, seed=1) for r in range(dp)]
+    S, G = 16, 8  # 40 windows of 17 tokens: 5 global batches
+    full = _batches(17 * 40, S, G, seed=1)
+    shards = [_batches(17 * 40, S, G, dp_rank=r, dp=dp, seed=1) for r in range(dp)]
     seen = []
     for i in range(full.n_windows // G):
         ids = [shard.window_ids(i) for shard in shards]
@@ -75,17 +80,23 @@ def test_dp_shards_are_disjoint_contiguous_and_cover_an_epoch(dp):
 
 
 def test_epochs_reshuffle_and_keep_going():
-    data = PackedBatches(_stream(17 * 6), 16, 4, seed=0)  # 6 windows, batches wrap epochs
+    data = _batches(17 * 6, 16, 4, seed=0)  # 6 windows, batches wrap epochs
     ids = [data.window_ids(i) for i in range(3)]
     flat = sum(ids, [])
     assert sorted(flat[:6]) == list(range(6)) and sorted(flat[6:12]) == list(range(6))
+    assert flat[:6] != flat[6:12]  # each epoch its own order
+
+
+def test_validation_windows_come_in_stream_order():
+    data = _batches(17 * 6, 16, 2, shuffle=False)
+    assert [data.window_ids(i) for i in range(4)] == [[0, 1], [2, 3], [4, 5], [0, 1]]
 
 
 def test_bad_batch_arguments():
     with pytest.raises(ValueError, match="global_batch=6 is not divisible by dp=4"):
-        PackedBatches(_stream(1000), 8, 6, dp_rank=0, dp=4)
+        _batches(1000, 8, 6, dp_rank=0, dp=4)
     with pytest.raises(ValueError, match="10 tokens, fewer than one window.*= 17"):
-        PackedBatches(_stream(10), 16, 4)
+        _batches(10, 16, 4)
 
 
 def test_stdlib_corpus_files_and_split():

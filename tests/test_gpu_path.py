@@ -20,7 +20,7 @@ from oases.parallel.context import (
     release_groups,
 )
 from oases.train.launch import EXIT_RANK_FAILED, nccl_timeout_line
-from oases.train.supervise import _error_line
+from oases.train.rank_ends import error_line
 
 # The watchdog's lines as ProcessGroupNCCL prints them (the format of torch's message: "[Rank r]
 # Watchdog caught collective operation timeout: <work> ran for <ms> milliseconds before timing
@@ -82,7 +82,7 @@ def test_supervisor_reads_the_timeout_from_an_error_file(tmp_path):
             {"message": {"message": "DistBackendError: " + WATCHDOG_STDERR.split("what():  ")[1]}}
         )
     )
-    assert _error_line(str(path)) == EXPECTED
+    assert error_line(str(path)) == EXPECTED
 
 
 def test_a_rank_prints_the_timeout_in_one_line_and_exits_1(tmp_path):

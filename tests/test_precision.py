@@ -10,6 +10,7 @@ import pytest
 import torch
 
 from oases.config import ModelConfig, load_config
+from oases.config.sections import PRECISION_NAMES
 from oases.model import build_model
 from oases.precision import PRECISIONS, accum_dtype, resolve_precision, upcast
 from oases.train.optim import clip_grad_norm_
@@ -47,6 +48,7 @@ def test_names_map_to_dtypes_and_autocast():
     with pytest.raises(ValueError, match="parallel.grad_reduce_dtype='fp16' must be one of"):
         resolve_precision("bf16", cpu, "fp16")
     assert set(PRECISIONS) == {"auto", "fp32", "bf16", "fp64"}
+    assert tuple(PRECISIONS) == PRECISION_NAMES  # the config checks names without torch
 
 
 def test_config_checks_the_name():

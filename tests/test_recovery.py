@@ -34,16 +34,10 @@ from oases.schedule.program import build_program
 from oases.train import checkpoint as ckpt
 from oases.train import faults
 from oases.train.faults import parse
+from oases.train.rank_ends import RankEnd, cause_of, describe_failure
 from oases.train.restart_events import EventLog, read_events, write_event
 from oases.train.resume import newest_valid_checkpoint
-from oases.train.supervise import (
-    STOP_GRACE_S,
-    MetricsWatch,
-    RankEnd,
-    cause_of,
-    describe_failure,
-    restart_config,
-)
+from oases.train.supervise import STOP_GRACE_S, MetricsWatch, restart_config
 
 REPO = Path(__file__).resolve().parent.parent
 TINY = REPO / "configs" / "tiny.toml"

@@ -14,8 +14,11 @@
 
 Without CONFIG the main job's ``configs/default.toml`` is used. Overrides are every argument of
 the form ``--section.key=value`` or ``--section.key value``. User errors end with one
-``error: ...`` line on stderr and exit code 2 (``main`` catches them for every subcommand),
-before any rank starts where the world size is known. ``--help`` shows every default.
+``error: ...`` line on stderr and exit code 2 (``main`` catches them for every subcommand;
+``oases train`` with local ranks has its first rank make the config and data checks, before
+any rank trains: ``train.launch``). ``--help`` shows every default. Only the subcommand on the
+line gets its arguments built, and nothing here imports torch: ``oases train`` starts its ranks
+first, each imports torch once.
 
 Each subcommand is one :class:`~oases.cli.command.SubCommand` (its texts, arguments, the
 function that runs it) in the module of its family:
@@ -54,20 +57,28 @@ SUBCOMMANDS: tuple[SubCommand, ...] = (TRAIN, BENCH, PROFILE, PLAN, SIMULATE, EX
 COMMANDS: dict[str, SubCommand] = {command.name: command for command in SUBCOMMANDS}
 
 
-def _parser() -> argparse.ArgumentParser:
+def _parser(chosen: str | None = None) -> argparse.ArgumentParser:
+    """``oases``'s parser; only subcommand ``chosen`` (every one when None) gets its arguments,
+    so ``oases train ...`` parses without importing the planner or torch."""
     parser = argparse.ArgumentParser(
         prog="oases", allow_abbrev=False, formatter_class=HelpFormatter
     )
     commands = parser.add_subparsers(dest="command", required=True)
     for command in SUBCOMMANDS:
-        command.add_parser(commands)
+        command.add_parser(commands, arguments=chosen in (None, command.name))
     return parser
+
+
+def _chosen(args: Sequence[str]) -> str:
+    """The subcommand on the line: its first argument that is not an option (``oases`` itself
+    has no option but --help)."""
+    return next((arg for arg in args if not arg.startswith("-")), "")
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Run one ``oases`` subcommand; a user error is one ``error: ...`` line and exit code 2."""
     overrides, rest = split_overrides(list(sys.argv[1:] if argv is None else argv))
-    ns = _parser().parse_args(rest)
+    ns = _parser(_chosen(rest)).parse_args(rest)
     command = COMMANDS[ns.command]
     try:
         if overrides and not command.takes_overrides:

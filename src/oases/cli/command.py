@@ -2,6 +2,8 @@
 and how ``oases.cli.main`` treats its overrides and errors; the help format they all share.
 
     oases.cli._parser()   each SubCommand.add_parser: its texts, then add_arguments(parser)
+                          for the subcommand on the line only (the others' arguments and
+                          epilogs import their families: the planner, torch)
     oases.cli.main(argv)  split the overrides off, parse the rest, refuse overrides unless
                           takes_overrides, run(ns, overrides) -> exit code; a ValueError or
                           OSError (a RuntimeError too where launches_ranks) -> one error line
@@ -53,15 +55,20 @@ class SubCommand:
     takes_overrides: bool = False
     launches_ranks: bool = False
 
-    def add_parser(self, commands: argparse._SubParsersAction) -> argparse.ArgumentParser:
-        """Add this subcommand's parser, with its arguments, to ``oases``'s subparsers."""
+    def add_parser(
+        self, commands: argparse._SubParsersAction, arguments: bool = True
+    ) -> argparse.ArgumentParser:
+        """Add this subcommand's parser to ``oases``'s subparsers: with its arguments and
+        epilog, or (``arguments=False``: a subcommand not on the line) its name and help line
+        alone, which imports nothing of its family."""
         parser = commands.add_parser(
             self.name,
             allow_abbrev=False,
             help=self.help,
             description=self.description,
-            epilog=self.epilog() if self.epilog else None,
+            epilog=self.epilog() if self.epilog and arguments else None,
             formatter_class=HelpFormatter,
         )
-        self.add_arguments(parser)
+        if arguments:
+            self.add_arguments(parser)
         return parser

@@ -17,7 +17,6 @@ import argparse
 from pathlib import Path
 
 from oases.cli.command import HelpFormatter, SubCommand
-from oases.data.sample import BPE_SAMPLE_BYTES
 
 DESCRIPTION = """\
 Tokenize text once into DIR: memory-mapped token shards (the smallest of uint8, uint16 and
@@ -34,6 +33,8 @@ command resumes where it stopped."""
 
 def _data_arguments(data: argparse.ArgumentParser) -> None:
     """``prepare`` and ``inspect`` under ``oases data``, with their arguments."""
+    from oases.data.sample import BPE_SAMPLE_BYTES  # numpy: only with its parser
+
     sub = data.add_subparsers(dest="data_command", required=True)
     prep = sub.add_parser(
         "prepare",

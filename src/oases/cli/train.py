@@ -4,7 +4,6 @@
 from __future__ import annotations
 
 import argparse
-import copy
 
 from oases.cli.command import DEFAULT_CONFIG, SubCommand
 from oases.cli.overrides import config_keys_help
@@ -43,9 +42,7 @@ def _default_world_size(cfg: Config) -> int:
 
 
 def _train(ns: argparse.Namespace, overrides: list[str]) -> int:
-    from oases.train.data import check_source
-    from oases.train.launch import launch, under_torchrun
-    from oases.train.setup import check_config
+    from oases.train.launch import launch, under_torchrun  # no torch: the ranks import it
 
     nproc, max_restarts = ns.nproc_per_node, ns.max_restarts
     if ns.config is None and not DEFAULT_CONFIG.is_file():
@@ -57,11 +54,7 @@ def _train(ns: argparse.Namespace, overrides: list[str]) -> int:
         raise ValueError(f"--max-restarts={max_restarts} must be >= 0")
     if not under_torchrun():  # under torchrun each rank checks against the real world size
         nproc = nproc or _default_world_size(cfg)
-        # on a copy: each rank resolves the config as given, and rank 0 names (once) the
-        # settings that have no effect
-        check_config(copy.deepcopy(cfg), nproc)
-    check_source(cfg.data.source)
-    return launch(cfg, nproc or 1, max_restarts)
+    return launch(cfg, nproc or 1, max_restarts)  # checks the config and data.source first
 
 
 def _export_arguments(export: argparse.ArgumentParser) -> None:

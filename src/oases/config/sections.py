@@ -13,6 +13,10 @@ from dataclasses import dataclass, field
 from oases.config.checks import _check, _divisible, _positive, check_sequence_split
 from oases.config.model import ModelConfig
 
+# the names of oases.precision.PRECISIONS (a test keeps them equal), without importing torch:
+# the launcher loads and checks the config before its ranks start
+PRECISION_NAMES = ("auto", "fp32", "bf16", "fp64")
+
 
 @dataclass
 class ParallelConfig:
@@ -176,11 +180,9 @@ class TrainConfig:
             _check(value >= 0, f"train.{name}={value} must be >= 0")
         _check(self.min_lr <= self.lr, f"train.min_lr={self.min_lr} exceeds train.lr={self.lr}")
         _check(self.run_dir != "", "train.run_dir must not be empty")
-        from oases.precision import PRECISIONS  # (torch, so imported where it is used)
-
         _check(
-            self.precision in PRECISIONS,
-            f"train.precision={self.precision!r} must be one of {', '.join(PRECISIONS)}",
+            self.precision in PRECISION_NAMES,
+            f"train.precision={self.precision!r} must be one of {', '.join(PRECISION_NAMES)}",
         )
 
 

@@ -7,8 +7,8 @@ DP rank, S sequence length, W = S + 1 window length.
 checksum (``shards.check_shard``: a truncated or changed shard is one line naming it), then
 maps nothing until a window is read: a rank's resident memory does not grow with the corpus.
 
-``ShardBatches`` deals windows out as ``train.data.PackedBatches`` does (same interface:
-``batch(i)``, ``next_batch``, ``state_dict``), without anything corpus-sized::
+``ShardBatches`` deals windows out (``batch(i)``, ``next_batch``, ``state_dict``) without
+anything corpus-sized::
 
     global sample k = i * G + dp_rank * B + row            (row < B: this rank's rows only)
     (source c, sample m of c) = BlendPattern.locate(k)     (one source: c = 0, m = k)

@@ -2,8 +2,8 @@
 
 Training reads memory-mapped shards (``oases.data``, ``train.run_data``); this module keeps the
 path every rank used to run at start-up, because it defines the token stream: the shards of a
-prepared source hold exactly ``tokenize_corpus(load_corpus(source), tok)`` (a test proves it),
-and ``PackedBatches`` is the small-data batcher the shards' ``ShardBatches`` mirrors.
+prepared source hold exactly ``tokenize_corpus(load_corpus(source), tok)`` (a test proves it).
+Batches of windows come from the shards (``data.dataset.ShardBatches``) only.
 
 Shape legend: G global batch (sequences per step), dp data-parallel degree, B = G // dp rows per
 DP rank, S sequence length (``model.seq_len``), W = S + 1 window length.
@@ -18,10 +18,9 @@ the last 1/VAL_EVERY of the byte stream is used instead.
 
 Documents are joined with ``DOC_SEP`` (byte 0, absent from text) into one stream; a tokenizer
 encodes each piece between separators on its own. The stream is cut into non-overlapping
-windows of W tokens; a window gives ``tokens = w[:-1]`` and ``targets = w[1:]``.
-``PackedBatches`` orders the windows by a seeded permutation per epoch and deals them out in
-global batches of G; DP rank r gets the B contiguous rows ``[r*B, (r+1)*B)`` of each global
-batch, and every TP rank of a DP group gets the same rows.
+windows of W tokens; a window gives ``tokens = w[:-1]`` and ``targets = w[1:]``
+(``ShardBatches`` deals them out in global batches of G: DP rank r gets the B contiguous rows
+``[r*B, (r+1)*B)`` of each, every TP rank of a DP group the same rows).
 """
 
 from __future__ import annotations
@@ -46,7 +45,6 @@ from oases.data.files import (  # noqa: F401
     source_root,
     stdlib_root,
 )
-from oases.data.order import check_dp_split
 from oases.train.tokenizer import (  # noqa: F401
     TOKENIZERS,
     BPETokenizer,
@@ -183,80 +181,3 @@ def tokenize_corpus(corpus: Corpus, tok: Tokenizer) -> Corpus:
         corpus.val_files,
         corpus.fingerprint,
     )
-
-
-def n_windows(stream: Tensor, seq_len: int) -> int:
-    return len(stream) // (seq_len + 1)
-
-
-class PackedBatches:
-    """Deterministic, DP-sharded batches of packed windows from a token stream.
-
-    ``position`` is the index of the next global batch; ``batch(i)`` is a pure function of the
-    stream, ``seed``, ``i`` and this rank's DP coordinates, so saving ``position`` is enough to
-    resume. With ``shuffle=False`` the windows are taken in stream order (validation).
-    """
-
-    def __init__(
-        self,
-        stream: Tensor,
-        seq_len: int,
-        global_batch: int,
-        *,
-        dp_rank: int = 0,
-        dp: int = 1,
-        seed: int = 0,
-        shuffle: bool = True,
-        name: str = "the token stream",
-    ) -> None:
-        check_dp_split(global_batch, dp, dp_rank)
-        n = n_windows(stream, seq_len)
-        if n == 0:
-            raise ValueError(
-                f"{name} has {len(stream)} tokens, fewer than one window of"
-                f" model.seq_len + 1 = {seq_len + 1}"
-            )
-        W = seq_len + 1
-        self.windows = stream[: n * W].view(n, W)  # [n, W] uint8 or int32
-        self.seq_len, self.global_batch, self.dp_rank, self.dp = seq_len, global_batch, dp_rank, dp
-        self.seed, self.shuffle = seed, shuffle
-        self.rows = global_batch // dp  # B
-        self.position = 0
-        self._perm_epoch, self._perm = -1, torch.arange(n)
-
-    @property
-    def n_windows(self) -> int:
-        return self.windows.shape[0]
-
-    def _order(self, epoch: int) -> Tensor:
-        if not self.shuffle:
-            return torch.arange(self.n_windows)
-        if epoch != self._perm_epoch:
-            g = torch.Generator().manual_seed(self.seed * 1_000_003 + epoch)
-            self._perm, self._perm_epoch = torch.randperm(self.n_windows, generator=g), epoch
-        return self._perm
-
-    def window_ids(self, index: int) -> list[int]:
-        """Window ids of this rank's rows of global batch ``index``."""
-        first = index * self.global_batch + self.dp_rank * self.rows
-        ids = []
-        for k in range(first, first + self.rows):
-            epoch, j = divmod(k, self.n_windows)
-            ids.append(int(self._order(epoch)[j]))
-        return ids
-
-    def batch(self, index: int) -> tuple[Tensor, Tensor]:
-        """tokens, targets [B, S] int64 of global batch ``index`` for this DP rank."""
-        w = self.windows[self.window_ids(index)].long()  # [B, W]
-        return w[:, :-1], w[:, 1:]
-
-    def next_batch(self) -> tuple[Tensor, Tensor]:
-        out = self.batch(self.position)
-        self.position += 1
-        return out
-
-    def state_dict(self) -> dict[str, int]:
-        return {"position": self.position}
-
-    def load_state_dict(self, state: dict[str, int]) -> None:
-        self.position = int(state["position"])

@@ -11,7 +11,6 @@ from oases.data.dataset import ShardBatches
 from oases.parallel import comm
 from oases.parallel.context import Group, ParallelContext
 from oases.precision import accum_dtype, upcast
-from oases.train.data import PackedBatches
 
 
 def loss_group(model: nn.Module, ctx: ParallelContext) -> Group:
@@ -21,9 +20,7 @@ def loss_group(model: nn.Module, ctx: ParallelContext) -> Group:
 
 
 @torch.no_grad()
-def evaluate(
-    model: nn.Module, batches: ShardBatches | PackedBatches, ctx: ParallelContext, n: int
-) -> float:
+def evaluate(model: nn.Module, batches: ShardBatches, ctx: ParallelContext, n: int) -> float:
     """Mean loss over the first ``n`` validation batches (fewer if the split is small)."""
     was_training = model.training
     model.eval()

@@ -1,13 +1,22 @@
 """Starting ranks: one process per rank, supervised, or this process alone.
 
 Outside ``torchrun``, ``launch(cfg, nproc, max_restarts)`` with ``nproc > 1`` (or any
-``max_restarts``) hands the group to ``train.supervise``: each attempt starts ``nproc`` local
-ranks with torch's elastic multiprocessing on a fresh rendezvous (a new store on 127.0.0.1,
-held by the supervisor) and each rank runs ``run_rank(cfg, num_threads)``; after a rank dies,
-hangs or fails, the whole group restarts from the newest valid checkpoint, up to
-``max_restarts`` times (see ``supervise.py``). Under ``torchrun`` (or with ``nproc == 1`` and
-no restarts) this process is the rank and calls ``run_rank`` directly; torchrun's own
-``--max-restarts`` then decides.
+``max_restarts``) hands the group to ``train.supervise``: each attempt spawns ``nproc`` local
+ranks (``train.rank_group``) on a fresh rendezvous (a new store on 127.0.0.1) and each rank runs
+``run_rank(cfg, num_threads)``; after a rank dies, hangs or fails, the whole group restarts from
+the newest valid checkpoint, up to ``max_restarts`` times (see ``supervise.py``). Under
+``torchrun`` (or with ``nproc == 1`` and no restarts) this process is the rank: it makes the
+launcher's checks (``check_launch``) and calls ``run_rank``; torchrun's own ``--max-restarts``
+then decides.
+
+This module imports no torch (``run_rank`` imports it when it runs): ``oases train`` parses
+its line and starts its ranks first, so the one torch import of each rank overlaps the others',
+and the launcher's checks run in the first attempt's rank 0, after its imports.
+
+    oases train ... -> load_config (no torch) -> launch
+      one process:  check_launch -> run_rank
+      supervised:   spawn the ranks -> each imports torch -> rank 0: check_launch (a user
+                    error: its one line, exit 2, no other rank trains) -> every rank: run_rank
 
 A user error found inside a rank (a ``ValueError``) prints one ``error: ...`` line on stderr and
 ends the rank with exit code 2; the supervisor then stops the other ranks, restarts nothing and
@@ -19,21 +28,17 @@ milliseconds before timing out.") comes wrapped in a ``DistBackendError`` and a 
 ``nccl_timeout_line`` turns it into one line (which rank, which collective, how long, the
 limit); a rank that catches such an error prints that line and ends with exit code 1 (not a
 user error: the supervisor may restart the group), and the supervisor's failure line uses it
-for a rank's ``error.json`` (``supervise._error_line``).
+for a rank's ``error.json`` (``rank_ends.error_line``).
 """
 
 from __future__ import annotations
 
-import logging
 import os
 import re
 import sys
 from typing import Any
 
-import torch
-
-from oases.config import Config
-from oases.parallel.context import close_distributed, launched_by_torchrun
+from oases.config import Config  # no torch here: the launcher starts the ranks without it
 
 EXIT_USER_ERROR = 2
 EXIT_RANK_FAILED = 1
@@ -75,18 +80,23 @@ def nccl_timeout_line(text: str) -> str | None:
 
 
 def under_torchrun() -> bool:
-    """True when this process was started by torchrun / torch elastic as one rank of a job."""
-    return launched_by_torchrun()
+    """True when this process was started by torchrun / torch elastic as one rank of a job
+    (``parallel.context.launched_by_torchrun``'s test, without importing torch)."""
+    return "TORCHELASTIC_RUN_ID" in os.environ or "LOCAL_RANK" in os.environ
 
 
 def run_rank(cfg: Config, num_threads: int | None = None) -> dict[str, Any] | None:
     """Entry point of one rank: train ``cfg``; returns the summary on rank 0."""
+    import torch
+
+    from oases.parallel.context import close_distributed
     from oases.train import faults
     from oases.train.agree import PeerError  # workers import only what they run
     from oases.train.loop import train
 
-    if num_threads is not None and not torch.cuda.is_available():
-        torch.set_num_threads(num_threads)
+    if num_threads is not None:  # a CPU rank's share of the cores; a GPU rank needs one
+        on_cpu = cfg.parallel.backend == "gloo" or not torch.cuda.is_available()
+        torch.set_num_threads(num_threads if on_cpu else 1)
     failed = False
     try:
         faults.arm(cfg.train.run_dir)  # testing hook: a no-op unless OASES_FAULT is set
@@ -116,13 +126,19 @@ def run_rank(cfg: Config, num_threads: int | None = None) -> dict[str, Any] | No
     return summary
 
 
-def _quiet_elastic_logs() -> None:
-    for name in (
-        "torch.distributed.elastic",
-        "torch.distributed.launcher",
-        "torch.multiprocessing",
-    ):
-        logging.getLogger(name).setLevel(logging.CRITICAL)
+def check_launch(cfg: Config, world_size: int | None) -> None:
+    """The launcher's checks of user input before any rank trains: the config against
+    ``world_size`` (None under torchrun: each rank checks against the real world size) on a
+    copy (each rank resolves the config as given, and rank 0 names, once, the settings that
+    have no effect), and ``data.source``. A ValueError names what is wrong."""
+    import copy
+
+    from oases.train.data import check_source
+    from oases.train.setup import check_config
+
+    if world_size is not None:
+        check_config(copy.deepcopy(cfg), world_size)
+    check_source(cfg.data.source)
 
 
 def launch(cfg: Config, nproc: int, max_restarts: int = 0) -> int:
@@ -136,12 +152,13 @@ def launch(cfg: Config, nproc: int, max_restarts: int = 0) -> int:
     if max_restarts < 0:
         raise ValueError(f"--max-restarts={max_restarts} must be >= 0")
     if under_torchrun() or (nproc == 1 and max_restarts == 0):
+        check_launch(cfg, None if under_torchrun() else nproc)
         run_rank(cfg)
         return 0
-    from oases.train.supervise import supervise
+    from oases.train.supervise import supervise  # the first attempt's rank 0 checks
 
-    _quiet_elastic_logs()
-    on_cpu = cfg.parallel.backend == "gloo" or not torch.cuda.is_available()
-    threads = max(1, (os.cpu_count() or 1) // nproc) if on_cpu else None
+    # each rank's share of the cores, unless it runs on a GPU (nccl; with "auto" the rank
+    # itself sees whether it has one: run_rank)
+    threads = max(1, (os.cpu_count() or 1) // nproc) if cfg.parallel.backend != "nccl" else None
     os.environ.setdefault("OMP_NUM_THREADS", str(threads or 1))  # inherited by the workers
     return supervise(cfg, nproc, max_restarts, threads)

@@ -2,16 +2,20 @@
 valid checkpoint, with a fresh rendezvous, up to ``--max-restarts`` times.
 
 ``supervise(cfg, nproc, max_restarts, threads)`` runs attempts 0, 1, ... Each attempt is one
-group of ``nproc`` ranks started by torch's elastic multiprocessing (``start_processes``: spawn,
-per-rank environment, ``error.json`` per failed rank) around a new rendezvous store: the
-supervisor opens a ``TCPStore`` on port 0 (the system picks a free port, no race with other
-programs), holds it for the attempt and closes it after, and the ranks join it as torchrun's
-agent has them join its own (``MASTER_PORT``, ``TORCHELASTIC_USE_AGENT_STORE=True``: every
-rank's ``init_process_group`` is then a client of that store). The attempt number reaches the
-ranks as ``TORCHELASTIC_RESTART_COUNT``, as under torchrun.
+group of ``nproc`` spawned ranks (``train.rank_group``: per-rank environment, ``error.json``
+per failed rank) around a new rendezvous store: the supervisor listens on 127.0.0.1 port 0 (the
+system picks a free port, no race with other programs) before any rank starts, rank 0 serves
+the ``TCPStore`` on that socket for the attempt, and the ranks join it as torchrun's agent has
+them join its own (``MASTER_PORT``, ``TORCHELASTIC_USE_AGENT_STORE=True``: every rank's
+``init_process_group`` is then a client of that store). The attempt number reaches the ranks
+as ``TORCHELASTIC_RESTART_COUNT``, as under torchrun. The supervisor imports no torch to start
+the ranks; the first attempt's rank 0 makes the launcher's checks after its imports
+(``first_checks``) and reports the step the run resumes from; the others wait for the go.
 
-While an attempt runs, the supervisor polls every ``POLL_S``: each rank's exit status (peeked
-with ``waitid(WNOWAIT)``, reaped later by torch) and whether it is stopped (``/proc``). A rank
+    attempt: listen -> spawn ranks -> [rank 0: checks, report] -> go -> poll ... -> close
+
+While an attempt runs, the supervisor polls every ``POLL_S``: each rank's exit status and
+whether it is stopped (``/proc``). A rank
 that exits non-zero or dies of a signal ends the attempt, and so does a rank seen stopped
 (SIGSTOP, SIGTSTP, or held by a debugger: state T in ``/proc``) for ``STOP_GRACE_S``: it would
 hang its peers until their collective timeout (``parallel.timeout_s``), so the supervisor does
@@ -20,7 +24,8 @@ held stopped on purpose (a debugger at a breakpoint) is ended the same way: debu
 (``--nproc-per-node 1``, no restarts: no supervisor) or under torchrun. Every other rank is
 then killed with SIGKILL (a stopped process cannot act on SIGTERM), so nothing of a failed
 attempt is left when the next one starts. The cause is a stopped rank if there is one, else
-the earliest failure seen, a signal before an error exit on a tie.
+the earliest failure seen, a signal before an error exit on a tie. The attempt succeeds when
+every rank has exited 0.
 
 Decision: a cause that exited with ``EXIT_USER_ERROR`` (bad config, missing data, a damaged
 checkpoint: the rank printed one ``error:`` line) is never retried. Anything else (a signal, a
@@ -37,27 +42,26 @@ have passed their setup checks (rank 0 has rewritten the metrics file, which it 
 check of config, data and checkpoint) or finished: a run refused by those checks writes nothing
 into the run directory.
 
-Torch's launcher logs go to a temporary folder removed at the end (no ``torchelastic_*``
-folder is left in the system's temporary directory). Linux: ``/proc`` tells a stopped rank.
+The ranks' ``error.json`` files go to a temporary folder removed at the end. Linux: ``/proc``
+tells a stopped rank.
 
 Why not torch's agent (``elastic_launch`` with ``max_restarts``, what torchrun runs): with its
 shared rendezvous store the restarted gloo ranks connect to the previous round's addresses and
 fail (measured in ``benchmarks/2026-12-01-faults``; pytorch/pytorch#135712, #167288). Why not
 one ``elastic_launch(max_restarts=0)`` per attempt: its agent reports only the first failure it
 polls, hides the pids, and stops a failed group with SIGTERM, waiting 30 s for a stopped rank
-that cannot act on it. ``start_processes``, the engine under both, gives the pids: the
-supervisor sees every rank's end and every stopped rank, and kills with SIGKILL at once.
+that cannot act on it. Why not ``start_processes``, the engine under both (used here before):
+it needs torch in the supervisor before the first rank starts, 2-3 s of imports on the path to
+the first step; ``rank_group`` spawns the ranks with the standard library.
 """
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
-import datetime
+import functools
 import json
-import os
-import re
 import signal
+import socket
 import sys
 import tempfile
 import threading
@@ -68,104 +72,20 @@ from pathlib import Path
 from typing import Any
 
 from oases.config import Config
-from oases.train.launch import EXIT_RANK_FAILED, EXIT_USER_ERROR, nccl_timeout_line, run_rank
+from oases.train.launch import EXIT_RANK_FAILED, EXIT_USER_ERROR
+from oases.train.rank_ends import (
+    RankEnd,
+    cause_of,
+    describe_failure,
+    error_line,
+    is_stopped,
+    with_survivors,
+)
+from oases.train.rank_group import RankGroup
 from oases.train.restart_events import EventLog
 
-_SOURCE_PREFIX = re.compile(r"\[[^\]\s]+\.(?:cc|cpp|h|hpp):\d+\]\s*")
 POLL_S = 0.05
 STOP_GRACE_S = 2.0  # a rank stopped this long ends the attempt (see the module docstring)
-
-
-# ---------------------------------------------------------------- how a rank ended
-
-
-@dataclass(frozen=True)
-class RankEnd:
-    """How one rank of a failed attempt ended, as the supervisor saw it."""
-
-    rank: int
-    seen: float  # time.time() when the supervisor noticed
-    exitcode: int | None = None  # None: ended by a signal, or still running
-    signal: str | None = None  # "SIGKILL", ...; "SIGSTOP" for a rank found stopped
-    error: str = ""  # the rank's last error line (its error.json), if any
-
-    @property
-    def failed(self) -> bool:
-        """Ended (or stopped) before the group finished: a worker ends only after the
-        supervisor has collected every rank's result, so even exit code 0 is early."""
-        return self.signal is not None or self.exitcode is not None
-
-    def describe(self) -> str:
-        if self.signal == "SIGSTOP":
-            return f"rank {self.rank} stopped (SIGSTOP)"
-        text = (f"rank {self.rank} killed by {self.signal}" if self.signal
-                else f"rank {self.rank} exited with code {self.exitcode}")
-        return f"{text} ({self.error})" if self.error else text
-
-    def to_json(self) -> dict[str, Any]:
-        return dataclasses.asdict(self)
-
-
-def cause_of(ends: list[RankEnd]) -> RankEnd:
-    """The rank that brought the attempt down: a stopped rank (its peers timed out on it), else
-    the earliest failure seen; on a tie, a signal before a non-zero exit code before exit code
-    0 (a rank interrupted by SIGINT exits 0 early), then the lowest rank."""
-    failed = [e for e in ends if e.failed]
-    stopped = [e for e in failed if e.signal == "SIGSTOP"]
-    if stopped:
-        return min(stopped, key=lambda e: e.rank)
-    return min(failed, key=lambda e: (e.seen, e.signal is None, e.exitcode == 0, e.rank))
-
-
-def describe_failure(ends: list[RankEnd]) -> str:
-    """One line: the cause, and for a stopped rank the peer error that revealed it."""
-    cause = cause_of(ends)
-    text = cause.describe()
-    if cause.signal == "SIGSTOP":
-        peers = [e for e in ends if e.failed and e is not cause and e.signal != "SIGSTOP"]
-        if peers:
-            text += f", {min(peers, key=lambda e: e.seen).describe()}"
-    return text
-
-
-def _error_line(path: str) -> str:
-    """The first line of the exception message in a torch elastic ``error.json`` (an NCCL
-    watchdog timeout: ``launch.nccl_timeout_line``)."""
-    try:
-        data = json.loads(Path(path).read_text(encoding="utf-8"))
-    except (OSError, ValueError):
-        return ""
-    msg = data.get("message", "")
-    if isinstance(msg, dict):
-        msg = msg.get("message", "")
-    nccl = nccl_timeout_line(str(msg))  # the watchdog's message, wrapped in a C++ trace
-    if nccl is not None:
-        return nccl
-    line = next((ln.strip() for ln in str(msg).splitlines() if ln.strip()), "")
-    line = _SOURCE_PREFIX.sub("", line)  # gloo's "[/path/to/file.cc:78] "
-    return line if len(line) <= 160 else line[:157] + "..."
-
-
-def _peek_exit(pid: int) -> tuple[int | None, str | None] | None:
-    """(exit code, signal name) of child ``pid`` if it has ended, else None; not reaped."""
-    try:
-        info = os.waitid(os.P_PID, pid, os.WEXITED | os.WNOHANG | os.WNOWAIT)
-    except ChildProcessError:  # already reaped by torch's join, which reaps clean exits only
-        return 0, None
-    if info is None:
-        return None
-    if info.si_code == os.CLD_EXITED:
-        return info.si_status, None
-    return None, signal.Signals(info.si_status).name
-
-
-def _is_stopped(pid: int) -> bool:
-    """True when ``pid`` is stopped (SIGSTOP, SIGTSTP, ...): state T in ``/proc/PID/stat``."""
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-    except OSError:
-        return False
-    return stat.rpartition(")")[2].split()[:1] in (["T"], ["t"])
 
 
 # ---------------------------------------------------------------- where an attempt resumes
@@ -203,8 +123,7 @@ def restart_config(cfg: Config, given_step: int | None) -> Config:
         return cfg
     if resume != "never" and (given_step is None or newest[0] <= given_step):
         return cfg
-    return dataclasses.replace(cfg, checkpoint=dataclasses.replace(cfg.checkpoint,
-                                                                   resume="auto"))
+    return dataclasses.replace(cfg, checkpoint=dataclasses.replace(cfg.checkpoint, resume="auto"))
 
 
 # ---------------------------------------------------------------- one attempt
@@ -279,7 +198,8 @@ class MetricsWatch:
 
 @dataclass
 class Attempt:
-    """One attempt's settings."""
+    """One attempt's settings; ``resume`` (step, checkpoint) is None until known: the first
+    attempt's rank 0 reports it after the launcher's checks (``first_checks``)."""
 
     cfg: Config
     nproc: int
@@ -288,157 +208,189 @@ class Attempt:
     threads: int | None
     run_id: str
     log_root: Path
-    resume_step: int
+    resume: tuple[int, Path | None] | None
     events: EventLog
+
+
+def first_checks(cfg: Config, nproc: int) -> tuple[int, Path | None]:
+    """The launcher's checks (``launch.check_launch``), made by rank 0 of the first attempt
+    while its peers import, and the step the run resumes from."""
+    from oases.train.launch import check_launch
+
+    check_launch(cfg, nproc)
+    return _resume_point(cfg)
+
+
+def _rank_envs(a: Attempt, port: int) -> dict[int, dict[str, str]]:
+    """Each rank's launcher environment, as torchrun's agent sets it (its store at ``port``)."""
+    return {
+        r: {
+            "RANK": str(r),
+            "LOCAL_RANK": str(r),
+            "GROUP_RANK": "0",
+            "ROLE_RANK": str(r),
+            "WORLD_SIZE": str(a.nproc),
+            "LOCAL_WORLD_SIZE": str(a.nproc),
+            "ROLE_WORLD_SIZE": str(a.nproc),
+            "MASTER_ADDR": "127.0.0.1",
+            "MASTER_PORT": str(port),
+            "TORCHELASTIC_USE_AGENT_STORE": str(True),
+            "TORCHELASTIC_RUN_ID": a.run_id,
+            "TORCHELASTIC_RESTART_COUNT": str(a.number),
+            "TORCHELASTIC_MAX_RESTARTS": str(a.max_restarts),
+        }
+        for r in range(a.nproc)
+    }
 
 
 def run_attempt(a: Attempt) -> list[RankEnd] | None:
     """Run one group of ranks to the end. None on success, else how every rank ended (the
     failed ones as seen, the rest as killed by the supervisor: ``exitcode`` None)."""
-    from torch.distributed import TCPStore
-    from torch.distributed.elastic.multiprocessing import DefaultLogsSpecs, Std, start_processes
-
     from oases.train.metrics import metrics_path
 
     started = time.time()
-    # this attempt's rendezvous store, held until its ranks are gone (torchrun's agent store)
-    store = TCPStore("127.0.0.1", 0, world_size=a.nproc, is_master=True,
-                     wait_for_workers=False,
-                     timeout=datetime.timedelta(seconds=a.cfg.parallel.timeout_s))
-    a.events.add({"event": "attempt", "attempt": a.number, "port": store.port,
-                  "nproc": a.nproc, "resume_step": a.resume_step})
-    envs = {r: {"RANK": str(r), "LOCAL_RANK": str(r), "GROUP_RANK": "0", "ROLE_RANK": str(r),
-                "WORLD_SIZE": str(a.nproc), "LOCAL_WORLD_SIZE": str(a.nproc),
-                "ROLE_WORLD_SIZE": str(a.nproc), "MASTER_ADDR": "127.0.0.1",
-                "MASTER_PORT": str(store.port), "TORCHELASTIC_USE_AGENT_STORE": str(True),
-                "TORCHELASTIC_RUN_ID": a.run_id,
-                "TORCHELASTIC_RESTART_COUNT": str(a.number),
-                "TORCHELASTIC_MAX_RESTARTS": str(a.max_restarts)}
-            for r in range(a.nproc)}
-    logs = DefaultLogsSpecs(log_dir=str(a.log_root), redirects=Std.NONE, tee=Std.NONE)
-    ctx = start_processes(name="oases", entrypoint=run_rank,
-                          args={r: (a.cfg, a.threads) for r in range(a.nproc)}, envs=envs,
-                          logs_specs=logs, start_method="spawn")
-    pids = ctx.pids()
-    watch = MetricsWatch(metrics_path(a.cfg), started, a.resume_step)
+    # the attempt's rendezvous port, listened on before any rank starts; rank 0 serves it
+    listen = socket.create_server(("127.0.0.1", 0), backlog=max(128, a.nproc))
+    port = listen.getsockname()[1]
+    check = functools.partial(first_checks, a.cfg, a.nproc) if a.resume is None else None
+    group = RankGroup(_rank_envs(a, port), a.log_root / f"attempt_{a.number}", listen, check)
+    listen.close()
+    watch: MetricsWatch | None = None
     ended: dict[int, RankEnd] = {}
     stopped_since: dict[int, float] = {}
     try:
         while True:
             now = time.time()
-            for r, pid in pids.items():
-                status = None if r in ended else _peek_exit(pid)
-                if status is not None:
-                    ended[r] = RankEnd(r, now, exitcode=status[0], signal=status[1],
-                                       error=_error_line(ctx.error_files[r]))
-            stopped = {r for r, pid in pids.items() if r not in ended and _is_stopped(pid)}
+            if watch is None:
+                if a.resume is None:
+                    a.resume = group.report()[1]
+                if a.resume is not None:  # the checks passed: the ranks may run
+                    a.events.add(
+                        {
+                            "event": "attempt",
+                            "attempt": a.number,
+                            "port": port,
+                            "nproc": a.nproc,
+                            "resume_step": a.resume[0],
+                        }
+                    )
+                    group.go(a.cfg, a.threads)
+                    watch = MetricsWatch(metrics_path(a.cfg), started, a.resume[0])
+            codes = {r: group.exitcode(r) for r in group.pids}
+            for r, code in codes.items():
+                if code is not None and code != 0 and r not in ended:
+                    ended[r] = RankEnd(
+                        r,
+                        now,
+                        exitcode=code if code > 0 else None,
+                        signal=signal.Signals(-code).name if code < 0 else None,
+                        error=error_line(group.error_files[r]),
+                    )
+            running = [r for r, code in codes.items() if code is None]
+            stopped = {r for r in running if is_stopped(group.pids[r])}
             stopped_since = {r: stopped_since.get(r, now) for r in stopped}
             hung = any(now - t >= STOP_GRACE_S for t in stopped_since.values())
             if ended or hung:
-                ends = list(ended.values()) + [RankEnd(r, now, signal="SIGSTOP")
-                                               for r in sorted(stopped)]
-                return _with_survivors(ends, a.nproc, now)
-            if not a.events.opened and watch.written():  # the ranks passed their checks
-                a.events.open()
-            if watch.first_step is None and watch.poll() is not None:
-                a.events.add({"event": "first_step", "step": watch.first_step,
-                              "attempt": a.number})
-            if not stopped:  # collects the return values; a stopped rank cannot finish
-                result = ctx.wait(0)
-                if result is not None and not result.is_failed():
-                    a.events.open()  # finished: its checks passed
-                    return None
-                if result is not None:  # a failure between the peek and the poll
-                    return _with_survivors([
-                        RankEnd(f.local_rank, now,
-                                exitcode=f.exitcode if f.exitcode >= 0 else None,
-                                signal=None if f.exitcode >= 0 else signal.Signals(
-                                    -f.exitcode).name,
-                                error=_error_line(f.error_file))
-                        for f in result.failures.values()], a.nproc, now)
+                ends = list(ended.values()) + [
+                    RankEnd(r, now, signal="SIGSTOP") for r in sorted(stopped)
+                ]
+                return with_survivors(ends, a.nproc, now)
+            if watch is not None:
+                if not a.events.opened and watch.written():  # the ranks passed their checks
+                    a.events.open()
+                if watch.first_step is None and watch.poll() is not None:
+                    a.events.add(
+                        {"event": "first_step", "step": watch.first_step, "attempt": a.number}
+                    )
+            if not running:  # every rank exited 0
+                a.events.open()  # finished: its checks passed
+                return None
             time.sleep(POLL_S)
     finally:
-        _kill_children(pids.values())
-        ctx.close(death_sig=signal.SIGKILL, timeout=10)
-        if watch.written():  # e.g. a rank failed in its first step, between two polls
+        group.close()
+        if watch is not None and watch.written():  # e.g. a rank failed in its first step
             a.events.open()
-        del store  # the server stops: the next attempt has a new store on a new port
-
-
-def _kill_children(pids: Any) -> None:
-    """SIGKILL each of ``pids`` that is still an unreaped child of this process (running,
-    stopped, or a zombie; a reaped pid may already belong to another process)."""
-    for pid in pids:
-        try:
-            os.waitid(os.P_PID, pid, os.WEXITED | os.WNOHANG | os.WNOWAIT)
-        except ChildProcessError:
-            continue
-        with contextlib.suppress(ProcessLookupError):
-            os.kill(pid, signal.SIGKILL)  # SIGKILL also ends a stopped process
-
-
-def _with_survivors(ends: list[RankEnd], nproc: int, now: float) -> list[RankEnd]:
-    """``ends`` plus a record for every rank still running (killed by the supervisor)."""
-    seen = {e.rank for e in ends}
-    return sorted(ends + [RankEnd(r, now) for r in range(nproc) if r not in seen],
-                  key=lambda e: e.rank)
 
 
 # ---------------------------------------------------------------- the attempts
 
 
+class StopSignalError(Exception):
+    """SIGTERM, SIGHUP or SIGQUIT reached the supervisor (SIGINT: KeyboardInterrupt)."""
+
+    def __init__(self, sig: int) -> None:
+        super().__init__(f"stopped by {signal.Signals(sig).name}")
+        self.sigval = signal.Signals(sig)
+
+
+def _raise_stopped(sig: int, frame: Any) -> None:
+    raise StopSignalError(sig)
+
+
 def supervise(cfg: Config, nproc: int, max_restarts: int, threads: int | None) -> int:
     """Run ``cfg`` on ``nproc`` local ranks, restarting the group up to ``max_restarts``
     times; returns the process exit code (0, ``EXIT_USER_ERROR`` or ``EXIT_RANK_FAILED``;
-    128 + the signal when SIGINT, SIGTERM, SIGHUP or SIGQUIT stopped it: torch's
-    ``start_processes`` turns them into ``SignalException``; every rank is killed, nothing
-    restarted)."""
-    from torch.distributed.elastic.multiprocessing.api import SignalException
-
+    128 + the signal when SIGINT, SIGTERM, SIGHUP or SIGQUIT stopped it: every rank is killed,
+    nothing restarted)."""
     main = threading.current_thread() is threading.main_thread()
     previous = {s: signal.getsignal(s) for s in _STOP_SIGNALS} if main else {}
+    for s in previous:
+        signal.signal(s, _raise_stopped)
     events = EventLog(cfg.train.run_dir)
     try:
         with tempfile.TemporaryDirectory(prefix="oases-launch-") as logs:
             return _attempts(cfg, nproc, max_restarts, threads, Path(logs), events)
-    except (SignalException, KeyboardInterrupt) as exc:
+    except (StopSignalError, KeyboardInterrupt) as exc:
         sig = getattr(exc, "sigval", signal.SIGINT)
         events.add({"event": "gave_up", "reason": f"{sig.name} received"})
-        print(f"error: stopped by {sig.name}; every rank was stopped", file=sys.stderr,
-              flush=True)
+        print(f"error: stopped by {sig.name}; every rank was stopped", file=sys.stderr, flush=True)
         return 128 + int(sig)
     finally:
-        for s, handler in previous.items():  # start_processes installed its own
+        for s, handler in previous.items():
             signal.signal(s, handler)
 
 
-_STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGQUIT)
+_STOP_SIGNALS = (signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT)
 
 
 def finished_line(restarts: int, elapsed_s: float) -> str:
     """The supervisor's last line after a run that needed restarts: the whole run's time (the
     last attempt's done line counts only its own steps)."""
-    return (f"finished after {restarts} restart{'s' if restarts > 1 else ''}: "
-            f"{elapsed_s:.1f}s since the launch, every attempt included (the done line above "
-            "counts the last attempt's steps)")
+    return (
+        f"finished after {restarts} restart{'s' if restarts > 1 else ''}: "
+        f"{elapsed_s:.1f}s since the launch, every attempt included (the done line above "
+        "counts the last attempt's steps)"
+    )
 
 
-def _attempts(cfg: Config, nproc: int, max_restarts: int, threads: int | None,
-              logs: Path, events: EventLog) -> int:
+def _attempts(
+    cfg: Config, nproc: int, max_restarts: int, threads: int | None, logs: Path, events: EventLog
+) -> int:
     from oases.train.metrics import metrics_path
 
-    resume_step, resume_path = _resume_point(cfg)
-    given = cfg.checkpoint.resume not in ("auto", "never") and resume_path is not None
-    given_step = resume_step if given else None
+    resume: tuple[int, Path | None] | None = None  # the first attempt's rank 0 reports it
     run_id = f"oases-{uuid.uuid4().hex[:8]}"
-    events.add({"event": "launch", "run_id": run_id, "nproc": nproc,
-                "max_restarts": max_restarts, "resume": cfg.checkpoint.resume})
+    events.add(
+        {
+            "event": "launch",
+            "run_id": run_id,
+            "nproc": nproc,
+            "max_restarts": max_restarts,
+            "resume": cfg.checkpoint.resume,
+        }
+    )
     attempt_cfg = cfg
     launched = time.time()
     for number in range(max_restarts + 1):
         started = time.time()
-        ends = run_attempt(Attempt(attempt_cfg, nproc, number, max_restarts, threads, run_id,
-                                   logs, resume_step, events))
+        attempt = Attempt(
+            attempt_cfg, nproc, number, max_restarts, threads, run_id, logs, resume, events
+        )
+        ends = run_attempt(attempt)
+        if number == 0:  # the step the user's checkpoint.resume names (None: none named)
+            first = attempt.resume or _resume_point(cfg)
+            named = cfg.checkpoint.resume not in ("auto", "never") and first[1] is not None
+            given_step = first[0] if named else None
         if ends is None:
             events.add({"event": "finished", "attempt": number})
             if number:
@@ -450,24 +402,45 @@ def _attempts(cfg: Config, nproc: int, max_restarts: int, threads: int | None,
         what = describe_failure(ends)
         user_error = cause.exitcode == EXIT_USER_ERROR and cause.signal is None
         retry = not user_error and number < max_restarts
+        resume_step, resume_path = None, None
         if retry:
             attempt_cfg = restart_config(cfg, given_step)
-            resume_step, resume_path = _resume_point(attempt_cfg)
-        events.add({
-            "event": "failure", "attempt": number, "cause": cause.rank, "description": what,
-            "when": when,
-            "ranks": [e.to_json() for e in ends], "user_error": user_error, "restart": retry,
-            "resume_step": resume_step if retry else None, "last_logged_step": last})
+            resume = resume_step, resume_path = _resume_point(attempt_cfg)
+        events.add(
+            {
+                "event": "failure",
+                "attempt": number,
+                "cause": cause.rank,
+                "description": what,
+                "when": when,
+                "ranks": [e.to_json() for e in ends],
+                "user_error": user_error,
+                "restart": retry,
+                "resume_step": resume_step if retry else None,
+                "last_logged_step": last,
+            }
+        )
         if user_error:  # the ranks printed the one error line
             events.add({"event": "gave_up", "reason": "user error"})
             return EXIT_USER_ERROR
         if not retry:
             events.add({"event": "gave_up", "reason": "no restarts left"})
-            print(f"error: training failed {when}: {what} (attempt {number}; no restart left, "
-                  f"--max-restarts={max_restarts})", file=sys.stderr, flush=True)
+            print(
+                f"error: training failed {when}: {what} (attempt {number}; no restart left, "
+                f"--max-restarts={max_restarts})",
+                file=sys.stderr,
+                flush=True,
+            )
             return EXIT_RANK_FAILED
-        where = (f"step {resume_step} ({resume_path})" if resume_path is not None
-                 else "step 0 (no checkpoint yet)")
-        print(f"attempt {number} failed {when}: {what}; restart {number + 1} of "
-              f"{max_restarts}: every rank resumes from {where}", file=sys.stderr, flush=True)
+        where = (
+            f"step {resume_step} ({resume_path})"
+            if resume_path is not None
+            else "step 0 (no checkpoint yet)"
+        )
+        print(
+            f"attempt {number} failed {when}: {what}; restart {number + 1} of "
+            f"{max_restarts}: every rank resumes from {where}",
+            file=sys.stderr,
+            flush=True,
+        )
     return EXIT_RANK_FAILED  # pragma: no cover - the last attempt returns above
