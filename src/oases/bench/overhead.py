@@ -13,7 +13,10 @@ The two alternate round by round, so a slow stretch of a shared machine hits bot
 is the host cost the executor adds on top of the same kernels (the arithmetic is identical at
 tp=1: ``tests/test_schedules.py`` proves the programs equal to the plain model), and
 ``host_per_piece_s`` = (t_sched - t_plain) / pieces spread it over the program's pieces:
-what the simulator charges per piece (``planner.clusters.KernelTerms.piece_host_s``).
+in seconds, and ``executor_ops`` = that over this host's time to dispatch one eager op
+(``kernel_profile.measure_launch``): the simulator's per-piece term of that name
+(``planner.kernels.launch``). Recompute schedules run more kernels than the plain step, so
+their per-piece figure is an upper bound; megatron's is the executor's alone.
 
 Entries are ``NAME`` or ``NAME@k=K`` (sub-batches per micro-batch, overlapped schedules).
 Default models: the issue's two GPT-2 shapes (24 layers x dim 64, 8 layers x dim 512), on
@@ -134,8 +137,12 @@ def run_overhead(
         raise ValueError(f"steps={steps} must be >= 1 and warmup={warmup} >= 0")
     for entry in entries:
         parse_overhead_entry(entry)
+    from oases.bench.kernel_profile import measure_launch
+
+    host_op_s = measure_launch(torch.device("cpu"))[1]
     result = {
         "rows": ROWS,
+        "host_op_s": host_op_s,
         "steps": steps,
         "warmup": warmup,
         "threads": torch.get_num_threads(),
@@ -144,6 +151,9 @@ def run_overhead(
             for label, cfg in models.items()
         },
     }
+    for model in result["models"].values():
+        for row in model["entries"]:
+            row["executor_ops"] = row["host_per_piece_s"] / host_op_s
     text = format_overhead(result)
     print(text)
     if out is not None:
@@ -161,19 +171,20 @@ def format_overhead(result: dict) -> str:
     program's computes/pieces and the host cost per piece."""
     lines = [
         f"tp=1, one process, {result['rows']} x seq tokens, medians of {result['steps']} "
-        f"after {result['warmup']} warm-ups, {result['threads']} threads"
+        f"after {result['warmup']} warm-ups, {result['threads']} threads; one eager op "
+        f"{result['host_op_s'] * 1e6:.1f} us"
     ]
     for label, model in result["models"].items():
         lines += [
             "",
             f"{label}",
             f"{'schedule':26} {'ratio':>6} {'plain ms':>9} {'step ms':>9} {'computes':>8} "
-            f"{'pieces':>6} {'us/piece':>8}",
+            f"{'pieces':>6} {'us/piece':>8} {'ops/piece':>9}",
         ]
         for r in model["entries"]:
             lines.append(
                 f"{r['entry']:26} {r['ratio']:5.2f}x {r['plain_s'] * 1e3:9.2f} "
                 f"{r['schedule_s'] * 1e3:9.2f} {r['computes']:8d} {r['pieces']:6d} "
-                f"{r['host_per_piece_s'] * 1e6:8.1f}"
+                f"{r['host_per_piece_s'] * 1e6:8.1f} {r['executor_ops']:9.1f}"
             )
     return "\n".join(lines)
