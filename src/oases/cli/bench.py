@@ -34,7 +34,12 @@ def _bench_arguments(bench: argparse.ArgumentParser) -> None:
         help="none, a tbf rate (200mbit, 25MB) or auto:PRESET with PRESET in "
         f"{{{', '.join(LINK_PRESETS)}}} (default: %(default)s)",
     )
-    bench.add_argument("--steps", type=int, default=5, help="measured steps per schedule")
+    bench.add_argument(
+        "--steps",
+        type=int,
+        default=None,
+        help="measured steps per schedule (default: 5; 9 with --overhead)",
+    )
     bench.add_argument("--warmup", type=int, default=2, help="warm-up steps per schedule")
     bench.add_argument("--out", default="runs/bench", help="output folder")
     bench.add_argument(
@@ -68,6 +73,13 @@ def _bench_arguments(bench: argparse.ArgumentParser) -> None:
         "(memory.md)",
     )
     bench.add_argument(
+        "--overhead",
+        action="store_true",
+        help="instead of a launch: the executor's host cost, in this process at tp=1, "
+        "each schedule's step against a plain forward + backward of the same model on the "
+        "issue's two GPT-2 shapes (the config is not used; --out gets overhead.json/.md)",
+    )
+    bench.add_argument(
         "--memory-profile",
         metavar="FILE",
         default=None,
@@ -76,10 +88,29 @@ def _bench_arguments(bench: argparse.ArgumentParser) -> None:
     )
 
 
+def _default_schedules() -> tuple[str, ...]:
+    from oases.bench.suite import DEFAULT_SCHEDULES
+
+    return DEFAULT_SCHEDULES
+
+
 def _bench(ns: argparse.Namespace, overrides: list[str]) -> int:
     from oases.bench import split_entries
     from oases.bench.suite import run_bench
 
+    if ns.overhead:
+        from oases.bench.overhead import OVERHEAD_ENTRIES, OVERHEAD_MODELS, run_overhead
+
+        schedules = ns.schedules if ns.schedules != ",".join(_default_schedules()) else None
+        run_overhead(
+            OVERHEAD_MODELS,
+            split_entries(schedules) if schedules else list(OVERHEAD_ENTRIES),
+            9 if ns.steps is None else ns.steps,
+            ns.warmup,
+            Path(ns.out),
+        )
+        return 0
+    ns.steps = 5 if ns.steps is None else ns.steps
     if ns.steps < 1 or ns.warmup < 0:
         raise ValueError(f"--steps={ns.steps} must be >= 1 and --warmup={ns.warmup} >= 0")
     nproc = ns.nproc_per_node or load_config(ns.config, overrides).parallel.tp

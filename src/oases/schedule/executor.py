@@ -14,6 +14,10 @@ executor decides when each gradient is all-reduced. Per region i and sub-batch j
                norm:i   dh_i -> norm backward -> dx_i (+ residual part)
                Start/Wait rsb (degree change at i): dx_i [b_i, S, H] -> [b_{i-1}, S, H]
 
+Where no collective separates them, pieces share one graph instead (``links``): norm:i reads
+epi:i-1's output itself (an x-link), and without recompute epi:i reads p_i itself, reduced in
+place (a p-link), so a backward Compute [norm:i+1, epi:i, tp:i] is one autograd call.
+
 Each region computes at its own TP degree t_i on b_i = b_0 * t_i / t_0 rows (b_0: the sub-batch
 in the embedding's layout); a reshard gathers the batch over the ranks whose TP groups merge
 (degree grows) or keeps this rank's chunk (degree shrinks), and its backward does the conjugate.
@@ -64,11 +68,13 @@ Shape legend: b sub-batch rows, S sequence, H hidden.
 
 from __future__ import annotations
 
+import contextlib
+
 import torch
 from torch import Tensor
 
 from oases.model import Transformer
-from oases.parallel.layers import input_grads_unreduced
+from oases.parallel.layers import ColumnParallelLinear
 from oases.parallel.shard import zero_shards
 from oases.schedule.dp_insert import ZeroLayout
 from oases.schedule.executor_backward import BackwardPieces
@@ -76,6 +82,7 @@ from oases.schedule.executor_collectives import CollectiveInstructions
 from oases.schedule.executor_forward import ForwardPieces
 from oases.schedule.executor_p2p import PointToPointInstructions
 from oases.schedule.instructions import Compute, Instr, Release, Start, deferred_regions, label
+from oases.schedule.links import Links, program_links
 from oases.schedule.regather import regathered_regions
 from oases.schedule.regions import build_chain, dp_bucket_groups, dp_buckets
 from oases.schedule.specs import ScheduleSpec
@@ -122,6 +129,12 @@ class Executor(ForwardPieces, BackwardPieces, CollectiveInstructions, PointToPoi
         self.track_memory = False
         self._deferring = frozenset()  # regions whose "dw" the running program has
         self._regathering = frozenset()  # regions whose h_i it gathers again ("gh")
+        self._links = Links(frozenset(), frozenset())  # where its pieces share a graph
+        # id(program) -> (program, its deferring and regathering regions, its links)
+        self._compiled: dict[int, tuple[list[Instr], frozenset, frozenset, Links]] = {}
+        # (found once: no module walk per step) the layers whose input gradients the executor
+        # all-reduces itself (``layers.input_grads_unreduced``)
+        self._column_layers = [m for m in model.modules() if isinstance(m, ColumnParallelLinear)]
         self.skip_comm = False  # benchmarks only: compute-only timing, numbers are then wrong
         self.saved_bytes: dict[int, int] = {}  # region -> bytes kept from forward to backward
         self._param_ptrs = {p.untyped_storage().data_ptr() for p in model.parameters()}
@@ -158,15 +171,14 @@ class Executor(ForwardPieces, BackwardPieces, CollectiveInstructions, PointToPoi
             with torch.no_grad():  # a collective when embed and head differ in degree
                 targets = [self.model.target_reshard(y) for y in targets]
         self.tokens, self.targets, self.scale = tokens, targets, loss_scale
-        self._deferring = deferred_regions(program)
-        self._regathering = regathered_regions(program)
+        self._deferring, self._regathering, self._links = self._compile(program)
         self._reset()
         timelines = list(active_timelines())
         # honest device times without a synchronize inside the step (``oases.timing``)
         clock = DeviceClock(self.ctx.device) if timelines else None
         self._pending: list[tuple] = []  # CUDA: events whose stamps resolve after the step
         try:
-            with input_grads_unreduced(self.model), self._armed_for_deferral():
+            with self._input_grads_unreduced(), self._armed_for_deferral():
                 for ins in program:
                     if isinstance(ins, Compute):
                         start = clock.now() if clock is not None else None
@@ -206,6 +218,9 @@ class Executor(ForwardPieces, BackwardPieces, CollectiveInstructions, PointToPoi
                 "dr": self.dr,
                 "dh": self.dh,
                 "deferred weight grads": self.wg,
+                "linked partials": self.pg,
+                "pending roots": self._roots,
+                "linked glue inputs": self._epi_leaf,
             }
             leftovers = [k for k, d in state.items() if d]
             assert not leftovers, f"program left state behind: {leftovers}"
@@ -247,6 +262,9 @@ class Executor(ForwardPieces, BackwardPieces, CollectiveInstructions, PointToPoi
         self.dh: dict = {}
         self.wg: dict = {}  # (i, j) -> what dw:i needs: (y_i, dr_i, [(layer, h_i, dY)]) (sp)
         self.handles: dict = {}
+        self.pg: dict = {}  # (i, j) -> p_i with its graph, reduced in place (a p-link)
+        self._roots: list = []  # (tensor, grad) of linked backward pieces, not yet run
+        self._epi_leaf: dict = {}  # (i, j) -> epi:i's x leaf, read when tp:i runs the call
         self.losses: dict[int, Tensor] = {}
         self._seen: set[int] = set()
         self._scale_grads: dict[tuple, Tensor] = {}  # (dtype, device) -> the loss scale
@@ -273,8 +291,31 @@ class Executor(ForwardPieces, BackwardPieces, CollectiveInstructions, PointToPoi
             tl.add(ev)
 
     # --------------------------------------------------------------------------------- compute
+    def _compile(self, program: list[Instr]) -> tuple[frozenset, frozenset, Links]:
+        """What ``run`` reads off ``program`` before its first instruction, once per program
+        object (a schedule keeps its programs): the regions whose weight gradients it defers,
+        those whose h_i it gathers again, and where its pieces share a graph (``links``)."""
+        cached = self._compiled.get(id(program))
+        if cached is None or cached[0] is not program:
+            links = program_links(program, self.spec.recompute, self.sp, self.zero is not None)
+            cached = (program, deferred_regions(program), regathered_regions(program), links)
+            self._compiled[id(program)] = cached
+        return cached[1:]
+
+    @contextlib.contextmanager
+    def _input_grads_unreduced(self):  # noqa: ANN202
+        """``layers.input_grads_unreduced`` on the layers found at construction."""
+        for m in self._column_layers:
+            m.reduce_input_grad = False
+        try:
+            yield
+        finally:
+            for m in self._column_layers:
+                m.reduce_input_grad = True
+
     def _compute(self, ins: Compute) -> None:
         j = ins.sub
+        linked = None  # epi:i-1's output, with its graph, for an x-linked body:i
         for kind, i in ins.pieces:
             if ins.phase == "backward":
                 {
@@ -288,13 +329,18 @@ class Executor(ForwardPieces, BackwardPieces, CollectiveInstructions, PointToPoi
             grad = recompute or not self._in_segment(kind, i)
             skip_last = recompute and self.spec.recompute == "commfree"
             if kind == "epi":
-                self._epi(i, j, grad, recompute)
-            elif kind == "norm":
+                out = self._epi(i, j, grad, recompute)
+                x_link = i + 1 in self._links.x and out is not None and out.grad_fn is not None
+                linked = out if x_link else None
+                continue
+            if kind == "norm":
                 self._norm(i, j, grad, recompute)
             elif kind == "core" and i > 0:
                 self._core(i, j, grad, recompute, need_p=not skip_last)
             else:  # body, or the embedding's core (its lookup: it has no norm)
-                self._body(i, j, grad, recompute, need_p=not skip_last)
+                link = linked if kind == "body" and grad else None
+                self._body(i, j, grad, recompute, need_p=not skip_last, linked=link)
+            linked = None
 
 
 def _zero_layout(chain: list, shards) -> ZeroLayout:  # noqa: ANN001 (ZeroShards)

@@ -58,18 +58,43 @@ class BackwardPieces:
     # -------------------------------------------------------------------------------- pieces
     def _bwd_norm(self, i: int, j: int) -> None:
         xl, h, _, _ = self.bg.pop((i, j))
-        torch.autograd.backward(h, self.dh.pop((i, j)))
         res = self.gres.pop((i, j), None)
+        if xl.grad_fn is not None:  # x-linked: xl views epi:i-1's output, whose call runs these
+            self._roots += [(h, self.dh.pop((i, j)))] + ([] if res is None else [(xl._base, res)])
+            return
+        torch.autograd.backward(h, self.dh.pop((i, j)))
         self.gx[i, j] = xl.grad if res is None else xl.grad + res
 
     def _bwd_epi(self, i: int, j: int) -> None:
         xl, rl, out = self.eg.pop((i, j))
-        torch.autograd.backward(out, self.gx.pop((i + 1, j)))
+        roots, self._roots = self._roots or [(out, self.gx.pop((i + 1, j)))], []
+        if rl.grad_fn is not None:  # p-linked: rl is p_i itself, tp:i runs the call
+            self._roots, self._epi_leaf[i, j] = roots, xl
+            return
+        _backward(roots)
         self.dr[i, j] = rl.grad
         if xl is not None:
             self.gres[i, j] = xl.grad
 
+    def _bwd_linked_tp(self, i: int, j: int) -> None:
+        """tp:i p-linked to epi:i (and maybe norm:i+1): one engine call from their roots runs
+        through the glue and the TP matmuls, row-parallel included, down to dh_i."""
+        roots, self._roots = self._roots, []
+        _backward(roots)
+        xl = self._epi_leaf.pop((i, j))
+        if xl is not None:
+            self.gres[i, j] = xl.grad
+        if self.chain[i].kind == "embed":
+            self.bg.pop((i, j))
+            return
+        xl, h, hl, _ = self.bg[i, j]
+        self.bg[i, j] = (xl, h, hl, None)
+        self.dh[i, j] = hl.grad  # partial sums of dL/dh over the TP group
+
     def _bwd_tp(self, i: int, j: int) -> None:
+        if self._roots:
+            self._bwd_linked_tp(i, j)
+            return
         region = self.chain[i]
         if region.kind == "embed":
             dr = self.dr.pop((i, j))
@@ -120,3 +145,8 @@ class BackwardPieces:
         if w.grad is None:
             w.grad = torch.zeros_like(w)
         w.grad[: g.shape[0]].add_(g)
+
+
+def _backward(roots: list[tuple[Tensor, Tensor]]) -> None:
+    """One engine call from every (tensor, gradient) root."""
+    torch.autograd.backward([t for t, _ in roots], [g for _, g in roots])

@@ -96,20 +96,38 @@ class ForwardPieces:
                     self.saved_bytes[i] = self.saved_bytes.get(i, 0) + t.numel() * t.element_size()
 
     # --------------------------------------------------------------------------------- pieces
-    def _body(self, i: int, j: int, grad: bool, recompute: bool, need_p: bool) -> None:
+    def _body(
+        self,
+        i: int,
+        j: int,
+        grad: bool,
+        recompute: bool,
+        need_p: bool,
+        linked: Tensor | None = None,
+    ) -> None:
+        """``linked``: epi:i-1's output with its graph (an x-link, ``links``): norm:i reads it
+        itself instead of a detached leaf (not where x_i is a block's saved input)."""
         region, model = self.chain[i], self.model
         if region.kind == "embed":
             with torch.set_grad_enabled(grad), self._track(i, recompute):
                 p = model.embed.partial(self.tokens[j])  # [b, S, H] partial sums
-            self.p[i, j] = p.detach().clone() if grad else p  # all-reduced in place
+            p_link = grad and not recompute and i in self._links.p
+            if p_link:  # reduced in place; epi:0 reads it with its graph (a p-link)
+                self.p[i, j], self.pg[i, j] = p.detach(), p
+            else:
+                self.p[i, j] = p.detach().clone() if grad else p  # all-reduced in place
             if grad:
                 self.bg[i, j] = p
-                if not recompute:  # kept as the graph's root until the backward
+                if not recompute and not p_link:  # kept as the graph's root until the backward
                     self._count_saved(i, p)
             return
+        if linked is not None and recompute and self._saves_input(i):
+            linked = None  # x_i is the block's saved input, not epi:i-1's output
         x = self._norm_input(i, j, recompute)
         with torch.set_grad_enabled(grad), self._track(i, recompute):
-            xl = x.detach().requires_grad_(grad)
+            # (linked: a view, so the norm's own uses of x_i sum before the residual part
+            # joins them in epi:i-1's output, in the order of the unlinked pieces: bit for bit)
+            xl = linked.view_as(linked) if linked is not None else x.detach().requires_grad_(grad)
             h = region.norm(xl)
             hl = h.detach().requires_grad_(grad)
             out = self._tp_core(i, j, hl)
@@ -149,7 +167,17 @@ class ForwardPieces:
         """p_i from y (unless a communication-free recompute skips it), and the graph (xl, h,
         hl, out) kept for the backward, y counted as kept."""
         out = graph[-1]
-        if self.chain[i].kind != "head" and need_p:
+        if (
+            self.chain[i].kind != "head"
+            and need_p
+            and grad
+            and not recompute
+            and i in self._links.p
+        ):
+            with torch.enable_grad(), self._track(i, recompute):  # a p-link: epi:i reads pg
+                pg = self.chain[i].row.partial(out)  # [b, S, H] partial sums, with its graph
+            self.p[i, j], self.pg[i, j] = pg.detach(), pg  # all-reduced in place
+        elif self.chain[i].kind != "head" and need_p:
             with torch.no_grad():
                 self.p[i, j] = self.chain[i].row.partial(out)  # [b, S, H] partial sums
         if grad:
@@ -196,12 +224,16 @@ class ForwardPieces:
         xl, h_slice = self.bg[i, j][:2] if grad else (None, None)
         self._after_core(i, j, grad, recompute, need_p, (xl, h_slice, hl, out))
 
-    def _epi(self, i: int, j: int, grad: bool, recompute: bool) -> None:
+    def _epi(self, i: int, j: int, grad: bool, recompute: bool) -> Tensor | None:
+        """Returns x_{i+1} with its graph when it keeps one (for an x-linked body:i+1)."""
         region = self.chain[i]
         if recompute and self.spec.recompute == "commfree":
             x, r = self.saved.pop((i, j))
         else:
             x, r = self.x.pop((i, j), None), self.p.pop((i, j))
+        pg = self.pg.pop((i, j), None)  # p_i with its graph (a p-link), r_i its storage
+        if pg is not None and not (grad and pg.data_ptr() == r.data_ptr() and pg.shape == r.shape):
+            pg = None  # not reduced in place: tp:i runs on its own
         if not recompute and self.spec.recompute == "commfree" and self._in_segment("epi", i):
             self.saved[i, j] = (x, r)
             self._count_saved(i + 1, x, r)
@@ -219,7 +251,7 @@ class ForwardPieces:
                     self.rng[i, j] = _get_rng(self.ctx.device)
             with torch.set_grad_enabled(grad), self._track(i + 1, recompute):
                 xl = None if x is None else x.detach().requires_grad_(grad)
-                rl = r.detach().requires_grad_(grad)
+                rl = pg if pg is not None else r.detach().requires_grad_(grad)
                 if region.kind == "embed" and self.sp is not None:  # its slice's positions
                     out = region.epilogue(
                         xl, rl, start=region.tp_group.rank * rl.shape[1], pos_grad=False
@@ -244,6 +276,8 @@ class ForwardPieces:
                 # wanted, yet the leaf rl would keep its [b, S, H] alive until the backward
                 # (one activation per region that plain autograd frees at once)
                 rl.untyped_storage().resize_(0)
+            return out
+        return None
 
     def _rng_devices(self) -> list:
         return [self.ctx.device] if self.ctx.device.type == "cuda" else []

@@ -23,11 +23,16 @@ from collections.abc import Iterable, Mapping
 from oases.planner.clusters import GPU
 from oases.planner.kernels import gemm as gemm_model
 from oases.planner.kernels.attention import fused_attention_s
-from oases.planner.kernels.launch import piece_s
+from oases.planner.kernels.launch import EXECUTOR_OPS, piece_s
 from oases.planner.kernels.memory_bound import op_bytes, stream_s
 from oases.planner.kernels.pieces import Kernel
 
-DEFAULTS = {"kernel_gap_s": 2e-6, "host_op_s": 10e-6, "nccl_ctas": 0.0}
+DEFAULTS = {
+    "kernel_gap_s": 2e-6,
+    "host_op_s": 10e-6,
+    "nccl_ctas": 0.0,
+    "executor_ops": EXECUTOR_OPS,
+}
 CLASSES = (
     "gemm",
     "attention",
@@ -115,7 +120,13 @@ class KernelPrices:
             own += s
             count += k.count
         if count:
-            total = piece_s(own, count, self.value("kernel_gap_s"), self.value("host_op_s"))
+            total = piece_s(
+                own,
+                count,
+                self.value("kernel_gap_s"),
+                self.value("host_op_s"),
+                self.value("executor_ops"),
+            )
             out["launch"] = total - own
         return out
 
@@ -133,7 +144,13 @@ class KernelPrices:
             out[op.replace("_", "-").replace("adamw", "optimizer")] = own
             out["launch"] = (
                 out.get("launch", 0.0)
-                + piece_s(own, count, self.value("kernel_gap_s"), self.value("host_op_s"))
+                + piece_s(
+                    own,
+                    count,
+                    self.value("kernel_gap_s"),
+                    self.value("host_op_s"),
+                    self.value("executor_ops"),
+                )
                 - own
             )
         return out

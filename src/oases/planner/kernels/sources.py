@@ -81,6 +81,8 @@ KERNEL_KEYS = {
     "gemm_anchor_k": "K of that shape",
     "kernel_gap_s": "device time between two back-to-back kernels (launch latency)",
     "host_op_s": "CPU time to dispatch one eager op (Python, autograd, dispatcher, launch)",
+    "executor_ops": "the executor's own host work per piece, in host_op_s units (oases bench "
+    "--overhead; default: launch.EXECUTOR_OPS, measured in benchmarks/2026-12-04-overhead)",
     "nccl_ctas": "SMs a collective occupies while it runs (one CTA per NCCL channel)",
     "attn_*": "fused attention efficiency, fraction of the 16-bit dense peak (see above)",
 }

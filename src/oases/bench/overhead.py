@@ -1,0 +1,190 @@
+"""``oases bench --overhead``: the executor's own host cost, schedule by schedule.
+
+One process, tp=1, no communication: a schedule's ``step`` against one plain forward +
+``loss.backward()`` of the same single-device model (a copy made before ``parallelize``), on
+the same batch. Per model and schedule entry::
+
+    for each of warmup + steps rounds:
+        plain step   (zero_grad, model(tokens, targets).backward())        -> t_plain
+        schedule     (zero_grad, schedule.step(parallel model, tokens, ...)) -> t_sched
+    ratio = median(t_sched over the measured rounds) / median(t_plain over them)
+
+The two alternate round by round, so a slow stretch of a shared machine hits both. The ratio
+is the host cost the executor adds on top of the same kernels (the arithmetic is identical at
+tp=1: ``tests/test_schedules.py`` proves the programs equal to the plain model), and
+``host_per_piece_s`` = (t_sched - t_plain) / pieces spread it over the program's pieces:
+in seconds, and ``executor_ops`` = that over this host's time to dispatch one eager op
+(``kernel_profile.measure_launch``): the simulator's per-piece term of that name
+(``planner.kernels.launch``). Recompute schedules run more kernels than the plain step, so
+their per-piece figure is an upper bound; megatron's is the executor's alone.
+
+Entries are ``NAME`` or ``NAME@k=K`` (sub-batches per micro-batch, overlapped schedules).
+Default models: the issue's two GPT-2 shapes (24 layers x dim 64, 8 layers x dim 512), on
+4 x 16 tokens.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import statistics
+import time
+from dataclasses import asdict
+from pathlib import Path
+
+import torch
+
+from oases.config import ModelConfig
+
+OVERHEAD_MODELS = {
+    "gpt2-24x64": ModelConfig(arch="gpt2", n_layers=24, dim=64, n_heads=4, seq_len=16),
+    "gpt2-8x512": ModelConfig(arch="gpt2", n_layers=8, dim=512, n_heads=8, seq_len=16),
+}
+OVERHEAD_ENTRIES = (
+    "megatron",
+    "megatron-recompute",
+    "commfree-recompute@k=2",
+    "overlap@k=2",
+    "overlap-recompute@k=2",
+    "oases@k=2",
+    "oases@k=4",
+)
+ROWS = 4  # sequences per step (the issue's 4 x 16 tokens)
+
+
+def parse_overhead_entry(entry: str) -> tuple[str, int]:
+    """``NAME`` -> (NAME, 1); ``NAME@k=K`` -> (NAME, K); ValueError otherwise."""
+    name, _, option = entry.partition("@")
+    if not option:
+        return name, 1
+    key, _, value = option.partition("=")
+    if key != "k" or not value.isdigit() or int(value) < 1:
+        raise ValueError(f"overhead entry {entry!r}: expected NAME or NAME@k=K with K >= 1")
+    return name, int(value)
+
+
+def _program_pieces(program: list) -> tuple[int, int]:
+    """(compute instructions, pieces) of a program."""
+    from oases.schedule.instructions import Compute
+
+    computes = [ins for ins in program if isinstance(ins, Compute)]
+    return len(computes), sum(len(ins.pieces) for ins in computes)
+
+
+def measure_model(
+    cfg: ModelConfig, entries: list[str], steps: int, warmup: int, rows: int = ROWS
+) -> list[dict]:
+    """One row per entry: median seconds of the plain step and the schedule's, their ratio,
+    and the program's size; see the module docstring for the loop."""
+    from oases.model import Transformer
+    from oases.parallel.apply import parallelize
+    from oases.parallel.context import init_distributed
+    from oases.schedule import build_schedule
+
+    torch.manual_seed(0)
+    plain = Transformer(cfg)
+    model = parallelize(copy.deepcopy(plain), init_distributed(tp=1))
+    gen = torch.Generator().manual_seed(1)
+    tokens = torch.randint(0, cfg.vocab_size, (rows, cfg.seq_len), generator=gen)
+    targets = torch.randint(0, cfg.vocab_size, (rows, cfg.seq_len), generator=gen)
+
+    def plain_step() -> None:
+        plain.zero_grad(set_to_none=True)
+        plain(tokens, targets).backward()
+
+    results = []
+    for entry in entries:
+        name, k = parse_overhead_entry(entry)
+        schedule = build_schedule(name, n_sub=k)
+
+        def sched_step(schedule=schedule) -> None:  # noqa: ANN001 (bound per entry)
+            model.zero_grad(set_to_none=True)
+            schedule.step(model, tokens, targets)
+
+        times: dict[str, list[float]] = {"plain": [], "schedule": []}
+        for round_ in range(warmup + steps):
+            for key, fn in (("plain", plain_step), ("schedule", sched_step)):
+                t0 = time.perf_counter()
+                fn()
+                if round_ >= warmup:
+                    times[key].append(time.perf_counter() - t0)
+        computes, pieces = _program_pieces(schedule.program(model, rows))
+        t_plain, t_sched = statistics.median(times["plain"]), statistics.median(times["schedule"])
+        results.append(
+            {
+                "entry": entry,
+                "plain_s": t_plain,
+                "schedule_s": t_sched,
+                "ratio": t_sched / t_plain,
+                "computes": computes,
+                "pieces": pieces,
+                "host_per_piece_s": max(0.0, t_sched - t_plain) / pieces,
+            }
+        )
+    return results
+
+
+def run_overhead(
+    models: dict[str, ModelConfig],
+    entries: list[str],
+    steps: int,
+    warmup: int,
+    out: Path | None = None,
+) -> dict:
+    """Measure every entry on every model; print the table, write ``overhead.json`` and
+    ``overhead.md`` into ``out`` when given; return the result."""
+    if steps < 1 or warmup < 0:
+        raise ValueError(f"steps={steps} must be >= 1 and warmup={warmup} >= 0")
+    for entry in entries:
+        parse_overhead_entry(entry)
+    from oases.bench.kernel_profile import measure_launch
+
+    host_op_s = measure_launch(torch.device("cpu"))[1]
+    result = {
+        "rows": ROWS,
+        "host_op_s": host_op_s,
+        "steps": steps,
+        "warmup": warmup,
+        "threads": torch.get_num_threads(),
+        "models": {
+            label: {"config": asdict(cfg), "entries": measure_model(cfg, entries, steps, warmup)}
+            for label, cfg in models.items()
+        },
+    }
+    for model in result["models"].values():
+        for row in model["entries"]:
+            row["executor_ops"] = row["host_per_piece_s"] / host_op_s
+    text = format_overhead(result)
+    print(text)
+    if out is not None:
+        from oases.bench.suite import machine_info
+
+        out.mkdir(parents=True, exist_ok=True)
+        result["machine"] = machine_info()
+        (out / "overhead.json").write_text(json.dumps(result, indent=1) + "\n")
+        (out / "overhead.md").write_text(text + "\n")
+    return result
+
+
+def format_overhead(result: dict) -> str:
+    """A text table: per model, each entry's ratio to the plain step, the two medians, the
+    program's computes/pieces and the host cost per piece."""
+    lines = [
+        f"tp=1, one process, {result['rows']} x seq tokens, medians of {result['steps']} "
+        f"after {result['warmup']} warm-ups, {result['threads']} threads; one eager op "
+        f"{result['host_op_s'] * 1e6:.1f} us"
+    ]
+    for label, model in result["models"].items():
+        lines += [
+            "",
+            f"{label}",
+            f"{'schedule':26} {'ratio':>6} {'plain ms':>9} {'step ms':>9} {'computes':>8} "
+            f"{'pieces':>6} {'us/piece':>8} {'ops/piece':>9}",
+        ]
+        for r in model["entries"]:
+            lines.append(
+                f"{r['entry']:26} {r['ratio']:5.2f}x {r['plain_s'] * 1e3:9.2f} "
+                f"{r['schedule_s'] * 1e3:9.2f} {r['computes']:8d} {r['pieces']:6d} "
+                f"{r['host_per_piece_s'] * 1e6:8.1f} {r['executor_ops']:9.1f}"
+            )
+    return "\n".join(lines)

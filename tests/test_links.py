@@ -1,0 +1,48 @@
+"""Where the executor links pieces into one autograd graph (``schedule.links``), and that a
+linked program runs one engine call per backward Compute (Megatron's [norm, epi, tp])."""
+
+import copy
+
+import torch
+
+from oases.config import ModelConfig
+from oases.model import Transformer
+from oases.parallel.apply import parallelize
+from oases.parallel.context import init_distributed
+from oases.schedule import build_schedule
+from oases.schedule.links import program_links
+from oases.schedule.program import build_program
+
+
+def test_megatron_links_every_glue_and_partial():
+    links = program_links(build_program("megatron", 6, 1), "none", None, False)
+    assert links.x == frozenset(range(1, 6))  # norm:i on epi:i-1's output
+    assert links.p == frozenset(range(5))  # epi:i on p_i: every region but the head
+
+
+def test_recompute_sp_and_zero_keep_their_partials_apart():
+    oases = program_links(build_program("oases", 6, 2), "commfree", None, False)
+    assert oases.p == frozenset() and oases.x  # the recompute's [epi:i-1, body:i] still link
+    assert program_links(build_program("megatron", 6, 1), "none", None, True).p == frozenset()
+    sp = program_links(build_program("megatron", 6, 1, sp="gathered"), "none", "gathered", False)
+    assert sp.x == sp.p == frozenset()
+
+
+def test_linked_megatron_runs_one_engine_call_per_backward_compute(monkeypatch):
+    torch.manual_seed(0)
+    cfg = ModelConfig(n_layers=2, dim=16, n_heads=2, seq_len=8, vocab_size=32)
+    plain = Transformer(cfg)
+    model = parallelize(copy.deepcopy(plain), init_distributed(tp=1))
+    tokens, targets = torch.randint(0, 32, (2, 8)), torch.randint(0, 32, (2, 8))
+    calls = []
+    real = torch.autograd.backward
+    monkeypatch.setattr(
+        torch.autograd, "backward", lambda *a, **k: calls.append(1) or real(*a, **k)
+    )
+    schedule = build_schedule("megatron", n_sub=1)
+    schedule.step(model, tokens, targets)
+    backward = [i for i in schedule.program(model, 2) if getattr(i, "phase", "") == "backward"]
+    assert len(calls) == len(backward)
+    plain(tokens, targets).backward()
+    for (name, p), q in zip(plain.named_parameters(), model.parameters(), strict=True):
+        torch.testing.assert_close(q.grad, p.grad, msg=name)
