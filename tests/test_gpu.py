@@ -158,7 +158,7 @@ def test_memory_terms_on_cuda():
 
 
 def _rank_nccl(rank, world_size):
-    from oases.bench.profile_runner import measure_collectives
+    from oases.bench.profile_collectives import measure_collectives
     from test_mixed_plans import layout_rows, region_of
     from test_mixed_schedules import TWINS, _batches, _cfg, _expected, _global_mean, _plan
 

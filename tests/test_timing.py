@@ -60,7 +60,7 @@ def test_collective_fit_guard():
 
 
 def _rank_profile_collectives(rank, world_size):
-    from oases.bench.profile_runner import measure_collectives
+    from oases.bench.profile_collectives import measure_collectives
 
     ctx = oases.init_distributed(tp=1, degrees=(2,))
     # the gather along a last dimension (gather_from_tp), through one flat buffer

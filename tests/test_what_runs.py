@@ -287,7 +287,7 @@ def test_4_machine_line_names_the_source_revision_outside_a_checkout(tmp_path, m
 
 
 def test_4_memory_table_says_why_a_tiny_models_peak_is_far_from_the_simulators():
-    from oases.bench.suite import format_memory_table
+    from oases.bench.memory_suite import format_memory_table
 
     mib = 2**20
     rank = {

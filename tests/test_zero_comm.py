@@ -102,7 +102,7 @@ def test_stage1_weights_are_stale_between_steps_until_gathered(tmp_path):
 def test_the_memory_walk_counts_the_workspace_and_gloo_gather_copies():
     """A profile's measured workspace adds to the peak as is; gloo's all-gather buffer adds to
     the peak of a stage-3 plan (an output-size copy from each gather's Start to its Wait)."""
-    from oases.bench.suite import _NoTime
+    from oases.bench.memory_suite import _NoTime
     from oases.config import load_config
     from oases.plan import ParallelPlan
     from oases.planner.batch import BatchShape

@@ -35,12 +35,11 @@ import contextlib
 import copy
 import datetime
 import statistics
-import sys
-import time
 
 import torch
 
 from oases.bench import run_rank_spec
+from oases.bench.profile_collectives import measure_collectives, measure_contention
 from oases.config import Config, TrainConfig, config_to_dict, load_config
 from oases.memory import device_baseline_bytes, resident_memory_bytes
 from oases.model import build_model
@@ -51,7 +50,7 @@ from oases.plan import ParallelPlan
 from oases.planner import batch_shape
 from oases.planner.costs import sp_mode, sp_piece
 from oases.planner.precision import PlanPrecision
-from oases.planner.profile import Profile, check_collective_fit
+from oases.planner.profile import Profile
 from oases.planner.search import candidate_degrees
 from oases.precision import Precision, resolve_precision
 from oases.schedule import build_schedule, record_timeline
@@ -113,8 +112,11 @@ def workspace_bytes(baseline: float, modules: list[torch.nn.Module]) -> float:
         return 0.0
     held, seen = 0, set()
     for m in modules:
-        for t in [*m.parameters(), *m.buffers(),
-                  *(p.grad for p in m.parameters() if p.grad is not None)]:
+        for t in [
+            *m.parameters(),
+            *m.buffers(),
+            *(p.grad for p in m.parameters() if p.grad is not None),
+        ]:
             key = t.untyped_storage().data_ptr()
             if key not in seen:
                 seen.add(key)
@@ -142,15 +144,26 @@ OVERLAPPED = ("overlap", "overlap-recompute", "oases")
 # sequence-parallel programs a profile also runs at one sub-batch (``measure_compute``'s
 # ``sp_runs``): forward and backward pieces, block recompute, and the communication-free
 # recompute keeping gathered inputs or slices (each its saved activations)
-SP_RUNS = (("megatron-sp", "gathered"), ("megatron-recompute", "gathered"),
-           ("commfree-recompute", "gathered"), ("commfree-recompute", "shards"))
+SP_RUNS = (
+    ("megatron-sp", "gathered"),
+    ("megatron-recompute", "gathered"),
+    ("commfree-recompute", "gathered"),
+    ("commfree-recompute", "shards"),
+)
 
 
-def measure_compute(model: torch.nn.Module, ctx: ParallelContext, rows: int, k: int,
-                    repeats: int, train: TrainConfig, schedules: tuple[str, ...] | None = None,
-                    precision: Precision | None = None, sp: str | None = None,
-                    sp_runs: bool = False
-                    ) -> tuple[list[dict], list[dict], list[float]]:
+def measure_compute(
+    model: torch.nn.Module,
+    ctx: ParallelContext,
+    rows: int,
+    k: int,
+    repeats: int,
+    train: TrainConfig,
+    schedules: tuple[str, ...] | None = None,
+    precision: Precision | None = None,
+    sp: str | None = None,
+    sp_runs: bool = False,
+) -> tuple[list[dict], list[dict], list[float]]:
     """Per-piece compute times of ``model`` (each region at its plan's degree) running steps of
     ``rows`` local sequences (the embedding's layout) cut into k sub-batches: ``schedules``,
     by default the synchronous ones when k == 1, else the overlapped ones. Every collective is
@@ -206,7 +219,8 @@ def measure_compute(model: torch.nn.Module, ctx: ParallelContext, rows: int, k: 
                 if k == 1:
                     for region, n in zip(ex.chain, region_rows):
                         saved.setdefault((region.kind, saved_mode, region.tp, n), []).append(
-                            ex.saved_bytes.get(region.index, 0))
+                            ex.saved_bytes.get(region.index, 0)
+                        )
                 continue
             for e in tl.events:
                 if e.lane != "compute" or (mode != "none" and e.phase != "recompute"):
@@ -216,152 +230,30 @@ def measure_compute(model: torch.nn.Module, ctx: ParallelContext, rows: int, k: 
                 if e.phase == "recompute" and piece == "body" and mode == "commfree":
                     piece = "body-commfree"
                 if sched.sp is not None:
-                    piece = sp_piece(piece, e.phase, int(index), mode == "commfree",
-                                     int(index) in deferring)
+                    piece = sp_piece(
+                        piece, e.phase, int(index), mode == "commfree", int(index) in deferring
+                    )
                 key = (region.kind, e.phase, piece, region.tp, region_rows[region.index] // k)
                 times.setdefault(key, []).append(e.end_s - e.start_s)
         ex.track_memory = False
     model.zero_grad(set_to_none=True)
-    compute = [{"region": kind, "phase": ph, "piece": pc, "tp": t, "rows": n,
-                "overlapped": k > 1, "s": statistics.median(v)}
-               for (kind, ph, pc, t, n), v in sorted(times.items())]
-    memory = [{"region": kind, "mode": mode, "tp": t, "rows": n,
-               "saved_bytes": statistics.median(v)}
-              for (kind, mode, t, n), v in saved.items()]
+    compute = [
+        {
+            "region": kind,
+            "phase": ph,
+            "piece": pc,
+            "tp": t,
+            "rows": n,
+            "overlapped": k > 1,
+            "s": statistics.median(v),
+        }
+        for (kind, ph, pc, t, n), v in sorted(times.items())
+    ]
+    memory = [
+        {"region": kind, "mode": mode, "tp": t, "rows": n, "saved_bytes": statistics.median(v)}
+        for (kind, mode, t, n), v in saved.items()
+    ]
     return compute, memory, optimizer_s
-
-
-def measure_contention(ctx: ParallelContext, cfg, rows: int,  # noqa: ANN001 (ModelConfig)
-                       repeats: int = 4, dtype: torch.dtype = torch.float32
-                       ) -> tuple[dict[str, float], dict[str, float]]:
-    """How compute and each kind of collective slow each other down when they run at once,
-    over the world: a matmul of the model's MLP shape (``rows`` sequences, in the run's compute
-    ``dtype``, as are the collectives' buffers) runs in a loop while
-    the collective runs (issued ``repeats`` times in a row, the same count on every rank).
-    Returns ``(compute, comm)``: per op, the matmul's median time beside the collective over
-    its median alone, and the collective's median time beside the matmuls (issue to completion,
-    from its completion callback) over its median alone. On CPU ranks the communication threads
-    share the cores with compute (measured on 2 cores with gloo: matmuls 1.35-1.49x slower
-    beside an all-reduce, 1.17-1.23x beside an all-to-all or all-gather; the collectives 1.3x
-    (reduce-scatter) to 1.9x (all-reduce) slower beside matmuls). On CUDA, where NCCL
-    completes a future at enqueue, the collectives' factors are not measured (none)."""
-    group = ctx.world_group
-    if group.size <= 1:
-        return {}, {}
-    dev = ctx.device
-    x = torch.randn(max(rows, 1) * cfg.seq_len, cfg.dim, device=dev, dtype=dtype)
-    w = torch.randn(cfg.ffn_dim, cfg.dim, device=dev, dtype=dtype)
-
-    clock = DeviceClock(dev)
-
-    def matmul() -> float:
-        return clock.time_s(lambda: torch.nn.functional.linear(x, w))
-
-    for _ in range(3):
-        matmul()
-    comm.barrier(group)
-    alone = statistics.median(matmul() for _ in range(8))
-    n = group.size * max(1, -(-16 * x.numel() // group.size))  # ~16 activations, divisible
-    buf = torch.randn(n, device=dev, dtype=dtype)
-    starts = {
-        "all_reduce": lambda: comm.all_reduce_async(buf, group, tag="contention"),
-        "all_gather": lambda: comm.all_gather_into_async(torch.empty_like(buf),
-                                                         buf[: n // group.size], group,
-                                                         tag="contention"),
-        "reduce_scatter": lambda: comm.reduce_scatter_async(buf.clone(), group,
-                                                            tag="contention"),
-    }
-    compute, comm_factors = {}, {}
-    for op, start in starts.items():
-        comm.barrier(group)
-        by_itself = []
-        for _ in range(repeats):
-            by_itself.append(clock.time_s(lambda start=start: start().wait()))
-        comm.barrier(group)
-        beside: list[float] = []
-        spans: list[float] = []
-        for _ in range(repeats):
-            issued, finished = time.perf_counter(), []
-            handle = start()
-            handle.on_complete(lambda f=finished: f.append(time.perf_counter()))
-            while not handle.is_completed():
-                beside.append(matmul())
-            handle.wait()
-            spans.append((finished[0] if finished else time.perf_counter()) - issued)
-        compute[op] = max(1.0, statistics.median(beside) / alone) if beside else 1.0
-        if dev.type != "cuda":
-            comm_factors[op] = max(1.0, statistics.median(spans) / statistics.median(by_itself))
-    comm.barrier(group)
-    return compute, comm_factors
-
-
-def measure_collectives(ctx: ParallelContext, t: int, sizes: list[int], repeats: int,
-                        dp_only: bool = False, precision: Precision | None = None) -> list[dict]:
-    """All-reduce and reduce-scatter over the TP group of degree t and all-gather (along the
-    batch, as a reshard does) over the merge group of degrees 1 and t, at each byte size (the
-    size of the full tensor: the all-reduce's buffer, the gather's output, the scatter's
-    input), in the dtype the run moves activations in (``precision.compute_dtype``).
-    ``dp_only``: the DP group of degree t instead (size world / t, a group size no TP degree
-    has): its gradient all-reduce and ZeRO's reduce-scatter (``grad_reduce_dtype``) and weight
-    all-gather (master weights, ``param_dtype``)."""
-    tp_group, dp_group = ctx.groups_for(t)
-    gather_group = None if dp_only else ctx.merge_group(1, t)
-    act = torch.float32 if precision is None else precision.compute_dtype
-    grad = torch.float32 if precision is None else precision.grad_reduce_dtype
-    weight = torch.float32 if precision is None else precision.param_dtype
-
-    def zeros(nbytes: int, dtype: torch.dtype, parts: int = 1, divisible: bool = False
-              ) -> torch.Tensor:
-        n = max(1, nbytes // dtype.itemsize)
-        n = max(parts, n - n % parts) if divisible else max(1, n // parts)
-        return torch.zeros(n, dtype=dtype, device=ctx.device)
-
-    clock = DeviceClock(ctx.device)
-    out = []
-    for nbytes in sizes:
-        if dp_only:
-            d = dp_group.size
-            ops = {"all_reduce": (lambda buf: comm.all_reduce_(buf, dp_group), zeros(nbytes, grad)),
-                   # ZeRO's collectives over the DP group: gradient scatters, weight gathers
-                   "reduce_scatter": (lambda buf: comm.reduce_scatter(buf, dp_group),
-                                      zeros(nbytes, grad, d, divisible=True)),
-                   "all_gather": (lambda buf: comm.all_gather_into_async(
-                       buf.new_empty(buf.numel() * dp_group.size), buf, dp_group).wait(),
-                                  zeros(nbytes, weight, d))}
-        else:
-            ops = {
-                "all_reduce": (lambda buf: comm.all_reduce_(buf, tp_group), zeros(nbytes, act)),
-                "all_gather": (lambda buf: comm.reshard_batch(buf, 1, t, gather_group),
-                               zeros(nbytes, act, t)),
-                "reduce_scatter": (lambda buf: comm.reduce_scatter(buf, tp_group),
-                                   zeros(nbytes, act, t, divisible=True)),
-            }
-        for op, (fn, buf) in ops.items():
-            full = buf.numel() * (dp_group.size if dp_only else t) if op == "all_gather" else (
-                buf.numel())
-            samples = []
-            for _ in range(repeats + 1):
-                comm.barrier(ctx.world_group)  # (on CUDA it also empties the queue)
-                with torch.no_grad():  # CUDA: events around it, read after a synchronize
-                    samples.append(clock.time_s(lambda fn=fn, buf=buf: fn(buf)))
-            size = ctx.world_size // t if dp_only else t
-            out.append({"op": op, "group_size": size, "nbytes": full * buf.element_size(),
-                        "s": statistics.median(samples[1:])})
-    if len(sizes) > 1:  # a bandwidth of inf or <= 0 would price every byte at zero
-        for op in sorted({e["op"] for e in out}):
-            points = [(e["nbytes"], e["s"]) for e in out if e["op"] == op]
-            try:
-                check_collective_fit(op, out[0]["group_size"], points)
-            except ValueError as exc:
-                # CUDA (event-timed): a clock that did not wait, an error. CPU ranks sharing
-                # loaded cores time small sizes within noise (measured on this 2-core machine:
-                # 1-128 KiB all-reduces of 0.35-7.4 ms in no order): the fit then prices them
-                # at their mean time (latency, no per-byte cost), with a warning
-                if ctx.device.type == "cuda":
-                    raise
-                if ctx.rank == 0:
-                    print(f"warning: {exc}", file=sys.stderr, flush=True)
-    return out
 
 
 def profile_rows(cfg: Config, world_size: int, t: int) -> int:
@@ -393,54 +285,100 @@ def run(spec: dict) -> None:
     optimizer: list[dict] = []  # one AdamW step per model size (one per degree)
     for t in degrees:
         optimizer_s: list[float] = []
-        model = parallelize(copy.deepcopy(base), ctx,
-                            ParallelPlan.uniform(cfg.model, world_size, t))
+        model = parallelize(
+            copy.deepcopy(base), ctx, ParallelPlan.uniform(cfg.model, world_size, t)
+        )
         model.train()
         rows = profile_rows(cfg, world_size, t)
         for k in [k for k in spec.get("n_subs", (1, 2, 4)) if rows >= k and rows % k == 0]:
-            c, m, o = measure_compute(model, ctx, rows, k, repeats, cfg.train,
-                                      precision=precision,
-                                      sp_runs=t > 1 and cfg.model.seq_len % t == 0)
+            c, m, o = measure_compute(
+                model,
+                ctx,
+                rows,
+                k,
+                repeats,
+                cfg.train,
+                precision=precision,
+                sp_runs=t > 1 and cfg.model.seq_len % t == 0,
+            )
             compute += c
             memory += m
             optimizer_s += o
             if ctx.rank == 0:
-                print(f"oases profile: tp={t}, {rows} rows in {k} sub-batches: {len(c)} "
-                      "pieces", flush=True)
+                print(
+                    f"oases profile: tp={t}, {rows} rows in {k} sub-batches: {len(c)} pieces",
+                    flush=True,
+                )
         if t > 1 and rows > 0:
-            sizes = sorted({max(act // 4, 1024), act, rows * act // 2, rows * act,
-                            4 * rows * act, 16 * rows * act})
-            collectives += measure_collectives(ctx, t, sizes, repeats + 2,
-                                               precision=precision)
+            sizes = sorted(
+                {
+                    max(act // 4, 1024),
+                    act,
+                    rows * act // 2,
+                    rows * act,
+                    4 * rows * act,
+                    16 * rows * act,
+                }
+            )
+            collectives += measure_collectives(ctx, t, sizes, repeats + 2, precision=precision)
         models.append(model)
         if optimizer_s:
-            optimizer.append({"n_params": sum(p.numel() for p in model.parameters()),
-                              "s": statistics.median(optimizer_s)})
+            optimizer.append(
+                {
+                    "n_params": sum(p.numel() for p in model.parameters()),
+                    "s": statistics.median(optimizer_s),
+                }
+            )
     tp_sizes = {t for t in degrees if t > 1}
     for t in degrees:  # DP gradient all-reduces over group sizes no TP degree covers
         if world_size // t > 1 and world_size // t not in tp_sizes:
             rows = max(1, profile_rows(cfg, world_size, t))
             sizes = sorted({act, rows * act, 16 * rows * act, 64 * rows * act})
-            collectives += measure_collectives(ctx, t, sizes, repeats + 2, dp_only=True,
-                                               precision=precision)
+            collectives += measure_collectives(
+                ctx, t, sizes, repeats + 2, dp_only=True, precision=precision
+            )
             tp_sizes.add(world_size // t)
     workspace = workspace_bytes(baseline, [base, *models])
-    contention, comm_contention = measure_contention(ctx, cfg.model,
-                                                     profile_rows(cfg, world_size, 1),
-                                                     dtype=precision.compute_dtype)
+    contention, comm_contention = measure_contention(
+        ctx, cfg.model, profile_rows(cfg, world_size, 1), dtype=precision.compute_dtype
+    )
     if ctx.rank == 0:
         from oases.bench.suite import machine_info
 
-        machine = machine_info() | {"world_size": world_size, "backend": ctx.backend,
-                                    "device": str(ctx.device), "threads": torch.get_num_threads(),
-                                    "link": spec.get("link_label", "")} | device_memory(ctx.device)
+        machine = (
+            machine_info()
+            | {
+                "world_size": world_size,
+                "backend": ctx.backend,
+                "device": str(ctx.device),
+                "threads": torch.get_num_threads(),
+                "link": spec.get("link_label", ""),
+            }
+            | device_memory(ctx.device)
+        )
         created = datetime.datetime.now().isoformat(timespec="seconds")
-        made_from = {"file": spec.get("config"), "overrides": list(spec.get("overrides", ())),
-                     "micro_batch": cfg.train.micro_batch,
-                     "global_batch": cfg.train.global_batch, "tp": cfg.parallel.tp}
-        profile = Profile(config_to_dict(cfg)["model"], machine, compute, collectives, memory,
-                          optimizer, baseline, created, made_from, workspace, contention,
-                          comm_contention, PlanPrecision.from_record(precision.describe()))
+        made_from = {
+            "file": spec.get("config"),
+            "overrides": list(spec.get("overrides", ())),
+            "micro_batch": cfg.train.micro_batch,
+            "global_batch": cfg.train.global_batch,
+            "tp": cfg.parallel.tp,
+        }
+        profile = Profile(
+            config_to_dict(cfg)["model"],
+            machine,
+            compute,
+            collectives,
+            memory,
+            optimizer,
+            baseline,
+            created,
+            made_from,
+            workspace,
+            contention,
+            comm_contention,
+            PlanPrecision.from_record(precision.describe()),
+        )
         profile.save(spec["out"])
     comm.barrier(ctx.world_group)  # nobody exits while a peer still talks
 

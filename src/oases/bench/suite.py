@@ -34,23 +34,47 @@ from oases.bench.link import (
     shaping_unavailable,
 )
 
-DEFAULT_SCHEDULES = ("megatron", "megatron-recompute", "commfree-recompute", "overlap",
-                     "overlap-recompute", "oases", "torch-tp")
-_UNITS = {"bit": 1 / 8, "kbit": 1e3 / 8, "mbit": 1e6 / 8, "gbit": 1e9 / 8,
-          "b": 1, "kb": 1e3, "mb": 1e6, "gb": 1e9}
+DEFAULT_SCHEDULES = (
+    "megatron",
+    "megatron-recompute",
+    "commfree-recompute",
+    "overlap",
+    "overlap-recompute",
+    "oases",
+    "torch-tp",
+)
+_UNITS = {
+    "bit": 1 / 8,
+    "kbit": 1e3 / 8,
+    "mbit": 1e6 / 8,
+    "gbit": 1e9 / 8,
+    "b": 1,
+    "kb": 1e3,
+    "mb": 1e6,
+    "gb": 1e9,
+}
 
 
 def parse_rate(text: str) -> float:
     """'200mbit' -> bytes/s; '25MB' -> 25e6 bytes/s; a bare number is bytes/s."""
     m = re.fullmatch(r"\s*([0-9.]+)\s*([a-zA-Z]*)(/s)?\s*", text)
     if not m or m.group(2).lower() not in _UNITS | {"": 1}:
-        raise ValueError(f"--link {text!r}: expected none, auto:PRESET or a rate like 200mbit "
-                         f"or 25MB (presets: {', '.join(LINK_PRESETS)})")
+        raise ValueError(
+            f"--link {text!r}: expected none, auto:PRESET or a rate like 200mbit "
+            f"or 25MB (presets: {', '.join(LINK_PRESETS)})"
+        )
     return float(m.group(1)) * _UNITS.get(m.group(2).lower(), 1)
 
 
-def launch_ranks(module: str, spec: dict, nproc: int, rate: float | None,
-                 workdir: Path, *, measures_memory: bool = True) -> None:
+def launch_ranks(
+    module: str,
+    spec: dict,
+    nproc: int,
+    rate: float | None,
+    workdir: Path,
+    *,
+    measures_memory: bool = True,
+) -> None:
     """``torchrun`` ``nproc`` local ranks of ``python -m module SPEC.json`` (on a loopback
     shaped to ``rate`` bytes/s when given); RuntimeError if any rank fails.
 
@@ -63,9 +87,17 @@ def launch_ranks(module: str, spec: dict, nproc: int, rate: float | None,
     runs under."""
     spec_path = workdir / f"spec-{len(list(workdir.glob('spec-*')))}.json"
     spec_path.write_text(json.dumps(spec))
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone",
-           f"--nproc-per-node={nproc}", f"--log-dir={workdir / 'torchrun-logs'}",  # not /tmp
-           "-m", module, str(spec_path)]
+    cmd = [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--standalone",
+        f"--nproc-per-node={nproc}",
+        f"--log-dir={workdir / 'torchrun-logs'}",  # not /tmp
+        "-m",
+        module,
+        str(spec_path),
+    ]
     env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1")
     if measures_memory:
         env["MALLOC_MMAP_THRESHOLD_"] = "131072"
@@ -78,9 +110,17 @@ def _launch(spec: dict, nproc: int, rate: float | None, workdir: Path) -> None:
     launch_ranks("oases.bench.runner", spec, nproc, rate, workdir, measures_memory=False)
 
 
-def run_bench(config: str | None, overrides: list[str], schedules: list[str], link: str,
-              steps: int, out: Path, nproc: int = 2, warmup: int = 2,
-              with_optimizer: bool = False) -> dict:
+def run_bench(
+    config: str | None,
+    overrides: list[str],
+    schedules: list[str],
+    link: str,
+    steps: int,
+    out: Path,
+    nproc: int = 2,
+    warmup: int = 2,
+    with_optimizer: bool = False,
+) -> dict:
     from oases.config import load_config
     from oases.schedule import SCHEDULES
     from oases.schedule.specs import BASELINES
@@ -90,8 +130,7 @@ def run_bench(config: str | None, overrides: list[str], schedules: list[str], li
     valid = (*SCHEDULES, *BASELINES, *PEERS)
     unknown = [s for s in schedules if parse_entry(s).name not in valid]
     if unknown:
-        raise ValueError(f"unknown schedule(s) {unknown}; valid: "
-                         f"{', '.join(valid)}")
+        raise ValueError(f"unknown schedule(s) {unknown}; valid: {', '.join(valid)}")
     warn_no_effect(schedules, nproc // cfg.parallel.tp)
     if any(parse_entry(s).name == "fsdp2" for s in schedules):
         from oases.bench.runner import fsdp2_rows
@@ -101,10 +140,20 @@ def run_bench(config: str | None, overrides: list[str], schedules: list[str], li
     base = {"config": config, "overrides": overrides, "out": str(out)}
     rate, label, preset = resolve_link(link, config, overrides, nproc, cfg.parallel.tp)
     with tempfile.TemporaryDirectory() as tmp:
-        _launch({**base, "schedules": schedules, "steps": steps, "warmup": warmup,
-                 "link_label": label,
-                 "timeline": any(draws_timeline(s) for s in schedules),
-                 "with_optimizer": with_optimizer}, nproc, rate, Path(tmp))
+        _launch(
+            {
+                **base,
+                "schedules": schedules,
+                "steps": steps,
+                "warmup": warmup,
+                "link_label": label,
+                "timeline": any(draws_timeline(s) for s in schedules),
+                "with_optimizer": with_optimizer,
+            },
+            nproc,
+            rate,
+            Path(tmp),
+        )
     raw = json.loads((out / "raw.json").read_text())
     result = summarize(raw, schedules, label, rate, preset.name if preset else None)
     (out / "bench.json").write_text(json.dumps(result, indent=1))
@@ -124,8 +173,9 @@ def warn_no_effect(entries: list[str], dp: int) -> None:
         print(f"warning: {line}", file=sys.stderr, flush=True)
 
 
-def resolve_link(link: str, config: str | None, overrides: list[str], nproc: int,
-                 tp: int) -> tuple[float | None, str, LinkPreset | None]:
+def resolve_link(
+    link: str, config: str | None, overrides: list[str], nproc: int, tp: int
+) -> tuple[float | None, str, LinkPreset | None]:
     """``--link`` -> (tbf rate in bytes/s or None, a label, the preset used). ``auto:PRESET``
     launches the ranks once, unshaped, to measure this model's region forward time."""
     base = {"config": config, "overrides": overrides}
@@ -143,18 +193,29 @@ def resolve_link(link: str, config: str | None, overrides: list[str], nproc: int
         elif link.startswith("auto:"):
             preset = LINK_PRESETS[link[5:]]
             with tempfile.TemporaryDirectory() as tmp:
-                _launch({**base, "schedules": [], "steps": 0, "calibrate_only": True,
-                         "out": tmp}, nproc, None, Path(tmp))
+                _launch(
+                    {**base, "schedules": [], "steps": 0, "calibrate_only": True, "out": tmp},
+                    nproc,
+                    None,
+                    Path(tmp),
+                )
                 calib = json.loads((Path(tmp) / "calibration.json").read_text())
             # every TP group's all-reduce crosses the one shaped loopback at the same time
             groups = nproc // tp
-            rate = groups * rate_for_ratio(calib["allreduce_bytes"], calib["region_forward_s"],
-                                           preset.comm_to_compute, world=tp)
-            print(f"oases bench: preset {preset.name}: all-reduce = {preset.comm_to_compute}x "
-                  f"region forward ({preset.source}); region forward here "
-                  f"{calib['region_forward_s'] * 1e3:.1f} ms, all-reduce "
-                  f"{calib['allreduce_bytes'] / 2**20:.2f} MiB -> tbf rate "
-                  f"{rate * 8 / 1e6:.1f} Mbit/s", flush=True)
+            rate = groups * rate_for_ratio(
+                calib["allreduce_bytes"],
+                calib["region_forward_s"],
+                preset.comm_to_compute,
+                world=tp,
+            )
+            print(
+                f"oases bench: preset {preset.name}: all-reduce = {preset.comm_to_compute}x "
+                f"region forward ({preset.source}); region forward here "
+                f"{calib['region_forward_s'] * 1e3:.1f} ms, all-reduce "
+                f"{calib['allreduce_bytes'] / 2**20:.2f} MiB -> tbf rate "
+                f"{rate * 8 / 1e6:.1f} Mbit/s",
+                flush=True,
+            )
         else:
             rate = parse_rate(link)
         if rate is not None:
@@ -162,13 +223,18 @@ def resolve_link(link: str, config: str | None, overrides: list[str], nproc: int
     return rate, label, preset
 
 
-def summarize(raw: dict, schedules: list[str], label: str, rate: float | None,
-              preset: str | None) -> dict:
+def summarize(
+    raw: dict, schedules: list[str], label: str, rate: float | None, preset: str | None
+) -> dict:
     per = {}
     for name in schedules:
         med = statistics.median(raw["times_s"][name])
-        row = {"median_step_s": med, "tokens_per_s": raw["tokens_per_step"] / med,
-               "peak_mem_mb": raw["peak_mem_mb"][name], "steps_s": raw["times_s"][name]}
+        row = {
+            "median_step_s": med,
+            "tokens_per_s": raw["tokens_per_step"] / med,
+            "peak_mem_mb": raw["peak_mem_mb"][name],
+            "steps_s": raw["times_s"][name],
+        }
         if name in raw.get("predicted_s", {}):
             row["predicted_step_s"] = raw["predicted_s"][name]
             row["prediction_error"] = raw["predicted_s"][name] / med - 1.0
@@ -184,9 +250,15 @@ def summarize(raw: dict, schedules: list[str], label: str, rate: float | None,
         return {n: per[base]["median_step_s"] / r["median_step_s"] for n, r in per.items()}
 
     result = {
-        "link": {"label": label, "rate_bytes_per_s": rate, "preset": preset,
-                 "calibration": raw.get("calibration")},
-        "world_size": raw["world_size"], "tp": raw["tp"], "dp": raw["dp"],
+        "link": {
+            "label": label,
+            "rate_bytes_per_s": rate,
+            "preset": preset,
+            "calibration": raw.get("calibration"),
+        },
+        "world_size": raw["world_size"],
+        "tp": raw["tp"],
+        "dp": raw["dp"],
         "schedules": per,
         "speedup_vs_megatron": ratios("megatron"),
         "speedup_vs_megatron_recompute": ratios("megatron-recompute"),
@@ -202,11 +274,14 @@ def summarize(raw: dict, schedules: list[str], label: str, rate: float | None,
 
 def format_table(result: dict) -> str:
     w = max([20, *(len(n) + 1 for n in result["schedules"])])  # the entry column
-    lines = [f"link: {result['link']['label']}   tp={result['tp']} dp={result['dp']}",
-             f"{'schedule':<{w}}{'step s':>9}{'tok/s':>10}{'peak MB':>9}{'compute s':>10}"
-             f"{'comm s':>9}{'exposed':>9}{'vs meg':>8}{'vs m-rc':>8}{'vs t-tp':>8}"
-             f"{'predict':>9}{'err':>7}"]
+    lines = [
+        f"link: {result['link']['label']}   tp={result['tp']} dp={result['dp']}",
+        f"{'schedule':<{w}}{'step s':>9}{'tok/s':>10}{'peak MB':>9}{'compute s':>10}"
+        f"{'comm s':>9}{'exposed':>9}{'vs meg':>8}{'vs m-rc':>8}{'vs t-tp':>8}"
+        f"{'predict':>9}{'err':>7}",
+    ]
     for name, r in result["schedules"].items():
+
         def fmt(key: str, r: dict = r) -> str:
             return f"{r[key]:.3f}" if key in r else "-"
 
@@ -214,18 +289,23 @@ def format_table(result: dict) -> str:
             v = result[table].get(name)
             return f"{v:.2f}x" if v is not None else "-"
 
-        lines.append(f"{name:<{w}}{r['median_step_s']:>9.3f}{r['tokens_per_s']:>10.0f}"
-                     f"{r['peak_mem_mb']:>9.0f}{fmt('compute_only_s'):>10}{fmt('comm_only_s'):>9}"
-                     f"{fmt('exposed_comm_s'):>9}{sp('speedup_vs_megatron'):>8}"
-                     f"{sp('speedup_vs_megatron_recompute'):>8}{sp('speedup_vs_torch_tp'):>8}"
-                     f"{fmt('predicted_step_s'):>9}"
-                     + (f"{r['prediction_error']:>+7.0%}" if "prediction_error" in r else
-                        f"{'-':>7}"))
+        lines.append(
+            f"{name:<{w}}{r['median_step_s']:>9.3f}{r['tokens_per_s']:>10.0f}"
+            f"{r['peak_mem_mb']:>9.0f}{fmt('compute_only_s'):>10}{fmt('comm_only_s'):>9}"
+            f"{fmt('exposed_comm_s'):>9}{sp('speedup_vs_megatron'):>8}"
+            f"{sp('speedup_vs_megatron_recompute'):>8}{sp('speedup_vs_torch_tp'):>8}"
+            f"{fmt('predicted_step_s'):>9}"
+            + (f"{r['prediction_error']:>+7.0%}" if "prediction_error" in r else f"{'-':>7}")
+        )
     if "limit_ratio" in result:
-        lines.append(f"limit = max(compute-only, comm-only) of oases = {result['limit_s']:.3f} s; "
-                     f"limit_ratio = {result['limit_ratio']:.2f}")
-    lines.append("peak MB: the process's peak resident set while the entry stepped (the entries "
-                 "share one process and its heap; per entry: oases bench --memory)")
+        lines.append(
+            f"limit = max(compute-only, comm-only) of oases = {result['limit_s']:.3f} s; "
+            f"limit_ratio = {result['limit_ratio']:.2f}"
+        )
+    lines.append(
+        "peak MB: the process's peak resident set while the entry stepped (the entries "
+        "share one process and its heap; per entry: oases bench --memory)"
+    )
     return "\n".join(lines)
 
 
@@ -263,9 +343,14 @@ def machine_info() -> dict:
                 break
     except OSError:
         pass
-    return {"cpu": cpu, "cores": os.cpu_count(), "python": platform.python_version(),
-            "torch": torch.__version__, "platform": platform.platform(),
-            "git": source_revision()}
+    return {
+        "cpu": cpu,
+        "cores": os.cpu_count(),
+        "python": platform.python_version(),
+        "torch": torch.__version__,
+        "platform": platform.platform(),
+        "git": source_revision(),
+    }
 
 
 def source_revision() -> str:
@@ -276,10 +361,18 @@ def source_revision() -> str:
 
     here = Path(__file__).resolve().parents[1]  # the oases package
     try:
-        head = subprocess.run(["git", "-C", str(here), "rev-parse", "--short", "HEAD"],
-                              capture_output=True, text=True, timeout=10)
-        dirty = subprocess.run(["git", "-C", str(here), "status", "--porcelain", "--", "."],
-                               capture_output=True, text=True, timeout=10)
+        head = subprocess.run(
+            ["git", "-C", str(here), "rev-parse", "--short", "HEAD"],
+            capture_output=True,
+            text=True,
+            timeout=10,
+        )
+        dirty = subprocess.run(
+            ["git", "-C", str(here), "status", "--porcelain", "--", "."],
+            capture_output=True,
+            text=True,
+            timeout=10,
+        )
     except (OSError, subprocess.SubprocessError):
         head = dirty = None
     if head is None or head.returncode != 0 or not head.stdout.strip():
@@ -289,176 +382,16 @@ def source_revision() -> str:
 
 def write_report(result: dict, out: Path, argv: list[str]) -> None:
     info = machine_info()
-    text = [f"# oases bench, {datetime.date.today().isoformat()}", "",
-            "Command: `" + " ".join(["oases", *argv[1:]]) + "`", "",
-            "Machine: " + ", ".join(f"{k} {v}" for k, v in info.items()), "",
-            "```", format_table(result), "```", ""]
+    text = [
+        f"# oases bench, {datetime.date.today().isoformat()}",
+        "",
+        "Command: `" + " ".join(["oases", *argv[1:]]) + "`",
+        "",
+        "Machine: " + ", ".join(f"{k} {v}" for k, v in info.items()),
+        "",
+        "```",
+        format_table(result),
+        "```",
+        "",
+    ]
     (out / "report.md").write_text("\n".join(text))
-
-
-def run_memory(config: str | None, overrides: list[str], entries: list[str], steps: int,
-               out: Path, nproc: int = 2, warmup: int = 1, profile: str | None = None) -> dict:
-    """``oases bench --memory``: every entry in a launch of its own (``bench.memory_runner``),
-    unshaped; per entry the model-state bytes per rank by kind, the measured peak over the
-    process's baseline, and, for Oases entries, the simulator's predicted peak
-    (``predicted_peak_bytes``, from ``profile`` where given). Writes ``memory.json`` and
-    ``memory.md`` in ``out``."""
-    from oases.config import load_config
-
-    cfg = load_config(config, overrides)
-    cfg.validate(nproc)
-    for e in entries:
-        parse_entry(e)
-    warn_no_effect(entries, nproc // cfg.parallel.tp)
-    costs = None
-    if profile:
-        from oases.planner import load_costs
-
-        costs = load_costs(profile, cfg.model)
-    out.mkdir(parents=True, exist_ok=True)
-    rows = {}
-    with tempfile.TemporaryDirectory() as tmp:
-        for e in entries:
-            launch_ranks("oases.bench.memory_runner",
-                         {"config": config, "overrides": overrides, "out": str(out),
-                          "entry": e, "steps": steps, "warmup": warmup}, nproc, None, Path(tmp))
-            entry = parse_entry(e)
-            raw = json.loads((out / f"memory-{entry.stem()}.json").read_text())
-            row = {"tp": raw["tp"], "dp": raw["dp"], "ranks": raw["ranks"]}
-            if entry.name not in PEERS:
-                row["predicted"] = predicted_peak_bytes(cfg, entry.name, entry.zero, nproc,
-                                                        costs, entry.sp)
-                row["analytic_saved_per_block"] = analytic_saved_per_block(
-                    cfg, entry, raw["rows"], raw["tp"])
-            rows[e] = row
-    result = {"world_size": nproc, "tp": cfg.parallel.tp, "entries": rows}
-    (out / "memory.json").write_text(json.dumps(result, indent=1))
-    table = format_memory_table(result) + "\n\n" + format_saved_table(result)
-    print(table, flush=True)
-    info = machine_info()
-    (out / "memory.md").write_text("\n".join([
-        f"# oases bench --memory, {datetime.date.today().isoformat()}", "",
-        "Command: `" + " ".join(["oases", *sys.argv[1:]]) + "`", "",
-        "Machine: " + ", ".join(f"{k} {v}" for k, v in info.items()), "",
-        "```", table, "```", ""]))
-    return result
-
-
-def predicted_peak_bytes(cfg, schedule: str, zero: int, world: int,  # noqa: ANN001
-                         costs: object | None = None, sp: str = "") -> dict:
-    """The simulator's memory walk (``planner.peak_memory``) of ``schedule`` at ZeRO stage
-    ``zero`` on this config's uniform layout, for the batch ``bench.memory_runner`` feeds (one
-    micro-batch of ``train.micro_batch`` sequences per model replica), with ``costs``' measured
-    activation sizes (a profile of this machine, ``oases profile``), else the analytic ones;
-    ``sp``: sequence parallelism's mode ("" off): {"model_state": bytes by kind, "peak": bytes
-    over the baseline}."""
-    from oases.plan import ParallelPlan
-    from oases.planner.batch import BatchShape
-    from oases.planner.layout import model_state
-    from oases.planner.search import with_zero
-    from oases.planner.simulate import simulate_plan
-
-    tp = cfg.parallel.tp
-    plan = with_zero(ParallelPlan.uniform(cfg.model, world, tp, schedule=schedule,
-                                          n_sub=cfg.schedule.n_sub, sequence_parallel=sp), zero)
-    rows = cfg.train.micro_batch * world // tp
-    res = simulate_plan(cfg.model, plan, _NoTime(costs), world, BatchShape(rows, rows),
-                        max_inflight=cfg.schedule.max_inflight, timeline=False,
-                        reshard_after_forward=cfg.parallel.reshard_after_forward)
-    return {"model_state": model_state(cfg.model, plan, world).bytes_by_kind(),
-            "peak": res.peak_mem_bytes - res.breakdown["baseline_bytes"]}
-
-
-class _NoTime:
-    """Costs for a memory-only simulation: every piece and collective takes no time; the memory
-    terms (measured activations, baseline, workspace, collective copies) are ``costs``' where
-    given (a profile of this machine, whatever world size it was made at), else analytic."""
-
-    def __init__(self, costs: object | None = None) -> None:
-        self._costs = costs
-
-    def __getattr__(self, name: str) -> object:
-        if (name in ("saved_bytes", "baseline_bytes", "workspace_bytes",
-                    "reduce_scatter_copies_input", "all_gather_copies_output")
-                and self._costs is not None):
-            return getattr(self._costs, name)
-        raise AttributeError(name)
-
-    def compute_s(self, *args: object) -> float:
-        return 0.0
-
-    def collective_s(self, *args: object) -> float:
-        return 0.0
-
-
-CODE_SHARE = 0.25  # a row whose measured peak is at least this much code pages gets a note
-
-
-def analytic_saved_per_block(cfg, entry: object, rows: int, tp: int) -> int:  # noqa: ANN001
-    """``planner.activation_terms``' bytes per block for a memory entry's schedule, sp mode
-    and precision (bf16: 2-byte activations, else the float32 default)."""
-    from oases.planner.activation_terms import schedule_block_bytes
-    from oases.schedule import SPECS
-
-    spec = SPECS[entry.name]
-    sp = entry.sp or ("gathered" if spec.sequence_parallel else None)
-    precision = entry.precision or cfg.train.precision
-    elt = 2 if precision == "bf16" else 4
-    return schedule_block_bytes(cfg.model, spec.recompute, rows, tp, sp, elt)
-
-
-def format_saved_table(result: dict) -> str:
-    """Rank 0's saved bytes per block (the last block; ``bench.activation_memory``) against
-    ``planner.activation_terms``, and its peak of live tensor bytes in one step (MiB)."""
-    mib = 2**20
-    lines = [f"{'entry':<24}{'saved/blk':>10}{'analytic':>10}{'meas/anal':>10}"
-             f"{'live peak':>10}{'resident':>10}"]
-    for e, row in result["entries"].items():
-        r = row["ranks"][0]
-        if not r.get("saved_per_block"):
-            continue
-        meas, anal = r["saved_per_block"][-1], row.get("analytic_saved_per_block")
-        ratio = f"{meas / anal:>10.3f}" if anal else f"{'-':>10}"
-        lines.append(f"{e:<24}{meas / mib:>10.2f}{(anal or 0) / mib:>10.2f}{ratio}"
-                     f"{r['peak_live'] / mib:>10.1f}{r['peak_over_base_mb']:>10.1f}")
-    return "\n".join(lines)
-
-
-def format_memory_table(result: dict) -> str:
-    """Rank 0's row per entry (MiB): model state by kind, its sum, measured peak over the
-    baseline, the simulator's predicted peak and its error. A row whose measured peak is
-    mostly code pages (``code_pages_mb``: kernels torch ran for the first time in the entry,
-    paged in from its libraries: resident, in no tensor, not in the simulator's count) is
-    marked ``*`` and a note below says how much, and the peak and error without them."""
-    mib = 2**20
-    lines = [f"tp={result['tp']} world={result['world_size']} (MiB per rank, rank 0)",
-             f"{'entry':<16}{'weights':>9}{'grads':>9}{'adam':>9}{'state':>9}{'sim state':>10}"
-             f"{'peak':>9}{'sim peak':>10}{'err':>7}"]
-    notes = []
-    for e, row in result["entries"].items():
-        r = row["ranks"][0]
-        state = r["weights"] + r["gradients"] + r["optimizer"]
-        pred = row.get("predicted")
-        sim_state = f"{sum(pred['model_state'].values()) / mib:>10.1f}" if pred else f"{'-':>10}"
-        sim_peak = f"{pred['peak'] / mib:>10.1f}" if pred else f"{'-':>10}"
-        err = (f"{pred['peak'] / mib / r['peak_over_base_mb'] - 1:>+7.0%}" if pred
-               else f"{'-':>7}")
-        code = r.get("code_pages_mb", 0.0)
-        mark = ""
-        if code >= CODE_SHARE * r["peak_over_base_mb"]:
-            mark = "*"
-            rest = r["peak_over_base_mb"] - code
-            without = (f", err {pred['peak'] / mib / rest - 1:+.0%}" if pred and rest > 0
-                       else "")
-            notes.append(f"  {e}: {code:.1f} of its {r['peak_over_base_mb']:.1f} MiB peak are "
-                         f"code pages; without them {rest:.1f} MiB{without}")
-        lines.append(f"{e:<16}{r['weights'] / mib:>9.1f}{r['gradients'] / mib:>9.1f}"
-                     f"{r['optimizer'] / mib:>9.1f}{state / mib:>9.1f}{sim_state}"
-                     f"{r['peak_over_base_mb']:>9.1f}{sim_peak}{err}{mark}")
-    if notes:
-        lines += ["* peak is the process's resident set over its baseline; on a CPU it also "
-                  "holds the code of every kernel torch first runs in the entry (paged in from "
-                  "its libraries, RssFile), which no tensor holds, so the simulator (a count of "
-                  "tensors) does not see it; in these rows it is a quarter of the peak or more:",
-                  *notes]
-    return "\n".join(lines)

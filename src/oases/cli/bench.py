@@ -129,7 +129,7 @@ def _bench(ns: argparse.Namespace, overrides: list[str]) -> int:
         )
         return 0
     if ns.memory:
-        from oases.bench.suite import run_memory
+        from oases.bench.memory_suite import run_memory
 
         run_memory(
             ns.config,
