@@ -161,6 +161,25 @@ def test_oases_plan_pp_auto_writes_the_pipeline(tmp_path):
     assert raw["pp"] == 2 and raw["pp_schedule"] and raw["stage_starts"]
 
 
+def test_oases_plan_refuses_an_order_the_search_does_not_price(tmp_path):
+    import subprocess
+    import sys
+
+    from test_train_cli import TINY
+
+    cluster = tmp_path / "slow2.toml"
+    cluster.write_text(SLOW_TWO_SERVERS)
+    proc = subprocess.run(
+        [sys.executable, "-m", "oases", "plan", str(TINY), "--world-size", "2", "--hardware",
+         str(cluster), "--pp", "2", "--pp-schedules", "1f1b,interleaved",
+         "--out", str(tmp_path / "plan.json")],
+        capture_output=True, text=True, timeout=240,
+    )  # fmt: skip
+    assert proc.returncode != 0
+    assert "--pp-schedules interleaved: the search does not price" in proc.stderr
+    assert not (tmp_path / "plan.json").exists()
+
+
 @pytest.mark.slow
 @pytest.mark.exact
 def test_train_runs_a_searched_pipeline_plan_file_exactly(tmp_path):

@@ -219,7 +219,11 @@ def _pipelines(
     sps: tuple[str, ...],
 ) -> PipelineSearch | None:
     """``--pp``: the pipeline search (None at ``--pp 1``)."""
-    from oases.planner.pipeline_search import PIPELINE_ZEROS, search_config_pipelines
+    from oases.planner.pipeline_search import (
+        PIPELINE_ZEROS,
+        SEARCHED_ORDERS,
+        search_config_pipelines,
+    )
     from oases.stages import check_pipeline_schedule
 
     if ns.pp == "1":
@@ -234,6 +238,12 @@ def _pipelines(
     orders = tuple(o for o in ns.pp_schedules.split(",") if o)
     for o in orders:
         check_pipeline_schedule(o)
+        if o not in SEARCHED_ORDERS:
+            raise ValueError(
+                f"--pp-schedules {o}: the search does not price {o}'s model chunks yet; "
+                f"give some of {','.join(SEARCHED_ORDERS)} (simulate or train it with "
+                "parallel.pp_chunks instead)"
+            )
     kw = {"schedules": schedules} if schedules is not None else {}
     return search_config_pipelines(
         cfg,

@@ -26,7 +26,8 @@ search prices once and composes, and walks only the finalists::
 The screen's formula only orders the combinations; every number a candidate carries is its
 full walk's. Not searched: per-region TP degrees inside a stage (every region of a pipeline
 plan has the stage's one degree), stage boundaries that split a block, ZeRO 3 (the runtime
-runs ZeRO 2 at most under a pipeline), the interleaved order (not built).
+runs ZeRO 2 at most under a pipeline), the interleaved order (its model chunks' boundaries
+are not priced yet: ``SEARCHED_ORDERS``).
 """
 
 from __future__ import annotations
@@ -48,6 +49,7 @@ from oases.stages import PIPELINE_SCHEDULES, block_start
 FINALISTS = 5  # screened combinations walked whole (each in every pipeline order)
 SCREEN_SLACK = 1.25  # the screen's peak may exceed the budget by this much and still be walked
 PIPELINE_ZEROS = (0, 1, 2)  # the runtime runs ZeRO 2 at most under a pipeline
+SEARCHED_ORDERS = tuple(o for o in PIPELINE_SCHEDULES if o != "interleaved")
 
 
 @dataclass
@@ -164,7 +166,7 @@ def search_pipelines(
     sps: tuple[str, ...] = ("", "shards"),
     micro_batches: tuple[BatchShape, ...] = (),
     pp_options: tuple[int, ...] = (),
-    pp_schedules: tuple[str, ...] = PIPELINE_SCHEDULES,
+    pp_schedules: tuple[str, ...] = SEARCHED_ORDERS,
     max_inflight: int = 1,
     finalists: int = FINALISTS,
 ) -> PipelineSearch:
@@ -428,7 +430,7 @@ def search_config_pipelines(
     budget_bytes: float,
     *,
     pp_options: tuple[int, ...] = (),
-    pp_schedules: tuple[str, ...] = PIPELINE_SCHEDULES,
+    pp_schedules: tuple[str, ...] = SEARCHED_ORDERS,
     schedules: tuple[str, ...] = ("megatron", "oases"),
     zeros: tuple[int, ...] = PIPELINE_ZEROS,
     sps: tuple[str, ...] = ("shards",),

@@ -56,8 +56,8 @@ class PlanSpec:
 def parse_plan(text: str) -> PlanSpec:
     """ "auto", "tp=N" or "tp=N+", each optionally followed by ",zero=Z", ",sp=MODE" (MODE:
     gathered, shards or off), ",pp=P" (P pipeline stages) and ",pps=NAME" (the pipeline
-    schedule, ``stages.PIPELINE_SCHEDULES``); ValueError otherwise. A pipeline needs a degree:
-    the planner does not search stages yet."""
+    schedule, ``stages.PIPELINE_SCHEDULES``); ValueError otherwise. A pipeline needs a degree
+    here: ``oases plan --pp auto`` is what searches stages (``planner.pipeline_search``)."""
     head, *tails = text.split(",")
     zero, sp, pp, pps = None, None, None, None
     for tail in tails:
@@ -82,8 +82,8 @@ def parse_plan(text: str) -> PlanSpec:
     if head == "auto":
         if (pp or 1) > 1:
             raise ValueError(
-                f"plan {text!r}: auto does not search pipeline stages yet "
-                "(issue 28 item 7): give tp=N,pp=P"
+                f"plan {text!r}: simulate's auto does not search pipeline stages (oases plan "
+                "--pp auto does, and oases simulate prices its plan as tp=N,pp=P): give tp=N,pp=P"
             )
         return PlanSpec(True, zero=zero, sp=sp)
     body = head[3:].removesuffix("+") if head.startswith("tp=") else ""
