@@ -56,9 +56,7 @@ from typing import Any
 
 import torch
 import torch.distributed as dist
-import torch.distributed.checkpoint as dcp
 from torch import Tensor, nn
-from torch.distributed.checkpoint.api import CheckpointException
 
 from oases.config import Config, config_to_dict
 from oases.parallel import comm
@@ -66,7 +64,6 @@ from oases.parallel.apply import parameter_degrees
 from oases.parallel.context import ParallelContext
 from oases.parallel.layers import ShardSpec, shard_spec
 from oases.train import faults
-from oases.train.safe_load import SafeReader, TensorOnlyPlanner, load_metadata
 
 FORMAT_VERSION = 1
 MANIFEST = "oases.json"
@@ -240,6 +237,8 @@ def save_checkpoint(
     resume); ``files`` (name -> path on rank 0, e.g. the tokenizer) are copied in
     before the commit.
     """
+    import torch.distributed.checkpoint as dcp  # (1.4 s of a rank's start: only when used)
+
     final = root / step_dir_name(step)
     tmp = root / (final.name + ".tmp")
     if ctx.rank == 0:
@@ -348,6 +347,8 @@ def check_checkpoint(
 ) -> dict[str, Any]:
     """Local checks (no collective) that ``path`` is complete and fits ``model``; returns the
     manifest. ValueError naming the path: incomplete, truncated, or shapes that differ."""
+    from oases.train.safe_load import load_metadata
+
     manifest = read_manifest(path)
     saved = load_metadata(path).state_dict_metadata
     for key, t, spec, tp in _local_tensors(model, optimizer):
@@ -382,6 +383,11 @@ def load_checkpoint(
     restore this rank's RNG; returns the manifest. Call ``check_checkpoint`` first (locally) so
     that user errors surface before this collective. A read failure inside DCP raises the same
     one-line ValueError on every rank."""
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.api import CheckpointException
+
+    from oases.train.safe_load import SafeReader, TensorOnlyPlanner, load_metadata
+
     manifest = read_manifest(path)
     saved = load_metadata(path).state_dict_metadata
     targets = _local_tensors(model, optimizer)
@@ -453,6 +459,11 @@ def _last_line(exc: BaseException) -> str:
 def read_full_tensors(path: str | os.PathLike[str], prefix: str = "") -> dict[str, Tensor]:
     """Every saved full tensor whose key starts with ``prefix``, read in this process alone
     (inspection, export, tests). Sharded parameters come back as their parts."""
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.api import CheckpointException
+
+    from oases.train.safe_load import SafeReader, TensorOnlyPlanner, load_metadata
+
     path = Path(path)
     read_manifest(path)
     saved = load_metadata(path).state_dict_metadata
