@@ -494,7 +494,11 @@ def test_cli_train_pp_errors_are_one_line(tmp_path):
             "runs the embedding and head at ZeRO stage 1 at most (got 2)",
         ),
         (["--model.n_layers=1"], "model.n_layers=1 blocks do not fill"),
-        (["--parallel.pp_schedule=interleaved"], "not built yet"),
+        (["--parallel.pp_schedule=interleaved"], "needs parallel.pp_chunks >= 2 model chunks"),
+        (
+            ["--parallel.pp_schedule=interleaved", "--parallel.pp_chunks=2"],
+            "blocks do not divide into parallel.pp=2 x parallel.pp_chunks=2 = 4 model chunks",
+        ),
     ):
         proc, _ = _run_cli(
             [

@@ -61,6 +61,11 @@ def check_chunks(pp_schedule: str, chunks: int, n_layers: int, pp: int) -> None:
             f"parallel.pp_chunks={chunks} model chunks per stage run only with "
             f'parallel.pp_schedule="interleaved" (got {pp_schedule!r})'
         )
+    if n_layers < pp and chunks == 1:
+        raise ValueError(
+            f"model.n_layers={n_layers} blocks do not fill parallel.pp={pp} "
+            "pipeline stages (every stage holds at least one block)"
+        )
     if n_layers < pp * chunks:
         raise ValueError(
             f"model.n_layers={n_layers} blocks do not divide into parallel.pp={pp} x "
