@@ -21,9 +21,9 @@ next; a p-link where every backward Compute with epi:i has tp:i next, under a sc
 recompute (if any) re-runs the row-parallel matmul (a block recompute links p_i in its
 recompute: the forward of a segment keeps no graph), without sequence parallelism, deferred
 weight gradients or ZeRO (whose pieces need p_i's own buffer or a weight gradient outside
-autograd); the communication-free recompute skips that matmul, so its tp:i stays on its own. The executor still checks each link as
-it makes it (a glue whose output is its input, a reduction that did not land in place) and
-runs the pieces one by one where it could not.
+autograd); the communication-free recompute skips that matmul, so its tp:i stays on its own.
+The executor still checks each link as it makes it (a glue whose output is its input, a
+reduction that did not land in place) and runs the pieces one by one where it could not.
 """
 
 from __future__ import annotations
