@@ -3,6 +3,7 @@ linked program runs one engine call per backward Compute (Megatron's [norm, epi,
 
 import copy
 
+import pytest
 import torch
 
 from oases.config import ModelConfig
@@ -28,7 +29,13 @@ def test_recompute_sp_and_zero_keep_their_partials_apart():
     assert sp.x == sp.p == frozenset()
 
 
-def test_linked_megatron_runs_one_engine_call_per_backward_compute(monkeypatch):
+def test_block_recompute_links_its_partials_in_the_recompute():
+    links = program_links(build_program("megatron-recompute", 6, 1), "block", None, False)
+    assert links.p == frozenset(range(5)) and links.x
+
+
+@pytest.mark.parametrize("name", ["megatron", "megatron-recompute", "overlap-recompute"])
+def test_linked_programs_run_one_engine_call_per_backward_compute(monkeypatch, name):
     torch.manual_seed(0)
     cfg = ModelConfig(n_layers=2, dim=16, n_heads=2, seq_len=8, vocab_size=32)
     plain = Transformer(cfg)
@@ -39,10 +46,15 @@ def test_linked_megatron_runs_one_engine_call_per_backward_compute(monkeypatch):
     monkeypatch.setattr(
         torch.autograd, "backward", lambda *a, **k: calls.append(1) or real(*a, **k)
     )
-    schedule = build_schedule("megatron", n_sub=1)
+    n_sub = 2 if name.startswith("overlap") else 1
+    schedule = build_schedule(name, n_sub=n_sub)
     schedule.step(model, tokens, targets)
     backward = [i for i in schedule.program(model, 2) if getattr(i, "phase", "") == "backward"]
-    assert len(calls) == len(backward)
+    # a block recompute's norm:i runs on its own where x_i is the block's saved input, and the
+    # head's, whose glue epi:i-1 ran in the forward without a graph: per sub-batch, one a block
+    # and the head's
+    unlinked_norms = (cfg.n_layers + 1) * n_sub if name.endswith("recompute") else 0
+    assert len(calls) == len(backward) + unlinked_norms
     plain(tokens, targets).backward()
     for (name, p), q in zip(plain.named_parameters(), model.parameters(), strict=True):
         torch.testing.assert_close(q.grad, p.grad, msg=name)

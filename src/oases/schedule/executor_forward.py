@@ -111,7 +111,7 @@ class ForwardPieces:
         if region.kind == "embed":
             with torch.set_grad_enabled(grad), self._track(i, recompute):
                 p = model.embed.partial(self.tokens[j])  # [b, S, H] partial sums
-            p_link = grad and not recompute and i in self._links.p
+            p_link = grad and i in self._links.p
             if p_link:  # reduced in place; epi:0 reads it with its graph (a p-link)
                 self.p[i, j], self.pg[i, j] = p.detach(), p
             else:
@@ -167,13 +167,7 @@ class ForwardPieces:
         """p_i from y (unless a communication-free recompute skips it), and the graph (xl, h,
         hl, out) kept for the backward, y counted as kept."""
         out = graph[-1]
-        if (
-            self.chain[i].kind != "head"
-            and need_p
-            and grad
-            and not recompute
-            and i in self._links.p
-        ):
+        if self.chain[i].kind != "head" and need_p and grad and i in self._links.p:
             with torch.enable_grad(), self._track(i, recompute):  # a p-link: epi:i reads pg
                 pg = self.chain[i].row.partial(out)  # [b, S, H] partial sums, with its graph
             self.p[i, j], self.pg[i, j] = pg.detach(), pg  # all-reduced in place

@@ -17,11 +17,13 @@ graphs instead, and the backward of the linked pieces is one call from all their
 so Megatron's backward Compute [norm:i+1, epi:i, tp:i] is one engine call instead of three.
 ``program_links`` reads a program once (the executor keeps the result per program) and says
 where each link may be made: an x-link where every backward Compute with norm:i has epi:i-1
-next; a p-link where every backward Compute with epi:i has tp:i next, under a schedule without
-recompute, without sequence parallelism, deferred weight gradients or ZeRO (whose pieces need
-p_i's own buffer or a weight gradient outside autograd). The executor still checks each link as
-it makes it (a glue whose output is its input, a reduction that did not land in place) and
-runs the pieces one by one where it could not.
+next; a p-link where every backward Compute with epi:i has tp:i next, under a schedule whose
+recompute (if any) re-runs the row-parallel matmul (a block recompute links p_i in its
+recompute: the forward of a segment keeps no graph), without sequence parallelism, deferred
+weight gradients or ZeRO (whose pieces need p_i's own buffer or a weight gradient outside
+autograd); the communication-free recompute skips that matmul, so its tp:i stays on its own.
+The executor still checks each link as it makes it (a glue whose output is its input, a
+reduction that did not land in place) and runs the pieces one by one where it could not.
 """
 
 from __future__ import annotations
@@ -60,5 +62,6 @@ def program_links(program: list[Instr], recompute: str, sp: str | None, zero: bo
     deferring = any(
         kind == "dw" for ins in program if isinstance(ins, Compute) for kind, _ in ins.pieces
     )
-    p = set() if recompute != "none" or zero or deferring else _always_next(program, "epi", "tp", 0)
+    skips_row = recompute == "commfree"  # its recompute skips the row-parallel matmul
+    p = set() if skips_row or zero or deferring else _always_next(program, "epi", "tp", 0)
     return Links(frozenset(x), frozenset(p))
