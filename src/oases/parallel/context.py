@@ -400,11 +400,6 @@ def init_distributed(
     )
 
 
-def launched_by_torchrun() -> bool:
-    """True when this process is one rank started by torchrun / torch elastic."""
-    return "TORCHELASTIC_RUN_ID" in os.environ or "LOCAL_RANK" in os.environ
-
-
 def launch_identity() -> tuple[int, int]:
     """(global rank, attempt) of this process as its launcher set them: ``RANK`` and
     ``TORCHELASTIC_RESTART_COUNT`` (torchrun's agent and oases' supervisor both count restarts

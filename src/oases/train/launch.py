@@ -81,7 +81,7 @@ def nccl_timeout_line(text: str) -> str | None:
 
 def under_torchrun() -> bool:
     """True when this process was started by torchrun / torch elastic as one rank of a job
-    (``parallel.context.launched_by_torchrun``'s test, without importing torch)."""
+    (read from the environment, without importing torch)."""
     return "TORCHELASTIC_RUN_ID" in os.environ or "LOCAL_RANK" in os.environ
 
 
