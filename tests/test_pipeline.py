@@ -151,9 +151,11 @@ def _rank_parity(
     sp: str | None = None,
     pp_outer: bool = True,
     degrees: tuple[int, ...] | None = None,
+    pp_chunks: int = 1,
 ) -> dict:
     """Every (arch, pp_schedule, inner schedule) case against the reference; ``degrees``: a
-    mixed plan's TP degree per region (``tp`` the embedding's)."""
+    mixed plan's TP degree per region (``tp`` the embedding's); ``pp_chunks``: model chunks a
+    stage (the interleaved order)."""
     ctx = oases.init_distributed(
         tp=tp, pp=pp, timeout_s=TIMEOUT_S, pp_outer=pp_outer, degrees=degrees or ()
     )
@@ -172,9 +174,11 @@ def _rank_parity(
         base, want_losses, want_params = refs[arch]
         where = (
             f"{arch} pp={pp} tp={degrees or tp} dp={dp} {pp_schedule} {name} "
-            f"zero={zero} sp={sp} pp_outer={pp_outer} rank {rank}"
+            f"zero={zero} sp={sp} pp_outer={pp_outer} v={pp_chunks} rank {rank}"
         )
-        plan = ParallelPlan.uniform(cfg, world, tp, pp=pp, pp_schedule=pp_schedule)
+        plan = ParallelPlan.uniform(
+            cfg, world, tp, pp=pp, pp_schedule=pp_schedule, pp_chunks=pp_chunks
+        )
         if degrees is not None:
             plan.regions = [
                 RegionPlan(r.name, t, world // (pp * t)) for r, t in zip(plan.regions, degrees)
