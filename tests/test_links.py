@@ -58,3 +58,18 @@ def test_linked_programs_run_one_engine_call_per_backward_compute(monkeypatch, n
     plain(tokens, targets).backward()
     for (name, p), q in zip(plain.named_parameters(), model.parameters(), strict=True):
         torch.testing.assert_close(q.grad, p.grad, msg=name)
+
+
+def test_engine_entry_checks_shapes_and_falls_back(monkeypatch):
+    """The executor's direct engine call still rejects a root gradient of the wrong shape, and
+    without torch's private entry it falls back to ``torch.autograd.backward`` (same grads)."""
+    x = torch.randn(3, 4, dtype=torch.float64, requires_grad=True)
+    g = torch.randn(3, 4, dtype=torch.float64)
+    with pytest.raises(RuntimeError, match="shape"):
+        executor_backward.run_backward((x * 2,), (torch.ones(4, 3, dtype=torch.float64),))
+    executor_backward.run_backward((x * 2,), (g,))
+    direct, x.grad = x.grad, None
+    monkeypatch.delattr(torch.autograd.graph, "_engine_run_backward")
+    monkeypatch.setattr(executor_backward, "_ENGINE_RUN", executor_backward._engine_entry())
+    executor_backward.run_backward((x * 2,), (g,))
+    torch.testing.assert_close(x.grad, direct, rtol=0, atol=0)
