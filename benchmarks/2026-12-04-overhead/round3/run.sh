@@ -22,5 +22,6 @@ flock /tmp/oases-cpu.lock bash -c "
     --schedules overlap --steps 5 --warmup 1 --out runs/shaped3-before
   env PYTHONPATH=src $PY -m oases bench configs/bench.toml --nproc-per-node 2 --link 343mbit \
     --schedules overlap --steps 5 --warmup 1 --out runs/shaped3-after"
-for side in before after; do mkdir -p "$HERE/shaped-$side"; cp -r runs/shaped3-$side/* "$HERE/shaped-$side/"; done
+for side in before after; do mkdir -p "$HERE/shaped-$side"; \
+  cp runs/shaped3-$side/{report.md,bench.json,raw.json} "$HERE/shaped-$side/"; done
 rm -rf "$TMP"
