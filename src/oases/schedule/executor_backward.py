@@ -15,6 +15,10 @@ Under sequence parallelism a deferring region's column-parallel layers record (x
 of computing dW inside tp:i (``_armed_for_deferral``, ``layers.deferred_weight_grads``), and
 GPT-2's position table's gradient comes from the gathered dr_0 (``_position_grad``).
 
+Every engine call goes through ``run_backward``: the engine's entry below
+``torch.autograd.backward``, whose Python front cost as much as the engine's own set-up on a
+small graph (``benchmarks/2026-12-04-overhead``, round 3).
+
 Shape legend: b sub-batch rows, S sequence, H hidden, I/t this rank's TP width.
 """
 
