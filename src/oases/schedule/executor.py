@@ -144,12 +144,6 @@ class Executor(ForwardPieces, BackwardPieces, CollectiveInstructions, PointToPoi
         # (found once: no module walk per step) the layers whose input gradients the executor
         # all-reduces itself (``layers.input_grads_unreduced``)
         self._column_layers = [m for m in model.modules() if isinstance(m, ColumnParallelLinear)]
-        self._backward_pieces = {  # kind -> its method (made once, not per piece)
-            "norm": self._bwd_norm,
-            "epi": self._bwd_epi,
-            "tp": self._bwd_tp,
-            "dw": self._bwd_dw,
-        }
         self.skip_comm = False  # benchmarks only: compute-only timing, numbers are then wrong
         self.saved_bytes: dict[int, int] = {}  # region -> bytes kept from forward to backward
         self._param_ptrs = {p.untyped_storage().data_ptr() for p in model.parameters()}
@@ -343,9 +337,8 @@ class Executor(ForwardPieces, BackwardPieces, CollectiveInstructions, PointToPoi
     def _compute(self, ins: Compute) -> None:
         j = ins.sub
         if ins.phase == "backward":
-            pieces = self._backward_pieces
             for kind, i in ins.pieces:
-                pieces[kind](i, j)
+                getattr(self, _BACKWARD_PIECES[kind])(i, j)
             return
         linked = None  # epi:i-1's output, with its graph, for an x-linked body:i
         for kind, i in ins.pieces:
@@ -365,6 +358,11 @@ class Executor(ForwardPieces, BackwardPieces, CollectiveInstructions, PointToPoi
                 link = linked if kind == "body" and grad else None
                 self._body(i, j, grad, recompute, need_p=not skip_last, linked=link)
             linked = None
+
+
+# backward piece kind -> the method that runs it (looked up on the executor, so a method
+# replaced on one executor is the one that runs; no table built per piece)
+_BACKWARD_PIECES = {"norm": "_bwd_norm", "epi": "_bwd_epi", "tp": "_bwd_tp", "dw": "_bwd_dw"}
 
 
 def _zero_layout(chain: list, shards) -> ZeroLayout:  # noqa: ANN001 (ZeroShards)
