@@ -22,6 +22,9 @@ def test_overhead_rows_and_files(tmp_path):
         assert r["ratio"] == pytest.approx(r["schedule_s"] / r["plain_s"])
         assert r["pieces"] >= r["computes"] > 0 and r["host_per_piece_s"] >= 0
         assert r["executor_ops"] == pytest.approx(r["host_per_piece_s"] / result["host_op_s"])
+        assert r["plain_k_s"] > 0
+        assert r["ratio_k"] == pytest.approx(r["schedule_s"] / r["plain_k_s"])
+    assert rows[0]["plain_k_s"] == rows[0]["plain_s"]  # k = 1: the plain step is the floor
     assert rows[1]["pieces"] > rows[0]["pieces"]  # two sub-batches: each piece twice, and more
     saved = json.loads((tmp_path / "overhead.json").read_text())
     assert saved["models"]["tiny"]["entries"][0]["entry"] == "megatron"

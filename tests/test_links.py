@@ -10,7 +10,7 @@ from oases.config import ModelConfig
 from oases.model import Transformer
 from oases.parallel.apply import parallelize
 from oases.parallel.context import init_distributed
-from oases.schedule import build_schedule
+from oases.schedule import build_schedule, executor_backward
 from oases.schedule.links import program_links
 from oases.schedule.program import build_program
 
@@ -42,9 +42,9 @@ def test_linked_programs_run_one_engine_call_per_backward_compute(monkeypatch, n
     model = parallelize(copy.deepcopy(plain), init_distributed(tp=1))
     tokens, targets = torch.randint(0, 32, (2, 8)), torch.randint(0, 32, (2, 8))
     calls = []
-    real = torch.autograd.backward
+    real = executor_backward._ENGINE_RUN  # the engine's entry: every backward the executor runs
     monkeypatch.setattr(
-        torch.autograd, "backward", lambda *a, **k: calls.append(1) or real(*a, **k)
+        executor_backward, "_ENGINE_RUN", lambda *a, **k: calls.append(1) or real(*a, **k)
     )
     n_sub = 2 if name.startswith("overlap") else 1
     schedule = build_schedule(name, n_sub=n_sub)
@@ -58,3 +58,18 @@ def test_linked_programs_run_one_engine_call_per_backward_compute(monkeypatch, n
     plain(tokens, targets).backward()
     for (name, p), q in zip(plain.named_parameters(), model.parameters(), strict=True):
         torch.testing.assert_close(q.grad, p.grad, msg=name)
+
+
+def test_engine_entry_checks_shapes_and_falls_back(monkeypatch):
+    """The executor's direct engine call still rejects a root gradient of the wrong shape, and
+    without torch's private entry it falls back to ``torch.autograd.backward`` (same grads)."""
+    x = torch.randn(3, 4, dtype=torch.float64, requires_grad=True)
+    g = torch.randn(3, 4, dtype=torch.float64)
+    with pytest.raises(RuntimeError, match="shape"):
+        executor_backward.run_backward((x * 2,), (torch.ones(4, 3, dtype=torch.float64),))
+    executor_backward.run_backward((x * 2,), (g,))
+    direct, x.grad = x.grad, None
+    monkeypatch.delattr(torch.autograd.graph, "_engine_run_backward")
+    monkeypatch.setattr(executor_backward, "_ENGINE_RUN", executor_backward._engine_entry())
+    executor_backward.run_backward((x * 2,), (g,))
+    torch.testing.assert_close(x.grad, direct, rtol=0, atol=0)

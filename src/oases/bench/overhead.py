@@ -7,9 +7,16 @@ the same batch. Per model and schedule entry::
     for each of warmup + steps rounds:
         plain step   (zero_grad, model(tokens, targets).backward())        -> t_plain
         schedule     (zero_grad, schedule.step(parallel model, tokens, ...)) -> t_sched
+        plain k      (k > 1: zero_grad, per sub-batch (model(t_j, y_j) / k).backward()) -> t_plain_k
     ratio = median(t_sched over the measured rounds) / median(t_plain over them)
+    ratio_k = median(t_sched) / median(t_plain_k)          (k = 1: t_plain_k = t_plain)
 
-The two alternate round by round, so a slow stretch of a shared machine hits both. The ratio
+The two alternate round by round, so a slow stretch of a shared machine hits both. With k > 1
+sub-batches a third step joins the rotation: the plain model on the same k sub-batches one after
+another (k forwards + ``backward()``s, each loss / k) -> t_plain_k, the floor an executor that
+runs k sub-batches cannot go below when dispatch, not arithmetic, sets the time (k times the
+kernels, each on 1/k of the rows); ``ratio_k`` = t_sched / t_plain_k is the executor's own share
+(recompute schedules also rerun the forward, which the floor does not). The ratio
 is the host cost the executor adds on top of the same kernels (the arithmetic is identical at
 tp=1: ``tests/test_schedules.py`` proves the programs equal to the plain model), and
 ``host_per_piece_s`` = (t_sched - t_plain) / pieces spread it over the program's pieces:
@@ -92,6 +99,11 @@ def measure_model(
         plain.zero_grad(set_to_none=True)
         plain(tokens, targets).backward()
 
+    def plain_k_step(k: int) -> None:
+        plain.zero_grad(set_to_none=True)
+        for t, y in zip(tokens.chunk(k), targets.chunk(k), strict=True):
+            (plain(t, y) / k).backward()
+
     results = []
     for entry in entries:
         name, k = parse_overhead_entry(entry)
@@ -101,21 +113,27 @@ def measure_model(
             model.zero_grad(set_to_none=True)
             schedule.step(model, tokens, targets)
 
-        times: dict[str, list[float]] = {"plain": [], "schedule": []}
+        times: dict[str, list[float]] = {"plain": [], "schedule": [], "plain_k": []}
+        rotation = [("plain", plain_step), ("schedule", sched_step)]
+        if k > 1:
+            rotation.append(("plain_k", lambda k=k: plain_k_step(k)))
         for round_ in range(warmup + steps):
-            for key, fn in (("plain", plain_step), ("schedule", sched_step)):
+            for key, fn in rotation:
                 t0 = time.perf_counter()
                 fn()
                 if round_ >= warmup:
                     times[key].append(time.perf_counter() - t0)
         computes, pieces = _program_pieces(schedule.program(model, rows))
         t_plain, t_sched = statistics.median(times["plain"]), statistics.median(times["schedule"])
+        t_plain_k = statistics.median(times["plain_k"]) if k > 1 else t_plain
         results.append(
             {
                 "entry": entry,
                 "plain_s": t_plain,
                 "schedule_s": t_sched,
                 "ratio": t_sched / t_plain,
+                "plain_k_s": t_plain_k,
+                "ratio_k": t_sched / t_plain_k,
                 "computes": computes,
                 "pieces": pieces,
                 "host_per_piece_s": max(0.0, t_sched - t_plain) / pieces,
@@ -179,12 +197,13 @@ def format_overhead(result: dict) -> str:
             "",
             f"{label}",
             f"{'schedule':26} {'ratio':>6} {'plain ms':>9} {'step ms':>9} {'computes':>8} "
-            f"{'pieces':>6} {'us/piece':>8} {'ops/piece':>9}",
+            f"{'pieces':>6} {'us/piece':>8} {'ops/piece':>9} {'k-plain ms':>10} {'vs k-plain':>10}",
         ]
         for r in model["entries"]:
             lines.append(
                 f"{r['entry']:26} {r['ratio']:5.2f}x {r['plain_s'] * 1e3:9.2f} "
                 f"{r['schedule_s'] * 1e3:9.2f} {r['computes']:8d} {r['pieces']:6d} "
-                f"{r['host_per_piece_s'] * 1e6:8.1f} {r['executor_ops']:9.1f}"
+                f"{r['host_per_piece_s'] * 1e6:8.1f} {r['executor_ops']:9.1f} "
+                f"{r['plain_k_s'] * 1e3:10.2f} {r['ratio_k']:9.2f}x"
             )
     return "\n".join(lines)

@@ -81,7 +81,15 @@ from oases.schedule.executor_backward import BackwardPieces
 from oases.schedule.executor_collectives import CollectiveInstructions
 from oases.schedule.executor_forward import ForwardPieces
 from oases.schedule.executor_p2p import PointToPointInstructions
-from oases.schedule.instructions import Compute, Instr, Release, Start, deferred_regions, label
+from oases.schedule.instructions import (
+    Compute,
+    Instr,
+    Release,
+    Start,
+    Wait,
+    deferred_regions,
+    label,
+)
 from oases.schedule.links import Links, program_links
 from oases.schedule.regather import regathered_regions
 from oases.schedule.regions import build_chain, dp_bucket_groups, dp_buckets
@@ -130,8 +138,9 @@ class Executor(ForwardPieces, BackwardPieces, CollectiveInstructions, PointToPoi
         self._deferring = frozenset()  # regions whose "dw" the running program has
         self._regathering = frozenset()  # regions whose h_i it gathers again ("gh")
         self._links = Links(frozenset(), frozenset())  # where its pieces share a graph
-        # id(program) -> (program, its deferring and regathering regions, its links)
-        self._compiled: dict[int, tuple[list[Instr], frozenset, frozenset, Links]] = {}
+        # id(program) -> (program, its deferring and regathering regions, its links, the
+        # instructions run)
+        self._compiled: dict[int, tuple] = {}
         # (found once: no module walk per step) the layers whose input gradients the executor
         # all-reduces itself (``layers.input_grads_unreduced``)
         self._column_layers = [m for m in model.modules() if isinstance(m, ColumnParallelLinear)]
@@ -171,7 +180,7 @@ class Executor(ForwardPieces, BackwardPieces, CollectiveInstructions, PointToPoi
             with torch.no_grad():  # a collective when embed and head differ in degree
                 targets = [self.model.target_reshard(y) for y in targets]
         self.tokens, self.targets, self.scale = tokens, targets, loss_scale
-        self._deferring, self._regathering, self._links = self._compile(program)
+        self._deferring, self._regathering, self._links, steps = self._compile(program)
         self._reset()
         timelines = list(active_timelines())
         # honest device times without a synchronize inside the step (``oases.timing``)
@@ -179,7 +188,7 @@ class Executor(ForwardPieces, BackwardPieces, CollectiveInstructions, PointToPoi
         self._pending: list[tuple] = []  # CUDA: events whose stamps resolve after the step
         try:
             with self._input_grads_unreduced(), self._armed_for_deferral():
-                for ins in program:
+                for ins in steps:
                     if isinstance(ins, Compute):
                         start = clock.now() if clock is not None else None
                         self._compute(ins)
@@ -291,16 +300,28 @@ class Executor(ForwardPieces, BackwardPieces, CollectiveInstructions, PointToPoi
             tl.add(ev)
 
     # --------------------------------------------------------------------------------- compute
-    def _compile(self, program: list[Instr]) -> tuple[frozenset, frozenset, Links]:
+    def _compile(self, program: list[Instr]) -> tuple[frozenset, frozenset, Links, list[Instr]]:
         """What ``run`` reads off ``program`` before its first instruction, once per program
         object (a schedule keeps its programs): the regions whose weight gradients it defers,
-        those whose h_i it gathers again, and where its pieces share a graph (``links``)."""
+        those whose h_i it gathers again, where its pieces share a graph (``links``), and the
+        instructions it runs: the program less its TP all-reduces over a group of one (``fwd``
+        and ``bwd`` of a region at tp=1 without sp: in place, nothing to move or wait for)."""
         cached = self._compiled.get(id(program))
         if cached is None or cached[0] is not program:
             links = program_links(program, self.spec.recompute, self.sp, self.zero is not None)
-            cached = (program, deferred_regions(program), regathered_regions(program), links)
+            steps = [ins for ins in program if not self._trivial(ins)]
+            cached = (program, deferred_regions(program), regathered_regions(program), links, steps)
             self._compiled[id(program)] = cached
         return cached[1:]
+
+    def _trivial(self, ins: Instr) -> bool:
+        """Is ``ins`` a Start/Wait of a TP all-reduce in place over a group of one?"""
+        return (
+            isinstance(ins, (Start, Wait))
+            and ins.kind in ("fwd", "bwd")
+            and self.sp is None
+            and self.chain[ins.index].tp_group.size == 1
+        )
 
     @contextlib.contextmanager
     def _input_grads_unreduced(self):  # noqa: ANN202
@@ -315,16 +336,12 @@ class Executor(ForwardPieces, BackwardPieces, CollectiveInstructions, PointToPoi
 
     def _compute(self, ins: Compute) -> None:
         j = ins.sub
+        if ins.phase == "backward":
+            for kind, i in ins.pieces:
+                getattr(self, _BACKWARD_PIECES[kind])(i, j)
+            return
         linked = None  # epi:i-1's output, with its graph, for an x-linked body:i
         for kind, i in ins.pieces:
-            if ins.phase == "backward":
-                {
-                    "norm": self._bwd_norm,
-                    "epi": self._bwd_epi,
-                    "tp": self._bwd_tp,
-                    "dw": self._bwd_dw,
-                }[kind](i, j)
-                continue
             recompute = ins.phase == "recompute"
             grad = recompute or not self._in_segment(kind, i)
             skip_last = recompute and self.spec.recompute == "commfree"
@@ -341,6 +358,11 @@ class Executor(ForwardPieces, BackwardPieces, CollectiveInstructions, PointToPoi
                 link = linked if kind == "body" and grad else None
                 self._body(i, j, grad, recompute, need_p=not skip_last, linked=link)
             linked = None
+
+
+# backward piece kind -> the method that runs it (looked up on the executor, so a method
+# replaced on one executor is the one that runs; no table built per piece)
+_BACKWARD_PIECES = {"norm": "_bwd_norm", "epi": "_bwd_epi", "tp": "_bwd_tp", "dw": "_bwd_dw"}
 
 
 def _zero_layout(chain: list, shards) -> ZeroLayout:  # noqa: ANN001 (ZeroShards)

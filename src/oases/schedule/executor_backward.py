@@ -15,6 +15,10 @@ Under sequence parallelism a deferring region's column-parallel layers record (x
 of computing dW inside tp:i (``_armed_for_deferral``, ``layers.deferred_weight_grads``), and
 GPT-2's position table's gradient comes from the gathered dr_0 (``_position_grad``).
 
+Every engine call goes through ``run_backward``: the engine's entry below
+``torch.autograd.backward``, whose Python front cost as much as the engine's own set-up on a
+small graph (``benchmarks/2026-12-04-overhead``, round 3).
+
 Shape legend: b sub-batch rows, S sequence, H hidden, I/t this rank's TP width.
 """
 
@@ -62,7 +66,7 @@ class BackwardPieces:
         if xl.grad_fn is not None:  # x-linked: xl views epi:i-1's output, whose call runs these
             self._roots += [(h, self.dh.pop((i, j)))] + ([] if res is None else [(xl._base, res)])
             return
-        torch.autograd.backward(h, self.dh.pop((i, j)))
+        run_backward((h,), (self.dh.pop((i, j)),))
         self.gx[i, j] = xl.grad if res is None else xl.grad + res
 
     def _bwd_epi(self, i: int, j: int) -> None:
@@ -98,7 +102,7 @@ class BackwardPieces:
         region = self.chain[i]
         if region.kind == "embed":
             dr = self.dr.pop((i, j))
-            torch.autograd.backward(self.bg.pop((i, j)), dr)
+            run_backward((self.bg.pop((i, j)),), (dr,))
             if self.sp is not None and self.model.pos_embed is not None:
                 self._position_grad(dr)
             return
@@ -111,16 +115,16 @@ class BackwardPieces:
                 self._scale_grads[key] = torch.full(
                     (), self.scale, dtype=out.dtype, device=out.device
                 )
-            torch.autograd.backward(out, self._scale_grads[key])
+            run_backward((out,), (self._scale_grads[key],))
         elif self._defers(i):  # dh_i now, the weight gradients in dw:i
             dr = self.dr.pop((i, j))
             dy = region.row.backward_partial(out, dr, weight_grad=False)  # [b, S, I/t]
             with deferred_weight_grads() as stash:
-                torch.autograd.backward(out, dy)
+                run_backward((out,), (dy,))
             self.wg[i, j] = (out, dr, stash)
         else:
             dy = region.row.backward_partial(out, self.dr.pop((i, j)))  # [b, S, I/t]
-            torch.autograd.backward(out, dy)
+            run_backward((out,), (dy,))
         self.bg[i, j] = (xl, h, hl, None)
         self.hagain.pop((i, j), None)  # (dw:i's stash keeps what it still reads)
         self.dh[i, j] = hl.grad  # partial sums of dL/dh over the TP group
@@ -149,4 +153,28 @@ class BackwardPieces:
 
 def _backward(roots: list[tuple[Tensor, Tensor]]) -> None:
     """One engine call from every (tensor, gradient) root."""
-    torch.autograd.backward([t for t, _ in roots], [g for _, g in roots])
+    run_backward(tuple(t for t, _ in roots), tuple(g for _, g in roots))
+
+
+def run_backward(tensors: tuple[Tensor, ...], grads: tuple[Tensor, ...]) -> None:
+    """``torch.autograd.backward(tensors, grads)`` without its Python front (about half of a
+    small call's host cost: argument forms, ``_make_grads``' per-root shape checks): the
+    engine's own entry, which checks each root gradient's shape and casts its dtype itself.
+    Every root here has its gradient (a tensor), never None; the graph is freed."""
+    _ENGINE_RUN(tensors, grads, False, False, (), allow_unreachable=True, accumulate_grad=True)
+
+
+def _engine_entry():  # noqa: ANN202 (the engine's callable)
+    """The engine's entry below ``torch.autograd.backward`` (torch >= 2.3), else the public
+    call itself (same arguments, positional)."""
+    entry = getattr(torch.autograd.graph, "_engine_run_backward", None)
+    if entry is not None:
+        return entry
+
+    def public(tensors, grads, retain, create, inputs, **_) -> None:  # noqa: ANN001
+        torch.autograd.backward(tensors, grads, retain_graph=retain, create_graph=create)
+
+    return public
+
+
+_ENGINE_RUN = _engine_entry()

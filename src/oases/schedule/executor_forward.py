@@ -40,6 +40,8 @@ from torch import Tensor
 
 from oases.schedule.regather import swapping_pack
 
+_NO_CONTEXT = contextlib.nullcontext()  # one, reused (it keeps no state)
+
 
 class ForwardPieces:
     """Forward and recompute pieces of ``Executor`` (see the module docstring)."""
@@ -85,7 +87,7 @@ class ForwardPieces:
                 *swapping_pack(gathered, lambda: self.hagain[i, j], count)
             )
         if not track:
-            return contextlib.nullcontext()
+            return _NO_CONTEXT
         return torch.autograd.graph.saved_tensors_hooks(count, lambda t: t)
 
     def _count_saved(self, i: int, *tensors: Tensor | None) -> None:
@@ -233,9 +235,8 @@ class ForwardPieces:
             self._count_saved(i + 1, x, r)
         use_rng = region.dropout > 0 and self._in_segment("epi", i)
         own = self.sp is not None and region.dropout > 0  # this rank's own stream (a slice)
-        with torch.random.fork_rng(
-            devices=self._rng_devices(), enabled=(recompute and use_rng) or own
-        ):
+        forks = (recompute and use_rng) or own  # (else no fork: a context of its own costs)
+        with torch.random.fork_rng(devices=self._rng_devices()) if forks else _NO_CONTEXT:
             if own and not recompute:
                 _set_rng(self._sp_rng, self.ctx.device)
             if use_rng:
