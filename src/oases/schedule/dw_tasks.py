@@ -21,13 +21,20 @@ def place_weight_grads(tasks: list[Task], n_regions: int, recompute: str, j: int
     """Cut each deferring region's backward [tp i] (``defers_weight_grad``) into [tp i], the
     input gradient, and [dw i], placed right after the [norm + epi] that starts the next
     backward gather: nothing delays a collective's issue. In a block recompute the
-    attention's [dw] thus waits through the next block's recompute, whose gaps it fills
-    (measured, 2026-12-03 deferred-weight-grads report: placed right after that recompute's
-    first task instead, overlap-recompute@sp went from +2-3% to +8% against the all-reduce
-    version, and its peak from +0.8% to -1.8%)."""
+    attention's [dw] runs before the next block's recompute instead (right after [tp i],
+    under bwd(i)): waiting through it, as until 2026-12-04, kept region i's graph (the
+    gathered h_i and dr_i, the layers' dY) alive beside the two rebuilt regions' graphs,
+    which set the step's peak (benchmarks/2026-12-04b-actmem: the issue's 6-layer GPT-2 held
+    more live bytes with sequence parallelism than without). The 2026-12-03
+    deferred-weight-grads report measured the wait through the recompute as the faster
+    placement (+2-3% against the all-reduce version; right after the recompute's first
+    task +8%); 2026-12-04b-actmem measures this one."""
     out: list[Task] = []
     pending: list[Task] = []
     for task in tasks:
+        if pending and task.compute.phase == "recompute":
+            out += pending  # (block recompute: before the next block's graphs are rebuilt)
+            pending = []
         out.append(task)
         ((kind, i),) = task.compute.pieces[-1:]
         if (

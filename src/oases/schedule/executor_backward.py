@@ -92,7 +92,7 @@ class BackwardPieces:
             self.bg.pop((i, j))
             return
         xl, h, hl, _ = self.bg[i, j]
-        self.bg[i, j] = (xl, h, hl, None)
+        self.bg[i, j] = (xl, h, None, None)  # (sp: hl, the gathered h_i, is let go here)
         self.dh[i, j] = hl.grad  # partial sums of dL/dh over the TP group
 
     def _bwd_tp(self, i: int, j: int) -> None:
@@ -125,7 +125,7 @@ class BackwardPieces:
         else:
             dy = region.row.backward_partial(out, self.dr.pop((i, j)))  # [b, S, I/t]
             run_backward((out,), (dy,))
-        self.bg[i, j] = (xl, h, hl, None)
+        self.bg[i, j] = (xl, h, None, None)  # (sp: hl, the gathered h_i, is let go here)
         self.hagain.pop((i, j), None)  # (dw:i's stash keeps what it still reads)
         self.dh[i, j] = hl.grad  # partial sums of dL/dh over the TP group
 

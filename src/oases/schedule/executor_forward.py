@@ -120,8 +120,9 @@ class ForwardPieces:
                 self.p[i, j] = p.detach().clone() if grad else p  # all-reduced in place
             if grad:
                 self.bg[i, j] = p
-                if not recompute and not p_link:  # kept as the graph's root until the backward
-                    self._count_saved(i, p)
+                if not p_link:  # only the graph's root to the backward: the lookup's backward
+                    # reads the token ids, never p's values (the collective has its clone)
+                    p.untyped_storage().resize_(0)
             return
         if linked is not None and recompute and self._saves_input(i):
             linked = None  # x_i is the block's saved input, not epi:i-1's output

@@ -13,7 +13,14 @@ import torch
 import torch.distributed as dist
 from torch import Tensor
 
-from oases.parallel.comm.core import Handle, _Keep, _local_chunk, _on_gloo, _ReduceScatter
+from oases.parallel.comm.core import (
+    Handle,
+    _Keep,
+    _local_chunk,
+    _on_gloo,
+    _ReduceScatter,
+    _references,
+)
 from oases.parallel.comm.record import _issue
 from oases.parallel.context import Group
 
@@ -23,8 +30,10 @@ class _SeqGather(_Keep):
     each rank's slice is contiguous, gathered as it is); ``wait`` returns [b, s * size, ...]
     (one copy, none for one row)."""
 
-    def __init__(self, out: Tensor, work: dist.Work | None, x: Tensor, size: int) -> None:
-        super().__init__(out, work, x)
+    def __init__(
+        self, out: Tensor, work: dist.Work | None, x: Tensor, size: int, held: tuple = ()
+    ) -> None:
+        super().__init__(out, work, x, held)
         self._size = size
 
     def wait(self) -> Tensor:
@@ -42,8 +51,9 @@ def seq_gather_async(
     x = x.contiguous()
     out = x.new_empty((group.size * x.shape[0], *x.shape[1:]))  # rank-major [size * b, ...]
     _issue("all_gather", group, x, direction, tag, True)
+    held = _references(out, x) if _on_gloo(group) else ()
     work = dist.all_gather_single(out, x, group=group.pg, async_op=True)
-    return _SeqGather(out, work, x, group.size)
+    return _SeqGather(out, work, x, group.size, held)
 
 
 def seq_reduce_scatter_async(
@@ -99,8 +109,9 @@ class _GlooSeqScatter(Handle):
             out = chunks[me].contiguous()
             recv = t.new_empty(send.shape)
         self._send, self._recv = send, recv
+        held = _references(send, recv)
         work = dist.all_to_all_single(recv, send, splits, splits, group=group.pg, async_op=True)
-        super().__init__(out, work)
+        super().__init__(out, work, held)
 
     def wait(self) -> Tensor:
         out = super().wait()
