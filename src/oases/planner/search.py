@@ -46,6 +46,7 @@ from oases.planner.chain_model import ChainModel, least_memory
 from oases.planner.costs import Costs
 from oases.planner.search_bounds import chain_bounds
 from oases.planner.simulate import PlanResult, _CachedCosts, simulate_plan
+from oases.planner.space import candidate_degrees, sub_batch_counts
 from oases.schedule.program import SPECS
 from oases.schedule.specs import shards_differ
 
@@ -61,34 +62,6 @@ __all__ = [
 ]
 
 BOUND_SLACK = 0.9  # a mixed plan may beat its chain's fastest uniform one by a few percent
-
-
-def candidate_degrees(cfg: ModelConfig, world_size: int, limit: int | None = None) -> list[int]:
-    """Powers of two dividing the world size, heads, kv heads and ffn (up to ``limit``)."""
-    out, t = [], 1
-    while t <= min(world_size, limit or world_size):
-        if not (world_size % t or cfg.n_heads % t or cfg.n_kv_heads % t or cfg.ffn_dim % t):
-            out.append(t)
-        t *= 2
-    return out
-
-
-def sub_batch_counts(
-    schedule: str, n_subs: tuple[int, ...], schedules: tuple[str, ...] = ()
-) -> tuple[int, ...]:
-    """The sub-batch counts searched for ``schedule``: 1 for a non-overlapped one; for an
-    overlapped one every count of ``n_subs``, 1 included unless ``schedules`` also has the
-    non-overlapped schedule of the same recompute (with one sub-batch overlap runs megatron's
-    program; oases at one sub-batch differs from commfree-recompute only in starting the next
-    recompute before a backward all-reduce ends), and none below the schedule's least
-    (``ScheduleSpec.min_sub``: merak, defined by its sub-batches, from 2)."""
-    if not SPECS[schedule].overlapped:
-        return (1,)
-    twin = any(
-        not SPECS[s].overlapped and SPECS[s].recompute == SPECS[schedule].recompute
-        for s in schedules
-    )
-    return tuple(k for k in n_subs if (k > 1 or not twin) and k >= SPECS[schedule].min_sub)
 
 
 @dataclass
