@@ -45,6 +45,7 @@ from oases.planner.candidate import Candidate, state_factors, with_zero
 from oases.planner.chain_model import ChainModel, least_memory
 from oases.planner.costs import Costs
 from oases.planner.search_bounds import chain_bounds
+from oases.planner.search_prefetch import Prefetch
 from oases.planner.simulate import PlanResult, _CachedCosts, simulate_plan
 from oases.planner.space import candidate_degrees, sub_batch_counts
 from oases.schedule.program import SPECS
@@ -208,6 +209,12 @@ class _Search:
         self.incumbent = float("inf")  # the fastest step of a plan that fits, so far
         self.skipped = False  # a chain was skipped (its bounds)
         self.progress, self.stats, self.started = progress, stats, started
+        # pure answers kept or handed back by the worker (``search_prefetch``)
+        self.prefetched: dict[tuple, tuple[PlanResult | None, str]] = {}
+        self.bounds: dict[tuple, tuple[float, float]] = {}
+        self.solves: dict[tuple, object] = {}
+        self.fresh: dict[tuple, tuple[PlanResult | None, str]] | None = None  # (the worker's)
+        self.prefetch: Prefetch | None = None
 
     # ------------------------------------------------------------------ plans and candidates
     def simulate(
@@ -228,6 +235,14 @@ class _Search:
                 why.append(self.split_errors[-1] if self.split_errors else "")
             return res
         self.stats.simulated += 1
+        ready = self.prefetched.pop(key, None)
+        if ready is not None:  # the worker's answer (``search_prefetch``)
+            res, error = ready
+            if res is None and why is not None:
+                why.append(error)
+            self.memo[key] = res
+            return res
+        error = ""
         try:
             res = simulate_plan(
                 cfg,
@@ -241,11 +256,14 @@ class _Search:
                 memory=memory,
             )
         except BatchSplitError as exc:  # not a candidate: the batch does not split
+            error = str(exc)
             if why is not None:
-                why.append(str(exc))
+                why.append(error)
             res = None
         if not self.exhaustive:
             self.memo[key] = res
+        if self.fresh is not None:
+            self.fresh[key] = (res, error)
         return res
 
     def _simulate_model(
@@ -284,6 +302,16 @@ class _Search:
         searched (less its optimizer step, which sharding shortens), within
         ``BOUND_SLACK``."""
         floors: dict[tuple[str, int], float] = {}
+        self.prefetch = None if self.exhaustive else Prefetch.start(self)
+        try:
+            self._walk(floors)
+        finally:
+            if self.prefetch is not None:
+                self.prefetch.close()
+            self.prefetch = None
+
+    def _walk(self, floors: dict[tuple[str, int], float]) -> None:
+        tight = False
         for shape in sorted(self.shapes, key=lambda b: -b.micro_rows):
             binds = False
             for schedule in self.schedules:
@@ -295,6 +323,9 @@ class _Search:
                             floors.get((schedule, n_sub), 0.0) * BOUND_SLACK >= self.incumbent
                         ):
                             break
+                        if self.prefetch is not None:
+                            chain = (shape, zero, schedule, n_sub)
+                            self.prefetch.before(self, chain, tight, binds, floors)
                         tight, floor = self.search(shape, zero, schedule, n_sub)
                         floors[schedule, n_sub] = min(floors.get((schedule, n_sub), floor), floor)
                         binds |= tight
@@ -354,6 +385,7 @@ class _Search:
                 self._simulate_model,
                 zero,
                 mode,
+                solves=None if self.exhaustive else self.solves,
             )
             self.models.append(model)
             self.add(model.fastest(budget), shape)
@@ -382,18 +414,21 @@ class _Search:
         for the exhaustive search.)"""
         if self.exhaustive:
             return False
-        time_lb, memory_lb = chain_bounds(
-            self.cfg,
-            self.costs,
-            self.world_size,
-            shape,
-            schedule,
-            n_sub,
-            zero,
-            sp,
-            self.degrees,
-            self.max_inflight,
-        )
+        key = (shape, schedule, n_sub, zero, sp)
+        if key not in self.bounds:
+            self.bounds[key] = chain_bounds(
+                self.cfg,
+                self.costs,
+                self.world_size,
+                shape,
+                schedule,
+                n_sub,
+                zero,
+                sp,
+                self.degrees,
+                self.max_inflight,
+            )
+        time_lb, memory_lb = self.bounds[key]
         if memory_lb > self.budget or time_lb >= self.incumbent:
             self.stats.skipped_chains += 1
             self.skipped = True
