@@ -26,8 +26,11 @@ before). A wrong guess costs the worker's time only. The worker is told the fast
 that fits so far, so it skips a chain by its bounds only where the walk will skip it too
 (that step only falls).
 
-``PROCESSES``: 2 where the machine gives this process two cores or more and can fork, else
-1 (no worker: the walk computes everything, as before).
+``PROCESSES``: 1 (no worker: the walk computes everything, as before) unless
+``use_spare_core`` is called (``oases plan`` does): then 2 where the machine gives this process
+two cores or more and can fork. A library call stays on one process: e.g. every rank of a
+training run that plans with ``parallel.plan = "auto"`` searches at once, and a fork beside a
+rank's communication threads is not safe.
 """
 
 from __future__ import annotations
@@ -55,7 +58,14 @@ def _cores() -> int:
         return os.cpu_count() or 1
 
 
-PROCESSES = 2 if _cores() >= 2 and "fork" in multiprocessing.get_all_start_methods() else 1
+PROCESSES = 1
+
+
+def use_spare_core() -> None:
+    """Let the searches of this process use a second one (``PROCESSES`` 2), where it can."""
+    global PROCESSES
+    if _cores() >= 2 and "fork" in multiprocessing.get_all_start_methods():
+        PROCESSES = 2
 
 
 class Prefetch:
