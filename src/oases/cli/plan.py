@@ -121,7 +121,9 @@ def _plan(ns: argparse.Namespace, overrides: list[str]) -> int:
     from oases.planner import costs_budget, format_candidates, load_costs, search_plans
     from oases.planner.report import plan_header, run_command, searched_line
     from oases.planner.search import SearchStats
+    from oases.planner.search_prefetch import use_spare_core
 
+    use_spare_core()  # the search walks the next chain beside the current one
     cfg = load_config(ns.config, overrides)
     if ns.world_size < 1:
         raise ValueError(f"--world-size={ns.world_size} must be >= 1")

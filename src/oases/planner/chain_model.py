@@ -22,7 +22,7 @@ from oases.config import ModelConfig
 from oases.plan import ParallelPlan, region_names
 from oases.planner.batch import BatchShape, region_rows
 from oases.planner.candidate import Candidate, plan_of, state_factors, with_zero
-from oases.planner.chain import solve_chain, solve_chain_minmax
+from oases.planner.chain import ChainSolution, solve_chain, solve_chain_minmax
 from oases.planner.costs import Costs, region_kind, region_param_count, sp_mode
 from oases.planner.peak_memory import saved_bytes
 from oases.planner.precision import precision_of
@@ -174,10 +174,14 @@ class ChainModel:
         simulate: Simulate,
         zero: int = 0,
         sp: str = "",
+        solves: dict | None = None,
     ) -> None:
         self.cfg, self.costs, self.world_size, self.batch = cfg, costs, world_size, batch
         self.schedule, self.n_sub, self.degrees = schedule, n_sub, degrees
         self.simulate, self.zero, self.sp = simulate, zero, sp
+        # ``fastest``'s solves, kept by their whole input (the search's, shared with its
+        # worker: ``search_prefetch``); None: not kept
+        self.solves = solves
         self.node_s, self.node_bytes, self.edge_s, params = node_costs(
             cfg, costs, world_size, batch, schedule, n_sub, degrees, uniform, simulate, zero, sp
         )
@@ -232,9 +236,8 @@ class ChainModel:
             s = self._tied(self.node_s, other)
             limit = limit_bytes - self.extra
             for _ in range(4):
-                try:
-                    sol = solve_chain(s, self.node_bytes, self.edge_s, limit)
-                except ValueError:
+                sol = self._solve(s, limit)
+                if sol is None:
                     break
                 cand = self._candidate(sol.choice, budget_bytes, "searched")
                 if cand is None:
@@ -250,6 +253,22 @@ class ChainModel:
                 limit -= cand.result.peak_mem_bytes - limit_bytes  # optimistic: tighten
                 best = best or cand
         return best
+
+    def _solve(self, node_s: np.ndarray, limit: float) -> ChainSolution | None:
+        """``solve_chain`` under ``limit`` (None where nothing fits), kept in ``solves``."""
+        key = None
+        if self.solves is not None:
+            arrays = (node_s, self.node_bytes, self.edge_s)
+            key = (*(a.tobytes() for a in arrays), node_s.shape, limit)
+            if key in self.solves:
+                return self.solves[key]
+        try:
+            sol = solve_chain(node_s, self.node_bytes, self.edge_s, limit)
+        except ValueError:
+            sol = None
+        if key is not None:
+            self.solves[key] = sol
+        return sol
 
     def leanest(self, budget_bytes: float) -> Candidate | None:
         """The chain's least-memory plan (``solve_chain_minmax`` over the two moments of the

@@ -45,7 +45,9 @@ from oases.planner.candidate import Candidate, state_factors, with_zero
 from oases.planner.chain_model import ChainModel, least_memory
 from oases.planner.costs import Costs
 from oases.planner.search_bounds import chain_bounds
+from oases.planner.search_prefetch import Prefetch
 from oases.planner.simulate import PlanResult, _CachedCosts, simulate_plan
+from oases.planner.space import candidate_degrees, sub_batch_counts
 from oases.schedule.program import SPECS
 from oases.schedule.specs import shards_differ
 
@@ -61,34 +63,6 @@ __all__ = [
 ]
 
 BOUND_SLACK = 0.9  # a mixed plan may beat its chain's fastest uniform one by a few percent
-
-
-def candidate_degrees(cfg: ModelConfig, world_size: int, limit: int | None = None) -> list[int]:
-    """Powers of two dividing the world size, heads, kv heads and ffn (up to ``limit``)."""
-    out, t = [], 1
-    while t <= min(world_size, limit or world_size):
-        if not (world_size % t or cfg.n_heads % t or cfg.n_kv_heads % t or cfg.ffn_dim % t):
-            out.append(t)
-        t *= 2
-    return out
-
-
-def sub_batch_counts(
-    schedule: str, n_subs: tuple[int, ...], schedules: tuple[str, ...] = ()
-) -> tuple[int, ...]:
-    """The sub-batch counts searched for ``schedule``: 1 for a non-overlapped one; for an
-    overlapped one every count of ``n_subs``, 1 included unless ``schedules`` also has the
-    non-overlapped schedule of the same recompute (with one sub-batch overlap runs megatron's
-    program; oases at one sub-batch differs from commfree-recompute only in starting the next
-    recompute before a backward all-reduce ends), and none below the schedule's least
-    (``ScheduleSpec.min_sub``: merak, defined by its sub-batches, from 2)."""
-    if not SPECS[schedule].overlapped:
-        return (1,)
-    twin = any(
-        not SPECS[s].overlapped and SPECS[s].recompute == SPECS[schedule].recompute
-        for s in schedules
-    )
-    return tuple(k for k in n_subs if (k > 1 or not twin) and k >= SPECS[schedule].min_sub)
 
 
 @dataclass
@@ -235,6 +209,12 @@ class _Search:
         self.incumbent = float("inf")  # the fastest step of a plan that fits, so far
         self.skipped = False  # a chain was skipped (its bounds)
         self.progress, self.stats, self.started = progress, stats, started
+        # pure answers kept or handed back by the worker (``search_prefetch``)
+        self.prefetched: dict[tuple, tuple[PlanResult | None, str]] = {}
+        self.bounds: dict[tuple, tuple[float, float]] = {}
+        self.solves: dict[tuple, object] = {}
+        self.fresh: dict[tuple, tuple[PlanResult | None, str]] | None = None  # (the worker's)
+        self.prefetch: Prefetch | None = None
 
     # ------------------------------------------------------------------ plans and candidates
     def simulate(
@@ -255,6 +235,14 @@ class _Search:
                 why.append(self.split_errors[-1] if self.split_errors else "")
             return res
         self.stats.simulated += 1
+        ready = self.prefetched.pop(key, None)
+        if ready is not None:  # the worker's answer (``search_prefetch``)
+            res, error = ready
+            if res is None and why is not None:
+                why.append(error)
+            self.memo[key] = res
+            return res
+        error = ""
         try:
             res = simulate_plan(
                 cfg,
@@ -268,11 +256,14 @@ class _Search:
                 memory=memory,
             )
         except BatchSplitError as exc:  # not a candidate: the batch does not split
+            error = str(exc)
             if why is not None:
-                why.append(str(exc))
+                why.append(error)
             res = None
         if not self.exhaustive:
             self.memo[key] = res
+        if self.fresh is not None:
+            self.fresh[key] = (res, error)
         return res
 
     def _simulate_model(
@@ -311,6 +302,16 @@ class _Search:
         searched (less its optimizer step, which sharding shortens), within
         ``BOUND_SLACK``."""
         floors: dict[tuple[str, int], float] = {}
+        self.prefetch = None if self.exhaustive else Prefetch.start(self)
+        try:
+            self._walk(floors)
+        finally:
+            if self.prefetch is not None:
+                self.prefetch.close()
+            self.prefetch = None
+
+    def _walk(self, floors: dict[tuple[str, int], float]) -> None:
+        tight = False
         for shape in sorted(self.shapes, key=lambda b: -b.micro_rows):
             binds = False
             for schedule in self.schedules:
@@ -322,6 +323,9 @@ class _Search:
                             floors.get((schedule, n_sub), 0.0) * BOUND_SLACK >= self.incumbent
                         ):
                             break
+                        if self.prefetch is not None:
+                            chain = (shape, zero, schedule, n_sub)
+                            self.prefetch.before(self, chain, tight, binds, floors)
                         tight, floor = self.search(shape, zero, schedule, n_sub)
                         floors[schedule, n_sub] = min(floors.get((schedule, n_sub), floor), floor)
                         binds |= tight
@@ -381,6 +385,7 @@ class _Search:
                 self._simulate_model,
                 zero,
                 mode,
+                solves=None if self.exhaustive else self.solves,
             )
             self.models.append(model)
             self.add(model.fastest(budget), shape)
@@ -409,18 +414,21 @@ class _Search:
         for the exhaustive search.)"""
         if self.exhaustive:
             return False
-        time_lb, memory_lb = chain_bounds(
-            self.cfg,
-            self.costs,
-            self.world_size,
-            shape,
-            schedule,
-            n_sub,
-            zero,
-            sp,
-            self.degrees,
-            self.max_inflight,
-        )
+        key = (shape, schedule, n_sub, zero, sp)
+        if key not in self.bounds:
+            self.bounds[key] = chain_bounds(
+                self.cfg,
+                self.costs,
+                self.world_size,
+                shape,
+                schedule,
+                n_sub,
+                zero,
+                sp,
+                self.degrees,
+                self.max_inflight,
+            )
+        time_lb, memory_lb = self.bounds[key]
         if memory_lb > self.budget or time_lb >= self.incumbent:
             self.stats.skipped_chains += 1
             self.skipped = True

@@ -11,6 +11,9 @@ the costs kept out: so a search that simulated fewer plans than asked says why.
                                           recompute; degrees that do not divide the sequence)
 
 ValueError when a flag leaves nothing to search, naming the flag and why.
+
+``candidate_degrees`` and ``sub_batch_counts``: the TP degrees and sub-batch counts a search
+walks (``planner.search`` imports them from here).
 """
 
 from __future__ import annotations
@@ -107,3 +110,31 @@ class SearchSpace:
                     "parallelism (shards changes a schedule without recompute or with the "
                     "communication-free one; block recompute is the same with gathered)"
                 )
+
+
+def candidate_degrees(cfg: ModelConfig, world_size: int, limit: int | None = None) -> list[int]:
+    """Powers of two dividing the world size, heads, kv heads and ffn (up to ``limit``)."""
+    out, t = [], 1
+    while t <= min(world_size, limit or world_size):
+        if not (world_size % t or cfg.n_heads % t or cfg.n_kv_heads % t or cfg.ffn_dim % t):
+            out.append(t)
+        t *= 2
+    return out
+
+
+def sub_batch_counts(
+    schedule: str, n_subs: tuple[int, ...], schedules: tuple[str, ...] = ()
+) -> tuple[int, ...]:
+    """The sub-batch counts searched for ``schedule``: 1 for a non-overlapped one; for an
+    overlapped one every count of ``n_subs``, 1 included unless ``schedules`` also has the
+    non-overlapped schedule of the same recompute (with one sub-batch overlap runs megatron's
+    program; oases at one sub-batch differs from commfree-recompute only in starting the next
+    recompute before a backward all-reduce ends), and none below the schedule's least
+    (``ScheduleSpec.min_sub``: merak, defined by its sub-batches, from 2)."""
+    if not SPECS[schedule].overlapped:
+        return (1,)
+    twin = any(
+        not SPECS[s].overlapped and SPECS[s].recompute == SPECS[schedule].recompute
+        for s in schedules
+    )
+    return tuple(k for k in n_subs if (k > 1 or not twin) and k >= SPECS[schedule].min_sub)

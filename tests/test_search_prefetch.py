@@ -1,0 +1,72 @@
+"""The fast search on two processes (``planner.search_prefetch``: a forked worker walks the
+next chain beside the walk) gives the one-process search's every candidate, float for float,
+and its every count; the worker's answers are really taken."""
+
+from __future__ import annotations
+
+import pytest
+
+from oases.planner import load_costs, micro_batch_options
+from oases.planner import search_prefetch as prefetch
+from oases.planner.batch import BatchShape
+from oases.planner.search import SearchStats, solve_plan
+from test_search_exact import CASES, _model, _uniform_peaks
+
+pytestmark = pytest.mark.skipif(
+    "fork" not in prefetch.multiprocessing.get_all_start_methods(), reason="no fork here"
+)
+
+
+def _search(case: tuple, budget_kind: str, processes: int, monkeypatch) -> tuple:
+    arch, layers, tied, world, preset, global_batch, micro, _ = case
+    cfg = _model(arch, layers, tied)
+    costs = load_costs(f"hw:{preset}", cfg, "bf16")
+    batch = BatchShape(global_batch, micro * world)
+    peaks = _uniform_peaks(cfg, costs, world, batch)
+    budget = {"loose": float("inf"), "tight": peaks[0] * 1.02, "under": peaks[0] * 0.97}
+    monkeypatch.setattr(prefetch, "PROCESSES", processes)
+    stats = SearchStats()
+    best, cands = solve_plan(
+        cfg,
+        costs,
+        world,
+        batch,
+        budget[budget_kind],
+        zeros=(0, 1, 2, 3),
+        sps=("gathered", "shards"),
+        micro_batches=micro_batch_options(batch),
+        stats=stats,
+    )
+    seen = [
+        (
+            [(r.name, r.tp, r.zero) for r in c.plan.regions],
+            c.plan.schedule,
+            c.plan.n_sub,
+            c.plan.sequence_parallel,
+            c.batch,
+            c.kind,
+            c.fits,
+            c.result.step_s,
+            c.result.peak_mem_bytes,
+        )
+        for c in cands
+    ]
+    return seen, cands.index(best), stats.simulated, stats.chains, stats.skipped_chains
+
+
+@pytest.mark.parametrize("index,budget_kind", [(1, "tight"), (2, "loose"), (5, "tight")])
+def test_two_processes_give_the_one_process_search(index, budget_kind, monkeypatch):
+    taken = []
+    take = prefetch.Prefetch._take
+
+    def counting(self, search, chain):
+        before = len(search.prefetched)
+        take(self, search, chain)
+        taken.append(len(search.prefetched) - before)
+
+    monkeypatch.setattr(prefetch.Prefetch, "_take", counting)
+    one = _search(CASES[index], budget_kind, 1, monkeypatch)
+    assert not taken
+    two = _search(CASES[index], budget_kind, 2, monkeypatch)
+    assert two == one  # every candidate (floats equal), the best, every count
+    assert sum(taken) > 0  # the worker's answers were used
