@@ -17,13 +17,9 @@ from oases.plan import ParallelPlan
 from oases.planner import search_plans
 from oases.planner.budget import costs_budget
 from oases.planner.hardware import HardwareCosts
-from oases.planner.pipeline_search import (
-    balanced_stage_starts,
-    choose,
-    pipeline_depths,
-    search_config_pipelines,
-    stage_shares,
-)
+from oases.planner.pipeline_boundaries import balanced_stage_starts, stage_shares
+from oases.planner.pipeline_screen import pipeline_depths
+from oases.planner.pipeline_search import choose, search_config_pipelines
 from oases.planner.sim_inputs import load_any_cluster
 from oases.planner.simulate import simulate_plan
 from oases.stages import block_start

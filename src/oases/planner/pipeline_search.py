@@ -23,8 +23,8 @@ search prices once and composes, and walks only the finalists::
     refine:    the best walked plan's boundaries moved a block at a time off its slowest
         stage while the walk says faster and it fits
 
-The screen's formula only orders the combinations; every number a candidate carries is its
-full walk's. Not searched: per-region TP degrees inside a stage (every region of a pipeline
+The screen's formula only orders the combinations (``pipeline_screen``; the boundaries:
+``pipeline_boundaries``); every number a candidate carries is its full walk's. Not searched: per-region TP degrees inside a stage (every region of a pipeline
 plan has the stage's one degree), stage boundaries that split a block, ZeRO 3 (the runtime
 runs ZeRO 2 at most under a pipeline), the interleaved order (its model chunks' boundaries
 are not priced yet: ``SEARCHED_ORDERS``).
@@ -40,11 +40,18 @@ from oases.config import Config, ModelConfig
 from oases.plan import ParallelPlan
 from oases.planner.batch import BatchShape
 from oases.planner.candidate import Candidate, with_zero
-from oases.planner.costs import Costs, region_kind, region_param_count
-from oases.planner.pipeline_walk import p2p_s
+from oases.planner.costs import Costs
+from oases.planner.pipeline_screen import (
+    LayoutPrice,
+    Screen,
+    layout_key,
+    pipeline_depths,
+    price_layout,
+    screen_layout,
+)
 from oases.planner.precision import precision_of
-from oases.planner.simulate import PlanResult, _CachedCosts, region_compute_s, simulate_plan
-from oases.stages import PIPELINE_SCHEDULES, block_start
+from oases.planner.simulate import _CachedCosts, simulate_plan
+from oases.stages import PIPELINE_SCHEDULES
 
 FINALISTS = 5  # screened combinations walked whole (each in every pipeline order)
 SCREEN_SLACK = 1.25  # the screen's peak may exceed the budget by this much and still be walked
@@ -82,74 +89,6 @@ def choose(flat: Candidate, piped: PipelineSearch) -> Candidate:
     if best is None or (flat.fits and flat.result.step_s <= best.result.step_s):
         return flat
     return best
-
-
-@dataclass(frozen=True)
-class _Screen:
-    """One combination as the screen priced it."""
-
-    step_s: float
-    peak_bytes: float
-    plan: ParallelPlan
-    batch: BatchShape
-
-
-def pipeline_depths(
-    world_size: int, n_layers: int, gpus_per_server: int | None, only: tuple[int, ...] = ()
-) -> list[int]:
-    """The pipeline depths searched: divisors pp > 1 of the world (``only``: those of them),
-    at most one block per stage, whose stages of W/pp ranks fit the servers (a divisor or a
-    multiple of a server's GPUs: a stage never straddles part of a server)."""
-    out = []
-    for pp in range(2, world_size + 1):
-        if world_size % pp or pp > n_layers or (only and pp not in only):
-            continue
-        stage = world_size // pp
-        if gpus_per_server and stage % gpus_per_server and gpus_per_server % stage:
-            continue
-        out.append(pp)
-    return out
-
-
-def balanced_stage_starts(region_s: list[float], pp: int) -> tuple[int, ...]:
-    """Stage boundaries at block starts that minimise the largest stage's cost (``region_s``:
-    a cost per region of the chain embed, attn, mlp, ..., head), by dynamic programming over
-    the blocks; ties go to the earliest cut."""
-    n_layers = (len(region_s) - 2) // 2
-    if n_layers < pp:
-        raise ValueError(f"{n_layers} blocks do not fill {pp} pipeline stages")
-    # cost of blocks [a, b) as a stage, the embedding on stage 0 and the head on the last
-    prefix = [0.0]
-    for layer in range(n_layers):
-        prefix.append(prefix[-1] + region_s[2 * layer + 1] + region_s[2 * layer + 2])
-
-    def cost(a: int, b: int) -> float:
-        extra = (region_s[0] if a == 0 else 0.0) + (region_s[-1] if b == n_layers else 0.0)
-        return prefix[b] - prefix[a] + extra
-
-    inf = float("inf")
-    # best[s][b]: the least largest stage of blocks [0, b) cut into s stages
-    best = [[inf] * (n_layers + 1) for _ in range(pp + 1)]
-    cut = [[0] * (n_layers + 1) for _ in range(pp + 1)]
-    best[0][0] = 0.0
-    for s in range(1, pp + 1):
-        for b in range(s, n_layers + 1):
-            for a in range(s - 1, b):
-                value = max(best[s - 1][a], cost(a, b))
-                if value < best[s][b]:
-                    best[s][b], cut[s][b] = value, a
-    starts, b = [], n_layers
-    for s in range(pp, 1, -1):
-        b = cut[s][b]
-        starts.append(block_start(b))
-    return tuple(reversed(starts))
-
-
-def stage_shares(region_s: list[float], starts: tuple[int, ...]) -> list[float]:
-    """Each stage's share of the chain's cost (``region_s`` per region)."""
-    total = sum(region_s) or 1.0
-    edges = (0, *starts, len(region_s))
-    return [sum(region_s[a:b]) / total for a, b in zip(edges, edges[1:])]
 
 
 def search_pipelines(
@@ -190,8 +129,8 @@ def search_pipelines(
     zeros = tuple(z for z in zeros if z <= top_zero) or (0,)
     shapes = [batch, *(b for b in micro_batches if b != batch)]
     prec = precision_of(costs)
-    layouts: dict[tuple, tuple[float, float, PlanResult, list[float]] | None] = {}
-    screens: list[_Screen] = []
+    layouts: dict[tuple, LayoutPrice | None] = {}
+    screens: list[Screen] = []
     seen: set[tuple] = set()
     for pp in depths:
         stage_world = world_size // pp
@@ -218,9 +157,9 @@ def search_pipelines(
                                     ),
                                     zero if stage_world // t > 1 else 0,
                                 )
-                                key = (stage_world, stage_shape.micro_rows, _key(base))
+                                key = (stage_world, stage_shape.micro_rows, layout_key(base))
                                 if key not in layouts:
-                                    layouts[key] = _price_layout(
+                                    layouts[key] = price_layout(
                                         cfg, base, costs, stage_world, stage_shape, max_inflight
                                     )
                                 priced = layouts[key]
@@ -229,7 +168,7 @@ def search_pipelines(
                                 seen.add((pp, key))
                                 found.screened += 1
                                 screens.append(
-                                    _screen(
+                                    screen_layout(
                                         cfg, base, priced, costs, pp, stage_shape, n_micro, prec
                                     )
                                 )
@@ -256,101 +195,6 @@ def search_pipelines(
         found.best = _refine(cfg, best, costs, world_size, budget_bytes, max_inflight, found)
     found.wall_s = time.perf_counter() - started
     return found
-
-
-def _key(plan: ParallelPlan) -> tuple:
-    return (
-        plan.schedule,
-        plan.n_sub,
-        plan.sequence_parallel,
-        tuple((r.tp, r.zero) for r in plan.regions),
-    )
-
-
-def _price_layout(
-    cfg: ModelConfig,
-    base: ParallelPlan,
-    costs: Costs,
-    stage_world: int,
-    shape: BatchShape,
-    max_inflight: int,
-) -> tuple[float, float, PlanResult, list[float]] | None:
-    """(c, tail, the one-micro-batch result, each region's compute) of one stage's layout
-    run without a pipeline on ``stage_world`` ranks (None where the batch does not split)."""
-    rows = shape.micro_rows
-    try:
-        one = simulate_plan(
-            cfg,
-            base,
-            costs,
-            stage_world,
-            BatchShape(rows, rows),
-            max_inflight=max_inflight,
-            timeline=False,
-        )
-        two = simulate_plan(
-            cfg,
-            base,
-            costs,
-            stage_world,
-            BatchShape(2 * rows, rows),
-            max_inflight=max_inflight,
-            timeline=False,
-        )
-        region_s = region_compute_s(
-            cfg, base, costs, stage_world, BatchShape(rows, rows), max_inflight=max_inflight
-        )
-    except ValueError:  # the batch does not split (BatchSplitError), or the layout refuses it
-        return None
-    c = two.step_s - one.step_s
-    if region_s is None or not sum(region_s):
-        region_s = [1.0] * len(base.regions)
-    return c, one.step_s - c, one, region_s
-
-
-def _screen(
-    cfg: ModelConfig,
-    base: ParallelPlan,
-    priced: tuple[float, float, PlanResult, list[float]],
-    costs: Costs,
-    pp: int,
-    stage_shape: BatchShape,
-    n_micro: int,
-    prec: object,
-) -> _Screen:
-    c, tail, one, region_s = priced
-    starts = balanced_stage_starts(region_s, pp)
-    top = max(stage_shares(region_s, starts))
-    t = base.regions[0].tp
-    stage_world = t * base.regions[0].dp
-    message = (
-        stage_shape.micro_rows
-        * t
-        / stage_world
-        * cfg.seq_len
-        * cfg.dim
-        * getattr(prec, "activation_bytes", 4)
-    )
-    link = p2p_s(costs, 0, stage_world * (pp - 1), message)  # the slowest boundary's link
-    step = (n_micro + pp - 1) * c * top + tail * top + 2 * (pp - 1) * link
-    b = one.breakdown
-    state = b.get("params_bytes", 0.0) + b.get("grads_bytes", 0.0)
-    state += b.get("optimizer_state_bytes", 0.0)
-    act = b.get("activations_peak_bytes", 0.0)
-    rest = max(0.0, one.peak_mem_bytes - state - act)
-    held = stage_shares(_region_params(cfg, base), starts)
-    peak = rest + state * max(held) + act * top * min(pp, n_micro)  # 1F1B's first stage
-    plan = dataclasses.replace(base, pp=pp, stage_starts=list(starts))
-    return _Screen(step, peak, plan, stage_shape)
-
-
-def _region_params(cfg: ModelConfig, plan: ParallelPlan) -> list[float]:
-    """Parameters of every region at its degree (the last stage's tied head: a copy of the
-    embedding)."""
-    out = [float(region_param_count(cfg, region_kind(r.name), r.tp)) for r in plan.regions]
-    if cfg.tie_embeddings:
-        out[-1] += out[0]
-    return out
 
 
 def _walk(
