@@ -11,13 +11,18 @@ from __future__ import annotations
 from oases.stages import block_start
 
 
-def balanced_stage_starts(region_s: list[float], pp: int) -> tuple[int, ...]:
+def balanced_stage_starts(
+    region_s: list[float], pp: int, cuts: set[int] | None = None
+) -> tuple[int, ...]:
     """Stage boundaries at block starts that minimise the largest stage's cost (``region_s``:
     a cost per region of the chain embed, attn, mlp, ..., head), by dynamic programming over
-    the blocks; ties go to the earliest cut."""
+    the blocks; ties go to the earliest cut. ``cuts``: the blocks a stage may start at (None:
+    every block; a mixed layout's: where the degrees agree, ``pipeline_mixed.stage_cuts``);
+    ValueError where they do not give ``pp`` stages."""
     n_layers = (len(region_s) - 2) // 2
     if n_layers < pp:
         raise ValueError(f"{n_layers} blocks do not fill {pp} pipeline stages")
+    allowed = set(range(1, n_layers)) if cuts is None else set(cuts)
     # cost of blocks [a, b) as a stage, the embedding on stage 0 and the head on the last
     prefix = [0.0]
     for layer in range(n_layers):
@@ -35,9 +40,15 @@ def balanced_stage_starts(region_s: list[float], pp: int) -> tuple[int, ...]:
     for s in range(1, pp + 1):
         for b in range(s, n_layers + 1):
             for a in range(s - 1, b):
+                if a and a not in allowed:
+                    continue
                 value = max(best[s - 1][a], cost(a, b))
                 if value < best[s][b]:
                     best[s][b], cut[s][b] = value, a
+    if best[pp][n_layers] == inf:
+        raise ValueError(
+            f"blocks {sorted(allowed)} of {n_layers} give no {pp} pipeline stages to start at"
+        )
     starts, b = [], n_layers
     for s in range(pp, 1, -1):
         b = cut[s][b]

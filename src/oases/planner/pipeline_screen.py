@@ -39,6 +39,7 @@ class Screen:
     peak_bytes: float
     plan: ParallelPlan
     batch: BatchShape
+    depth_best: bool = False  # the best screen of its depth (walked whatever the others)
 
 
 def pipeline_depths(
@@ -117,12 +118,16 @@ def screen_layout(
     stage_shape: BatchShape,
     n_micro: int,
     prec: object,
+    cuts: set[int] | None = None,
 ) -> Screen:
+    """``base`` (one stage's layout, ``priced``) as a pipeline of ``pp`` stages: boundaries,
+    screen step and peak (module docstring); ``cuts``: the blocks a stage may start at (None:
+    any). ValueError where the cuts give no ``pp`` stages."""
     c, tail, one, region_s = priced
-    starts = balanced_stage_starts(region_s, pp)
+    starts = balanced_stage_starts(region_s, pp, cuts)
     top = max(stage_shares(region_s, starts))
-    t = base.regions[0].tp
-    stage_world = t * base.regions[0].dp
+    stage_world = base.regions[0].tp * base.regions[0].dp
+    t = max(base.regions[b].tp for b in starts)  # the widest boundary's rows per rank
     message = (
         stage_shape.micro_rows
         * t

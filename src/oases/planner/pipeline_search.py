@@ -7,27 +7,32 @@ together) costs seconds at pp=8 and 64 micro-batches, too slow for every combina
 search prices once and composes, and walks only the finalists::
 
     for each stage size W/pp that fits the servers (a stage is a divisor or a multiple of a
-    server's GPUs), TP degree t, schedule, n_sub, ZeRO stage, sp mode, micro-batch:
+    server's GPUs), micro-batch and stage layout -- every uniform one (TP degree t, schedule,
+    n_sub, ZeRO stage, sp mode) and the plan search's mixed ones for a stage of W/pp ranks
+    (``pipeline_mixed``: a TP degree per region):
         the stage's layout, pp=1 on W/pp ranks (simulate_plan, 1 and 2 micro-batches;
         remembered: every pp of one stage size and every pipeline order share it)
             c      = t(2 micro-batches) - t(1)           one micro-batch's pass over the chain
             tail   = t(1) - c                            DP reduction, ZeRO gathers, optimizer
             shares = region_compute_s / its sum          what each region costs of c
         boundaries = balanced_stage_starts(shares, pp)  min over cuts of the largest stage
+                     (a mixed layout: only where both sides have one degree)
         screen step = (n_micro + pp - 1) * c * max stage share + tail * max stage share
                       + 2 (pp - 1) point-to-point messages on the link they cross
         screen peak = the layout's peak, its state and activations scaled to the fullest
                       stage (1F1B's first stage: pp micro-batches in flight)
-    finalists: the FINALISTS best screens whose screen peak is under SCREEN_SLACK x budget,
-        each walked whole in every pipeline order (simulate_pipeline)
+    finalists: the best screen of every depth, then the FINALISTS best other screens, whose
+        screen peak is under SCREEN_SLACK x budget (``finalist_order``), each walked whole
+        in every pipeline order (simulate_pipeline)
     refine:    the best walked plan's boundaries moved a block at a time off its slowest
         stage while the walk says faster and it fits
 
 The screen's formula only orders the combinations (``pipeline_screen``; the boundaries:
-``pipeline_boundaries``); every number a candidate carries is its full walk's. Not searched: per-region TP degrees inside a stage (every region of a pipeline
-plan has the stage's one degree), stage boundaries that split a block, ZeRO 3 (the runtime
-runs ZeRO 2 at most under a pipeline), the interleaved order (its model chunks' boundaries
-are not priced yet: ``SEARCHED_ORDERS``).
+``pipeline_boundaries``); every number a candidate carries is its full walk's. Not searched:
+a stage's degrees solved for its own regions (a mixed layout is the whole chain's answer for a
+stage of W/pp ranks, every stage keeping its regions' degrees), stage boundaries that split a
+block, ZeRO 3 (the runtime runs ZeRO 2 at most under a pipeline), the interleaved order (its
+model chunks' boundaries are not priced yet: ``SEARCHED_ORDERS``).
 """
 
 from __future__ import annotations
@@ -41,6 +46,7 @@ from oases.plan import ParallelPlan
 from oases.planner.batch import BatchShape
 from oases.planner.candidate import Candidate, with_zero
 from oases.planner.costs import Costs
+from oases.planner.pipeline_mixed import mixed_layouts, stage_cuts
 from oases.planner.pipeline_screen import (
     LayoutPrice,
     Screen,
@@ -67,6 +73,7 @@ class PipelineSearch:
     best: Candidate | None
     candidates: list[Candidate]
     screened: int = 0
+    mixed: int = 0  # mixed-degree stage layouts the plan search of a stage gave
     walked: int = 0
     wall_s: float = 0.0
     notes: list[str] = field(default_factory=list)
@@ -108,6 +115,7 @@ def search_pipelines(
     pp_schedules: tuple[str, ...] = SEARCHED_ORDERS,
     max_inflight: int = 1,
     finalists: int = FINALISTS,
+    mixed: bool = True,
 ) -> PipelineSearch:
     """The fastest pipeline plan of ``cfg`` on ``world_size`` ranks that fits ``budget_bytes``
     (module docstring). ``batch`` and ``micro_batches``: the world's micro-batches, as
@@ -132,13 +140,31 @@ def search_pipelines(
     layouts: dict[tuple, LayoutPrice | None] = {}
     screens: list[Screen] = []
     seen: set[tuple] = set()
+
+    def add(pp: int, base: ParallelPlan, stage_shape: BatchShape, cuts: set[int] | None) -> None:
+        """Screen ``base`` (one stage's layout) at depth ``pp`` (its price remembered)."""
+        key = (base.regions[0].tp * base.regions[0].dp, stage_shape.micro_rows, layout_key(base))
+        if key not in layouts:
+            layouts[key] = price_layout(cfg, base, costs, key[0], stage_shape, max_inflight)
+        priced = layouts[key]
+        if priced is None or (pp, key) in seen:
+            return  # (zero > 0 at dp=1 is the same plan as 0)
+        seen.add((pp, key))
+        try:
+            screen = screen_layout(
+                cfg, base, priced, costs, pp, stage_shape, stage_shape.n_micro(), prec, cuts
+            )
+        except ValueError:  # a mixed layout's degrees leave no pp stages
+            return
+        found.screened += 1
+        screens.append(screen)
+
     for pp in depths:
         stage_world = world_size // pp
         for shape in shapes:
             if shape.micro_rows % pp:
                 continue
             stage_shape = BatchShape(shape.global_batch, shape.micro_rows // pp)
-            n_micro = stage_shape.n_micro()
             for t in degrees:
                 if stage_world % t:
                     continue
@@ -146,55 +172,82 @@ def search_pipelines(
                     for n_sub in sub_batch_counts(schedule, n_subs, schedules):
                         for zero in zeros:
                             for sp in sps if t > 1 else ("",):
-                                base = with_zero(
-                                    ParallelPlan.uniform(
-                                        cfg,
-                                        stage_world,
-                                        t,
-                                        schedule=schedule,
-                                        n_sub=n_sub,
-                                        sequence_parallel=sp,
-                                    ),
-                                    zero if stage_world // t > 1 else 0,
+                                base = ParallelPlan.uniform(
+                                    cfg,
+                                    stage_world,
+                                    t,
+                                    schedule=schedule,
+                                    n_sub=n_sub,
+                                    sequence_parallel=sp,
                                 )
-                                key = (stage_world, stage_shape.micro_rows, layout_key(base))
-                                if key not in layouts:
-                                    layouts[key] = price_layout(
-                                        cfg, base, costs, stage_world, stage_shape, max_inflight
-                                    )
-                                priced = layouts[key]
-                                if priced is None or (pp, key) in seen:
-                                    continue  # (zero > 0 at dp=1 is the same plan as 0)
-                                seen.add((pp, key))
-                                found.screened += 1
-                                screens.append(
-                                    screen_layout(
-                                        cfg, base, priced, costs, pp, stage_shape, n_micro, prec
-                                    )
+                                add(
+                                    pp,
+                                    with_zero(base, zero if stage_world > t else 0),
+                                    stage_shape,
+                                    None,
                                 )
-    screens.sort(key=lambda s: s.step_s)
-    under = [s for s in screens if s.peak_bytes <= SCREEN_SLACK * budget_bytes]
-    if not under:  # nothing screens under the budget: walk the leanest
-        under = sorted(screens, key=lambda s: s.peak_bytes)
+            if not mixed:
+                continue
+            for base in mixed_layouts(
+                cfg,
+                costs,
+                stage_world,
+                stage_shape,
+                budget_bytes,
+                pp,
+                schedules=schedules,
+                degrees=degrees,
+                n_subs=n_subs,
+                zeros=zeros,
+                sps=sps,
+                max_inflight=max_inflight,
+            ):
+                found.mixed += 1
+                add(pp, base, stage_shape, stage_cuts(base))
+    order = finalist_order(screens, budget_bytes, finalists)
     fitted = 0  # combinations of which an order fits
-    for s in under[: 3 * finalists]:
+    for s in order:
+        if fitted >= finalists and not s.depth_best:
+            break
         fits = False
-        for order in pp_schedules:
-            plan = dataclasses.replace(s.plan, pp_schedule=order)
+        for pp_order in pp_schedules:
+            plan = dataclasses.replace(s.plan, pp_schedule=pp_order)
             cand = _walk(cfg, plan, costs, world_size, s.batch, budget_bytes, max_inflight)
             found.walked += 1
             if cand is not None:
                 found.candidates.append(cand)
                 fits = fits or cand.fits
-        fitted += fits
-        if fitted >= finalists:
-            break
+        fitted += fits and not s.depth_best
     fitting = [c for c in found.candidates if c.fits]
     if fitting:
         best = min(fitting, key=lambda c: c.result.step_s)
         found.best = _refine(cfg, best, costs, world_size, budget_bytes, max_inflight, found)
     found.wall_s = time.perf_counter() - started
     return found
+
+
+def finalist_order(screens: list[Screen], budget_bytes: float, finalists: int) -> list[Screen]:
+    """The screens to walk, in order: the best screen of every depth (``depth_best`` set:
+    each is walked, whatever the others), then the others by their screen step, at most
+    ``3 x finalists`` (the walk stops once ``finalists`` of these others have an order that
+    fits).
+    Only screens whose peak is under ``SCREEN_SLACK x budget_bytes`` (none: the leanest).
+
+    Why every depth: the screen prices a stage's DP reduction as the whole chain's scaled by
+    the stage's compute share, so it cannot tell a stage inside one server (no gradient
+    crosses a port) from one spanning two; at H=1024 on 10 GbE that hid pp=8 behind pp=4."""
+    under = sorted(
+        (s for s in screens if s.peak_bytes <= SCREEN_SLACK * budget_bytes),
+        key=lambda s: s.step_s,
+    )
+    if not under:  # nothing screens under the budget: walk the leanest
+        under = sorted(screens, key=lambda s: s.peak_bytes)
+    firsts: dict[int, Screen] = {}
+    for s in under:
+        firsts.setdefault(s.plan.pp, s)
+    heads = sorted(firsts.values(), key=lambda s: s.step_s)
+    rest = [s for s in under if all(s is not h for h in heads)]
+    return [dataclasses.replace(s, depth_best=True) for s in heads] + rest[: 3 * finalists]
 
 
 def _walk(
@@ -280,6 +333,7 @@ def search_config_pipelines(
     sps: tuple[str, ...] = ("shards",),
     search_micro_batch: bool = True,
     max_tp: int | None = None,
+    mixed: bool = True,
 ) -> PipelineSearch:
     """``search_pipelines`` for a run file, as ``planner.search_plans`` plans it: the config's
     batch (and ``micro_batch_options`` of it with ``search_micro_batch``), TP degrees up to
@@ -307,6 +361,7 @@ def search_config_pipelines(
         pp_options=pp_options,
         pp_schedules=pp_schedules,
         max_inflight=cfg.schedule.max_inflight,
+        mixed=mixed,
     )
     priced = precision_of(costs).describe()
     for c in found.candidates:
