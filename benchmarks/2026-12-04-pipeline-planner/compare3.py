@@ -49,7 +49,8 @@ def main() -> None:
             lines.append(
                 f"| {model} | {name} | {flat:.3g} | {bl} | {bs or 0:.3g} | {al} | "
                 f"{as_ or 0:.3g} | {after['pipeline'].get('mixed_layouts', 0)} | "
-                f"{chosen(bs, flat)} -> {chosen(as_, flat)} | {after['pipeline']['search_s']:.1f}{nolock} |"
+                f"{chosen(bs, flat)} -> {chosen(as_, flat)} | "
+                f"{after['pipeline']['search_s']:.1f}{nolock} |"
             )
     text = "\n".join(lines)
     (here / "out-round3" / "compare.md").write_text(text + "\n")
