@@ -17,13 +17,9 @@ from oases.plan import ParallelPlan
 from oases.planner import search_plans
 from oases.planner.budget import costs_budget
 from oases.planner.hardware import HardwareCosts
-from oases.planner.pipeline_search import (
-    balanced_stage_starts,
-    choose,
-    pipeline_depths,
-    search_config_pipelines,
-    stage_shares,
-)
+from oases.planner.pipeline_boundaries import balanced_stage_starts, stage_shares
+from oases.planner.pipeline_screen import pipeline_depths
+from oases.planner.pipeline_search import choose, search_config_pipelines
 from oases.planner.sim_inputs import load_any_cluster
 from oases.planner.simulate import simulate_plan
 from oases.stages import block_start
@@ -180,12 +176,22 @@ def test_oases_plan_refuses_an_order_the_search_does_not_price(tmp_path):
     assert not (tmp_path / "plan.json").exists()
 
 
-@pytest.mark.slow
-@pytest.mark.exact
-def test_train_runs_a_searched_pipeline_plan_file_exactly(tmp_path):
-    """A pipeline plan the search chose (2 ranks, one GPU per server over 10 GbE) written to a
-    file and run by ``oases train --parallel.plan=FILE`` on 2 ranks in float64: every step's
-    loss and gradient norm equal a one-rank run's of the single-device model."""
+SLOW_TWO_BY_TWO = SLOW_TWO_SERVERS.replace("gpus_per_server = 1", "gpus_per_server = 2")
+# a model whose embedding and head are large beside its blocks: the search mixes degrees
+MIXED_TINY = [
+    "--model.dim=64",
+    "--model.vocab_size=8192",
+    "--model.seq_len=64",
+    "--train.global_batch=16",
+    "--train.micro_batch=4",
+]
+
+
+def _train_searched_plan_file(tmp_path, cluster: str, world: int, overrides: list[str]):  # noqa: ANN202
+    """The pipeline search's best plan (pp=2) for configs/tiny.toml with ``overrides`` on
+    ``cluster`` written to a file and run by ``oases train --parallel.plan=FILE`` on ``world``
+    ranks in float64: every step's loss and gradient norm equal a one-rank run's of the
+    single-device model. Returns the plan."""
     import io
     import json
 
@@ -197,10 +203,10 @@ def test_train_runs_a_searched_pipeline_plan_file_exactly(tmp_path):
     from oases.train.loop import train
     from test_train_cli import TINY, _run_cli
 
-    (tmp_path / "slow2.toml").write_text(SLOW_TWO_SERVERS)
-    cfg = load_config(TINY, [])
-    costs = HardwareCosts(load_cluster(tmp_path / "slow2.toml"), cfg.model, "fp32", "fp32")
-    found = search_config_pipelines(cfg, 2, costs, 1e12, pp_options=(2,))
+    (tmp_path / "cluster.toml").write_text(cluster)
+    cfg = load_config(TINY, overrides)
+    costs = HardwareCosts(load_cluster(tmp_path / "cluster.toml"), cfg.model, "fp32", "fp32")
+    found = search_config_pipelines(cfg, world, costs, 1e12, pp_options=(2,))
     assert found.best is not None and found.best.plan.pp == 2
     plan_path = tmp_path / "plan.json"
     found.best.plan.save(plan_path)
@@ -208,13 +214,14 @@ def test_train_runs_a_searched_pipeline_plan_file_exactly(tmp_path):
     args = [
         str(TINY),
         "--nproc-per-node",
-        "2",
+        str(world),
         f"--train.run_dir={run_dir}",
         "--train.precision=fp64",
         "--train.sample_tokens=0",
         f"--parallel.plan={plan_path}",
+        *overrides,
     ]
-    proc, _ = _run_cli(args, 240)
+    proc, _ = _run_cli(args, 300)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert "pp=2" in proc.stdout
     ref = train(
@@ -226,6 +233,7 @@ def test_train_runs_a_searched_pipeline_plan_file_exactly(tmp_path):
                 "--train.precision=fp64",
                 "--train.sample_tokens=0",
                 "--checkpoint.resume=never",
+                *overrides,
             ],
         ),
         log=io.StringIO(),
@@ -235,3 +243,86 @@ def test_train_runs_a_searched_pipeline_plan_file_exactly(tmp_path):
     assert [r["step"] for r in rows] == list(range(1, 7))
     torch.testing.assert_close([r["loss"] for r in rows], ref["losses"], **EXACT64)
     torch.testing.assert_close([r["grad_norm"] for r in rows], ref["grad_norms"], **EXACT64)
+    return found.best.plan
+
+
+@pytest.mark.slow
+@pytest.mark.exact
+def test_train_runs_a_searched_pipeline_plan_file_exactly(tmp_path):
+    """A pipeline plan the search chose (2 ranks, one GPU per server over 10 GbE) run by
+    ``oases train --parallel.plan=FILE`` on 2 ranks in float64, equal to one rank."""
+    _train_searched_plan_file(tmp_path, SLOW_TWO_SERVERS, 2, [])
+
+
+@pytest.mark.slow
+@pytest.mark.exact
+def test_train_runs_a_searched_mixed_pipeline_plan_file_exactly(tmp_path):
+    """Per-region TP inside stages, end to end: on two 2-GPU servers over 10 GbE the search
+    chooses pp=2 with mixed degrees inside each stage of 2 ranks (a stage of 2 needs 4 ranks:
+    at pp=2 on 2 ranks every stage has one rank, tp=1); the plan file carries the degrees and
+    ``oases train --parallel.plan=FILE`` runs it on 4 ranks in float64, equal to one rank."""
+    plan = _train_searched_plan_file(tmp_path, SLOW_TWO_BY_TWO, 4, MIXED_TINY)
+    assert not plan.is_uniform() and plan.pp == 2
+    assert ParallelPlan.load(tmp_path / "plan.json").degrees() == plan.degrees()
+
+
+@pytest.mark.parametrize("seed", range(10))
+def test_boundaries_only_where_the_degrees_agree(seed):
+    """A mixed layout's stages start only at blocks whose neighbours have one degree
+    (``stage_cuts``); the DP under those cuts matches a brute force over them."""
+    from oases.plan import RegionPlan
+    from oases.planner.pipeline_mixed import stage_cuts
+
+    rng = random.Random(seed)
+    n_layers, pp = rng.randint(3, 8), rng.randint(2, 3)
+    model = ModelConfig(n_layers=n_layers, dim=32, n_heads=4)
+    tps = [1 if i % 4 < 2 else 2 for i in range(2 * n_layers + 2)]  # 1, 1, 2, 2, 1, 1, ...
+    for i in rng.sample(range(1, len(tps) - 1), 2):  # and a few more changes
+        tps[i] = 3 - tps[i]
+    plan = ParallelPlan.uniform(model, 4, 1)
+    plan.regions = [RegionPlan(r.name, t, 4 // t) for r, t in zip(plan.regions, tps)]
+    cuts = stage_cuts(plan)
+    region_s = [rng.uniform(0.1, 3.0) for _ in range(2 * n_layers + 2)]
+    options = list(itertools.combinations(sorted(cuts), pp - 1))
+    if not options:
+        with pytest.raises(ValueError, match="give no"):
+            balanced_stage_starts(region_s, pp, cuts)
+        return
+    starts = balanced_stage_starts(region_s, pp, cuts)
+    assert {(s - 1) // 2 for s in starts} <= cuts
+    best = min(
+        max(sum(region_s[a:b]) for a, b in zip(e, e[1:]))
+        for e in ((0, *(block_start(c) for c in o), len(region_s)) for o in options)
+    )
+    assert max(stage_shares(region_s, starts)) * sum(region_s) == pytest.approx(best, rel=1e-12)
+    for b in starts:
+        assert plan.regions[b - 1].tp == plan.regions[b].tp
+
+
+MIXED_WINS = ModelConfig(
+    arch="llama", dim=1024, n_heads=16, n_layers=8, vocab_size=50304, seq_len=512
+)
+
+
+def test_a_mixed_stage_layout_where_it_is_faster():
+    """Issue 28 item 7, per-region TP inside stages: 16 GPUs (4 servers) on 10 GbE, a model
+    whose vocabulary is large beside its blocks: the search with mixed stage layouts finds a
+    pipeline plan with more than one degree, faster (as walked) than its best with one degree
+    per plan; its boundaries sit where both sides have one degree, and its numbers are its
+    own full walk's."""
+    cfg = _config(MIXED_WINS, 64, 4, 1)
+    costs = HardwareCosts(load_any_cluster("paper-3090-pcie-32", 10.0), MIXED_WINS, "bf16", "fp32")
+    budget = costs_budget(0.0, costs).bytes
+    kw = dict(search_micro_batch=False, sps=())
+    one = search_config_pipelines(cfg, 16, costs, budget, mixed=False, **kw)
+    mixed = search_config_pipelines(cfg, 16, costs, budget, **kw)
+    assert one.mixed == 0 and one.best.plan.is_uniform()
+    best = mixed.best
+    assert mixed.mixed > 0 and best is not None and best.fits and not best.plan.is_uniform()
+    assert best.result.step_s < one.best.result.step_s
+    assert "mixed tp" in best.label()
+    for b in best.plan.stage_layout().starts:
+        assert best.plan.regions[b - 1].tp == best.plan.regions[b].tp
+    best.plan.check(MIXED_WINS, 16)
+    again = simulate_plan(MIXED_WINS, best.plan, costs, 16, best.batch, timeline=False)
+    assert again.step_s == best.result.step_s

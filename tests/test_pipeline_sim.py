@@ -181,7 +181,16 @@ def test_plan_specs_with_stages_parse():
         ("oases", 2, "gpipe", None),
         ("megatron", 2, None, 1),
     ]
-    for bad in ("auto,pp=2", "tp=2,pps=gpipe", "tp=2,pp=2,pps=zb", "tp=2,pp=0", "tp=2,pp=2,pp=4"):
+    auto = parse_plan("auto,pp=4,pps=zb-h1,zero=1")
+    assert (auto.auto, auto.pp, auto.pps, auto.zero) == (True, 4, "zb-h1", 1)
+    assert parse_plan(str(auto)) == auto
+    for bad in (
+        "auto,pps=gpipe",
+        "tp=2,pps=gpipe",
+        "tp=2,pp=2,pps=zb",
+        "tp=2,pp=0",
+        "tp=2,pp=2,pp=4",
+    ):
         with pytest.raises(ValueError):
             parse_plan(bad)
 
@@ -215,6 +224,27 @@ def test_simulate_prints_pipeline_rows_with_their_bubble(capsys, tmp_path):
     assert "bubble" in out and "tp=4,pp=4" in out and "tp=4,pp=4,pps=gpipe,zero=1" in out
     rows = json.loads((tmp_path / "simulate.json").read_text())["rows"]
     assert [r["step_parts_s"]["bubble"] > 0 for r in rows] == [False, True, True]
+
+
+def test_simulate_auto_with_pp_runs_the_pipeline_search(capsys, tmp_path):
+    """``oases simulate`` with ``oases@auto,pp=4``: the pipeline search at 4 stages, for the
+    oases schedule inside them; the row prints the plan it chose (order, stages, degrees);
+    zero=3 and an order the search does not price are refused with one line."""
+    from oases.cli import main
+
+    args = ["simulate", "--model", "paper-h1024-l24", "--cluster", "paper-3090-pcie-32",
+            "--inter-gbps", "10", "--dtype", "bf16", "--global-batch", "32", "--micro-batch",
+            "2", "--out", str(tmp_path), "--schedules"]  # fmt: skip
+    assert main([*args, "oases@tp=4,oases@auto,pp=4"]) == 0
+    out = capsys.readouterr().out
+    line = next(x for x in out.splitlines() if x.startswith("oases@auto degrees by region"))
+    assert ", pp=4 " in line and "stages at regions" in line, out
+    rows = json.loads((tmp_path / "simulate.json").read_text())["rows"]
+    assert rows[1]["step_parts_s"]["bubble"] > 0
+    for bad, said in (("auto,pp=4,zero=3", "ZeRO 2 at most"), ("auto,pp=4,pps=interleaved",
+                      "the search prices")):  # fmt: skip
+        assert main([*args, f"oases@{bad}"]) != 0
+        assert said in capsys.readouterr().err
 
 
 class _HandSplit(_Hand):

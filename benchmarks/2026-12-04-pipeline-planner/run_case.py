@@ -5,6 +5,11 @@ timed; writes out/CASE.json and the two plan files out/CASE.nopp.json and out/CA
 Several cases in one process (one wait for the machine's lock), each a "|"-joined argument:
 
     python run_case.py "CASE|RUNFILE|CLUSTER|GBPS or -|WORLD|fused or -" ...
+
+Environment: OUT (the output folder, default out), MIXED=0 (the pipeline search without mixed
+stage layouts, as before round 3), FLAT_FROM=DIR (the best plan without a pipeline read from
+DIR/CASE.json of an earlier run instead of searched again: ``search_plans`` is not what round 3
+changed; its search time is then the earlier run's).
 """
 
 from __future__ import annotations
@@ -68,13 +73,22 @@ def run_case(case: str, runfile: str, cluster_name: str, gbps: str, world: str, 
     n = int(world)
     out = Path(__file__).parent / os.environ.get("OUT", "out")
     out.mkdir(exist_ok=True)
+    flat_from = os.environ.get("FLAT_FROM")
+    if flat_from:
+        no_pipeline = json.loads((Path(flat_from) / f"{case}.json").read_text())["no_pipeline"]
+        no_pipeline["from"] = flat_from
+    else:
+        start = time.perf_counter()
+        flat = search_plans(cfg, n, costs, budget.bytes, search_micro_batch=False)
+        flat_s = time.perf_counter() - start
+        flat.best.plan.save(out / f"{case}.nopp.json")
+        no_pipeline = describe(flat.best) | {"fits": flat.best.fits, "search_s": flat_s}
+    mixed = os.environ.get("MIXED", "1") != "0"
     start = time.perf_counter()
-    flat = search_plans(cfg, n, costs, budget.bytes, search_micro_batch=False)
-    flat_s = time.perf_counter() - start
-    start = time.perf_counter()
-    piped = search_config_pipelines(cfg, n, costs, budget.bytes, search_micro_batch=False)
+    piped = search_config_pipelines(
+        cfg, n, costs, budget.bytes, search_micro_batch=False, mixed=mixed
+    )
     piped_s = time.perf_counter() - start
-    flat.best.plan.save(out / f"{case}.nopp.json")
     if piped.best is not None:
         piped.best.plan.save(out / f"{case}.pp.json")
     result = {
@@ -86,10 +100,12 @@ def run_case(case: str, runfile: str, cluster_name: str, gbps: str, world: str, 
         "attention": "fused" if fused else "materialized",
         "precision": prec.describe(),
         "budget_gib": budget.bytes / 2**30,
-        "no_pipeline": describe(flat.best) | {"fits": flat.best.fits, "search_s": flat_s},
+        "no_pipeline": no_pipeline,
         "pipeline": describe(piped.best)
         | {
             "search_s": piped_s,
+            "mixed_search": mixed,
+            "mixed_layouts": piped.mixed,
             "screened": piped.screened,
             "walked": piped.walked,
             "notes": piped.notes,

@@ -265,8 +265,8 @@ def _pipelines(
 def _pipeline_lines(found: PipelineSearch, flat: Candidate, chosen: Candidate) -> list[str]:
     """What the pipeline search found, beside the best plan without a pipeline."""
     lines = [
-        f"pipelines: {found.screened} combinations screened, {found.walked} walked whole, "
-        f"{found.wall_s:.1f} s"
+        f"pipelines: {found.screened} combinations screened ({found.mixed} stage layouts with "
+        f"a TP degree per region), {found.walked} walked whole, {found.wall_s:.1f} s"
     ]
     fitting = sorted((c for c in found.candidates if c.fits), key=lambda c: c.result.step_s)
     for c in fitting[:5]:

@@ -7,27 +7,32 @@ together) costs seconds at pp=8 and 64 micro-batches, too slow for every combina
 search prices once and composes, and walks only the finalists::
 
     for each stage size W/pp that fits the servers (a stage is a divisor or a multiple of a
-    server's GPUs), TP degree t, schedule, n_sub, ZeRO stage, sp mode, micro-batch:
+    server's GPUs), micro-batch and stage layout -- every uniform one (TP degree t, schedule,
+    n_sub, ZeRO stage, sp mode) and the plan search's mixed ones for a stage of W/pp ranks
+    (``pipeline_mixed``: a TP degree per region):
         the stage's layout, pp=1 on W/pp ranks (simulate_plan, 1 and 2 micro-batches;
         remembered: every pp of one stage size and every pipeline order share it)
             c      = t(2 micro-batches) - t(1)           one micro-batch's pass over the chain
             tail   = t(1) - c                            DP reduction, ZeRO gathers, optimizer
             shares = region_compute_s / its sum          what each region costs of c
         boundaries = balanced_stage_starts(shares, pp)  min over cuts of the largest stage
+                     (a mixed layout: only where both sides have one degree)
         screen step = (n_micro + pp - 1) * c * max stage share + tail * max stage share
                       + 2 (pp - 1) point-to-point messages on the link they cross
         screen peak = the layout's peak, its state and activations scaled to the fullest
                       stage (1F1B's first stage: pp micro-batches in flight)
-    finalists: the FINALISTS best screens whose screen peak is under SCREEN_SLACK x budget,
-        each walked whole in every pipeline order (simulate_pipeline)
+    finalists: the best screen of every depth, then the FINALISTS best other screens, whose
+        screen peak is under SCREEN_SLACK x budget (``finalist_order``), each walked whole
+        in every pipeline order (simulate_pipeline)
     refine:    the best walked plan's boundaries moved a block at a time off its slowest
         stage while the walk says faster and it fits
 
-The screen's formula only orders the combinations; every number a candidate carries is its
-full walk's. Not searched: per-region TP degrees inside a stage (every region of a pipeline
-plan has the stage's one degree), stage boundaries that split a block, ZeRO 3 (the runtime
-runs ZeRO 2 at most under a pipeline), the interleaved order (its model chunks' boundaries
-are not priced yet: ``SEARCHED_ORDERS``).
+The screen's formula only orders the combinations (``pipeline_screen``; the boundaries:
+``pipeline_boundaries``); every number a candidate carries is its full walk's. Not searched:
+a stage's degrees solved for its own regions (a mixed layout is the whole chain's answer for a
+stage of W/pp ranks, every stage keeping its regions' degrees), stage boundaries that split a
+block, ZeRO 3 (the runtime runs ZeRO 2 at most under a pipeline), the interleaved order (its
+model chunks' boundaries are not priced yet: ``SEARCHED_ORDERS``).
 """
 
 from __future__ import annotations
@@ -40,11 +45,19 @@ from oases.config import Config, ModelConfig
 from oases.plan import ParallelPlan
 from oases.planner.batch import BatchShape
 from oases.planner.candidate import Candidate, with_zero
-from oases.planner.costs import Costs, region_kind, region_param_count
-from oases.planner.pipeline_walk import p2p_s
+from oases.planner.costs import Costs
+from oases.planner.pipeline_mixed import mixed_layouts, stage_cuts
+from oases.planner.pipeline_screen import (
+    LayoutPrice,
+    Screen,
+    layout_key,
+    pipeline_depths,
+    price_layout,
+    screen_layout,
+)
 from oases.planner.precision import precision_of
-from oases.planner.simulate import PlanResult, _CachedCosts, region_compute_s, simulate_plan
-from oases.stages import PIPELINE_SCHEDULES, block_start
+from oases.planner.simulate import _CachedCosts, simulate_plan
+from oases.stages import PIPELINE_SCHEDULES
 
 FINALISTS = 5  # screened combinations walked whole (each in every pipeline order)
 SCREEN_SLACK = 1.25  # the screen's peak may exceed the budget by this much and still be walked
@@ -60,6 +73,7 @@ class PipelineSearch:
     best: Candidate | None
     candidates: list[Candidate]
     screened: int = 0
+    mixed: int = 0  # mixed-degree stage layouts the plan search of a stage gave
     walked: int = 0
     wall_s: float = 0.0
     notes: list[str] = field(default_factory=list)
@@ -84,74 +98,6 @@ def choose(flat: Candidate, piped: PipelineSearch) -> Candidate:
     return best
 
 
-@dataclass(frozen=True)
-class _Screen:
-    """One combination as the screen priced it."""
-
-    step_s: float
-    peak_bytes: float
-    plan: ParallelPlan
-    batch: BatchShape
-
-
-def pipeline_depths(
-    world_size: int, n_layers: int, gpus_per_server: int | None, only: tuple[int, ...] = ()
-) -> list[int]:
-    """The pipeline depths searched: divisors pp > 1 of the world (``only``: those of them),
-    at most one block per stage, whose stages of W/pp ranks fit the servers (a divisor or a
-    multiple of a server's GPUs: a stage never straddles part of a server)."""
-    out = []
-    for pp in range(2, world_size + 1):
-        if world_size % pp or pp > n_layers or (only and pp not in only):
-            continue
-        stage = world_size // pp
-        if gpus_per_server and stage % gpus_per_server and gpus_per_server % stage:
-            continue
-        out.append(pp)
-    return out
-
-
-def balanced_stage_starts(region_s: list[float], pp: int) -> tuple[int, ...]:
-    """Stage boundaries at block starts that minimise the largest stage's cost (``region_s``:
-    a cost per region of the chain embed, attn, mlp, ..., head), by dynamic programming over
-    the blocks; ties go to the earliest cut."""
-    n_layers = (len(region_s) - 2) // 2
-    if n_layers < pp:
-        raise ValueError(f"{n_layers} blocks do not fill {pp} pipeline stages")
-    # cost of blocks [a, b) as a stage, the embedding on stage 0 and the head on the last
-    prefix = [0.0]
-    for layer in range(n_layers):
-        prefix.append(prefix[-1] + region_s[2 * layer + 1] + region_s[2 * layer + 2])
-
-    def cost(a: int, b: int) -> float:
-        extra = (region_s[0] if a == 0 else 0.0) + (region_s[-1] if b == n_layers else 0.0)
-        return prefix[b] - prefix[a] + extra
-
-    inf = float("inf")
-    # best[s][b]: the least largest stage of blocks [0, b) cut into s stages
-    best = [[inf] * (n_layers + 1) for _ in range(pp + 1)]
-    cut = [[0] * (n_layers + 1) for _ in range(pp + 1)]
-    best[0][0] = 0.0
-    for s in range(1, pp + 1):
-        for b in range(s, n_layers + 1):
-            for a in range(s - 1, b):
-                value = max(best[s - 1][a], cost(a, b))
-                if value < best[s][b]:
-                    best[s][b], cut[s][b] = value, a
-    starts, b = [], n_layers
-    for s in range(pp, 1, -1):
-        b = cut[s][b]
-        starts.append(block_start(b))
-    return tuple(reversed(starts))
-
-
-def stage_shares(region_s: list[float], starts: tuple[int, ...]) -> list[float]:
-    """Each stage's share of the chain's cost (``region_s`` per region)."""
-    total = sum(region_s) or 1.0
-    edges = (0, *starts, len(region_s))
-    return [sum(region_s[a:b]) / total for a, b in zip(edges, edges[1:])]
-
-
 def search_pipelines(
     cfg: ModelConfig,
     costs: Costs,
@@ -169,6 +115,7 @@ def search_pipelines(
     pp_schedules: tuple[str, ...] = SEARCHED_ORDERS,
     max_inflight: int = 1,
     finalists: int = FINALISTS,
+    mixed: bool = True,
 ) -> PipelineSearch:
     """The fastest pipeline plan of ``cfg`` on ``world_size`` ranks that fits ``budget_bytes``
     (module docstring). ``batch`` and ``micro_batches``: the world's micro-batches, as
@@ -190,16 +137,34 @@ def search_pipelines(
     zeros = tuple(z for z in zeros if z <= top_zero) or (0,)
     shapes = [batch, *(b for b in micro_batches if b != batch)]
     prec = precision_of(costs)
-    layouts: dict[tuple, tuple[float, float, PlanResult, list[float]] | None] = {}
-    screens: list[_Screen] = []
+    layouts: dict[tuple, LayoutPrice | None] = {}
+    screens: list[Screen] = []
     seen: set[tuple] = set()
+
+    def add(pp: int, base: ParallelPlan, stage_shape: BatchShape, cuts: set[int] | None) -> None:
+        """Screen ``base`` (one stage's layout) at depth ``pp`` (its price remembered)."""
+        key = (base.regions[0].tp * base.regions[0].dp, stage_shape.micro_rows, layout_key(base))
+        if key not in layouts:
+            layouts[key] = price_layout(cfg, base, costs, key[0], stage_shape, max_inflight)
+        priced = layouts[key]
+        if priced is None or (pp, key) in seen:
+            return  # (zero > 0 at dp=1 is the same plan as 0)
+        seen.add((pp, key))
+        try:
+            screen = screen_layout(
+                cfg, base, priced, costs, pp, stage_shape, stage_shape.n_micro(), prec, cuts
+            )
+        except ValueError:  # a mixed layout's degrees leave no pp stages
+            return
+        found.screened += 1
+        screens.append(screen)
+
     for pp in depths:
         stage_world = world_size // pp
         for shape in shapes:
             if shape.micro_rows % pp:
                 continue
             stage_shape = BatchShape(shape.global_batch, shape.micro_rows // pp)
-            n_micro = stage_shape.n_micro()
             for t in degrees:
                 if stage_world % t:
                     continue
@@ -207,49 +172,52 @@ def search_pipelines(
                     for n_sub in sub_batch_counts(schedule, n_subs, schedules):
                         for zero in zeros:
                             for sp in sps if t > 1 else ("",):
-                                base = with_zero(
-                                    ParallelPlan.uniform(
-                                        cfg,
-                                        stage_world,
-                                        t,
-                                        schedule=schedule,
-                                        n_sub=n_sub,
-                                        sequence_parallel=sp,
-                                    ),
-                                    zero if stage_world // t > 1 else 0,
+                                base = ParallelPlan.uniform(
+                                    cfg,
+                                    stage_world,
+                                    t,
+                                    schedule=schedule,
+                                    n_sub=n_sub,
+                                    sequence_parallel=sp,
                                 )
-                                key = (stage_world, stage_shape.micro_rows, _key(base))
-                                if key not in layouts:
-                                    layouts[key] = _price_layout(
-                                        cfg, base, costs, stage_world, stage_shape, max_inflight
-                                    )
-                                priced = layouts[key]
-                                if priced is None or (pp, key) in seen:
-                                    continue  # (zero > 0 at dp=1 is the same plan as 0)
-                                seen.add((pp, key))
-                                found.screened += 1
-                                screens.append(
-                                    _screen(
-                                        cfg, base, priced, costs, pp, stage_shape, n_micro, prec
-                                    )
+                                add(
+                                    pp,
+                                    with_zero(base, zero if stage_world > t else 0),
+                                    stage_shape,
+                                    None,
                                 )
-    screens.sort(key=lambda s: s.step_s)
-    under = [s for s in screens if s.peak_bytes <= SCREEN_SLACK * budget_bytes]
-    if not under:  # nothing screens under the budget: walk the leanest
-        under = sorted(screens, key=lambda s: s.peak_bytes)
+            if not mixed:
+                continue
+            for base in mixed_layouts(
+                cfg,
+                costs,
+                stage_world,
+                stage_shape,
+                budget_bytes,
+                pp,
+                schedules=schedules,
+                degrees=degrees,
+                n_subs=n_subs,
+                zeros=zeros,
+                sps=sps,
+                max_inflight=max_inflight,
+            ):
+                found.mixed += 1
+                add(pp, base, stage_shape, stage_cuts(base))
+    order = finalist_order(screens, budget_bytes, finalists)
     fitted = 0  # combinations of which an order fits
-    for s in under[: 3 * finalists]:
+    for s in order:
+        if fitted >= finalists and not s.depth_best:
+            break
         fits = False
-        for order in pp_schedules:
-            plan = dataclasses.replace(s.plan, pp_schedule=order)
+        for pp_order in pp_schedules:
+            plan = dataclasses.replace(s.plan, pp_schedule=pp_order)
             cand = _walk(cfg, plan, costs, world_size, s.batch, budget_bytes, max_inflight)
             found.walked += 1
             if cand is not None:
                 found.candidates.append(cand)
                 fits = fits or cand.fits
-        fitted += fits
-        if fitted >= finalists:
-            break
+        fitted += fits and not s.depth_best
     fitting = [c for c in found.candidates if c.fits]
     if fitting:
         best = min(fitting, key=lambda c: c.result.step_s)
@@ -258,99 +226,28 @@ def search_pipelines(
     return found
 
 
-def _key(plan: ParallelPlan) -> tuple:
-    return (
-        plan.schedule,
-        plan.n_sub,
-        plan.sequence_parallel,
-        tuple((r.tp, r.zero) for r in plan.regions),
+def finalist_order(screens: list[Screen], budget_bytes: float, finalists: int) -> list[Screen]:
+    """The screens to walk, in order: the best screen of every depth (``depth_best`` set:
+    each is walked, whatever the others), then the others by their screen step, at most
+    ``3 x finalists`` (the walk stops once ``finalists`` of these others have an order that
+    fits).
+    Only screens whose peak is under ``SCREEN_SLACK x budget_bytes`` (none: the leanest).
+
+    Why every depth: the screen prices a stage's DP reduction as the whole chain's scaled by
+    the stage's compute share, so it cannot tell a stage inside one server (no gradient
+    crosses a port) from one spanning two; at H=1024 on 10 GbE that hid pp=8 behind pp=4."""
+    under = sorted(
+        (s for s in screens if s.peak_bytes <= SCREEN_SLACK * budget_bytes),
+        key=lambda s: s.step_s,
     )
-
-
-def _price_layout(
-    cfg: ModelConfig,
-    base: ParallelPlan,
-    costs: Costs,
-    stage_world: int,
-    shape: BatchShape,
-    max_inflight: int,
-) -> tuple[float, float, PlanResult, list[float]] | None:
-    """(c, tail, the one-micro-batch result, each region's compute) of one stage's layout
-    run without a pipeline on ``stage_world`` ranks (None where the batch does not split)."""
-    rows = shape.micro_rows
-    try:
-        one = simulate_plan(
-            cfg,
-            base,
-            costs,
-            stage_world,
-            BatchShape(rows, rows),
-            max_inflight=max_inflight,
-            timeline=False,
-        )
-        two = simulate_plan(
-            cfg,
-            base,
-            costs,
-            stage_world,
-            BatchShape(2 * rows, rows),
-            max_inflight=max_inflight,
-            timeline=False,
-        )
-        region_s = region_compute_s(
-            cfg, base, costs, stage_world, BatchShape(rows, rows), max_inflight=max_inflight
-        )
-    except ValueError:  # the batch does not split (BatchSplitError), or the layout refuses it
-        return None
-    c = two.step_s - one.step_s
-    if region_s is None or not sum(region_s):
-        region_s = [1.0] * len(base.regions)
-    return c, one.step_s - c, one, region_s
-
-
-def _screen(
-    cfg: ModelConfig,
-    base: ParallelPlan,
-    priced: tuple[float, float, PlanResult, list[float]],
-    costs: Costs,
-    pp: int,
-    stage_shape: BatchShape,
-    n_micro: int,
-    prec: object,
-) -> _Screen:
-    c, tail, one, region_s = priced
-    starts = balanced_stage_starts(region_s, pp)
-    top = max(stage_shares(region_s, starts))
-    t = base.regions[0].tp
-    stage_world = t * base.regions[0].dp
-    message = (
-        stage_shape.micro_rows
-        * t
-        / stage_world
-        * cfg.seq_len
-        * cfg.dim
-        * getattr(prec, "activation_bytes", 4)
-    )
-    link = p2p_s(costs, 0, stage_world * (pp - 1), message)  # the slowest boundary's link
-    step = (n_micro + pp - 1) * c * top + tail * top + 2 * (pp - 1) * link
-    b = one.breakdown
-    state = b.get("params_bytes", 0.0) + b.get("grads_bytes", 0.0)
-    state += b.get("optimizer_state_bytes", 0.0)
-    act = b.get("activations_peak_bytes", 0.0)
-    rest = max(0.0, one.peak_mem_bytes - state - act)
-    held = stage_shares(_region_params(cfg, base), starts)
-    peak = rest + state * max(held) + act * top * min(pp, n_micro)  # 1F1B's first stage
-    plan = dataclasses.replace(base, pp=pp, stage_starts=list(starts))
-    return _Screen(step, peak, plan, stage_shape)
-
-
-def _region_params(cfg: ModelConfig, plan: ParallelPlan) -> list[float]:
-    """Parameters of every region at its degree (the last stage's tied head: a copy of the
-    embedding)."""
-    out = [float(region_param_count(cfg, region_kind(r.name), r.tp)) for r in plan.regions]
-    if cfg.tie_embeddings:
-        out[-1] += out[0]
-    return out
+    if not under:  # nothing screens under the budget: walk the leanest
+        under = sorted(screens, key=lambda s: s.peak_bytes)
+    firsts: dict[int, Screen] = {}
+    for s in under:
+        firsts.setdefault(s.plan.pp, s)
+    heads = sorted(firsts.values(), key=lambda s: s.step_s)
+    rest = [s for s in under if all(s is not h for h in heads)]
+    return [dataclasses.replace(s, depth_best=True) for s in heads] + rest[: 3 * finalists]
 
 
 def _walk(
@@ -436,6 +333,7 @@ def search_config_pipelines(
     sps: tuple[str, ...] = ("shards",),
     search_micro_batch: bool = True,
     max_tp: int | None = None,
+    mixed: bool = True,
 ) -> PipelineSearch:
     """``search_pipelines`` for a run file, as ``planner.search_plans`` plans it: the config's
     batch (and ``micro_batch_options`` of it with ``search_micro_batch``), TP degrees up to
@@ -463,6 +361,7 @@ def search_config_pipelines(
         pp_options=pp_options,
         pp_schedules=pp_schedules,
         max_inflight=cfg.schedule.max_inflight,
+        mixed=mixed,
     )
     priced = precision_of(costs).describe()
     for c in found.candidates:

@@ -255,6 +255,8 @@ def plan_label(row: Row) -> str:
     searched = f", zero={zero}" if zero and row.spec.zero is None else ""
     if row.plan.sequence_parallel and row.spec.sp is None:
         searched += f", sp={row.plan.sequence_parallel}"
+    if row.spec.auto and row.plan.pp > 1 and row.spec.pps is None:
+        searched += f", {row.plan.pp_schedule}"
     return f"{row.spec}: {layout}{k}{searched}"
 
 
@@ -317,6 +319,9 @@ def format_report(rep: Report) -> str:
     for row in rep.rows:
         if row.spec.auto:
             by = f", found by {row.found_by}@auto's search" if row.found_by else ""
+            if row.plan.pp > 1:  # auto,pp=P: what the pipeline search chose
+                starts = ",".join(map(str, row.plan.stage_layout().starts))
+                by = f", pp={row.plan.pp} {row.plan.pp_schedule}, stages at regions {starts}"
             lines.append(f"{row.schedule}@auto degrees by region{by}: {row.plan.degree_runs()}")
     lines.append(f"simulated and planned in {rep.planning_s:.2f} s")
     return "\n".join(lines)

@@ -56,8 +56,8 @@ class PlanSpec:
 def parse_plan(text: str) -> PlanSpec:
     """ "auto", "tp=N" or "tp=N+", each optionally followed by ",zero=Z", ",sp=MODE" (MODE:
     gathered, shards or off), ",pp=P" (P pipeline stages) and ",pps=NAME" (the pipeline
-    schedule, ``stages.PIPELINE_SCHEDULES``); ValueError otherwise. A pipeline needs a degree
-    here: ``oases plan --pp auto`` is what searches stages (``planner.pipeline_search``)."""
+    schedule, ``stages.PIPELINE_SCHEDULES``); ValueError otherwise. "auto,pp=P" searches
+    stages, order and degrees at that depth (``planner.whatif_pipeline``)."""
     head, *tails = text.split(",")
     zero, sp, pp, pps = None, None, None, None
     for tail in tails:
@@ -79,13 +79,8 @@ def parse_plan(text: str) -> PlanSpec:
         raise ValueError(
             f"plan {text!r}: pps={pps} names a pipeline schedule: give pp=P (P >= 2 stages) too"
         )
-    if head == "auto":
-        if (pp or 1) > 1:
-            raise ValueError(
-                f"plan {text!r}: simulate's auto does not search pipeline stages (oases plan "
-                "--pp auto does, and oases simulate prices its plan as tp=N,pp=P): give tp=N,pp=P"
-            )
-        return PlanSpec(True, zero=zero, sp=sp)
+    if head == "auto":  # with pp=P: the pipeline search at P stages (whatif_pipeline)
+        return PlanSpec(True, zero=zero, sp=sp, pp=pp or 1, pps=pps)
     body = head[3:].removesuffix("+") if head.startswith("tp=") else ""
     if not body.isdigit() or int(body) < 1:
         raise ValueError(

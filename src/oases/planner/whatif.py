@@ -16,6 +16,8 @@ memory per GPU and the speedup over the first schedule listed. Entries look like
     megatron-sp@tp=4       Megatron-LM with --sequence-parallel (no overlap)
     oases@tp=4,pp=8        tp=4 in 8 pipeline stages simulated together (pipeline_walk), 1F1B
                            or ,pps=gpipe|1f1b|1f1b-pair|zb-h1; zero=, sp= compose
+    oases@auto,pp=8        the pipeline search at 8 stages (whatif_pipeline): stages, order,
+                           degrees (mixed inside stages too), n_sub, ZeRO 0-2 and sp
 
 "auto" searches the powers of two up to the GPUs of one server (``max_tp``), doubling that cap
 while no plan fits, and 1, 2, 4 (and ``--n-sub``) sub-batches; then also the degrees every other
@@ -56,6 +58,7 @@ from oases.planner.search import candidate_degrees, solve_plan, with_zero
 from oases.planner.sim_inputs import PlanSpec
 from oases.planner.simulate import PlanResult, simulate_plan
 from oases.planner.uncertainty import Range, input_bounds, simulate_ranges
+from oases.planner.whatif_pipeline import auto_pipeline
 from oases.schedule.program import SPECS
 from oases.schedule.timeline import Timeline
 
@@ -147,7 +150,7 @@ def simulate_cluster(
         if found is not None:
             searched[name] = found
     for row in rows:  # every auto row also tries the degrees the other auto rows found
-        if row.spec.auto:
+        if row.spec.auto and row.spec.pp == 1:
             _reseed(cfg, costs, world, budget.bytes, row, searched)
     planning_s = time.perf_counter() - start
     peak = cluster.server.gpu.peak_flops[dtype]
@@ -211,7 +214,12 @@ def _row(
     if not spec.auto:
         SPECS[name].check_n_sub(k)
     found = None
-    if spec.auto:
+    if spec.auto and spec.pp > 1:  # the pipeline search at that depth (whatif_pipeline)
+        plan, batch = auto_pipeline(
+            cfg, costs, world, spec_batch.shape(world, global_batch), budget_bytes, name, spec,
+            _n_subs(name, n_sub), degrees, max_tp,
+        )  # fmt: skip
+    elif spec.auto:
         batch = spec_batch.shape(world, global_batch)
         plan, allowed = _auto(
             cfg,
