@@ -12,12 +12,10 @@ import pytest
 import torch
 
 import oases
-from exactness import BITWISE, EXACT64, to64
-from oases.parallel.shard import shard_model
+from exactness import EXACT64, to64
 from oases.plan import ParallelPlan
 from oases.planner.batch import BatchShape
 from oases.planner.pipeline_walk import simulate_pipeline
-from oases.schedule import build_schedule
 from oases.schedule.instructions import Compute
 from oases.schedule.pipeline_order import in_flight, pipeline_order
 from oases.schedule.pipeline_program import build_stage_program
@@ -30,16 +28,7 @@ from test_pipeline_sim import _Hand
 CASES = [(arch, name) for arch in ("gpt2", "llama") for name in ("megatron", "oases")]
 
 
-def _rank_parity(
-    rank: int,
-    world: int,
-    pp: int,
-    tp: int,
-    chunks: int,
-    cases: list,
-    zero: int = 0,
-    sp: str | None = None,
-) -> dict:
+def _rank_parity(rank: int, world: int, pp: int, tp: int, chunks: int, cases: list) -> dict:
     ctx = oases.init_distributed(tp=tp, pp=pp, timeout_s=TIMEOUT_S)
     dp = world // (pp * tp)
     n_sub = 2
@@ -52,15 +41,13 @@ def _rank_parity(
             base = to64(oases.build_model(cfg))
             refs[arch] = (base, *_reference(base, batches))
         base, want_losses, want_params = refs[arch]
-        where = f"{arch} pp={pp} tp={tp} v={chunks} {name} zero={zero} sp={sp} rank {rank}"
+        where = f"{arch} pp={pp} tp={tp} v={chunks} {name} rank {rank}"
         plan = ParallelPlan.uniform(
             cfg, world, tp, pp=pp, pp_schedule="interleaved", pp_chunks=chunks
         )
         plan.check(cfg, world)
         model = oases.parallelize(copy.deepcopy(base), ctx, plan)
-        if zero:
-            shard_model(model, zero)
-        losses = _train(model, ctx, name, batches, n_sub, sp)
+        losses = _train(model, ctx, name, batches, n_sub)
         _check(model, ctx, losses, want_losses, want_params, where)
         out[where] = [float(x) for x in losses]
     return out
@@ -74,84 +61,6 @@ def test_interleaved_pp2_equals_the_single_device_model(tmp_path):
 @pytest.mark.exact
 def test_interleaved_pp2_tp2_equals_the_single_device_model(tmp_path):
     _spawn(tmp_path, _rank_parity, 4, 2, 2, 2, CASES)
-
-
-def _rank_compose(rank: int, world: int) -> dict:
-    """Interleaved (v=2) composed, on 4 ranks: pp=2 x dp=2 with ZeRO 1 and pp=2 x tp=2 with
-    sequence parallelism (float64, equal to the single-device model), and under dropout
-    (pp=2 x tp=2) each recompute schedule bit for bit its twin without recompute (the same
-    masks: the single-device model draws other ones, so the twins are the exact check)."""
-    out = _rank_parity(rank, world, 2, 1, 2, [("gpt2", "megatron"), ("llama", "oases")], zero=1)
-    out.update(_rank_parity(rank, world, 2, 2, 2, [("gpt2", "oases"), ("llama", "megatron")],
-                            sp="shards"))  # fmt: skip
-    ctx = oases.init_distributed(tp=2, pp=2, timeout_s=TIMEOUT_S)
-    tokens, targets = _batches(8)[0]
-    for arch in ("gpt2", "llama"):
-        cfg = _cfg(arch, dropout=0.1)
-        torch.manual_seed(0)
-        base = to64(oases.build_model(cfg))
-        plan = ParallelPlan.uniform(cfg, world, 2, pp=2, pp_schedule="interleaved", pp_chunks=2)
-        for twin, names in (
-            ("megatron", ("megatron-recompute", "commfree-recompute")),
-            ("overlap", ("oases", "overlap-recompute")),
-        ):
-            got = {}
-            for name in (twin, *names):
-                model = oases.parallelize(copy.deepcopy(base), ctx, plan)
-                torch.manual_seed(7)
-                loss = build_schedule(name, n_sub=2, micro_batch=2).step(model, tokens, targets)
-                got[name] = (loss, {n: p.grad.clone() for n, p in model.named_parameters()})
-            for name in names:
-                torch.testing.assert_close(got[name][0], got[twin][0], **BITWISE)
-                for n, g in got[twin][1].items():
-                    torch.testing.assert_close(
-                        got[name][1][n], g, **BITWISE, msg=lambda m, n=n, x=name: f"{x} {n}: {m}"
-                    )
-            out[f"{arch} dropout {twin}"] = [float(got[twin][0])]
-    return out
-
-
-@pytest.mark.exact
-def test_interleaved_with_zero1_sequence_parallel_and_dropout(tmp_path):
-    _spawn(tmp_path, _rank_compose, 4)
-
-
-def _rank_bf16(rank: int, world: int) -> dict:
-    """Interleaved pp=2, v=2 under bf16 autocast (fp32 weights): the loss within 1e-2
-    (relative) of the single-device model's under the same autocast, and the gradients
-    pointing its way (cosine > 0.999): ``test_pipeline``'s pp=2 bounds, as
-    ``tests/test_bf16.py`` derives them (bf16 keeps 8 bits of mantissa, 2^-8 = 0.4% per
-    rounding; the chunks only reorder the same per-row work, and the boundary sends carry
-    bf16 activations either way, so the bounds do not grow with v)."""
-    from oases.precision import resolve_precision
-
-    bf16 = resolve_precision("bf16", torch.device("cpu"))
-    ctx = oases.init_distributed(tp=1, pp=2, timeout_s=TIMEOUT_S)
-    tokens, targets = _batches(4)[0]
-    out = {}
-    for arch in ("gpt2", "llama"):
-        cfg = _cfg(arch)
-        torch.manual_seed(0)
-        ref = oases.build_model(cfg)
-        plan = ParallelPlan.uniform(cfg, world, 1, pp=2, pp_schedule="interleaved", pp_chunks=2)
-        model = oases.parallelize(copy.deepcopy(ref), ctx, plan)
-        with bf16.autocast():
-            want = ref(tokens, targets)
-        want.backward()
-        with bf16.autocast():
-            got = build_schedule("oases", n_sub=1, micro_batch=1).step(model, tokens, targets)
-        torch.testing.assert_close(got.float(), want.float().detach(), rtol=1e-2, atol=0)
-        ref_grads = dict(ref.named_parameters())
-        a = torch.cat([p.grad.flatten() for _, p in model.named_parameters()])
-        b = torch.cat([ref_grads[n].grad.flatten() for n, _ in model.named_parameters()])
-        cosine = float(torch.nn.functional.cosine_similarity(a.double(), b.double(), dim=0))
-        assert cosine > 0.999, (arch, rank, cosine)
-        out[arch] = [cosine]
-    return out
-
-
-def test_interleaved_bf16_within_the_single_device_model_bounds(tmp_path):
-    _spawn(tmp_path, _rank_bf16, 2)
 
 
 # --------------------------------------------------------------------- orders and programs
