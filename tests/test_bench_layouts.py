@@ -16,6 +16,8 @@ def test_parse_layout():
     assert parse_layout("megatron@tp=1,zero=1") == Layout("megatron", 1, 1, 1, "1f1b")
     assert parse_layout("oases@pp=2,pps=1f1b-pair") == Layout("oases", 1, 2, 0, "1f1b-pair")
     assert parse_layout("torch-pp@pp=2") == Layout("torch-pp", 1, 2, 0, "1f1b")
+    assert parse_layout("torch-pp@pp=2,pps=zb") == Layout("torch-pp", 1, 2, 0, "zb", 2)
+    assert parse_layout("torch-pp@pp=2,pps=interleaved,v=3").v == 3
     for bad, want in (
         ("megatron@tp=x", "expected"),
         ("megatron@dp=2", "expected"),
@@ -23,6 +25,8 @@ def test_parse_layout():
         ("megatron@pp=2,pps=zz", "zz"),
         ("torch-pp@pp=2,zero=1", "torch-pp runs"),
         ("torch-pp@pp=2,pps=1f1b-pair", "torch-pp runs"),
+        ("torch-pp@pp=2,pps=interleaved,v=1", "v >= 2 exactly under"),
+        ("torch-pp@pp=2,pps=1f1b,v=2", "v >= 2 exactly under"),
     ):
         with pytest.raises(ValueError, match=want):
             parse_layout(bad)

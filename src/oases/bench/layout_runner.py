@@ -90,7 +90,7 @@ def run(spec: dict) -> None:
             n_micro = cfg.train.global_batch // cfg.train.micro_batch
             steps[entry] = (
                 ctx,
-                torch_pp_step(copy.deepcopy(base), ctx, lay.pps, n_micro, tokens, targets),
+                torch_pp_step(copy.deepcopy(base), ctx, lay.pps, n_micro, tokens, targets, lay.v),
             )
         else:
             steps[entry] = (ctx, _oases_step(base, cfg, ctx, lay, tokens, targets))

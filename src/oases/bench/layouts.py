@@ -5,10 +5,12 @@ stages under every pipeline order, and PyTorch's own pipelining (``torch_pp``).
 A layout entry is ``SCHEDULE@tp=T[,pp=P][,zero=Z][,pps=ORDER][,v=V]`` (the rest of the world
 is data parallelism: dp = W / (pp tp); ``pps``: ``parallel.pp_schedule``, default 1f1b; ``v``:
 ``parallel.pp_chunks``, default 2 under pps=interleaved, else 1), or
-``torch-pp@pp=W[,pps=gpipe|1f1b]``. For example, on 2 ranks::
+``torch-pp@pp=W[,pps=gpipe|1f1b|interleaved|zb][,v=V]`` (``v``: torch's stages a rank under
+its interleaved orders, default 2). For example, on 2 ranks::
 
     megatron@tp=2   megatron@tp=1   megatron@tp=1,zero=1   megatron@pp=2
     oases@pp=2,pps=1f1b-pair   megatron@pp=2,pps=interleaved   torch-pp@pp=2,pps=1f1b
+    torch-pp@pp=2,pps=interleaved   torch-pp@pp=2,pps=zb
 
 The table gives each layout's median step (forward, backward and its gradient reduction),
 tokens/s, peak resident memory, and its speed against the first entry.
@@ -23,7 +25,10 @@ import tempfile
 from pathlib import Path
 from typing import NamedTuple
 
-LAYOUT_SYNTAX = "SCHEDULE@tp=T[,pp=P][,zero=Z][,pps=ORDER][,v=V] or torch-pp@pp=P[,pps=gpipe|1f1b]"
+LAYOUT_SYNTAX = (
+    "SCHEDULE@tp=T[,pp=P][,zero=Z][,pps=ORDER][,v=V] or "
+    "torch-pp@pp=P[,pps=gpipe|1f1b|interleaved|zb][,v=V]"
+)
 
 
 class Layout(NamedTuple):
@@ -61,17 +66,24 @@ def parse_layout(entry: str) -> Layout:
         int(values.get("pp", 1)),
         int(values.get("zero", 0)),
         values.get("pps", "1f1b"),
-        int(values.get("v", 2 if values.get("pps") == "interleaved" else 1)),
+        int(values.get("v", 2 if values.get("pps") in ("interleaved", "zb") else 1)),
     )
     if lay.tp < 1 or lay.pp < 1 or lay.zero > 3:
         raise ValueError(f"layout {entry!r}: tp and pp at least 1, zero 0-3")
     if name == "torch-pp":
-        from oases.bench.torch_pp import ORDERS
+        from oases.bench.torch_pp import MULTI, ORDERS
 
-        if lay.tp != 1 or lay.zero or lay.pps not in ORDERS or lay.pp < 2:
+        if (
+            lay.tp != 1
+            or lay.zero
+            or lay.pps not in ORDERS
+            or lay.pp < 2
+            or (lay.pps in MULTI) != (lay.v >= 2)
+        ):
             raise ValueError(
                 f"layout {entry!r}: torch-pp runs a pipeline of pp >= 2 over the "
-                f"whole world at tp=1 without ZeRO, pps {'/'.join(ORDERS)}"
+                f"whole world at tp=1 without ZeRO, pps {'/'.join(ORDERS)}, "
+                f"v >= 2 exactly under {'/'.join(MULTI)}"
             )
     else:
         check_pipeline_schedule(lay.pps)

@@ -1,17 +1,28 @@
 """Benchmark peer "torch-pp": the single-device model cut into pipeline stages by PyTorch's own
-``torch.distributed.pipelining`` (``PipelineStage`` and its ``ScheduleGPipe`` /
-``Schedule1F1B``), trained with plain autograd inside each stage.
+``torch.distributed.pipelining`` (``PipelineStage`` and its schedules), trained with plain
+autograd inside each stage.
 
 This is what a user would pick instead of ``parallel.pp``: the same blocks on the same stages
 (``oases.stages.default_stage_starts``), the same micro-batches, the loss on the last stage::
 
     stage 0       tokens -> embed (+ positions) -> blocks [0, b1)              -> send x
     stage s       recv x -> blocks [b_s, b_{s+1})                                -> send x
-    stage P-1     recv x -> blocks [b_{P-1}, L) -> norm -> head -> cross-entropy
+    stage S-1     recv x -> blocks [b_{S-1}, L) -> norm -> head -> cross-entropy
+
+Orders (``ORDERS``) and torch's schedule for each, with the stages a rank holds (P ranks,
+v model chunks a rank under the interleaved orders, Megatron-LM's loop: rank r holds stages
+r, r + P, ..., as ``parallel.pp_chunks`` lays ours out)::
+
+    gpipe         ScheduleGPipe                    one stage a rank
+    1f1b          Schedule1F1B                     one stage a rank
+    interleaved   ScheduleInterleaved1F1B          v stages a rank
+    zb            ScheduleInterleavedZeroBubble    v stages a rank (ZB1P: input gradients
+                                                   first, weight gradients fill the bubbles)
 
 Only a pipeline over the whole world (tp = dp = 1) is built: the peer of ``NAME@pp=P`` at
 ``pp`` = the world size. Its gradients are scaled by 1/M (``scale_grads``), ours by the
-micro-batch count as well: the same step.
+micro-batch count as well: the same step, the gradients of the single-device model's loss
+(``tests/test_torch_pp.py``).
 """
 
 from __future__ import annotations
@@ -23,9 +34,17 @@ from torch import Tensor, nn
 
 from oases.model import Transformer
 from oases.parallel.context import ParallelContext
+from oases.precision import upcast
 from oases.stages import default_stage_starts
 
-ORDERS = ("gpipe", "1f1b")
+ORDERS = ("gpipe", "1f1b", "interleaved", "zb")
+MULTI = ("interleaved", "zb")  # several stages a rank
+SCHEDULE_OF = {
+    "gpipe": "ScheduleGPipe",
+    "1f1b": "Schedule1F1B",
+    "interleaved": "ScheduleInterleaved1F1B",
+    "zb": "ScheduleInterleavedZeroBubble",
+}
 
 
 class _StagePart(nn.Module):
@@ -55,7 +74,8 @@ class _StagePart(nn.Module):
 
 
 def _loss(logits: Tensor, targets: Tensor) -> Tensor:
-    return F.cross_entropy(logits.flatten(0, 1).float(), targets.flatten())
+    """The single-device model's loss (``model.CrossEntropy``: low precision upcast)."""
+    return F.cross_entropy(upcast(logits.flatten(0, 1)), targets.flatten())
 
 
 def torch_pp_step(
@@ -65,31 +85,39 @@ def torch_pp_step(
     n_micro: int,
     tokens: Tensor,
     targets: Tensor,
+    chunks: int = 1,
 ) -> Callable[[], None]:
     """One training step's closure (forward, backward, no optimizer) of ``model`` cut into
-    ``ctx.world_size`` stages under torch's ``order`` schedule with ``n_micro`` micro-batches
-    of the global batch ``tokens``/``targets``."""
-    from torch.distributed.pipelining import PipelineStage, Schedule1F1B, ScheduleGPipe
+    ``ctx.world_size * chunks`` stages under torch's ``order`` schedule with ``n_micro``
+    micro-batches of the global batch ``tokens``/``targets``."""
+    from torch.distributed import pipelining as tpp
 
-    pp, s = ctx.world_size, ctx.rank
-    if ctx.tp != 1 or order not in ORDERS:
+    pp, r = ctx.world_size, ctx.rank
+    v = chunks if order in MULTI else 1
+    if ctx.tp != 1 or order not in ORDERS or (order in MULTI) != (chunks >= 2):
         raise ValueError(
             f"torch-pp runs a pipeline over the whole world (tp=1) under "
-            f"{'/'.join(ORDERS)}; got tp={ctx.tp}, order {order!r}"
+            f"{'/'.join(ORDERS)}, with v >= 2 chunks exactly under {'/'.join(MULTI)}; got "
+            f"tp={ctx.tp}, order {order!r}, v={chunks}"
         )
-    n_layers = model.cfg.n_layers
-    bounds = [0, *[(b - 1) // 2 for b in default_stage_starts(n_layers, pp)], n_layers]
-    part = _StagePart(model, bounds[s], bounds[s + 1], s == 0, s == pp - 1)
-    stage = PipelineStage(part, s, pp, ctx.device)
-    schedule = (Schedule1F1B if order == "1f1b" else ScheduleGPipe)(stage, n_micro, loss_fn=_loss)
+    n_stages, n_layers = pp * v, model.cfg.n_layers
+    if n_layers < n_stages:
+        raise ValueError(f"torch-pp: {n_layers} blocks do not fill {n_stages} stages")
+    bounds = [0, *[(b - 1) // 2 for b in default_stage_starts(n_layers, n_stages)], n_layers]
+    mine = [r + k * pp for k in range(v)]  # the stages this rank holds
+    parts = [_StagePart(model, bounds[s], bounds[s + 1], s == 0, s == n_stages - 1) for s in mine]
+    stages = [tpp.PipelineStage(p, s, n_stages, ctx.device) for p, s in zip(parts, mine)]
+    kind = getattr(tpp, SCHEDULE_OF[order])
+    schedule = kind(stages if order in MULTI else stages[0], n_micro, loss_fn=_loss)
+    first, last = 0 in mine, n_stages - 1 in mine
 
     def step() -> None:
-        part.zero_grad(set_to_none=True)
-        if s == 0:
-            schedule.step(tokens)
-        elif s == pp - 1:
-            schedule.step(target=targets, losses=[])
+        for part in parts:
+            part.zero_grad(set_to_none=True)
+        inputs = (tokens,) if first else ()
+        if last:
+            schedule.step(*inputs, target=targets, losses=[])
         else:
-            schedule.step()
+            schedule.step(*inputs)
 
     return step

@@ -61,7 +61,8 @@ def _bench_arguments(bench: argparse.ArgumentParser) -> None:
         default=None,
         metavar="LAYOUT",
         help="instead of --schedules: the model laid out several ways on the same ranks, "
-        "each SCHEDULE@tp=T[,pp=P][,zero=Z][,pps=ORDER] or torch-pp@pp=P[,pps=gpipe|1f1b] "
+        "each SCHEDULE@tp=T[,pp=P][,zero=Z][,pps=ORDER][,v=V] or "
+        "torch-pp@pp=P[,pps=gpipe|1f1b|interleaved|zb][,v=V] "
         "(PyTorch's pipelining), e.g. megatron@tp=2 megatron@tp=1,zero=1 megatron@pp=2 "
         "torch-pp@pp=2 (--link none or a rate)",
     )
