@@ -7,7 +7,7 @@ same every step), the peak live bytes as the median of the three. ``overlap-reco
 under shards also with its weight gradients inline (``dw=off``), to see what deferring them
 holds.
 Run: PYTHONPATH=src:tests python benchmarks/2026-12-04b-actmem/table.py TP [LAYERS] [SEQS]
-(writes tpTP[-LLAYERS].json; SEQS comma-separated, default 2048)"""
+(writes tpTP[-LLAYERS][-SSEQS].json; SEQS comma-separated, default 2048)"""
 
 from __future__ import annotations
 
@@ -74,6 +74,8 @@ if __name__ == "__main__":
     layers = int(sys.argv[2]) if len(sys.argv) > 2 else 2
     seqs = tuple(int(s) for s in sys.argv[3].split(",")) if len(sys.argv) > 3 else (2048,)
     res = run_ranks(rank, tp, f"/tmp/oases-actmem3-{tp}", layers, seqs, timeout_s=3000)[0]
-    name = f"tp{tp}.json" if layers == 2 else f"tp{tp}-L{layers}.json"
+    name = f"tp{tp}" + ("" if layers == 2 else f"-L{layers}")
+    name += "" if seqs == (2048,) else "-S" + "_".join(str(s) for s in seqs)
+    name += ".json"
     (HERE / name).write_text(json.dumps(res, indent=1))
     print(f"wrote {HERE / name}: {len(res)} cases")
