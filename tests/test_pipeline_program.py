@@ -401,3 +401,38 @@ def test_pipeline_plan_checks_and_json_round_trip():
         RegionPlan(n, 1 if i < 4 else 2, 4 if i < 4 else 2) for i, n in enumerate(region_names(cfg))
     ]
     mixed.check(cfg, 8)
+
+
+@pytest.mark.parametrize(
+    "name,n_sub,order,sp,degrees",
+    [
+        ("megatron", 1, "1f1b", None, None),
+        ("oases", 2, "zb-h1", None, None),
+        ("overlap-recompute", 2, "interleaved", "gathered", None),
+        ("overlap", 2, "1f1b-pair", "shards", None),
+        ("commfree-recompute", 1, "gpipe", None, (2,) * 2 + (4,) * 16),
+    ],
+)
+def test_micro_batch_passes_are_the_first_relabelled(name, n_sub, order, sp, degrees) -> None:
+    """``_build`` builds micro-batch 0's passes once and relabels them for the others: built
+    directly, micro-batch 3's passes equal micro-batch 0's with every sub-batch id shifted."""
+    from oases.schedule.pipeline_program import _micro_passes, _shifted
+    from oases.schedule.specs import SPECS
+    from oases.schedule.tasks import degree_changes
+
+    chunks = 2 if order == "interleaved" else 1
+    layout = _layout(8, 2, chunks)
+    spec = SPECS[name]
+    k = n_sub if spec.overlapped else 1
+    changes = degree_changes(layout.n_regions, degrees) | layout.boundaries
+    for stage in range(2):
+        args = (layout.chunk_bounds(stage), layout.n_regions)
+        rest = (order, changes, sp, True, chunks)
+        first = _micro_passes(spec, k, *args, 0, *rest)
+        third = _micro_passes(spec, k, *args, 3, *rest)
+        assert {(key[0], *key[2:]) for key in third} == {(key[0], *key[2:]) for key in first}
+        for key, marked in first.items():
+            direct = third[(key[0], 3, *key[2:])]
+            assert direct, key
+            assert [_shifted(x, 3 * k) for x in marked] == direct
+            assert [_shifted(x, 2 * k) for x in marked] != direct

@@ -177,29 +177,11 @@ def _build(
     ranges = layout.chunk_bounds(stage)
     if sp is not None:
         max_inflight = max(max_inflight, 2)
-    passes: dict[tuple, list[_Marked]] = {}
-    for m in range(n_micro):
-        subs = range(m * k, (m + 1) * k)
-        zb = pp_schedule == "zb-h1"  # its W passes take every block's weight gradients
-        if sp is not None:
-            chains = [
-                sp_chain(n, j, spec.recompute, sp, changes, defer and spec.overlapped and not zb)
-                for j in subs
-            ]
-            fwd = staggered([[t for t in c if t.compute.phase == "forward"] for c in chains])
-            bwd = staggered([[t for t in c if t.compute.phase != "forward"] for c in chains])
-        else:
-            fwd = forward_tasks(n, subs, changes)
-            bwd = backward_tasks(n, subs, spec.recompute, changes)
-        if zb:
-            passes["W", m] = _on_stage(weight_grad_tasks(bwd, n), *ranges[0], n)
-        if layout.chunks == 1:
-            passes["F", m] = _on_stage(fwd, *ranges[0], n)
-            passes["B", m] = _on_stage(bwd, *ranges[0], n)
-        else:  # the interleaved schedule's passes of each chunk (``pipeline_order``)
-            for c, (lo, hi) in enumerate(ranges):
-                passes["F", m, c] = _on_stage(fwd, lo, hi, n)
-                passes["B", m, c] = _on_stage(bwd, lo, hi, n)
+    first = _micro_passes(spec, k, ranges, n, 0, pp_schedule, changes, sp, defer, layout.chunks)
+    passes = dict(first)
+    for m in range(1, n_micro):  # every micro-batch's passes are the first's, relabelled
+        for key, marked in first.items():
+            passes[(key[0], m, *key[2:])] = [_shifted(x, m * k) for x in marked]
     units = pipeline_order(pp_schedule, layout.pp, stage, n_micro, layout.chunks)
     bodies = [_unit_body(_unit_tasks(unit, passes), spec, max_inflight) for unit in units]
     if regathers(spec.recompute, spec.scope, sp):  # sp="shards": "gh" in each unit
@@ -212,6 +194,68 @@ def _build(
         first_norm = frozenset(lo - 1 for lo, _ in ranges if lo > 0 and lo - 1 in dp_tasks)
         program = insert_dp(program, set(dp_tasks), n_micro * k - 1, first_norm)
     return tuple(program)
+
+
+def _micro_passes(
+    spec: ScheduleSpec,
+    k: int,
+    ranges: list[tuple[int, int]],
+    n: int,
+    m: int,
+    pp_schedule: str,
+    changes: frozenset[int],
+    sp: str | None,
+    defer: bool,
+    chunks: int,
+) -> dict[tuple, list[_Marked]]:
+    """Micro-batch ``m``'s passes on the stage (its sub-batches ``m k .. m k + k - 1``): keys
+    ("F", m), ("B", m) (with the chunk under the interleaved schedule) and zb-h1's ("W", m).
+    Built from the whole chain's tasks, restricted to the stage's regions (``_on_stage``);
+    ``_build`` builds micro-batch 0's and relabels them for the others (``_shifted``), since
+    a micro-batch's tasks differ from another's only in their sub-batch ids."""
+    passes: dict[tuple, list[_Marked]] = {}
+    subs = range(m * k, (m + 1) * k)
+    zb = pp_schedule == "zb-h1"  # its W passes take every block's weight gradients
+    if sp is not None:
+        chains = [
+            sp_chain(n, j, spec.recompute, sp, changes, defer and spec.overlapped and not zb)
+            for j in subs
+        ]
+        fwd = staggered([[t for t in c if t.compute.phase == "forward"] for c in chains])
+        bwd = staggered([[t for t in c if t.compute.phase != "forward"] for c in chains])
+    else:
+        fwd = forward_tasks(n, subs, changes)
+        bwd = backward_tasks(n, subs, spec.recompute, changes)
+    if zb:
+        passes["W", m] = _on_stage(weight_grad_tasks(bwd, n), *ranges[0], n)
+    if chunks == 1:
+        passes["F", m] = _on_stage(fwd, *ranges[0], n)
+        passes["B", m] = _on_stage(bwd, *ranges[0], n)
+    else:  # the interleaved schedule's passes of each chunk (``pipeline_order``)
+        for c, (lo, hi) in enumerate(ranges):
+            passes["F", m, c] = _on_stage(fwd, lo, hi, n)
+            passes["B", m, c] = _on_stage(bwd, lo, hi, n)
+    return passes
+
+
+def _shifted(marked: _Marked, off: int) -> _Marked:
+    """``marked`` for the micro-batch ``off`` sub-batches later: every sub-batch id (the
+    compute's, the third field of each collective key) plus ``off``."""
+
+    def key(c: CollKey | None) -> CollKey | None:
+        return None if c is None else (c[0], c[1], c[2] + off)
+
+    task = marked.task
+    compute = task.compute
+    return _Marked(
+        Task(
+            Compute(compute.phase, compute.pieces, compute.sub + off),
+            [(c[0], c[1], c[2] + off) for c in task.needs],
+            key(task.produces),
+        ),
+        key(marked.recv),
+        key(marked.send),
+    )
 
 
 def weight_grad_tasks(tasks: list[Task], n: int) -> list[Task]:
