@@ -326,3 +326,52 @@ def test_a_mixed_stage_layout_where_it_is_faster():
     best.plan.check(MIXED_WINS, 16)
     again = simulate_plan(MIXED_WINS, best.plan, costs, 16, best.batch, timeline=False)
     assert again.step_s == best.result.step_s
+
+
+def _scalar_stage_starts(region_s, pp, cuts=None):
+    """The dynamic programme as scalar loops (the vectorised one's reference: the same
+    boundaries, ties to the earliest cut, bit for bit)."""
+    n_layers = (len(region_s) - 2) // 2
+    allowed = set(range(1, n_layers)) if cuts is None else set(cuts)
+    prefix = [0.0]
+    for layer in range(n_layers):
+        prefix.append(prefix[-1] + region_s[2 * layer + 1] + region_s[2 * layer + 2])
+    inf = float("inf")
+    best = [[inf] * (n_layers + 1) for _ in range(pp + 1)]
+    cut = [[0] * (n_layers + 1) for _ in range(pp + 1)]
+    best[0][0] = 0.0
+    for s in range(1, pp + 1):
+        for b in range(s, n_layers + 1):
+            for a in range(s - 1, b):
+                if a and a not in allowed:
+                    continue
+                extra = (region_s[0] if a == 0 else 0.0) + (region_s[-1] if b == n_layers else 0.0)
+                value = max(best[s - 1][a], prefix[b] - prefix[a] + extra)
+                if value < best[s][b]:
+                    best[s][b], cut[s][b] = value, a
+    if best[pp][n_layers] == inf:
+        return None
+    starts, b = [], n_layers
+    for s in range(pp, 1, -1):
+        b = cut[s][b]
+        starts.append(block_start(b))
+    return tuple(reversed(starts))
+
+
+@pytest.mark.parametrize("seed", range(40))
+def test_balanced_stage_starts_equal_the_scalar_programme(seed):
+    """Every boundary as the scalar loops give it, with ties (integer costs) and cuts."""
+    rng = random.Random(seed)
+    n_layers = rng.randint(2, 40)
+    pp = rng.randint(2, min(n_layers, 12))
+    ties = seed % 2 == 0
+    region_s = [
+        float(rng.randint(1, 3)) if ties else rng.uniform(0.1, 3.0) for _ in range(2 * n_layers + 2)
+    ]
+    cuts = None if seed % 3 else set(rng.sample(range(1, n_layers), max(1, n_layers // 2)))
+    want = _scalar_stage_starts(region_s, pp, cuts)
+    if want is None:
+        with pytest.raises(ValueError, match="give no"):
+            balanced_stage_starts(region_s, pp, cuts)
+        return
+    assert balanced_stage_starts(region_s, pp, cuts) == want
