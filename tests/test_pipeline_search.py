@@ -157,7 +157,11 @@ def test_oases_plan_pp_auto_writes_the_pipeline(tmp_path):
     assert raw["pp"] == 2 and raw["pp_schedule"] and raw["stage_starts"]
 
 
-def test_oases_plan_refuses_an_order_the_search_does_not_price(tmp_path):
+@pytest.mark.slow
+def test_oases_plan_searches_the_interleaved_order(tmp_path):
+    """``--pp-schedules 1f1b,interleaved``: the interleaved order is walked, with two model
+    chunks a stage (four virtual stages of one block each), and on this tiny model its
+    pipeline beats 1F1B's (the plan without a pipeline wins overall)."""
     import subprocess
     import sys
 
@@ -165,15 +169,44 @@ def test_oases_plan_refuses_an_order_the_search_does_not_price(tmp_path):
 
     cluster = tmp_path / "slow2.toml"
     cluster.write_text(SLOW_TWO_SERVERS)
+    out = tmp_path / "plan.json"
     proc = subprocess.run(
         [sys.executable, "-m", "oases", "plan", str(TINY), "--world-size", "2", "--hardware",
-         str(cluster), "--pp", "2", "--pp-schedules", "1f1b,interleaved",
-         "--out", str(tmp_path / "plan.json")],
+         str(cluster), "--pp", "2", "--pp-schedules", "1f1b,interleaved", "--out", str(out),
+         "--model.n_layers=4", "--train.global_batch=4", "--train.micro_batch=2"],
         capture_output=True, text=True, timeout=240,
     )  # fmt: skip
-    assert proc.returncode != 0
-    assert "--pp-schedules interleaved: the search does not price" in proc.stderr
-    assert not (tmp_path / "plan.json").exists()
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "pp=2 1f1b (stages at 5)" in proc.stdout
+    walked = [line for line in proc.stdout.splitlines() if "bound by" in line and "pp=2" in line]
+    assert "pp=2 interleaved (stages at 3,5,7)" in walked[0]
+    assert out.exists()
+
+
+DEEP = ModelConfig(arch="gpt2", dim=2048, n_heads=16, n_layers=16, vocab_size=512, seq_len=256)
+
+
+def test_the_interleaved_order_wins_where_the_bubble_dominates():
+    """Four stages and four micro-batches (one sequence each) on 100 GbE: 1F1B idles each
+    stage for 3 of its 7 passes' time; two model chunks a stage halve that bubble, and the
+    search finds it, with 8 virtual stages balanced on the chain's costs."""
+    cfg = _config(DEEP, 4, 1, 1)
+    costs = HardwareCosts(load_any_cluster("paper-3090-pcie-32", 100.0), DEEP, "bf16", "fp32")
+    budget = costs_budget(0.0, costs).bytes
+    found = search_config_pipelines(
+        cfg, 4, costs, budget, search_micro_batch=False, sps=(), pp_options=(4,),
+        pp_schedules=("1f1b", "interleaved"),
+    )  # fmt: skip
+    best = found.best
+    assert best is not None and best.fits
+    assert (best.plan.pp, best.plan.pp_schedule, best.plan.pp_chunks) == (4, "interleaved", 2)
+    assert len(best.plan.stage_starts) == 4 * 2 - 1
+    best.plan.check(DEEP, 4)
+    one_f = [c for c in found.candidates if c.plan.pp_schedule == "1f1b" and c.fits]
+    assert one_f and best.result.step_s < 0.9 * min(c.result.step_s for c in one_f)
+    again = simulate_plan(DEEP, best.plan, costs, 4, best.batch, timeline=False)
+    assert again.step_s == best.result.step_s
+    assert "pp=4 interleaved" in best.label()
 
 
 SLOW_TWO_BY_TWO = SLOW_TWO_SERVERS.replace("gpus_per_server = 1", "gpus_per_server = 2")
@@ -187,11 +220,14 @@ MIXED_TINY = [
 ]
 
 
-def _train_searched_plan_file(tmp_path, cluster: str, world: int, overrides: list[str]):  # noqa: ANN202
+def _train_searched_plan_file(  # noqa: ANN202
+    tmp_path, cluster: str, world: int, overrides: list[str], orders: tuple[str, ...] = ()
+):
     """The pipeline search's best plan (pp=2) for configs/tiny.toml with ``overrides`` on
     ``cluster`` written to a file and run by ``oases train --parallel.plan=FILE`` on ``world``
     ranks in float64: every step's loss and gradient norm equal a one-rank run's of the
-    single-device model. Returns the plan."""
+    single-device model. ``orders``: the pipeline orders searched (default: all). Returns the
+    plan."""
     import io
     import json
 
@@ -206,7 +242,8 @@ def _train_searched_plan_file(tmp_path, cluster: str, world: int, overrides: lis
     (tmp_path / "cluster.toml").write_text(cluster)
     cfg = load_config(TINY, overrides)
     costs = HardwareCosts(load_cluster(tmp_path / "cluster.toml"), cfg.model, "fp32", "fp32")
-    found = search_config_pipelines(cfg, world, costs, 1e12, pp_options=(2,))
+    kw = {"pp_schedules": orders} if orders else {}
+    found = search_config_pipelines(cfg, world, costs, 1e12, pp_options=(2,), **kw)
     assert found.best is not None and found.best.plan.pp == 2
     plan_path = tmp_path / "plan.json"
     found.best.plan.save(plan_path)
@@ -264,6 +301,18 @@ def test_train_runs_a_searched_mixed_pipeline_plan_file_exactly(tmp_path):
     plan = _train_searched_plan_file(tmp_path, SLOW_TWO_BY_TWO, 4, MIXED_TINY)
     assert not plan.is_uniform() and plan.pp == 2
     assert ParallelPlan.load(tmp_path / "plan.json").degrees() == plan.degrees()
+
+
+@pytest.mark.slow
+@pytest.mark.exact
+def test_train_runs_a_searched_interleaved_plan_file_exactly(tmp_path):
+    """The interleaved order as the search gives it (two model chunks a stage, four virtual
+    stages' boundaries from the chain's costs) run by ``oases train --parallel.plan=FILE`` on
+    2 ranks in float64, equal to one rank."""
+    plan = _train_searched_plan_file(
+        tmp_path, SLOW_TWO_SERVERS, 2, ["--model.n_layers=4"], orders=("interleaved",)
+    )
+    assert (plan.pp_schedule, plan.pp_chunks, len(plan.stage_starts)) == ("interleaved", 2, 3)
 
 
 @pytest.mark.parametrize("seed", range(10))

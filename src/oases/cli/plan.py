@@ -90,7 +90,7 @@ def _plan_arguments(plan: argparse.ArgumentParser) -> None:
     )
     plan.add_argument(
         "--pp-schedules",
-        default="gpipe,1f1b,1f1b-pair,zb-h1",
+        default="gpipe,1f1b,1f1b-pair,zb-h1,interleaved",
         help="with --pp: pipeline orders to consider (default: %(default)s)",
     )
     plan.add_argument("--out", default="plan.json", help="plan file to write")
@@ -223,7 +223,6 @@ def _pipelines(
     """``--pp``: the pipeline search (None at ``--pp 1``)."""
     from oases.planner.pipeline_search import (
         PIPELINE_ZEROS,
-        SEARCHED_ORDERS,
         search_config_pipelines,
     )
     from oases.stages import check_pipeline_schedule
@@ -240,12 +239,6 @@ def _pipelines(
     orders = tuple(o for o in ns.pp_schedules.split(",") if o)
     for o in orders:
         check_pipeline_schedule(o)
-        if o not in SEARCHED_ORDERS:
-            raise ValueError(
-                f"--pp-schedules {o}: the search does not price {o}'s model chunks yet; "
-                f"give some of {','.join(SEARCHED_ORDERS)} (simulate or train it with "
-                "parallel.pp_chunks instead)"
-            )
     kw = {"schedules": schedules} if schedules is not None else {}
     return search_config_pipelines(
         cfg,

@@ -40,6 +40,8 @@ class Screen:
     plan: ParallelPlan
     batch: BatchShape
     depth_best: bool = False  # the best screen of its depth (walked whatever the others)
+    region_s: tuple[float, ...] = ()  # each region's compute (the interleaved order's cuts)
+    cuts: frozenset[int] | None = None  # the blocks a stage may start at (None: any)
 
 
 def pipeline_depths(
@@ -146,7 +148,14 @@ def screen_layout(
     held = stage_shares(region_params(cfg, base), starts)
     peak = rest + state * max(held) + act * top * min(pp, n_micro)  # 1F1B's first stage
     plan = dataclasses.replace(base, pp=pp, stage_starts=list(starts))
-    return Screen(step, peak, plan, stage_shape)
+    return Screen(
+        step,
+        peak,
+        plan,
+        stage_shape,
+        region_s=tuple(region_s),
+        cuts=None if cuts is None else frozenset(cuts),
+    )
 
 
 def region_params(cfg: ModelConfig, plan: ParallelPlan) -> list[float]:

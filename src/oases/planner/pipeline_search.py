@@ -23,16 +23,18 @@ search prices once and composes, and walks only the finalists::
                       stage (1F1B's first stage: pp micro-batches in flight)
     finalists: the best screen of every depth, then the FINALISTS best other screens, whose
         screen peak is under SCREEN_SLACK x budget (``finalist_order``), each walked whole
-        in every pipeline order (simulate_pipeline)
+        in every pipeline order (simulate_pipeline; the interleaved order with
+        INTERLEAVED_CHUNKS model chunks a stage, its pp x chunks virtual stages' boundaries
+        balanced_stage_starts(shares, pp x chunks): ``ordered``)
     refine:    the best walked plan's boundaries moved a block at a time off its slowest
-        stage while the walk says faster and it fits
+        stage while the walk says faster and it fits (not for an interleaved plan)
 
 The screen's formula only orders the combinations (``pipeline_screen``; the boundaries:
 ``pipeline_boundaries``); every number a candidate carries is its full walk's. Not searched:
 a stage's degrees solved for its own regions (a mixed layout is the whole chain's answer for a
 stage of W/pp ranks, every stage keeping its regions' degrees), stage boundaries that split a
-block, ZeRO 3 (the runtime runs ZeRO 2 at most under a pipeline), the interleaved order (its
-model chunks' boundaries are not priced yet: ``SEARCHED_ORDERS``).
+block, ZeRO 3 (the runtime runs ZeRO 2 at most under a pipeline), the interleaved order's
+chunk count (always ``INTERLEAVED_CHUNKS``).
 """
 
 from __future__ import annotations
@@ -46,6 +48,7 @@ from oases.plan import ParallelPlan
 from oases.planner.batch import BatchShape
 from oases.planner.candidate import Candidate, with_zero
 from oases.planner.costs import Costs
+from oases.planner.pipeline_boundaries import balanced_stage_starts
 from oases.planner.pipeline_mixed import mixed_layouts, stage_cuts
 from oases.planner.pipeline_screen import (
     LayoutPrice,
@@ -62,7 +65,8 @@ from oases.stages import PIPELINE_SCHEDULES
 FINALISTS = 5  # screened combinations walked whole (each in every pipeline order)
 SCREEN_SLACK = 1.25  # the screen's peak may exceed the budget by this much and still be walked
 PIPELINE_ZEROS = (0, 1, 2)  # the runtime runs ZeRO 2 at most under a pipeline
-SEARCHED_ORDERS = tuple(o for o in PIPELINE_SCHEDULES if o != "interleaved")
+SEARCHED_ORDERS = PIPELINE_SCHEDULES
+INTERLEAVED_CHUNKS = 2  # model chunks per stage the search gives the interleaved order
 
 
 @dataclass
@@ -211,7 +215,9 @@ def search_pipelines(
             break
         fits = False
         for pp_order in pp_schedules:
-            plan = dataclasses.replace(s.plan, pp_schedule=pp_order)
+            plan = ordered(s, pp_order)
+            if plan is None:
+                continue
             cand = _walk(cfg, plan, costs, world_size, s.batch, budget_bytes, max_inflight)
             found.walked += 1
             if cand is not None:
@@ -224,6 +230,23 @@ def search_pipelines(
         found.best = _refine(cfg, best, costs, world_size, budget_bytes, max_inflight, found)
     found.wall_s = time.perf_counter() - started
     return found
+
+
+def ordered(s: Screen, order: str) -> ParallelPlan | None:
+    """The screened plan under the pipeline order ``order``. The interleaved order gets
+    ``INTERLEAVED_CHUNKS`` model chunks a stage and the boundaries of its ``pp x chunks``
+    virtual stages balanced on the screen's region costs (and cuts) as the stages' were; None
+    where the blocks do not fill them."""
+    if order != "interleaved":
+        return dataclasses.replace(s.plan, pp_schedule=order)
+    virtual = s.plan.pp * INTERLEAVED_CHUNKS
+    try:
+        starts = balanced_stage_starts(list(s.region_s), virtual, s.cuts)
+    except ValueError:  # fewer blocks (or cuts) than virtual stages
+        return None
+    return dataclasses.replace(
+        s.plan, pp_schedule=order, pp_chunks=INTERLEAVED_CHUNKS, stage_starts=list(starts)
+    )
 
 
 def finalist_order(screens: list[Screen], budget_bytes: float, finalists: int) -> list[Screen]:
@@ -288,8 +311,11 @@ def _refine(
     found: PipelineSearch,
 ) -> Candidate:
     """Move one block at a time off the bounding stage (to a neighbour) while the walk says
-    the step gets shorter and the plan still fits."""
+    the step gets shorter and the plan still fits. Not for the interleaved order: a stage's
+    regions are several virtual stages there, which this does not move."""
     assert best.batch is not None
+    if best.plan.pp_chunks > 1:
+        return best
     for _ in range(2 * best.plan.pp):
         stage = int(best.result.breakdown.get("bound_stage", 0))
         starts = list(best.plan.stage_layout().starts)
