@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING
 
 from oases.cli.command import BENCH_CONFIG, SubCommand
 from oases.config import Config, load_config
+from oases.stages import PIPELINE_SCHEDULES
 
 if TYPE_CHECKING:
     from oases.planner.pipeline_search import PipelineSearch
@@ -90,7 +91,7 @@ def _plan_arguments(plan: argparse.ArgumentParser) -> None:
     )
     plan.add_argument(
         "--pp-schedules",
-        default="gpipe,1f1b,1f1b-pair,zb-h1,interleaved",
+        default=",".join(PIPELINE_SCHEDULES),
         help="with --pp: pipeline orders to consider (default: %(default)s)",
     )
     plan.add_argument("--out", default="plan.json", help="plan file to write")

@@ -15,7 +15,8 @@ memory per GPU and the speedup over the first schedule listed. Entries look like
                            both beside plans without it unless sp=MODE or sp=off fixes it)
     megatron-sp@tp=4       Megatron-LM with --sequence-parallel (no overlap)
     oases@tp=4,pp=8        tp=4 in 8 pipeline stages simulated together (pipeline_walk), 1F1B
-                           or ,pps=gpipe|1f1b|1f1b-pair|zb-h1; zero=, sp= compose
+                           or ,pps=gpipe|1f1b|1f1b-pair|zb-h1|interleaved (2 chunks a
+                           stage); zero=, sp= compose
     oases@auto,pp=8        the pipeline search at 8 stages (whatif_pipeline): stages, order,
                            degrees (mixed inside stages too), n_sub, ZeRO 0-2 and sp
 

@@ -37,18 +37,13 @@ def auto_pipeline(
 ) -> tuple[ParallelPlan, BatchShape]:
     """The fastest fitting plan of ``spec.pp`` stages running ``schedule`` inside them, and the
     micro-batch it was walked with (``batch``: the world's micro-batch; module docstring).
-    ValueError with the numbers where the spec asks what the search does not price, or no
-    plan fits."""
+    ValueError with the numbers where the spec asks for a ZeRO stage the runtime does not run
+    under a pipeline, or no plan fits (``spec.pps``: checked by the spec's parser)."""
     where = f"{schedule}@{spec}"
     if spec.zero is not None and spec.zero not in PIPELINE_ZEROS:
         raise ValueError(
             f"{where}: zero={spec.zero}: under a pipeline the runtime runs ZeRO "
             f"{max(PIPELINE_ZEROS)} at most"
-        )
-    if spec.pps is not None and spec.pps not in SEARCHED_ORDERS:
-        raise ValueError(
-            f"{where}: pps={spec.pps}: the search prices {', '.join(SEARCHED_ORDERS)}; give "
-            f"tp=N,pp={spec.pp},pps={spec.pps} to price one plan"
         )
     cluster = getattr(costs, "cluster", None)
     cap = max_tp or (cluster.server.gpus_per_server if cluster is not None else world)
