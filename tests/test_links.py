@@ -11,14 +11,31 @@ from oases.model import Transformer
 from oases.parallel.apply import parallelize
 from oases.parallel.context import init_distributed
 from oases.schedule import build_schedule, executor_backward
-from oases.schedule.links import program_links
+from oases.schedule.instructions import Start, Wait
+from oases.schedule.links import handed_on, program_links
 from oases.schedule.program import build_program
 
 
 def test_megatron_links_every_glue_and_partial():
-    links = program_links(build_program("megatron", 6, 1), "none", None, False)
+    program = build_program("megatron", 6, 1)
+    links = program_links(program, "none", None, False)
     assert links.x == frozenset(range(1, 6))  # norm:i on epi:i-1's output
     assert links.p == frozenset(range(5))  # epi:i on p_i: every region but the head
+    assert handed_on(program, links, "none").h == frozenset()  # a "bwd" all-reduce after tp:i
+    at_tp1 = [ins for ins in program if not (isinstance(ins, (Start, Wait)) and ins.kind == "bwd")]
+    assert handed_on(at_tp1, links, "none").h == frozenset(range(1, 6))  # all but the embedding
+    assert handed_on(at_tp1, links, "block").h == frozenset()  # a recompute starts from a leaf
+
+
+def test_a_collective_between_stops_the_hand_on():
+    """A "dp" all-reduce started after tp:3 (its bucket's gradients must be whole by then)
+    keeps tp:3's engine call where it is; the other regions still hand on."""
+    program = build_program("megatron", 6, 1)
+    links = program_links(program, "none", None, False)
+    steps = [ins for ins in program if not (isinstance(ins, (Start, Wait)) and ins.kind == "bwd")]
+    at = next(n for n, ins in enumerate(steps) if getattr(ins, "pieces", ())[-1:] == (("tp", 3),))
+    steps.insert(at + 1, Start("dp", 3, 0))
+    assert handed_on(steps, links, "none").h == frozenset({1, 2, 4, 5})
 
 
 def test_recompute_sp_and_zero_keep_their_partials_apart():
@@ -34,8 +51,11 @@ def test_block_recompute_links_its_partials_in_the_recompute():
     assert links.p == frozenset(range(5)) and links.x
 
 
-@pytest.mark.parametrize("name", ["megatron", "megatron-recompute", "overlap-recompute"])
+@pytest.mark.parametrize("name", ["megatron", "overlap", "megatron-recompute", "overlap-recompute"])
 def test_linked_programs_run_one_engine_call_per_backward_compute(monkeypatch, name):
+    """At tp=1 without recompute every tp:i hands its roots on (h-links): one engine call per
+    sub-batch, from its loss, as the plain model's; with a block recompute one per backward
+    Compute, plus the norms whose input is a saved leaf."""
     torch.manual_seed(0)
     cfg = ModelConfig(n_layers=2, dim=16, n_heads=2, seq_len=8, vocab_size=32)
     plain = Transformer(cfg)
@@ -53,8 +73,10 @@ def test_linked_programs_run_one_engine_call_per_backward_compute(monkeypatch, n
     # a block recompute's norm:i runs on its own where x_i is the block's saved input, and the
     # head's, whose glue epi:i-1 ran in the forward without a graph: per sub-batch, one a block
     # and the head's
-    unlinked_norms = (cfg.n_layers + 1) * n_sub if name.endswith("recompute") else 0
-    assert len(calls) == len(backward) + unlinked_norms
+    if name.endswith("recompute"):
+        assert len(calls) == len(backward) + (cfg.n_layers + 1) * n_sub
+    else:
+        assert len(calls) == n_sub
     plain(tokens, targets).backward()
     for (name, p), q in zip(plain.named_parameters(), model.parameters(), strict=True):
         torch.testing.assert_close(q.grad, p.grad, msg=name)

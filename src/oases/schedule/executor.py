@@ -16,7 +16,9 @@ executor decides when each gradient is all-reduced. Per region i and sub-batch j
 
 Where no collective separates them, pieces share one graph instead (``links``): norm:i reads
 epi:i-1's output itself (an x-link), and without recompute epi:i reads p_i itself, reduced in
-place (a p-link), so a backward Compute [norm:i+1, epi:i, tp:i] is one autograd call.
+place (a p-link), so a backward Compute [norm:i+1, epi:i, tp:i] is one autograd call; where only
+Computes lie between tp:i and norm:i (a region at tp=1), body:i's core reads h_i itself and
+the call goes on into the next Compute (an h-link): a Megatron step at tp=1 is one call.
 
 Each region computes at its own TP degree t_i on b_i = b_0 * t_i / t_0 rows (b_0: the sub-batch
 in the embedding's layout); a reshard gathers the batch over the ranks whose TP groups merge
@@ -90,7 +92,7 @@ from oases.schedule.instructions import (
     deferred_regions,
     label,
 )
-from oases.schedule.links import Links, program_links
+from oases.schedule.links import Links, handed_on, program_links
 from oases.schedule.regather import regathered_regions
 from oases.schedule.regions import build_chain, dp_bucket_groups, dp_buckets
 from oases.schedule.specs import ScheduleSpec
@@ -123,6 +125,12 @@ class Executor(ForwardPieces, BackwardPieces, CollectiveInstructions, PointToPoi
         self.layout = model.parallel_plan.stage_layout()  # pipeline stages (one: pp = 1)
         self.stage = self.ctx.pp_rank
         self.changes = degree_changes(len(self.chain), self.degrees) | self.layout.boundaries
+        self._segments = frozenset(  # the pieces a recompute segment holds (``_in_segment``)
+            (kind, i)
+            for i in range(len(self.chain))
+            for kind in ("body", "norm", "core", "epi")
+            if self._segment_rule(kind, i)
+        )
         reduce = any(r.dp_group.size > 1 for r in self.chain)
         self.zero = zero_shards(model)
         skip = (
@@ -229,6 +237,8 @@ class Executor(ForwardPieces, BackwardPieces, CollectiveInstructions, PointToPoi
                 "deferred weight grads": self.wg,
                 "linked partials": self.pg,
                 "pending roots": self._roots,
+                "handed-on roots": self._carried,
+                "linked glue outputs": self.xg,
                 "linked glue inputs": self._epi_leaf,
             }
             leftovers = [k for k, d in state.items() if d]
@@ -273,6 +283,8 @@ class Executor(ForwardPieces, BackwardPieces, CollectiveInstructions, PointToPoi
         self.handles: dict = {}
         self.pg: dict = {}  # (i, j) -> p_i with its graph, reduced in place (a p-link)
         self._roots: list = []  # (tensor, grad) of linked backward pieces, not yet run
+        self._carried: dict = {}  # sub-batch -> its roots an h-linked tp:i handed on
+        self.xg: dict = {}  # (i, j) -> x_i with its graph, for an h-linked epi:i's residual
         self._epi_leaf: dict = {}  # (i, j) -> epi:i's x leaf, read when tp:i runs the call
         self.losses: dict[int, Tensor] = {}
         self._seen: set[int] = set()
@@ -310,6 +322,7 @@ class Executor(ForwardPieces, BackwardPieces, CollectiveInstructions, PointToPoi
         if cached is None or cached[0] is not program:
             links = program_links(program, self.spec.recompute, self.sp, self.zero is not None)
             steps = [ins for ins in program if not self._trivial(ins)]
+            links = handed_on(steps, links, self.spec.recompute)
             cached = (program, deferred_regions(program), regathered_regions(program), links, steps)
             self._compiled[id(program)] = cached
         return cached[1:]
@@ -337,8 +350,12 @@ class Executor(ForwardPieces, BackwardPieces, CollectiveInstructions, PointToPoi
     def _compute(self, ins: Compute) -> None:
         j = ins.sub
         if ins.phase == "backward":
+            if self._links.h:  # (roots an h-linked tp:i handed on to this Compute)
+                self._roots = self._carried.pop(j, [])
             for kind, i in ins.pieces:
                 getattr(self, _BACKWARD_PIECES[kind])(i, j)
+            if self._roots:  # handed on by an h-linked tp (or the head)
+                self._carried[j], self._roots = self._roots, []
             return
         linked = None  # epi:i-1's output, with its graph, for an x-linked body:i
         for kind, i in ins.pieces:
@@ -349,6 +366,9 @@ class Executor(ForwardPieces, BackwardPieces, CollectiveInstructions, PointToPoi
                 out = self._epi(i, j, grad, recompute)
                 x_link = i + 1 in self._links.x and out is not None and out.grad_fn is not None
                 linked = out if x_link else None
+                if x_link and i + 1 in self._links.h and i + 1 in self._links.p:
+                    # epi:i+1 (not the head: it has none) reads it for its residual
+                    self.xg[i + 1, j] = out
                 continue
             if kind == "norm":
                 self._norm(i, j, grad, recompute)

@@ -62,6 +62,8 @@ class BackwardPieces:
     # -------------------------------------------------------------------------------- pieces
     def _bwd_norm(self, i: int, j: int) -> None:
         xl, h, _, _ = self.bg.pop((i, j))
+        if i in self._links.h:  # h-linked: h_i and the residual are in the handed-on graph
+            return
         res = self.gres.pop((i, j), None)
         if xl.grad_fn is not None:  # x-linked: xl views epi:i-1's output, whose call runs these
             self._roots += [(h, self.dh.pop((i, j)))] + ([] if res is None else [(xl._base, res)])
@@ -83,6 +85,10 @@ class BackwardPieces:
     def _bwd_linked_tp(self, i: int, j: int) -> None:
         """tp:i p-linked to epi:i (and maybe norm:i+1): one engine call from their roots runs
         through the glue and the TP matmuls, row-parallel included, down to dh_i."""
+        if i in self._links.h:  # h-linked: norm:i's Compute goes on from the same roots
+            self._epi_leaf.pop((i, j))  # (x_i with its graph, not a leaf)
+            self.bg[i, j] = self.bg[i, j][:2] + (None, None)
+            return
         roots, self._roots = self._roots, []
         _backward(roots)
         xl = self._epi_leaf.pop((i, j))
@@ -108,14 +114,9 @@ class BackwardPieces:
             return
         xl, h, hl, out = self.bg[i, j]
         if region.kind == "head":
-            # the loss scale in the loss's dtype (a float64 run's 1/3 is not rounded to fp32),
-            # filled on the device (a fill kernel: no host-to-device copy, no sync), once a run
-            key = (out.dtype, out.device)
-            if key not in self._scale_grads:
-                self._scale_grads[key] = torch.full(
-                    (), self.scale, dtype=out.dtype, device=out.device
-                )
-            run_backward((out,), (self._scale_grads[key],))
+            if self._head_root(out, i):  # h-linked: norm:i's Compute goes on from the loss
+                self.bg[i, j] = (xl, h, None, None)
+                return
         elif self._defers(i):  # dh_i now, the weight gradients in dw:i
             dr = self.dr.pop((i, j))
             dy = region.row.backward_partial(out, dr, weight_grad=False)  # [b, S, I/t]
@@ -128,6 +129,22 @@ class BackwardPieces:
         self.bg[i, j] = (xl, h, None, None)  # (sp: hl, the gathered h_i, is let go here)
         self.hagain.pop((i, j), None)  # (dw:i's stash keeps what it still reads)
         self.dh[i, j] = hl.grad  # partial sums of dL/dh over the TP group
+
+    def _head_root(self, loss: Tensor, i: int) -> bool:
+        """The head's backward from its loss, scaled: run now, or handed on (h-linked: the
+        loss is the first root of one call that norm:i's Compute goes on with). The scale in
+        the loss's dtype (a float64 run's 1/3 is not rounded to fp32), filled on the device (a
+        fill kernel: no host-to-device copy, no sync), once a run. True if handed on."""
+        key = (loss.dtype, loss.device)
+        if key not in self._scale_grads:
+            self._scale_grads[key] = torch.full(
+                (), self.scale, dtype=loss.dtype, device=loss.device
+            )
+        if i in self._links.h:
+            self._roots = [(loss, self._scale_grads[key])]
+            return True
+        run_backward((loss,), (self._scale_grads[key],))
+        return False
 
     def _bwd_dw(self, i: int, j: int) -> None:
         """Region i's weight gradients, which ``_bwd_tp`` left: the row-parallel layer's from

@@ -48,7 +48,11 @@ class ForwardPieces:
 
     # ------------------------------------------------------------------- what the forward keeps
     def _in_segment(self, kind: str, i: int) -> bool:
-        """Does piece (kind, i) run without a graph in the forward (it is recomputed)?"""
+        """Does piece (kind, i) run without a graph in the forward (it is recomputed)?
+        (``_segment_rule``, read once per executor into ``_segments``.)"""
+        return (kind, i) in self._segments
+
+    def _segment_rule(self, kind: str, i: int) -> bool:
         mode, last = self.spec.recompute, len(self.chain) - 1
         if mode == "commfree":  # segments [epi:i-1, body:i] for 0 < i < last (not the head,
             # whose recompute would repeat the cross-entropy's collectives); [body:i] alone
@@ -111,7 +115,7 @@ class ForwardPieces:
         itself instead of a detached leaf (not where x_i is a block's saved input)."""
         region, model = self.chain[i], self.model
         if region.kind == "embed":
-            with torch.set_grad_enabled(grad), self._track(i, recompute):
+            with _grad_mode(grad), self._track(i, recompute):
                 p = model.embed.partial(self.tokens[j])  # [b, S, H] partial sums
             p_link = grad and i in self._links.p
             if p_link:  # reduced in place; epi:0 reads it with its graph (a p-link)
@@ -127,12 +131,13 @@ class ForwardPieces:
         if linked is not None and recompute and self._saves_input(i):
             linked = None  # x_i is the block's saved input, not epi:i-1's output
         x = self._norm_input(i, j, recompute)
-        with torch.set_grad_enabled(grad), self._track(i, recompute):
+        with _grad_mode(grad), self._track(i, recompute):
             # (linked: a view, so the norm's own uses of x_i sum before the residual part
             # joins them in epi:i-1's output, in the order of the unlinked pieces: bit for bit)
             xl = linked.view_as(linked) if linked is not None else x.detach().requires_grad_(grad)
             h = region.norm(xl)
-            hl = h.detach().requires_grad_(grad)
+            # (an h-link: the TP core reads h_i itself, no collective in its backward)
+            hl = h if grad and i in self._links.h else h.detach().requires_grad_(grad)
             out = self._tp_core(i, j, hl)
         self._after_core(i, j, grad, recompute, need_p, (xl, h, hl, out))
 
@@ -185,7 +190,7 @@ class ForwardPieces:
     def _norm(self, i: int, j: int, grad: bool, recompute: bool) -> None:
         """Sequence parallelism's norm:i on this rank's slice x_i -> h_i (gathered next)."""
         x = self._norm_input(i, j, recompute)
-        with torch.set_grad_enabled(grad), self._track(i, recompute):
+        with _grad_mode(grad), self._track(i, recompute):
             xl = x.detach().requires_grad_(grad)
             h = self.chain[i].norm(xl)
         commfree_recompute = recompute and self.spec.recompute == "commfree"
@@ -214,7 +219,7 @@ class ForwardPieces:
         # (at degree 1 the "gathered" h_i is norm:i's output itself: nothing to save on)
         regather = grad and not recompute and i in self._regathering and self.chain[i].tp > 1
         hl = h.detach().requires_grad_(grad)
-        with torch.set_grad_enabled(grad), self._track(i, recompute, (hl, j) if regather else None):
+        with _grad_mode(grad), self._track(i, recompute, (hl, j) if regather else None):
             out = self._tp_core(i, j, hl)
         if regather:  # nothing reads the gathered h_i again: tp:i reads "gh"'s (hl: its grad)
             hl.untyped_storage().resize_(0)
@@ -245,8 +250,11 @@ class ForwardPieces:
                     _set_rng(self.rng.pop((i, j)), self.ctx.device)
                 else:
                     self.rng[i, j] = _get_rng(self.ctx.device)
-            with torch.set_grad_enabled(grad), self._track(i + 1, recompute):
-                xl = None if x is None else x.detach().requires_grad_(grad)
+            with _grad_mode(grad), self._track(i + 1, recompute):
+                xg = self.xg.pop((i, j), None)  # an h-link: x_i with its graph
+                xl = (
+                    xg if xg is not None else None if x is None else x.detach().requires_grad_(grad)
+                )
                 rl = pg if pg is not None else r.detach().requires_grad_(grad)
                 if region.kind == "embed" and self.sp is not None:  # its slice's positions
                     out = region.epilogue(
@@ -277,6 +285,12 @@ class ForwardPieces:
 
     def _rng_devices(self) -> list:
         return [self.ctx.device] if self.ctx.device.type == "cuda" else []
+
+
+def _grad_mode(grad: bool) -> contextlib.AbstractContextManager:
+    """``torch.set_grad_enabled(grad)``, or no context where the mode already is ``grad`` (the
+    forward's usual case: a context of its own costs a few microseconds a piece)."""
+    return _NO_CONTEXT if torch.is_grad_enabled() == grad else torch.set_grad_enabled(grad)
 
 
 def _get_rng(device: torch.device) -> Tensor:

@@ -15,6 +15,16 @@ graphs instead, and the backward of the linked pieces is one call from all their
                    column-parallel matmuls to dh_i (no ``backward_partial``)
 
 so Megatron's backward Compute [norm:i+1, epi:i, tp:i] is one engine call instead of three.
+Where, in the instructions the executor runs, nothing but Computes lies between tp:i and norm:i
+(a region at tp=1 without sp: its "bwd" all-reduce is a no-op the executor drops), the chain
+goes on across Computes::
+
+    h-link at i    body:i's TP core reads h_i itself, not a detached leaf, and epi:i reads
+                   x_i itself (epi:i-1's output) for its residual: tp:i hands its roots on to
+                   this sub-batch's next Compute [norm:i, epi:i-1, ..], which adds none, and
+                   the engine call is made by the first tp that cannot hand on (a collective
+                   follows it, or the embedding's); a whole Megatron step at tp=1 is then one
+                   call from the loss, as the plain model's
 ``program_links`` reads a program once (the executor keeps the result per program) and says
 where each link may be made: an x-link where every backward Compute with norm:i has epi:i-1
 next; a p-link where every backward Compute with epi:i has tp:i next, under a schedule whose
@@ -35,10 +45,12 @@ from oases.schedule.instructions import Compute, Instr
 
 @dataclass(frozen=True)
 class Links:
-    """Regions i with an x-link (norm:i on epi:i-1's output) and with a p-link (epi:i on p_i)."""
+    """Regions i with an x-link (norm:i on epi:i-1's output), a p-link (epi:i on p_i) and an
+    h-link (tp:i's roots handed on to norm:i's Compute)."""
 
     x: frozenset[int]
     p: frozenset[int]
+    h: frozenset[int] = frozenset()
 
 
 def _always_next(program: list[Instr], first: str, then: str, offset: int) -> set[int]:
@@ -65,3 +77,35 @@ def program_links(program: list[Instr], recompute: str, sp: str | None, zero: bo
     skips_row = recompute == "commfree"  # its recompute skips the row-parallel matmul
     p = set() if skips_row or zero or deferring else _always_next(program, "epi", "tp", 0)
     return Links(frozenset(x), frozenset(p))
+
+
+def handed_on(steps: list[Instr], links: Links, recompute: str) -> Links:
+    """``links`` with its h-links: the regions i (every region's x- and p-link held, or the
+    head's x-link) where, in ``steps`` (the instructions the executor runs), each backward
+    Compute ending in tp:i is followed, before any other instruction than a Compute, by its
+    sub-batch's next backward Compute [norm:i, epi:i-1, ..]. Without recompute only: a
+    recompute's segment starts from a saved leaf, not from the glue before it."""
+    if recompute != "none":
+        return links
+    last = max((i for ins in steps if isinstance(ins, Compute) for _, i in ins.pieces), default=-1)
+    ok: dict[int, bool] = {}
+    waiting: dict[int, int] = {}  # sub-batch -> the region whose tp:i ended its last Compute
+    for ins in steps:
+        if not isinstance(ins, Compute):
+            for i in waiting.values():
+                ok[i] = False  # a collective (or p2p, or a release) between: no hand-on
+            waiting = {}
+            continue
+        if ins.phase != "backward":
+            continue
+        i = waiting.pop(ins.sub, None)
+        if i is not None:
+            ok[i] = ok[i] and ins.pieces[:2] == (("norm", i), ("epi", i - 1))
+        kind, i = ins.pieces[-1]
+        if kind == "tp":
+            waiting[ins.sub] = i
+            ok.setdefault(i, True)
+    for i in waiting.values():
+        ok[i] = False  # the last backward Compute: the embedding's, nothing to hand on to
+    h = {i for i, good in ok.items() if good and i in links.x and (i in links.p or i == last)}
+    return Links(links.x, links.p, frozenset(h))
