@@ -144,8 +144,10 @@ class RowParallelLinear(nn.Module):
         self.bias = None if full.bias is None else nn.Parameter(full.bias.detach().clone())
         self.in_features, self.out_features = self.weight.shape[1], full.out_features
 
-    def partial(self, x: Tensor) -> Tensor:
-        return F.linear(x, self.weight)
+    def partial(self, x: Tensor, bias: bool = False) -> Tensor:
+        """x_r W_r^T [.., O], the un-reduced partial sum; ``bias``: plus b (for a caller with
+        no all-reduce to run, tp=1: the plain layer's one matmul)."""
+        return F.linear(x, self.weight, self.bias if bias else None)
 
     def add_bias(self, y: Tensor) -> Tensor:
         """y + b in y's dtype (under bf16 autocast the reduced sum is bf16 and stays so)."""

@@ -146,6 +146,7 @@ class Executor(ForwardPieces, BackwardPieces, CollectiveInstructions, PointToPoi
         self._deferring = frozenset()  # regions whose "dw" the running program has
         self._regathering = frozenset()  # regions whose h_i it gathers again ("gh")
         self._links = Links(frozenset(), frozenset())  # where its pieces share a graph
+        self._fuse_bias = False  # may an h-linked row-parallel matmul add its bias (``run``)
         # id(program) -> (program, its deferring and regathering regions, its links, the
         # instructions run)
         self._compiled: dict[int, tuple] = {}
@@ -189,6 +190,7 @@ class Executor(ForwardPieces, BackwardPieces, CollectiveInstructions, PointToPoi
                 targets = [self.model.target_reshard(y) for y in targets]
         self.tokens, self.targets, self.scale = tokens, targets, loss_scale
         self._deferring, self._regathering, self._links, steps = self._compile(program)
+        self._fuse_bias = not torch.is_autocast_enabled(self.ctx.device.type)
         self._reset()
         timelines = list(active_timelines())
         # honest device times without a synchronize inside the step (``oases.timing``)

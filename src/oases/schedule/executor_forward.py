@@ -133,8 +133,12 @@ class ForwardPieces:
         x = self._norm_input(i, j, recompute)
         with _grad_mode(grad), self._track(i, recompute):
             # (linked: a view, so the norm's own uses of x_i sum before the residual part
-            # joins them in epi:i-1's output, in the order of the unlinked pieces: bit for bit)
-            xl = linked.view_as(linked) if linked is not None else x.detach().requires_grad_(grad)
+            # joins them in epi:i-1's output, in the order of the unlinked pieces: bit for bit;
+            # h-linked: x_i itself, as the plain model's graph, whose order it then has)
+            if linked is None:
+                xl = x.detach().requires_grad_(grad)
+            else:
+                xl = linked if i in self._links.h else linked.view_as(linked)
             h = region.norm(xl)
             # (an h-link: the TP core reads h_i itself, no collective in its backward)
             hl = h if grad and i in self._links.h else h.detach().requires_grad_(grad)
@@ -177,7 +181,9 @@ class ForwardPieces:
         out = graph[-1]
         if self.chain[i].kind != "head" and need_p and grad and i in self._links.p:
             with torch.enable_grad(), self._track(i, recompute):  # a p-link: epi:i reads pg
-                pg = self.chain[i].row.partial(out)  # [b, S, H] partial sums, with its graph
+                # [b, S, H] partial sums, with its graph (an h-link, outside autocast: with the
+                # bias, one matmul as the plain layer's, since no all-reduce comes between)
+                pg = self.chain[i].row.partial(out, bias=self._biased(i))
             self.p[i, j], self.pg[i, j] = pg.detach(), pg  # all-reduced in place
         elif self.chain[i].kind != "head" and need_p:
             with torch.no_grad():
@@ -186,6 +192,12 @@ class ForwardPieces:
             self.bg[i, j] = graph
             if not recompute and self.chain[i].kind != "head":  # y, for the row-parallel bwd
                 self._count_saved(i, out)
+
+    def _biased(self, i: int) -> bool:
+        """Does p_i carry region i's row-parallel bias (added by its matmul, not by epi:i)?
+        Where the region is h-linked (at tp=1 its "fwd" all-reduce is no collective) and the
+        step runs outside autocast (whose bf16 sum then adds the bias as before)."""
+        return self._fuse_bias and i in self._links.h and i in self._links.p
 
     def _norm(self, i: int, j: int, grad: bool, recompute: bool) -> None:
         """Sequence parallelism's norm:i on this rank's slice x_i -> h_i (gathered next)."""
@@ -260,6 +272,8 @@ class ForwardPieces:
                     out = region.epilogue(
                         xl, rl, start=region.tp_group.rank * rl.shape[1], pos_grad=False
                     )  # (their gradient: _bwd_tp)
+                elif self._biased(i):  # r_i holds the bias already (``_after_core``)
+                    out = region.epilogue(xl, rl, biased=True)
                 else:
                     out = region.epilogue(xl, rl)  # x_{i+1} [b, S, H] (a slice under sp)
             if own and not recompute:

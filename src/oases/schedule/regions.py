@@ -132,8 +132,9 @@ def build_chain(model: Transformer) -> list[Region]:
                 r: Tensor,
                 row: RowParallelLinear = row,
                 drop: nn.Module = block.drop,
+                biased: bool = False,  # r holds the bias already (its matmul added it)
             ) -> Tensor:
-                return x + drop(row.add_bias(r))
+                return x + drop(r if biased else row.add_bias(r))
 
             tp = [p for p in sub.parameters() if p is not row.bias]
             name = f"blocks.{layer}.{kind}"
