@@ -1,6 +1,7 @@
 """Where the executor links pieces into one autograd graph (``schedule.links``), and that a
 linked program runs one engine call per backward Compute (Megatron's [norm, epi, tp])."""
 
+import collections
 import copy
 
 import pytest
@@ -95,3 +96,49 @@ def test_engine_entry_checks_shapes_and_falls_back(monkeypatch):
     monkeypatch.setattr(executor_backward, "_ENGINE_RUN", executor_backward._engine_entry())
     executor_backward.run_backward((x * 2,), (g,))
     torch.testing.assert_close(x.grad, direct, rtol=0, atol=0)
+
+
+def _graph_nodes(roots) -> collections.Counter:  # noqa: ANN001
+    seen, stack = set(), [r.grad_fn for r in roots if r.grad_fn is not None]
+    kinds: collections.Counter = collections.Counter()
+    while stack:
+        fn = stack.pop()
+        if fn is None or fn in seen:
+            continue
+        seen.add(fn)
+        kinds[type(fn).__name__] += 1
+        stack += [g for g, _ in fn.next_functions]
+    return kinds
+
+
+@pytest.mark.parametrize("arch", ["gpt2", "llama"])
+def test_at_tp1_a_megatron_step_runs_the_plain_models_graph(monkeypatch, arch):
+    """h-linked regions: the row-parallel bias joins its matmul, norm:i reads x_i itself, so
+    the one engine call runs the plain model's graph, node for node, but for the loss (the
+    vocab-parallel cross-entropy's own node against ``F.cross_entropy``'s)."""
+    torch.manual_seed(0)
+    cfg = ModelConfig(arch=arch, n_layers=3, dim=16, n_heads=2, seq_len=8, vocab_size=32)
+    plain = Transformer(cfg)
+    model = parallelize(copy.deepcopy(plain), init_distributed(tp=1))
+    tokens, targets = torch.randint(0, 32, (2, 8)), torch.randint(0, 32, (2, 8))
+    graphs = []
+    real = executor_backward._ENGINE_RUN
+    monkeypatch.setattr(
+        executor_backward,
+        "_ENGINE_RUN",
+        lambda t, *a, **k: graphs.append(_graph_nodes(t)) or real(t, *a, **k),
+    )
+    build_schedule("megatron").step(model, tokens, targets)
+    loss_nodes = {
+        "LogSoftmaxBackward0",
+        "NllLossBackward0",
+        "MaskedFillBackward0",
+        "MeanBackward0",
+        "_VocabParallelCEBackward",
+    }
+    (ours,) = graphs
+    theirs = _graph_nodes([plain(tokens, targets)])
+    for kinds in (ours, theirs):
+        for name in loss_nodes:
+            kinds.pop(name, None)
+    assert ours == theirs

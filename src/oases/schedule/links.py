@@ -24,7 +24,9 @@ goes on across Computes::
                    this sub-batch's next Compute [norm:i, epi:i-1, ..], which adds none, and
                    the engine call is made by the first tp that cannot hand on (a collective
                    follows it, or the embedding's); a whole Megatron step at tp=1 is then one
-                   call from the loss, as the plain model's
+                   call from the loss, as the plain model's. With no all-reduce between, the
+                   row-parallel bias joins p_i's matmul (outside autocast) and norm:i reads
+                   x_i without a view: the plain model's graph, node for node
 ``program_links`` reads a program once (the executor keeps the result per program) and says
 where each link may be made: an x-link where every backward Compute with norm:i has epi:i-1
 next; a p-link where every backward Compute with epi:i has tp:i next, under a schedule whose
