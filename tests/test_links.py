@@ -22,10 +22,10 @@ def test_megatron_links_every_glue_and_partial():
     links = program_links(program, "none", None, False)
     assert links.x == frozenset(range(1, 6))  # norm:i on epi:i-1's output
     assert links.p == frozenset(range(5))  # epi:i on p_i: every region but the head
-    assert handed_on(program, links, "none").h == frozenset()  # a "bwd" all-reduce after tp:i
+    assert handed_on(program, links, "none", 5).h == frozenset()  # a "bwd" all-reduce after tp:i
     at_tp1 = [ins for ins in program if not (isinstance(ins, (Start, Wait)) and ins.kind == "bwd")]
-    assert handed_on(at_tp1, links, "none").h == frozenset(range(1, 6))  # all but the embedding
-    assert handed_on(at_tp1, links, "block").h == frozenset()  # a recompute starts from a leaf
+    assert handed_on(at_tp1, links, "none", 5).h == frozenset(range(1, 6))  # all but the embedding
+    assert handed_on(at_tp1, links, "block", 5).h == frozenset()  # a recompute starts from a leaf
 
 
 def test_a_collective_between_stops_the_hand_on():
@@ -36,7 +36,7 @@ def test_a_collective_between_stops_the_hand_on():
     steps = [ins for ins in program if not (isinstance(ins, (Start, Wait)) and ins.kind == "bwd")]
     at = next(n for n, ins in enumerate(steps) if getattr(ins, "pieces", ())[-1:] == (("tp", 3),))
     steps.insert(at + 1, Start("dp", 3, 0))
-    assert handed_on(steps, links, "none").h == frozenset({1, 2, 4, 5})
+    assert handed_on(steps, links, "none", 5).h == frozenset({1, 2, 4, 5})
 
 
 def test_recompute_sp_and_zero_keep_their_partials_apart():

@@ -324,7 +324,7 @@ class Executor(ForwardPieces, BackwardPieces, CollectiveInstructions, PointToPoi
         if cached is None or cached[0] is not program:
             links = program_links(program, self.spec.recompute, self.sp, self.zero is not None)
             steps = [ins for ins in program if not self._trivial(ins)]
-            links = handed_on(steps, links, self.spec.recompute)
+            links = handed_on(steps, links, self.spec.recompute, len(self.chain) - 1)
             cached = (program, deferred_regions(program), regathered_regions(program), links, steps)
             self._compiled[id(program)] = cached
         return cached[1:]

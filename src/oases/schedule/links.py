@@ -81,15 +81,16 @@ def program_links(program: list[Instr], recompute: str, sp: str | None, zero: bo
     return Links(frozenset(x), frozenset(p))
 
 
-def handed_on(steps: list[Instr], links: Links, recompute: str) -> Links:
+def handed_on(steps: list[Instr], links: Links, recompute: str, head: int) -> Links:
     """``links`` with its h-links: the regions i (every region's x- and p-link held, or the
     head's x-link) where, in ``steps`` (the instructions the executor runs), each backward
     Compute ending in tp:i is followed, before any other instruction than a Compute, by its
     sub-batch's next backward Compute [norm:i, epi:i-1, ..]. Without recompute only: a
-    recompute's segment starts from a saved leaf, not from the glue before it."""
+    recompute's segment starts from a saved leaf, not from the glue before it. ``head``: the
+    head's region index (the chain's last, whose tp:i starts from the loss; not a pipeline
+    stage's last region)."""
     if recompute != "none":
         return links
-    last = max((i for ins in steps if isinstance(ins, Compute) for _, i in ins.pieces), default=-1)
     ok: dict[int, bool] = {}
     waiting: dict[int, int] = {}  # sub-batch -> the region whose tp:i ended its last Compute
     for ins in steps:
@@ -109,5 +110,5 @@ def handed_on(steps: list[Instr], links: Links, recompute: str) -> Links:
             ok.setdefault(i, True)
     for i in waiting.values():
         ok[i] = False  # the last backward Compute: the embedding's, nothing to hand on to
-    h = {i for i, good in ok.items() if good and i in links.x and (i in links.p or i == last)}
+    h = {i for i, good in ok.items() if good and i in links.x and (i in links.p or i == head)}
     return Links(links.x, links.p, frozenset(h))
