@@ -48,6 +48,7 @@ from oases.planner.search_bounds import chain_bounds
 from oases.planner.search_prefetch import Prefetch
 from oases.planner.simulate import PlanResult, _CachedCosts, simulate_plan
 from oases.planner.space import candidate_degrees, sub_batch_counts
+from oases.planner.tape import tapes_kept
 from oases.schedule.program import SPECS
 from oases.schedule.specs import shards_differ
 
@@ -302,13 +303,14 @@ class _Search:
         searched (less its optimizer step, which sharding shortens), within
         ``BOUND_SLACK``."""
         floors: dict[tuple[str, int], float] = {}
-        self.prefetch = None if self.exhaustive else Prefetch.start(self)
-        try:
-            self._walk(floors)
-        finally:
-            if self.prefetch is not None:
-                self.prefetch.close()
-            self.prefetch = None
+        with tapes_kept():  # (the worker forked below keeps its own)
+            self.prefetch = None if self.exhaustive else Prefetch.start(self)
+            try:
+                self._walk(floors)
+            finally:
+                if self.prefetch is not None:
+                    self.prefetch.close()
+                self.prefetch = None
 
     def _walk(self, floors: dict[tuple[str, int], float]) -> None:
         tight = False

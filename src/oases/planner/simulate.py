@@ -62,7 +62,7 @@ from oases.planner.plan_costs import (
     region_signatures,
 )
 from oases.planner.precision import precision_of
-from oases.planner.tape import COMPUTE, Tape, TapeError, compile_tape
+from oases.planner.tape import COMPUTE, Tape, TapeError, compile_tape, kept_tape
 from oases.planner.tape_walk import walk_tape
 from oases.schedule.program import Instr, deferred_regions
 from oases.schedule.timeline import Event, Timeline
@@ -171,11 +171,17 @@ def _program_args(
     )
 
 
-@functools.lru_cache(maxsize=256)
 def _tape(name: str, n_regions: int, n_sub: int, kw: tuple[tuple[str, object], ...]) -> Tape | None:
     """The compiled program of ``build_program(name, n_regions, n_sub, **kw)`` (None where
     the tape cannot walk it: the reference walks do), remembered: every degree of a schedule
-    walks the same one."""
+    walks the same one (the last 256; inside ``tape.tapes_kept``, a search, every one)."""
+    return kept_tape((name, n_regions, n_sub, kw), lambda: _recent_tape(name, n_regions, n_sub, kw))
+
+
+@functools.lru_cache(maxsize=256)
+def _recent_tape(
+    name: str, n_regions: int, n_sub: int, kw: tuple[tuple[str, object], ...]
+) -> Tape | None:
     from oases.schedule.program import build_program
 
     try:

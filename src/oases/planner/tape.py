@@ -23,12 +23,48 @@ reference walks say what it means.
 
 from __future__ import annotations
 
+import contextlib
+from collections.abc import Callable, Hashable, Iterator
 from dataclasses import dataclass, field
 
 from oases.schedule.program import Compute, Instr, Piece, Start, Wait
 
 COMPUTE, START, WAIT = 0, 1, 2
 CLASSES = ("tp", "reshard", "dp")
+
+
+_KEPT: dict | None = None  # inside ``tapes_kept``: every tape built, by its key
+
+
+@contextlib.contextmanager
+def tapes_kept() -> Iterator[None]:
+    """Inside the block (a search), every tape ``kept_tape`` builds is kept until the
+    outermost block ends; outside, only the callers' own caches keep them. A search asks for
+    the same programs far apart (a chain's bounds up front, its walk later, its L-1 twin in
+    between), more of them than a bounded cache holds: the 96-layer case at 24 GB built 1,596
+    programs for 1,029 distinct ones with the last 256 kept (``benchmarks/2026-12-04-search``)."""
+    global _KEPT
+    outer = _KEPT
+    if outer is None:
+        _KEPT = {}
+    try:
+        yield
+    finally:
+        _KEPT = outer
+
+
+def kept_tape(key: Hashable, build: Callable[[], Tape | None]) -> Tape | None:
+    """``build()``, or the tape built for ``key`` inside the current ``tapes_kept``."""
+    if _KEPT is None:
+        return build()
+    if key not in _KEPT:
+        _KEPT[key] = build()
+    return _KEPT[key]
+
+
+def kept_count() -> int:
+    """How many tapes the current ``tapes_kept`` holds (0 outside one)."""
+    return 0 if _KEPT is None else len(_KEPT)
 
 
 class TapeError(ValueError):
