@@ -25,7 +25,13 @@ def test_megatron_links_every_glue_and_partial():
     assert handed_on(program, links, "none", 5).h == frozenset()  # a "bwd" all-reduce after tp:i
     at_tp1 = [ins for ins in program if not (isinstance(ins, (Start, Wait)) and ins.kind == "bwd")]
     assert handed_on(at_tp1, links, "none", 5).h == frozenset(range(1, 6))  # all but the embedding
-    assert handed_on(at_tp1, links, "block", 5).h == frozenset()  # a recompute starts from a leaf
+    # a block recompute: not where norm:i reads a saved leaf (the blocks' inputs 1, 3, and the
+    # head after a glue run without a graph); the communication-free recompute: nowhere
+    block = build_program("megatron-recompute", 6, 1)
+    block_links = program_links(block, "block", None, False)
+    block = [ins for ins in block if not (isinstance(ins, (Start, Wait)) and ins.kind == "bwd")]
+    assert handed_on(block, block_links, "block", 5, frozenset({1, 3, 5})).h == frozenset({2, 4})
+    assert handed_on(at_tp1, links, "commfree", 5).h == frozenset()
 
 
 def test_a_collective_between_stops_the_hand_on():
@@ -56,7 +62,8 @@ def test_block_recompute_links_its_partials_in_the_recompute():
 def test_linked_programs_run_one_engine_call_per_backward_compute(monkeypatch, name):
     """At tp=1 without recompute every tp:i hands its roots on (h-links): one engine call per
     sub-batch, from its loss, as the plain model's; with a block recompute one per backward
-    Compute, plus the norms whose input is a saved leaf."""
+    Compute, plus the norms whose input is a saved leaf, less a block's MLP's, which hands on
+    to its attention's Compute (its norm reads the recomputed attention glue's output)."""
     torch.manual_seed(0)
     cfg = ModelConfig(n_layers=2, dim=16, n_heads=2, seq_len=8, vocab_size=32)
     plain = Transformer(cfg)
@@ -74,8 +81,8 @@ def test_linked_programs_run_one_engine_call_per_backward_compute(monkeypatch, n
     # a block recompute's norm:i runs on its own where x_i is the block's saved input, and the
     # head's, whose glue epi:i-1 ran in the forward without a graph: per sub-batch, one a block
     # and the head's
-    if name.endswith("recompute"):
-        assert len(calls) == len(backward) + (cfg.n_layers + 1) * n_sub
+    if name.endswith("recompute"):  # each block's MLP hands on to its attention's Compute
+        assert len(calls) == len(backward) + (cfg.n_layers + 1) * n_sub - cfg.n_layers * n_sub
     else:
         assert len(calls) == n_sub
     plain(tokens, targets).backward()
@@ -113,9 +120,11 @@ def _graph_nodes(roots) -> collections.Counter:  # noqa: ANN001
 
 @pytest.mark.parametrize("arch", ["gpt2", "llama"])
 def test_at_tp1_a_megatron_step_runs_the_plain_models_graph(monkeypatch, arch):
-    """h-linked regions: the row-parallel bias joins its matmul, norm:i reads x_i itself, so
-    the one engine call runs the plain model's graph, node for node, but for the loss (the
-    vocab-parallel cross-entropy's own node against ``F.cross_entropy``'s)."""
+    """h-linked regions: the row-parallel bias joins its matmul, so the one engine call runs
+    the plain model's graph node for node, but for the loss (the vocab-parallel
+    cross-entropy's own node against ``F.cross_entropy``'s) and one view per x-linked norm
+    (which keeps the sum of the norm's own uses before the residual's, as the recompute twin
+    sums them: ``test_a_schedule_and_its_recompute_twin_agree_bit_for_bit_at_tp1``)."""
     torch.manual_seed(0)
     cfg = ModelConfig(arch=arch, n_layers=3, dim=16, n_heads=2, seq_len=8, vocab_size=32)
     plain = Transformer(cfg)
@@ -141,4 +150,33 @@ def test_at_tp1_a_megatron_step_runs_the_plain_models_graph(monkeypatch, arch):
     for kinds in (ours, theirs):
         for name in loss_nodes:
             kinds.pop(name, None)
+    theirs["ViewBackward0"] += 2 * cfg.n_layers + 1  # norm:i on epi:i-1's output, i >= 1
     assert ours == theirs
+
+
+@pytest.mark.parametrize("arch", ["gpt2", "llama"])
+def test_a_schedule_and_its_recompute_twin_agree_bit_for_bit_at_tp1(arch):
+    """At tp=1 (h-links: one engine call without recompute, one per block or MLP with it),
+    fp32 under dropout: megatron and megatron-recompute, overlap and overlap-recompute give
+    the same gradients bit for bit (LLaMA's RMSNorm reads x_i twice: the sum order matters)."""
+    torch.manual_seed(0)
+    cfg = ModelConfig(
+        arch=arch, n_layers=3, dim=32, n_heads=4, seq_len=8, vocab_size=64, dropout=0.1
+    )
+    base = Transformer(cfg).train()
+    tokens = torch.randint(0, 64, (4, 8), generator=torch.Generator().manual_seed(1))
+    targets = torch.randint(0, 64, (4, 8), generator=torch.Generator().manual_seed(2))
+    grads = {}
+    for name, k in (
+        ("megatron", 1),
+        ("megatron-recompute", 1),
+        ("overlap", 2),
+        ("overlap-recompute", 2),
+    ):
+        model = parallelize(copy.deepcopy(base), init_distributed(tp=1)).train()
+        torch.manual_seed(5)
+        build_schedule(name, n_sub=k).step(model, tokens, targets)
+        grads[name] = [p.grad for p in model.parameters()]
+    for plain_name in ("megatron", "overlap"):
+        for a, b in zip(grads[plain_name], grads[f"{plain_name}-recompute"], strict=True):
+            torch.testing.assert_close(a, b, rtol=0, atol=0)

@@ -324,7 +324,14 @@ class Executor(ForwardPieces, BackwardPieces, CollectiveInstructions, PointToPoi
         if cached is None or cached[0] is not program:
             links = program_links(program, self.spec.recompute, self.sp, self.zero is not None)
             steps = [ins for ins in program if not self._trivial(ins)]
-            links = handed_on(steps, links, self.spec.recompute, len(self.chain) - 1)
+            head = len(self.chain) - 1
+            leaves = frozenset(  # norm:i on a saved block input, or after a glue run without
+                i  # a graph (the head under a block recompute)
+                for i in range(head + 1)
+                if self._saves_input(i)
+                or (self._in_segment("epi", i - 1) and not self._in_segment("body", i))
+            )
+            links = handed_on(steps, links, self.spec.recompute, head, leaves)
             cached = (program, deferred_regions(program), regathered_regions(program), links, steps)
             self._compiled[id(program)] = cached
         return cached[1:]

@@ -133,12 +133,9 @@ class ForwardPieces:
         x = self._norm_input(i, j, recompute)
         with _grad_mode(grad), self._track(i, recompute):
             # (linked: a view, so the norm's own uses of x_i sum before the residual part
-            # joins them in epi:i-1's output, in the order of the unlinked pieces: bit for bit;
-            # h-linked: x_i itself, as the plain model's graph, whose order it then has)
-            if linked is None:
-                xl = x.detach().requires_grad_(grad)
-            else:
-                xl = linked if i in self._links.h else linked.view_as(linked)
+            # joins them in epi:i-1's output, in the order of the unlinked pieces: bit for bit,
+            # so a schedule and its recompute twin sum every gradient in one order)
+            xl = linked.view_as(linked) if linked is not None else x.detach().requires_grad_(grad)
             h = region.norm(xl)
             # (an h-link: the TP core reads h_i itself, no collective in its backward)
             hl = h if grad and i in self._links.h else h.detach().requires_grad_(grad)
@@ -186,8 +183,9 @@ class ForwardPieces:
                 pg = self.chain[i].row.partial(out, bias=self._biased(i))
             self.p[i, j], self.pg[i, j] = pg.detach(), pg  # all-reduced in place
         elif self.chain[i].kind != "head" and need_p:
-            with torch.no_grad():
-                self.p[i, j] = self.chain[i].row.partial(out)  # [b, S, H] partial sums
+            with torch.no_grad():  # [b, S, H] partial sums (a block recompute's forward: with
+                # the bias where its recompute adds it, ``_biased``: epi:i reads either)
+                self.p[i, j] = self.chain[i].row.partial(out, bias=self._biased(i))
         if grad:
             self.bg[i, j] = graph
             if not recompute and self.chain[i].kind != "head":  # y, for the row-parallel bwd

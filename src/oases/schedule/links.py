@@ -25,8 +25,10 @@ goes on across Computes::
                    the engine call is made by the first tp that cannot hand on (a collective
                    follows it, or the embedding's); a whole Megatron step at tp=1 is then one
                    call from the loss, as the plain model's. With no all-reduce between, the
-                   row-parallel bias joins p_i's matmul (outside autocast) and norm:i reads
-                   x_i without a view: the plain model's graph, node for node
+                   row-parallel bias joins p_i's matmul (outside autocast): the plain model's
+                   graph, but one view per linked norm (its uses of x_i sum before the
+                   residual's, as a recompute twin's do: bit for bit). Under a block
+                   recompute a block's MLP hands on to its attention's Compute
 ``program_links`` reads a program once (the executor keeps the result per program) and says
 where each link may be made: an x-link where every backward Compute with norm:i has epi:i-1
 next; a p-link where every backward Compute with epi:i has tp:i next, under a schedule whose
@@ -81,15 +83,23 @@ def program_links(program: list[Instr], recompute: str, sp: str | None, zero: bo
     return Links(frozenset(x), frozenset(p))
 
 
-def handed_on(steps: list[Instr], links: Links, recompute: str, head: int) -> Links:
+def handed_on(
+    steps: list[Instr],
+    links: Links,
+    recompute: str,
+    head: int,
+    leaf_inputs: frozenset = frozenset(),
+) -> Links:
     """``links`` with its h-links: the regions i (every region's x- and p-link held, or the
     head's x-link) where, in ``steps`` (the instructions the executor runs), each backward
     Compute ending in tp:i is followed, before any other instruction than a Compute, by its
-    sub-batch's next backward Compute [norm:i, epi:i-1, ..]. Without recompute only: a
-    recompute's segment starts from a saved leaf, not from the glue before it. ``head``: the
-    head's region index (the chain's last, whose tp:i starts from the loss; not a pipeline
-    stage's last region)."""
-    if recompute != "none":
+    sub-batch's next backward Compute [norm:i, epi:i-1, ..] (recompute Computes may lie
+    between). Not under the communication-free recompute (its tp:i runs on its own), nor at
+    ``leaf_inputs``: the regions whose norm reads a saved leaf, not epi:i-1's output with its
+    graph (a block recompute's block inputs and the head, whose glue ran without a graph).
+    ``head``: the head's region index (the chain's last, whose tp:i starts from the loss; not a
+    pipeline stage's last region)."""
+    if recompute == "commfree":
         return links
     ok: dict[int, bool] = {}
     waiting: dict[int, int] = {}  # sub-batch -> the region whose tp:i ended its last Compute
@@ -110,5 +120,9 @@ def handed_on(steps: list[Instr], links: Links, recompute: str, head: int) -> Li
             ok.setdefault(i, True)
     for i in waiting.values():
         ok[i] = False  # the last backward Compute: the embedding's, nothing to hand on to
-    h = {i for i, good in ok.items() if good and i in links.x and (i in links.p or i == head)}
+    h = {
+        i
+        for i, good in ok.items()
+        if good and i in links.x and (i in links.p or i == head) and i not in leaf_inputs
+    }
     return Links(links.x, links.p, frozenset(h))
