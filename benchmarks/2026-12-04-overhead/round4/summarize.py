@@ -1,11 +1,13 @@
 """Medians over the repeated runs (repeat.sh): per model and entry, the ratio to the plain step
-and to the k-plain floor, BEFORE and AFTER, and the step in ms. Usage: python summarize.py"""
+and to the k-plain floor, BEFORE and AFTER. Usage: python summarize.py [DIR] (default: this
+round's repeat/; round 5: ../round5/repeat)"""
 
 import json
 import statistics
+import sys
 from pathlib import Path
 
-here = Path(__file__).parent / "repeat"
+here = Path(sys.argv[1]) if len(sys.argv) > 1 else Path(__file__).parent / "repeat"
 rows: dict[tuple[str, str, str], list[dict]] = {}
 for path in sorted(here.glob("*.json")):
     side = path.stem.split("-")[0]
