@@ -261,10 +261,9 @@ class ForwardPieces:
                 else:
                     self.rng[i, j] = _get_rng(self.ctx.device)
             with _grad_mode(grad), self._track(i + 1, recompute):
-                xg = self.xg.pop((i, j), None)  # an h-link: x_i with its graph
-                xl = (
-                    xg if xg is not None else None if x is None else x.detach().requires_grad_(grad)
-                )
+                xl = self.xg.pop((i, j), None)  # an h-link: x_i with its graph
+                if xl is None and x is not None:
+                    xl = x.detach().requires_grad_(grad)
                 rl = pg if pg is not None else r.detach().requires_grad_(grad)
                 if region.kind == "embed" and self.sp is not None:  # its slice's positions
                     out = region.epilogue(
