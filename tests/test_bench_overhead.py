@@ -4,6 +4,7 @@ process, tp=1; no speed is asserted)."""
 import json
 
 import pytest
+import torch
 
 from oases.bench.overhead import format_overhead, parse_overhead_entry, run_overhead
 from oases.cli import main
@@ -44,8 +45,10 @@ def test_overhead_entries_are_checked():
 def test_cli_overhead_flag_is_parsed(monkeypatch, tmp_path):
     seen = {}
 
-    def fake(models, entries, steps, warmup, out):  # noqa: ANN001, ANN202
-        seen.update(models=list(models), entries=entries, steps=steps, warmup=warmup, out=out)
+    def fake(models, entries, steps, warmup, out, graphs):  # noqa: ANN001, ANN202
+        seen.update(
+            models=list(models), entries=entries, steps=steps, warmup=warmup, out=out, graphs=graphs
+        )
 
     monkeypatch.setattr("oases.bench.overhead.run_overhead", fake)
     assert (
@@ -54,3 +57,12 @@ def test_cli_overhead_flag_is_parsed(monkeypatch, tmp_path):
     )
     assert seen["models"] == ["gpt2-24x64", "gpt2-8x512"]
     assert seen["entries"] == ["megatron", "oases@k=4"] and seen["steps"] == 9
+    assert seen["graphs"] is False
+
+
+def test_cuda_graphs_flag_needs_overhead_and_a_gpu(tmp_path, capsys):
+    assert main(["bench", "--cuda-graphs", "--out", str(tmp_path)]) != 0
+    assert "--cuda-graphs goes with --overhead" in capsys.readouterr().err
+    if not torch.cuda.is_available():
+        with pytest.raises(ValueError, match="--cuda-graphs needs a CUDA device"):
+            run_overhead(TINY, ["megatron"], steps=1, warmup=0, graphs=True)

@@ -28,6 +28,12 @@ their per-piece figure is an upper bound; megatron's is the executor's alone.
 Entries are ``NAME`` or ``NAME@k=K`` (sub-batches per micro-batch, overlapped schedules).
 Default models: the issue's two GPT-2 shapes (24 layers x dim 64, 8 layers x dim 512), on
 4 x 16 tokens.
+
+On a GPU (the device ``init_distributed`` picks: CUDA where there is one) every step is timed
+to its end (``torch.cuda.synchronize`` before the clock is read), and ``graphs=True``
+(``--cuda-graphs``) adds a row per entry, ``NAME+graph``: the same step through
+``schedule.graphed.GraphedStep`` (captured once in the warm-up, replayed after), a fourth step
+in the rotation; its ratio is to the same eager plain step.
 """
 
 from __future__ import annotations
@@ -79,21 +85,36 @@ def _program_pieces(program: list) -> tuple[int, int]:
 
 
 def measure_model(
-    cfg: ModelConfig, entries: list[str], steps: int, warmup: int, rows: int = ROWS
+    cfg: ModelConfig,
+    entries: list[str],
+    steps: int,
+    warmup: int,
+    rows: int = ROWS,
+    graphs: bool = False,
 ) -> list[dict]:
-    """One row per entry: median seconds of the plain step and the schedule's, their ratio,
-    and the program's size; see the module docstring for the loop."""
+    """One row per entry (two with ``graphs``): median seconds of the plain step and the
+    schedule's, their ratio, and the program's size; see the module docstring for the loop."""
     from oases.model import Transformer
     from oases.parallel.apply import parallelize
     from oases.parallel.context import init_distributed
     from oases.schedule import build_schedule
+    from oases.schedule.graphed import GraphedStep
 
     torch.manual_seed(0)
     plain = Transformer(cfg)
-    model = parallelize(copy.deepcopy(plain), init_distributed(tp=1))
+    ctx = init_distributed(tp=1)
+    model = parallelize(copy.deepcopy(plain), ctx)
+    device = ctx.device
+    plain = plain.to(device)
     gen = torch.Generator().manual_seed(1)
-    tokens = torch.randint(0, cfg.vocab_size, (rows, cfg.seq_len), generator=gen)
-    targets = torch.randint(0, cfg.vocab_size, (rows, cfg.seq_len), generator=gen)
+    tokens = torch.randint(0, cfg.vocab_size, (rows, cfg.seq_len), generator=gen).to(device)
+    targets = torch.randint(0, cfg.vocab_size, (rows, cfg.seq_len), generator=gen).to(device)
+    if graphs and device.type != "cuda":
+        raise ValueError(f"CUDA graphs need a CUDA device; this process runs on {device}")
+
+    def done() -> None:  # a step's time is its device work's end
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
 
     def plain_step() -> None:
         plain.zero_grad(set_to_none=True)
@@ -113,14 +134,18 @@ def measure_model(
             model.zero_grad(set_to_none=True)
             schedule.step(model, tokens, targets)
 
-        times: dict[str, list[float]] = {"plain": [], "schedule": [], "plain_k": []}
+        times: dict[str, list[float]] = {"plain": [], "schedule": [], "plain_k": [], "graph": []}
         rotation = [("plain", plain_step), ("schedule", sched_step)]
         if k > 1:
             rotation.append(("plain_k", lambda k=k: plain_k_step(k)))
+        graphed = GraphedStep(schedule, say=lambda _: None) if graphs else None
+        if graphed is not None:
+            rotation.append(("graph", lambda g=graphed: g.step(model, tokens, targets)))
         for round_ in range(warmup + steps):
             for key, fn in rotation:
                 t0 = time.perf_counter()
                 fn()
+                done()
                 if round_ >= warmup:
                     times[key].append(time.perf_counter() - t0)
         computes, pieces = _program_pieces(schedule.program(model, rows))
@@ -139,6 +164,20 @@ def measure_model(
                 "host_per_piece_s": max(0.0, t_sched - t_plain) / pieces,
             }
         )
+        if graphed is not None:
+            t_graph = statistics.median(times["graph"])
+            results.append(
+                {
+                    **results[-1],
+                    "entry": f"{entry}+graph",
+                    "schedule_s": t_graph,
+                    "ratio": t_graph / t_plain,
+                    "ratio_k": t_graph / t_plain_k,
+                    "host_per_piece_s": max(0.0, t_graph - t_plain) / pieces,
+                    "graphs": graphed.captured(model),
+                    "eager_because": "; ".join(graphed.reasons),
+                }
+            )
     return results
 
 
@@ -148,6 +187,7 @@ def run_overhead(
     steps: int,
     warmup: int,
     out: Path | None = None,
+    graphs: bool = False,
 ) -> dict:
     """Measure every entry on every model; print the table, write ``overhead.json`` and
     ``overhead.md`` into ``out`` when given; return the result."""
@@ -156,16 +196,24 @@ def run_overhead(
     for entry in entries:
         parse_overhead_entry(entry)
     from oases.bench.kernel_profile import measure_launch
+    from oases.parallel.context import init_distributed
 
-    host_op_s = measure_launch(torch.device("cpu"))[1]
+    device = init_distributed(tp=1).device
+    if graphs and device.type != "cuda":
+        raise ValueError(f"--cuda-graphs needs a CUDA device; this process runs on {device}")
+    host_op_s = measure_launch(device)[1]
     result = {
         "rows": ROWS,
+        "device": str(device),
         "host_op_s": host_op_s,
         "steps": steps,
         "warmup": warmup,
         "threads": torch.get_num_threads(),
         "models": {
-            label: {"config": asdict(cfg), "entries": measure_model(cfg, entries, steps, warmup)}
+            label: {
+                "config": asdict(cfg),
+                "entries": measure_model(cfg, entries, steps, warmup, graphs=graphs),
+            }
             for label, cfg in models.items()
         },
     }
@@ -188,7 +236,8 @@ def format_overhead(result: dict) -> str:
     """A text table: per model, each entry's ratio to the plain step, the two medians, the
     program's computes/pieces and the host cost per piece."""
     lines = [
-        f"tp=1, one process, {result['rows']} x seq tokens, medians of {result['steps']} "
+        f"tp=1, one process on {result.get('device', 'cpu')}, {result['rows']} x seq tokens, "
+        f"medians of {result['steps']} "
         f"after {result['warmup']} warm-ups, {result['threads']} threads; one eager op "
         f"{result['host_op_s'] * 1e6:.1f} us"
     ]

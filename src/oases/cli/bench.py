@@ -81,6 +81,12 @@ def _bench_arguments(bench: argparse.ArgumentParser) -> None:
         "issue's two GPT-2 shapes (the config is not used; --out gets overhead.json/.md)",
     )
     bench.add_argument(
+        "--cuda-graphs",
+        action="store_true",
+        help="with --overhead on a GPU: also each schedule's step captured as a CUDA graph "
+        "and replayed (a NAME+graph row per entry)",
+    )
+    bench.add_argument(
         "--memory-profile",
         metavar="FILE",
         default=None,
@@ -109,8 +115,11 @@ def _bench(ns: argparse.Namespace, overrides: list[str]) -> int:
             9 if ns.steps is None else ns.steps,
             ns.warmup,
             Path(ns.out),
+            graphs=ns.cuda_graphs,
         )
         return 0
+    if ns.cuda_graphs:
+        raise ValueError("--cuda-graphs goes with --overhead (training: schedule.cuda_graphs)")
     ns.steps = 5 if ns.steps is None else ns.steps
     if ns.steps < 1 or ns.warmup < 0:
         raise ValueError(f"--steps={ns.steps} must be >= 1 and --warmup={ns.warmup} >= 0")

@@ -59,6 +59,8 @@ KEY_HELP: dict[str, str] = {
     "overlap-recompute, oases, merak, megatron-sp",
     "schedule.n_sub": "sub-batches per micro-batch (overlapped schedules; merak: 2 or more)",
     "schedule.max_inflight": "collectives a schedule keeps open at once",
+    "schedule.cuda_graphs": "capture a step as a CUDA graph and replay it (one GPU, static "
+    "shapes; else eager, the reason said once)",
     "train.steps": "optimizer steps",
     "train.global_batch": "sequences per optimizer step, over the whole job",
     "train.micro_batch": "sequences per model replica (one DP rank) per forward and backward",

@@ -122,6 +122,7 @@ class ScheduleConfig:
     name: str = "megatron"
     n_sub: int = 2
     max_inflight: int = 1
+    cuda_graphs: bool = False  # a step captured once and replayed (``schedule.graphed``)
 
     def __post_init__(self) -> None:
         _check(self.name != "", "schedule.name must not be empty")

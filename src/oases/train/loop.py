@@ -4,6 +4,7 @@ Every rank runs ``train(cfg)``. Order of one step::
 
     tokens, targets [B, S]  (this DP rank's rows; the same on every TP rank of the DP group)
     schedule.step           forward + backward over micro-batches, grads averaged over DP
+                            (schedule.cuda_graphs: captured once, replayed: schedule.graphed)
     clip_grad_norm_         global norm over TP shards (all-reduce) + replicated params (once)
     optimizer.step, zero_grad
 
@@ -68,6 +69,7 @@ from oases.parallel.shard import materialized, shard_model
 from oases.plan import ParallelPlan
 from oases.precision import resolve_precision, upcast
 from oases.schedule import build_schedule, record_timeline
+from oases.schedule.graphed import GraphedStep
 from oases.schedule.specs import sub_batches
 from oases.train import checkpoint as ckpt
 from oases.train import faults
@@ -230,6 +232,7 @@ def train(
         grad_reduce_dtype=precision.grad_reduce_dtype,
         sp=cfg.parallel.sp(),
     )
+    stepper = GraphedStep(schedule, say=say) if cfg.schedule.cuda_graphs else schedule
     meshes = {d: build_tp_mesh(ctx, d) for d in plan.degrees()}  # checkpoints' DTensors
     tp_groups = {pid: ctx.groups_for(d)[0] for pid, d in parameter_degrees(model).items()}
     losses_over = loss_group(model, ctx)
@@ -356,7 +359,7 @@ def train(
             counting = peak_live_bytes(ctx.device) if count_live else contextlib.nullcontext({})
             with counting as live:
                 with precision.autocast(), recording as timeline:
-                    local = schedule.step(model, tokens.to(ctx.device), targets.to(ctx.device))
+                    local = stepper.step(model, tokens.to(ctx.device), targets.to(ctx.device))
                 drawing_s = 0.0  # the timeline's picture is not the step's time
                 if timeline is not None:  # one step's picture, the second of the run (warmed up)
                     drawn = time.perf_counter()
