@@ -262,6 +262,7 @@ def test_kernel_profile_on_this_cpu_writes_a_cluster_file_the_planner_reads(tmp_
     gpu = loaded.server.gpu
     assert "fp32" in gpu.peak_flops and 0 < gpu.matmul_efficiency <= 1
     assert gpu.kernels["kernel_gap_s"] > 0 and gpu.kernels["host_op_s"] > 0
+    assert gpu.kernels["executor_ops"] >= 0  # the executor's own, measured (bench.overhead)
     assert any(k.startswith("attn_fwd_causal_d64_") for k in gpu.kernels)
     small = dataclasses.replace(
         LLAMA, dim=256, n_heads=4, n_kv_heads=4, ffn_dim=512, vocab_size=1024, seq_len=128

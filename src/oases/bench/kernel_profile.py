@@ -11,6 +11,9 @@ One process, no ranks, on the local GPU (CUDA) or, without one, on this machine'
     memory        a STREAM-like triad (a = b + s c) over tensors far beyond the caches
     launch        back-to-back tiny kernels: the device time per kernel (``kernel_gap_s``)
                   and the host time to dispatch one op (``host_op_s``)
+    executor      the executor's own host work per piece, in those ops (``executor_ops``):
+                  ``oases bench --overhead``'s megatron and overlap k=2 steps against the
+                  plain model on the same sub-batches (``measure_executor_ops``)
 
 The link fields are a placeholder (one server of one device): the file prices compute; a
 cluster file of your own joins its GPU table to your links. On CPU the per-piece profile of
@@ -138,6 +141,25 @@ def measure_attention(
     return out
 
 
+def measure_executor_ops(host_op_s: float, quick: bool = False) -> float:
+    """The executor's own host work per piece in ``host_op_s`` units: (a schedule's step - the
+    plain model's on the same k sub-batches) / the program's pieces, the mean of megatron's and
+    overlap k=2's (schedules without recompute: their pieces run the plain model's kernels, so
+    the difference is the executor's). On the device ``init_distributed`` picks (CUDA where
+    there is one), on ``bench.overhead``'s 24 x 64 GPT-2 (``quick``: a 2-layer model)."""
+    from oases.bench.overhead import OVERHEAD_MODELS, measure_model
+    from oases.config import ModelConfig
+
+    cfg = (
+        ModelConfig(n_layers=2, dim=16, n_heads=2, seq_len=8, vocab_size=32)
+        if quick
+        else OVERHEAD_MODELS["gpt2-24x64"]
+    )
+    rows = measure_model(cfg, ["megatron", "overlap@k=2"], 3 if quick else 9, 1 if quick else 2)
+    per_piece = [max(0.0, r["schedule_s"] - r["plain_k_s"]) / r["pieces"] for r in rows]
+    return sum(per_piece) / len(per_piece) / host_op_s
+
+
 def measure_kernels(
     device: torch.device, dtype: str = "bf16", repeats: int = 5, quick: bool = False
 ) -> Cluster:
@@ -160,6 +182,7 @@ def measure_kernels(
     gemm = measure_gemm(device, tdtype, repeats, sizes)
     stream = measure_stream(device, (8 << 20) if quick else (1 << 30), repeats)
     gap, host = measure_launch(device, 50 if quick else 200)
+    executor_ops = measure_executor_ops(host, quick)
     key = "fp32" if tdtype == torch.float32 else dtype
     peak = preset.peak_flops.get(key, gemm["flops_per_s"]) if preset else gemm["flops_per_s"]
     bandwidth = preset.memory_bandwidth_bytes_per_s if preset else stream
@@ -194,8 +217,15 @@ def measure_kernels(
         f"oases profile --kernels on {name}, torch {torch.__version__}: torch.mm best "
         f"{gemm['flops_per_s'] / 1e12:.2f} TFLOP/s at {gemm['n']}^3, triad "
         f"{stream / 1e9:.1f} GB/s, {gap * 1e6:.1f} us per kernel, {host * 1e6:.1f} us "
-        "per op dispatched, SDPA by head dim and sequence",
-        kernels={"sms": float(sms), "kernel_gap_s": gap, "host_op_s": host, **attn},
+        f"per op dispatched, the executor {executor_ops:.2f} ops per piece, SDPA by head dim "
+        "and sequence",
+        kernels={
+            "sms": float(sms),
+            "kernel_gap_s": gap,
+            "host_op_s": host,
+            "executor_ops": executor_ops,
+            **attn,
+        },
     )
     return Cluster(
         f"measured-{'cpu' if cpu else 'gpu'}",

@@ -189,9 +189,9 @@ def _profile_arguments(profile: argparse.ArgumentParser) -> None:
         "--kernels",
         action="store_true",
         help="measure the kernel model's terms (GEMM, attention, STREAM-like bandwidth, "
-        "launch and host cost) on this device, the local GPU or else this CPU, in one process, "
-        "and write them as a cluster file for `oases simulate --cluster` (--out; the config "
-        "and --nproc-per-node are not used)",
+        "launch, host and executor cost) on this device, the local GPU or else this CPU, in one "
+        "process, and write them as a cluster file for `oases simulate --cluster` (--out; the "
+        "config and --nproc-per-node are not used)",
     )
     profile.add_argument(
         "--dtype",
