@@ -226,6 +226,10 @@ def measure_kernels(
             "executor_ops": executor_ops,
             **attn,
         },
+        # (NCCL's tuning row: an H200's 9.0, not the field's default 8.0)
+        compute_capability=(
+            8.0 if cpu else float("{}.{}".format(*torch.cuda.get_device_capability(device)))
+        ),
     )
     return Cluster(
         f"measured-{'cpu' if cpu else 'gpu'}",
