@@ -31,7 +31,13 @@ def test_megatron_links_every_glue_and_partial():
     block_links = program_links(block, "block", None, False)
     block = [ins for ins in block if not (isinstance(ins, (Start, Wait)) and ins.kind == "bwd")]
     assert handed_on(block, block_links, "block", 5, frozenset({1, 3, 5})).h == frozenset({2, 4})
-    assert handed_on(at_tp1, links, "commfree", 5).h == frozenset()
+    # the communication-free recompute (no p-links): every region but the embedding, the
+    # recompute Computes between; not where its norm reads a saved leaf (after a reshard)
+    free = build_program("commfree-recompute", 6, 1)
+    free_links = program_links(free, "commfree", None, False)
+    free = [ins for ins in free if not (isinstance(ins, (Start, Wait)) and ins.kind == "bwd")]
+    assert handed_on(free, free_links, "commfree", 5).h == frozenset(range(1, 6))
+    assert handed_on(free, free_links, "commfree", 5, frozenset({3})).h == frozenset({1, 2, 4, 5})
 
 
 def test_a_collective_between_stops_the_hand_on():
@@ -58,12 +64,24 @@ def test_block_recompute_links_its_partials_in_the_recompute():
     assert links.p == frozenset(range(5)) and links.x
 
 
-@pytest.mark.parametrize("name", ["megatron", "overlap", "megatron-recompute", "overlap-recompute"])
+@pytest.mark.parametrize(
+    "name",
+    [
+        "megatron",
+        "overlap",
+        "megatron-recompute",
+        "overlap-recompute",
+        "commfree-recompute",
+        "oases",
+    ],
+)
 def test_linked_programs_run_one_engine_call_per_backward_compute(monkeypatch, name):
     """At tp=1 without recompute every tp:i hands its roots on (h-links): one engine call per
     sub-batch, from its loss, as the plain model's; with a block recompute one per backward
     Compute, plus the norms whose input is a saved leaf, less a block's MLP's, which hands on
-    to its attention's Compute (its norm reads the recomputed attention glue's output)."""
+    to its attention's Compute (its norm reads the recomputed attention glue's output); with
+    the communication-free recompute one per region (each glue's, where a recompute lies
+    between, and the embedding's), not two."""
     torch.manual_seed(0)
     cfg = ModelConfig(n_layers=2, dim=16, n_heads=2, seq_len=8, vocab_size=32)
     plain = Transformer(cfg)
@@ -74,14 +92,16 @@ def test_linked_programs_run_one_engine_call_per_backward_compute(monkeypatch, n
     monkeypatch.setattr(
         executor_backward, "_ENGINE_RUN", lambda *a, **k: calls.append(1) or real(*a, **k)
     )
-    n_sub = 2 if name.startswith("overlap") else 1
+    n_sub = 2 if name.startswith("overlap") or name == "oases" else 1
     schedule = build_schedule(name, n_sub=n_sub)
     schedule.step(model, tokens, targets)
     backward = [i for i in schedule.program(model, 2) if getattr(i, "phase", "") == "backward"]
     # a block recompute's norm:i runs on its own where x_i is the block's saved input, and the
     # head's, whose glue epi:i-1 ran in the forward without a graph: per sub-batch, one a block
     # and the head's
-    if name.endswith("recompute"):  # each block's MLP hands on to its attention's Compute
+    if name in ("commfree-recompute", "oases"):  # the head's tp hands on; each other Compute
+        assert len(calls) == len(backward)  # one call, and the embedding's lookup one more
+    elif name.endswith("recompute"):  # each block's MLP hands on to its attention's Compute
         assert len(calls) == len(backward) + (cfg.n_layers + 1) * n_sub - cfg.n_layers * n_sub
     else:
         assert len(calls) == n_sub

@@ -331,8 +331,9 @@ class Executor(ForwardPieces, BackwardPieces, CollectiveInstructions, PointToPoi
                 if self._saves_input(i)
                 or (self._in_segment("epi", i - 1) and not self._in_segment("body", i))
             )
-            links = handed_on(steps, links, self.spec.recompute, head, leaves)
-            cached = (program, deferred_regions(program), regathered_regions(program), links, steps)
+            deferring = deferred_regions(program)  # (their tp:i leaves dW to a "dw" piece)
+            links = handed_on(steps, links, self.spec.recompute, head, leaves | deferring)
+            cached = (program, deferring, regathered_regions(program), links, steps)
             self._compiled[id(program)] = cached
         return cached[1:]
 

@@ -62,9 +62,16 @@ class BackwardPieces:
     # -------------------------------------------------------------------------------- pieces
     def _bwd_norm(self, i: int, j: int) -> None:
         xl, h, _, _ = self.bg.pop((i, j))
-        if i in self._links.h:  # h-linked: h_i and the residual are in the handed-on graph
-            return
         res = self.gres.pop((i, j), None)
+        if i in self._links.h:  # h-linked: tp:i's roots, handed on to here, run through norm:i
+            if xl.grad_fn is not None:  # x-linked: epi:i-1's call runs them, and the residual
+                # part where epi:i read the saved x_i (communication-free recompute)
+                self._roots += [] if res is None else [(xl._base, res)]
+                return
+            _backward(self._roots)  # x_i a leaf (the glue before was an identity): run here
+            self._roots = []
+            self.gx[i, j] = xl.grad if res is None else xl.grad + res
+            return
         if xl.grad_fn is not None:  # x-linked: xl views epi:i-1's output, whose call runs these
             self._roots += [(h, self.dh.pop((i, j)))] + ([] if res is None else [(xl._base, res)])
             return
@@ -125,6 +132,10 @@ class BackwardPieces:
             self.wg[i, j] = (out, dr, stash)
         else:
             dy = region.row.backward_partial(out, self.dr.pop((i, j)))  # [b, S, I/t]
+            if i in self._links.h:  # (communication-free recompute) norm:i's Compute goes on
+                self._roots = [(out, dy)]
+                self.bg[i, j] = (xl, h, None, None)
+                return
             run_backward((out,), (dy,))
         self.bg[i, j] = (xl, h, None, None)  # (sp: hl, the gathered h_i, is let go here)
         self.hagain.pop((i, j), None)  # (dw:i's stash keeps what it still reads)

@@ -28,7 +28,10 @@ goes on across Computes::
                    row-parallel bias joins p_i's matmul (outside autocast): the plain model's
                    graph, but one view per linked norm (its uses of x_i sum before the
                    residual's, as a recompute twin's do: bit for bit). Under a block
-                   recompute a block's MLP hands on to its attention's Compute
+                   recompute a block's MLP hands on to its attention's Compute; under the
+                   communication-free recompute (no p-link) tp:i hands on (y_i, dy_i) after
+                   its row-parallel backward, and norm:i adds the residual part of dx_i (epi:i
+                   read the saved x_i): one engine call per region, not two
 ``program_links`` reads a program once (the executor keeps the result per program) and says
 where each link may be made: an x-link where every backward Compute with norm:i has epi:i-1
 next; a p-link where every backward Compute with epi:i has tp:i next, under a schedule whose
@@ -94,13 +97,14 @@ def handed_on(
     head's x-link) where, in ``steps`` (the instructions the executor runs), each backward
     Compute ending in tp:i is followed, before any other instruction than a Compute, by its
     sub-batch's next backward Compute [norm:i, epi:i-1, ..] (recompute Computes may lie
-    between). Not under the communication-free recompute (its tp:i runs on its own), nor at
-    ``leaf_inputs``: the regions whose norm reads a saved leaf, not epi:i-1's output with its
-    graph (a block recompute's block inputs and the head, whose glue ran without a graph).
-    ``head``: the head's region index (the chain's last, whose tp:i starts from the loss; not a
-    pipeline stage's last region)."""
-    if recompute == "commfree":
-        return links
+    between). Under the communication-free recompute (no p-links: its tp:i runs the row-parallel
+    backward outside autograd) the roots handed on are (y_i, dy_i); not at ``leaf_inputs``: the
+    regions whose norm reads a saved leaf, not epi:i-1's output with its graph (a block
+    recompute's block inputs, a communication-free recompute's inputs after a reshard, and the
+    head where its glue ran without a graph), and those whose tp:i leaves its weight gradients
+    to a "dw" piece (the executor passes both). ``head``: the head's region index (the chain's
+    last, whose tp:i starts from the loss; not a pipeline stage's last region)."""
+    commfree = recompute == "commfree"
     ok: dict[int, bool] = {}
     waiting: dict[int, int] = {}  # sub-batch -> the region whose tp:i ended its last Compute
     for ins in steps:
@@ -123,6 +127,9 @@ def handed_on(
     h = {
         i
         for i, good in ok.items()
-        if good and i in links.x and (i in links.p or i == head) and i not in leaf_inputs
+        if good
+        and i in links.x
+        and (i in links.p or i == head or commfree)
+        and i not in leaf_inputs
     }
     return Links(links.x, links.p, frozenset(h))
