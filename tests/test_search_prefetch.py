@@ -59,9 +59,9 @@ def test_two_processes_give_the_one_process_search(index, budget_kind, monkeypat
     taken = []
     take = prefetch.Prefetch._take
 
-    def counting(self, search, chain):
+    def counting(self, search):
         before = len(search.prefetched)
-        take(self, search, chain)
+        take(self, search)
         taken.append(len(search.prefetched) - before)
 
     monkeypatch.setattr(prefetch.Prefetch, "_take", counting)
