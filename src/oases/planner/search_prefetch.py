@@ -98,6 +98,8 @@ class Prefetch:
         self.answered: set[Chain] = set()
         self.broken = False
         self.aside = 0  # chains walked aside here (speculatively)
+        self.known: dict[int, bool] = {}  # the walk's chains so far: did memory bind?
+        self.last: int | None = None
 
     @classmethod
     def start(cls, search: _Search) -> Prefetch | None:
@@ -116,7 +118,10 @@ class Prefetch:
         ``binds``: some chain of this micro-batch did; ``floors``: the walk's): tell the worker,
         and where the worker has claimed it, walk guessed chains aside until its answers
         came."""
-        state = (chain, tight, binds, dict(floors), search.incumbent)
+        if self.last is not None:
+            self.known[self.last] = tight
+        self.last = self.index[chain]
+        state = (chain, tight, binds, dict(floors), search.incumbent, dict(self.known))
         if not self.broken:
             try:
                 self.states.send(state)
@@ -210,23 +215,48 @@ def _order(search: _Search) -> Iterator[Chain]:
 
 
 def _guesses(
-    prefetch: Prefetch, chain: Chain, tight: bool, binds: bool, floors: dict, incumbent: float
+    prefetch: Prefetch,
+    chain: Chain,
+    tight: bool,
+    binds: bool,
+    floors: dict,
+    incumbent: float,
+    known: dict[int, bool],
 ) -> Iterator[Chain]:
     """The chains the walk will probably search after ``chain``, in its order, from what it
-    knew before ``chain`` (see the module docstring), less those claimed by the other."""
+    knew before ``chain`` (see the module docstring), less those claimed by the other. The walk
+    goes on past a ZeRO stage of 1 or more (to the next stage of its schedule and sub-batch
+    count) only where memory bound it: known for the chains the walk searched (``known``, by
+    their position in the order), guessed from the last chain of that micro-batch and stage it
+    searched (``tight`` where none)."""
     from oases.planner.search import BOUND_SLACK
 
-    claims, at = prefetch.claims, prefetch.index[chain]
-    for i in range(at + 1, len(prefetch.order)):
-        shape, zero, schedule, n_sub = prefetch.order[i]
+    claims, order, at = prefetch.claims, prefetch.order, prefetch.index[chain]
+    like = {order[i][:2]: bound for i, bound in known.items()}  # (the walk's order: last wins)
+
+    def goes_on(i: int) -> bool:  # past chain i (its ZeRO stage 1 or more)
+        return known.get(i, like.get(order[i][:2], tight))
+
+    group, on = _group(chain), chain[1] == 0 or goes_on(at)
+    for i in range(at + 1, len(order)):
+        shape, zero, schedule, n_sub = order[i]
         if shape != chain[0] and not (binds or tight):
             return  # a smaller micro-batch only while memory binds
-        if zero != 1 and floors.get((schedule, n_sub), 0.0) * BOUND_SLACK >= incumbent:
+        if _group(order[i]) != group:
+            group, on = _group(order[i]), True
+        if not on:
             continue
-        if zero >= 2 and not tight:
+        if zero != 1 and floors.get((schedule, n_sub), 0.0) * BOUND_SLACK >= incumbent:
+            on = False  # the walk breaks here
             continue
         if claims[i] == FREE:
-            yield prefetch.order[i]
+            yield order[i]
+        on = zero == 0 or goes_on(i)
+
+
+def _group(chain: Chain) -> tuple:
+    """A chain's micro-batch, schedule and sub-batch count (its ZeRO stages follow)."""
+    return chain[0], chain[2], chain[3]
 
 
 def _serve(search: _Search, prefetch: Prefetch, states: Connection, answers: Connection) -> None:
