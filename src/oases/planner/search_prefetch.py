@@ -264,6 +264,8 @@ def _serve(search: _Search, prefetch: Prefetch, states: Connection, answers: Con
     aside, send back what it computed; wait for the walk's next state where none is left.
     Two threads beside it read the walk's states (the latest kept) and send the answers, so
     neither process waits on a full pipe."""
+    prefetch.states.close()  # (the walk's ends: the worker sees its end of states as EOF)
+    prefetch.answers.close()
     outbox: queue.Queue[bytes | None] = queue.Queue()
     box = {"state": None, "seq": 0}  # the walk's latest state, and how many came
     changed = threading.Condition()
