@@ -59,9 +59,9 @@ def test_two_processes_give_the_one_process_search(index, budget_kind, monkeypat
     taken = []
     take = prefetch.Prefetch._take
 
-    def counting(self, search, chain):
+    def counting(self, search):
         before = len(search.prefetched)
-        take(self, search, chain)
+        take(self, search)
         taken.append(len(search.prefetched) - before)
 
     monkeypatch.setattr(prefetch.Prefetch, "_take", counting)
@@ -70,3 +70,27 @@ def test_two_processes_give_the_one_process_search(index, budget_kind, monkeypat
     two = _search(CASES[index], budget_kind, 2, monkeypatch)
     assert two == one  # every candidate (floats equal), the best, every count
     assert sum(taken) > 0  # the worker's answers were used
+
+
+def test_the_walk_walks_chains_aside_while_the_worker_is_slow(monkeypatch):
+    """A slow worker (each chain it walks delayed): the walk, reaching a chain the worker has
+    claimed and not answered, walks the next free ones aside; the same search still."""
+    import os
+    import time
+
+    main, walked = os.getpid(), []
+    walk_aside = prefetch.walk_aside
+
+    def slow(search, chain):
+        if os.getpid() != main:
+            time.sleep(0.2)
+        else:
+            walked.append(chain)
+        return walk_aside(search, chain)
+
+    monkeypatch.setattr(prefetch, "walk_aside", slow)
+    one = _search(CASES[2], "tight", 1, monkeypatch)
+    assert not walked
+    two = _search(CASES[2], "tight", 2, monkeypatch)
+    assert two == one
+    assert walked  # chains walked aside by the walk's process

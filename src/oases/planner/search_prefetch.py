@@ -1,30 +1,35 @@
-"""The fast plan search on two cores: while the search walks one chain, a forked copy of it
-walks the chain it will probably walk next, and hands back what it computed; the search then
-walks that chain as before, taking each answer from what came back instead of computing it.
+"""The fast plan search on two cores: a forked worker walks the chains the search will probably
+walk next, and hands back what it computed; the search walks each chain as before, taking each
+answer from what came back instead of computing it. Neither process waits on the other while
+a chain is left to guess: each takes the next chain of the guessed order that neither has
+claimed, and the search, reaching a chain the worker is still walking, walks the next free one
+meanwhile (a speculative walk: its answers kept aside, not counted), as the worker does.
 
-    main process (``planner.search``)           worker (forked at the walk's start)
-    chain 1: ask for chain 2 ------------------> chain 2 walked (its own caches)
-             chain 1 walked                       |
-    chain 2: <------------- answers of chain 2 ---'
-             chain 2 walked from the answers
-    chain 3: ask for chain 4 ------------------> chain 4 walked ...
+    main process (``planner.search``)          worker (forked at the walk's start)
+    chain 1 (claimed here) walked               chain 2 claimed, walked: answers sent
+    chain 2: its answers taken                  chain 3 claimed, walked ...
+    chain 3: the worker's still: chain 4        |
+             claimed and walked aside here      chain 5 claimed ...
+    chain 3: <--------------- answers ----------'
+    chain 4 walked from the answers kept aside
 
 What comes back are values of pure functions, keyed by their whole input: plans simulated
 (``_Search.simulate``'s key: layers, the plan, the micro-batch, memory walked or not; a batch
 that does not split comes back with its error), chain bounds (``_Search.skip``'s key) and
 chain solves (``ChainModel.fastest``'s key: the chain's arrays and the limit). The main
 process still makes every decision itself, in the same order, on the same values: a plan
-simulated is counted when the walk first asks for it, whether its answer came back or was
-computed there; an answer never asked for is never counted. So the plan chosen, every
-candidate and every count are those of the walk on one core (``tests/test_search_exact.py``
-compares the two).
+simulated is counted when the walk first asks for it, whether its answer came back, was
+computed aside or is computed there; an answer never asked for is never counted. So the plan
+chosen, every candidate and every count are those of the walk on one core
+(``tests/test_search_exact.py`` compares the two).
 
-Which chain comes next depends on the chain being walked (does memory bind? the fastest plan
-that fits so far): ``_next`` guesses it from the walk's order and what the walk knew when
-asking (a ZeRO stage above 1, a smaller micro-batch: only while memory bound the chain
-before). A wrong guess costs the worker's time only. The worker is told the fastest step
-that fits so far, so it skips a chain by its bounds only where the walk will skip it too
-(that step only falls).
+Which chains come next depends on the chains being walked (does memory bind? the fastest plan
+that fits so far): ``_guesses`` guesses them from the walk's order and what the walk knew at
+its last chain (a ZeRO stage above 1, a smaller micro-batch: only while memory bound the chain
+before). A wrong guess costs the guesser's time only. A chain walked ahead is told the fastest
+step that fits so far, so it skips a chain by its bounds only where the walk will skip it too
+(that step only falls). Who walks a chain is settled by a claim (a shared array under a lock):
+the first to claim it walks it, the other never does.
 
 ``PROCESSES``: 1 (no worker: the walk computes everything, as before) unless
 ``use_spare_core`` is called (``oases plan`` does): then 2 where the machine gives this process
@@ -38,6 +43,10 @@ from __future__ import annotations
 import contextlib
 import multiprocessing
 import os
+import pickle
+import queue
+import threading
+from collections import ChainMap
 from collections.abc import Iterator
 from typing import TYPE_CHECKING
 
@@ -49,6 +58,7 @@ if TYPE_CHECKING:
     from oases.planner.search import _Search
 
 Chain = tuple  # (micro-batch shape, ZeRO stage, schedule, sub-batch count)
+FREE, MAIN, WORKER = 0, 1, 2  # a chain's claim
 
 
 def _cores() -> int:
@@ -74,79 +84,123 @@ class Prefetch:
 
     def __init__(self, search: _Search) -> None:
         ctx = multiprocessing.get_context("fork")
-        self.conn, theirs = ctx.Pipe()
-        self.proc = ctx.Process(target=_serve, args=(search, theirs), daemon=True)
-        self.proc.start()
-        theirs.close()
         self.order = list(_order(search))
-        self.waiting: list[Chain] = []  # asked, answers not read yet
-        self.asked: set[Chain] = set()
-        self.done: set[Chain] = set()
+        self.index = {chain: i for i, chain in enumerate(self.order)}
+        self.lock = ctx.Lock()
+        self.claims = ctx.RawArray("b", len(self.order))
+        self.answers, answers_w = ctx.Pipe(duplex=False)  # worker -> main
+        states_r, self.states = ctx.Pipe(duplex=False)  # main -> worker
+        self.proc = ctx.Process(target=_serve, args=(search, self, states_r, answers_w))
+        self.proc.daemon = True
+        self.proc.start()
+        states_r.close()
+        answers_w.close()
+        self.answered: set[Chain] = set()
         self.broken = False
+        self.aside = 0  # chains walked aside here (speculatively)
+        self.known: dict[int, bool] = {}  # the walk's chains so far: did memory bind?
+        self.last: int | None = None
 
     @classmethod
     def start(cls, search: _Search) -> Prefetch | None:
         return cls(search) if PROCESSES > 1 else None
 
+    def claim(self, chain: Chain, who: int) -> bool:
+        """Claim ``chain`` for ``who`` unless the other has: True if it is ``who``'s."""
+        i = self.index[chain]
+        with self.lock:
+            if self.claims[i] == FREE:
+                self.claims[i] = who
+            return self.claims[i] == who
+
     def before(self, search: _Search, chain: Chain, tight: bool, binds: bool, floors: dict) -> None:
-        """Chain ``chain`` is next: take its answers if asked for (waiting for them), else ask
-        for the chain after it (``tight``: the last chain searched found memory binding;
-        ``binds``: some chain of this micro-batch did; ``floors``: the walk's)."""
-        self.done.add(chain)
-        if chain in self.asked:
-            self._take(search, chain)
+        """Chain ``chain`` is next (``tight``: the last chain searched found memory binding;
+        ``binds``: some chain of this micro-batch did; ``floors``: the walk's): tell the worker,
+        and where the worker has claimed it, walk guessed chains aside until its answers
+        came."""
+        if self.last is not None:
+            self.known[self.last] = tight
+        self.last = self.index[chain]
+        state = (chain, tight, binds, dict(floors), search.incumbent, dict(self.known))
+        if not self.broken:
+            try:
+                self.states.send(state)
+            except (OSError, EOFError):
+                self.broken = True
+        while not self.broken and self.answers.poll():
+            self._take(search)
+        if self.claim(chain, MAIN):
+            return  # walked here (or aside here already: its answers kept in ``prefetched``)
+        while chain not in self.answered and not self.broken:
+            if self.answers.poll():
+                self._take(search)
+                continue
+            ahead = next((c for c in _guesses(self, *state) if self.claim(c, MAIN)), None)
+            if ahead is None:
+                self._take(search)  # nothing left to guess: wait
+            else:
+                self.aside += 1
+                for key, answer in walk_aside(search, ahead).items():
+                    if key not in search.memo:
+                        search.prefetched[key] = answer
+
+    def _take(self, search: _Search) -> None:
+        """Read one chain's answers, merged into ``search``'s."""
+        try:
+            got, sims, bounds, solves = self.answers.recv()
+        except (OSError, EOFError):
+            self.broken = True
             return
-        following = self._next(search, chain, tight, binds, floors)
-        if following is not None and not self.broken:
-            try:
-                self.conn.send((following, search.incumbent))
-            except (OSError, EOFError):
-                self.broken = True
-                return
-            self.asked.add(following)
-            self.waiting.append(following)
-
-    def _next(
-        self, search: _Search, chain: Chain, tight: bool, binds: bool, floors: dict
-    ) -> Chain | None:
-        """The walk's next chain after ``chain``, guessed (see the module docstring)."""
-        from oases.planner.search import BOUND_SLACK
-
-        at = self.order.index(chain)
-        for shape, zero, schedule, n_sub in self.order[at + 1 :]:
-            if shape != chain[0] and not (binds or tight):
-                return None  # a smaller micro-batch only while memory binds
-            if zero != 1 and floors.get((schedule, n_sub), 0.0) * BOUND_SLACK >= search.incumbent:
-                continue
-            if zero >= 2 and not tight:
-                continue
-            nxt = (shape, zero, schedule, n_sub)
-            if nxt not in self.asked and nxt not in self.done:
-                return nxt
-        return None
-
-    def _take(self, search: _Search, chain: Chain) -> None:
-        """Read answers until ``chain``'s has come, each merged into ``search``'s."""
-        while chain in self.waiting and not self.broken:
-            try:
-                got, sims, bounds, solves = self.conn.recv()
-            except (OSError, EOFError):
-                self.broken = True
-                return
-            self.waiting.remove(got)
-            for key, answer in sims.items():
-                if key not in search.memo:
-                    search.prefetched[key] = answer
-            search.bounds.update(bounds)
-            search.solves.update(solves)
+        self.answered.add(got)
+        for key, answer in sims.items():
+            if key not in search.memo:
+                search.prefetched[key] = answer
+        search.bounds.update(bounds)
+        search.solves.update(solves)
 
     def close(self) -> None:
         with contextlib.suppress(OSError, EOFError):
-            self.conn.send(None)
-        self.conn.close()
+            self.states.send(None)
+        self.states.close()
+        self.answers.close()
+        self.proc.terminate()  # (what it walks now is not needed)
         self.proc.join(timeout=5)
         if self.proc.is_alive():
             self.proc.kill()
+
+
+SWAPPED = (
+    "memo",
+    "prefetched",
+    "candidates",
+    "keys",
+    "models",
+    "split_errors",
+    "incumbent",
+    "skipped",
+    "stats",
+    "fresh",
+)
+
+
+def walk_aside(search: _Search, chain: Chain) -> dict:
+    """``search.search(*chain)`` walked without touching the walk's state: what it computed
+    (``_Search.simulate``'s keys: (result, error)), the walk's memo and answers unchanged
+    (the bounds and solves, pure, are kept in the search's)."""
+    from oases.planner.search import SearchStats
+
+    saved = {name: getattr(search, name) for name in SWAPPED}
+    search.memo = ChainMap({}, saved["memo"])
+    search.prefetched = dict(saved["prefetched"])
+    search.candidates, search.keys, search.models = [], set(), []
+    search.split_errors, search.stats, search.fresh = list(saved["split_errors"]), SearchStats(), {}
+    try:
+        with contextlib.suppress(Exception):  # the walk meets it again and says so
+            search.search(*chain)
+        return search.fresh
+    finally:
+        for name, value in saved.items():
+            setattr(search, name, value)
 
 
 def _order(search: _Search) -> Iterator[Chain]:
@@ -160,26 +214,99 @@ def _order(search: _Search) -> Iterator[Chain]:
                     yield shape, zero, schedule, n_sub
 
 
-def _serve(search: _Search, conn: Connection) -> None:
-    """The worker: walk each chain asked for, told the fastest step that fits so far, and
-    send back what it computed (in the order computed: the dicts' entries added since)."""
-    from oases.planner.search import SearchStats
+def _guesses(
+    prefetch: Prefetch,
+    chain: Chain,
+    tight: bool,
+    binds: bool,
+    floors: dict,
+    incumbent: float,
+    known: dict[int, bool],
+) -> Iterator[Chain]:
+    """The chains the walk will probably search after ``chain``, in its order, from what it
+    knew before ``chain`` (see the module docstring), less those claimed by the other. The walk
+    goes on past a ZeRO stage of 1 or more (to the next stage of its schedule and sub-batch
+    count) only where memory bound it: known for the chains the walk searched (``known``, by
+    their position in the order), guessed from the last chain of that micro-batch and stage it
+    searched (``tight`` where none)."""
+    from oases.planner.search import BOUND_SLACK
 
-    search.progress, search.stats, search.prefetch = None, SearchStats(), None
+    claims, order, at = prefetch.claims, prefetch.order, prefetch.index[chain]
+    like = {order[i][:2]: bound for i, bound in known.items()}  # (the walk's order: last wins)
+
+    def goes_on(i: int) -> bool:  # past chain i (its ZeRO stage 1 or more)
+        return known.get(i, like.get(order[i][:2], tight))
+
+    group, on = _group(chain), chain[1] == 0 or goes_on(at)
+    for i in range(at + 1, len(order)):
+        shape, zero, schedule, n_sub = order[i]
+        if shape != chain[0] and not (binds or tight):
+            return  # a smaller micro-batch only while memory binds
+        if _group(order[i]) != group:
+            group, on = _group(order[i]), True
+        if not on:
+            continue
+        if zero != 1 and floors.get((schedule, n_sub), 0.0) * BOUND_SLACK >= incumbent:
+            on = False  # the walk breaks here
+            continue
+        if claims[i] == FREE:
+            yield order[i]
+        on = zero == 0 or goes_on(i)
+
+
+def _group(chain: Chain) -> tuple:
+    """A chain's micro-batch, schedule and sub-batch count (its ZeRO stages follow)."""
+    return chain[0], chain[2], chain[3]
+
+
+def _serve(search: _Search, prefetch: Prefetch, states: Connection, answers: Connection) -> None:
+    """The worker: claim the first free chain guessed from the walk's latest state, walk it
+    aside, send back what it computed; wait for the walk's next state where none is left.
+    Two threads beside it read the walk's states (the latest kept) and send the answers, so
+    neither process waits on a full pipe."""
+    prefetch.states.close()  # (the walk's ends: the worker sees its end of states as EOF)
+    prefetch.answers.close()
+    outbox: queue.Queue[bytes | None] = queue.Queue()
+    box = {"state": None, "seq": 0}  # the walk's latest state, and how many came
+    changed = threading.Condition()
+
+    def send() -> None:
+        with contextlib.suppress(OSError, EOFError):
+            while (data := outbox.get()) is not None:
+                answers.send_bytes(data)
+
+    def receive() -> None:
+        state = ()
+        while state is not None:
+            try:
+                state = states.recv()
+            except (OSError, EOFError):
+                state = None
+            with changed:
+                box["state"], box["seq"] = state, box["seq"] + 1
+                changed.notify()
+
+    threading.Thread(target=send, daemon=True).start()
+    threading.Thread(target=receive, daemon=True).start()
+    search.progress, search.prefetch = None, None
+    used, idle = 0, True
     while True:
-        try:
-            msg = conn.recv()
-        except (OSError, EOFError):
-            return
-        if msg is None:
-            return
-        chain, incumbent = msg
-        search.fresh = {}
+        with changed:
+            if idle:  # wait for a state not used yet
+                changed.wait_for(lambda seen=used: box["seq"] > seen)
+            state, used = box["state"], box["seq"]
+        if state is None:
+            break
+        chain = next((c for c in _guesses(prefetch, *state) if prefetch.claim(c, WORKER)), None)
+        idle = chain is None
+        if idle:
+            continue
         n_bounds, n_solves = len(search.bounds), len(search.solves)
-        search.incumbent = incumbent
-        search.candidates, search.keys, search.models = [], set(), []
-        with contextlib.suppress(Exception):  # the main process meets it again and says so
-            search.search(*chain)
+        search.incumbent = state[4]
+        fresh = walk_aside(search, chain)
+        for key, (res, _) in fresh.items():  # not computed again here
+            search.memo.setdefault(key, res)
         bounds = dict(list(search.bounds.items())[n_bounds:])
         solves = dict(list(search.solves.items())[n_solves:])
-        conn.send((chain, search.fresh, bounds, solves))
+        outbox.put(pickle.dumps((chain, fresh, bounds, solves), pickle.HIGHEST_PROTOCOL))
+    outbox.put(None)
