@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# The GPU check of issues 16 and 33, in one command (each part time-limited, 12 minutes at most; 134-165 s on an H200):
+# The GPU check of issues 16 and 33, in one command (each part time-limited: 12 minutes at
+# most; 134-165 s on an H200):
 #
 #   benchmarks/gpu/run.sh [OUT_DIR]        (default: $OUT, else benchmarks/gpu/out)
 #
