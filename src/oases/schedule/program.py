@@ -86,7 +86,7 @@ from oases.schedule.instructions import (
     deferred_regions,
     label,
 )
-from oases.schedule.list_scheduler import block_groups, list_schedule, staggered
+from oases.schedule.list_scheduler import Task, block_groups, list_schedule, staggered
 from oases.schedule.regather import insert_regathers, regathers
 from oases.schedule.sp_tasks import sp_chain
 from oases.schedule.specs import BASELINES, SP_MODES, SPECS, ScheduleSpec, sub_batches
@@ -186,31 +186,59 @@ def _build_program(
     defer: bool = True,
 ) -> tuple[Instr, ...]:
     """``build_program``'s instructions, remembered (the planner asks for the same programs
-    many times; instructions are frozen, and callers get their own list)."""
+    many times; instructions are frozen, and callers get their own list). Each micro-batch's
+    body is ``_micro_body``'s, the DP all-reduces inserted into the last one's."""
+    program: list[Instr] = []
+    for m in range(n_micro):
+        body = _micro_body(spec, k, n_regions, m, max_inflight, degrees, sp, defer)
+        if m == n_micro - 1 and dp_tasks:
+            body = insert_dp(list(body), set(dp_tasks), (m + 1) * k - 1)
+        program.extend(body)
+    return tuple(program)
+
+
+@functools.lru_cache(maxsize=64)
+def _micro_body(
+    spec: ScheduleSpec,
+    k: int,
+    n_regions: int,
+    m: int,
+    max_inflight: int,
+    degrees: tuple[int, ...] | None,
+    sp: str | None,
+    defer: bool,
+) -> tuple[Instr, ...]:
+    """Micro-batch ``m``'s instructions without the DP all-reduces, remembered: the search
+    walks every plan's last micro-batch (with them) and a middle one (without) back to back,
+    and the DP buckets of one program differ between degrees; both share this body."""
     changes = degree_changes(n_regions, degrees)
     if sp is not None:  # a sub-batch's gather and scatter of one region fly together
         max_inflight = max(max_inflight, 2)
-    program: list[Instr] = []
-    for m in range(n_micro):
-        subs = range(m * k, (m + 1) * k)
-        if sp is not None:
-            defer_here = defer and spec.overlapped  # (a synchronous program hides nothing)
-            tasks = staggered(
-                [sp_chain(n_regions, j, spec.recompute, sp, changes, defer_here) for j in subs]
-            )
-        else:
-            tasks = forward_tasks(n_regions, subs, changes) + backward_tasks(
-                n_regions, subs, spec.recompute, changes
-            )
-        if spec.scope == "block":  # every group's collectives are waited at its end
-            body = [
-                ins for group in block_groups(tasks) for ins in list_schedule(group, max_inflight)
-            ]
-        else:
-            body = list_schedule(tasks, max_inflight, synchronous=not spec.overlapped)
-        if regathers(spec.recompute, spec.scope, sp):
-            body = insert_regathers(body, n_regions, synchronous=not spec.overlapped)
-        if m == n_micro - 1 and dp_tasks:
-            body = insert_dp(body, set(dp_tasks), subs[-1])
-        program.extend(body)
-    return tuple(program)
+    subs = range(m * k, (m + 1) * k)
+    if sp is not None:
+        defer_here = defer and spec.overlapped  # (a synchronous program hides nothing)
+        defer_here = defer_here and spec.recompute != "commfree"  # (no region defers there)
+        tasks = staggered(
+            [list(_sp_chain(n_regions, j, spec.recompute, sp, changes, defer_here)) for j in subs]
+        )
+    else:
+        tasks = forward_tasks(n_regions, subs, changes) + backward_tasks(
+            n_regions, subs, spec.recompute, changes
+        )
+    if spec.scope == "block":  # every group's collectives are waited at its end
+        body = [ins for group in block_groups(tasks) for ins in list_schedule(group, max_inflight)]
+    else:
+        body = list_schedule(tasks, max_inflight, synchronous=not spec.overlapped)
+    if regathers(spec.recompute, spec.scope, sp):
+        body = insert_regathers(body, n_regions, synchronous=not spec.overlapped)
+    return tuple(body)
+
+
+@functools.lru_cache(maxsize=64)
+def _sp_chain(
+    n_regions: int, j: int, recompute: str, keep: str, changes: frozenset[int], defer: bool
+) -> tuple[Task, ...]:
+    """``sp_tasks.sp_chain``'s tasks, remembered: the programs of one chain's schedules share
+    them (the list scheduler only reads a task). ``defer`` is dropped where no region defers
+    its weight gradients (``_micro_body``: the same tasks either way)."""
+    return tuple(sp_chain(n_regions, j, recompute, keep, changes, defer))
