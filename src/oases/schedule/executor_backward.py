@@ -134,12 +134,12 @@ class BackwardPieces:
             dy = region.row.backward_partial(out, self.dr.pop((i, j)))  # [b, S, I/t]
             if i in self._links.h:  # (communication-free recompute) norm:i's Compute goes on
                 self._roots = [(out, dy)]
-                self.bg[i, j] = (xl, h, None, None)
-                return
-            run_backward((out,), (dy,))
+            else:
+                run_backward((out,), (dy,))
         self.bg[i, j] = (xl, h, None, None)  # (sp: hl, the gathered h_i, is let go here)
         self.hagain.pop((i, j), None)  # (dw:i's stash keeps what it still reads)
-        self.dh[i, j] = hl.grad  # partial sums of dL/dh over the TP group
+        if not self._roots:  # (handed on: no dh_i, hl is h_i itself)
+            self.dh[i, j] = hl.grad  # partial sums of dL/dh over the TP group
 
     def _head_root(self, loss: Tensor, i: int) -> bool:
         """The head's backward from its loss, scaled: run now, or handed on (h-linked: the

@@ -137,7 +137,7 @@ class GraphedStep:
             return self._eager(why, model, tokens, targets)
         check_batch(model.cfg, tokens, targets)  # (shapes: a replay would not)
         cast = torch.is_autocast_enabled("cuda") and torch.get_autocast_dtype("cuda")
-        key = (tuple(tokens.shape), tokens.dtype, tuple(targets.shape), cast)
+        key = (tuple(tokens.shape), tokens.dtype, cast)  # (targets: tokens' shape, checked)
         graphs = self._graphs.setdefault(model, {})
         if key not in graphs:
             try:
@@ -165,5 +165,4 @@ class GraphedStep:
         with _uncached_autocast(), torch.cuda.graph(graph):
             loss = self.schedule.step(model, static_t, static_y)
         grads = [(p, p.grad) for p in model.parameters() if p.grad is not None]
-        captured = _Captured(graph, static_t, static_y, loss, grads)
-        return captured
+        return _Captured(graph, static_t, static_y, loss, grads)
