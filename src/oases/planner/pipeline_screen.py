@@ -26,7 +26,8 @@ from oases.planner.batch import BatchShape
 from oases.planner.costs import Costs, region_kind, region_param_count
 from oases.planner.pipeline_boundaries import balanced_stage_starts, stage_shares
 from oases.planner.pipeline_walk import p2p_s
-from oases.planner.simulate import PlanResult, region_compute_s, simulate_plan
+from oases.planner.region_prices import region_compute_s
+from oases.planner.simulate import PlanResult, simulate_plan
 
 LayoutPrice = tuple[float, float, PlanResult, list[float]]  # (c, tail, one micro-batch, region_s)
 

@@ -17,9 +17,11 @@ Two searches, one walk, the same answer:
       - a plan already simulated is not simulated again (the simulation is a pure function);
       - a chain none of whose plans can fit (``search_bounds.chain_bounds``: a lower bound on
         the peak of every plan of the chain, from the state and activations every one holds)
-        or beat the fastest plan found so far that fits (a lower bound on the step: the
-        compute every plan of the chain runs) is not solved, nor its sequence-parallel
-        uniform plans simulated;
+        or beat the fastest plan found so far that fits (a lower bound on the step of every
+        plan of the chain that fits the budget: the compute and the collectives waited at
+        once every plan runs, the TP collectives each group's stream carries, weighed against
+        the memory they save) is not solved, nor its sequence-parallel uniform plans
+        simulated;
       - prices are remembered across the whole search, and programs compiled once
         (``planner.tape``).
 
@@ -429,6 +431,7 @@ class _Search:
                 sp,
                 self.degrees,
                 self.max_inflight,
+                self.budget,
             )
         time_lb, memory_lb = self.bounds[key]
         if memory_lb > self.budget or time_lb >= self.incumbent:

@@ -38,8 +38,6 @@ from __future__ import annotations
 import functools
 from dataclasses import dataclass, replace
 
-import numpy as np
-
 from oases.config import ModelConfig
 from oases.plan import ParallelPlan
 from oases.planner.batch import BatchShape, region_rows
@@ -56,13 +54,12 @@ from oases.planner.layout import (
 from oases.planner.peak_memory import peak_memory
 from oases.planner.peak_memory_tape import peak_memory_tape
 from oases.planner.plan_costs import (
-    piece_prices,
     plan_step_costs,
     price_tape,
     region_signatures,
 )
 from oases.planner.precision import precision_of
-from oases.planner.tape import COMPUTE, Tape, TapeError, compile_tape, kept_tape
+from oases.planner.tape import Tape, TapeError, compile_tape, kept_tape
 from oases.planner.tape_walk import walk_tape
 from oases.schedule.program import Instr, deferred_regions
 from oases.schedule.timeline import Event, Timeline
@@ -395,82 +392,3 @@ class _CachedCosts:
 
     def __getattr__(self, name: str) -> object:
         return getattr(self._costs, name)
-
-
-def region_compute_s(
-    cfg: ModelConfig,
-    plan: ParallelPlan,
-    costs: Costs,
-    world_size: int,
-    batch: BatchShape,
-    *,
-    max_inflight: int = 1,
-) -> list[float] | None:
-    """Seconds of compute every region of ``plan`` runs in a step (its pieces in every
-    micro-batch, as ``simulate_plan`` prices them), leaving out the recompute of glue ("epi"
-    in the recompute phase, which a plan that changes degree there skips): a lower bound on
-    the compute stream's busy time, region by region. Every plan whose region i has this
-    region's degree runs at least region i's share, whatever the other regions' degrees (the
-    pieces of a program are the same but for that glue; a piece's price reads only its
-    region's kind, degree and rows). None where the program is not one a tape walks."""
-    from oases.schedule.program import SPECS
-
-    costs = _CachedCosts(costs)
-    k = plan.n_sub if SPECS[plan.schedule].overlapped else 1
-    degrees = [r.tp for r in plan.regions]
-    kinds = [region_kind(r.name) for r in plan.regions]
-    rows = region_rows(plan, world_size, batch, k)
-    stages = plan.zero_stages()
-    buckets = dp_buckets(cfg, kinds, degrees, world_size, stages)
-    whole = batch.n_micro() == 1  # (the program ``simulate_plan`` walks last: its compiled one)
-    tape = _tape(
-        *_program_args(
-            cfg,
-            plan,
-            world_size,
-            batch,
-            max_inflight=max_inflight,
-            n_micro=None if whole else 1,
-            dp=True,
-            first=whole,
-            reshard_after_forward=True,
-            buckets=buckets,
-        )
-    )
-    if tape is None:
-        return None
-    deferring = tape.memo.get("deferring")
-    if deferring is None:
-        deferring = tape.memo["deferring"] = deferred_regions(tape.program)
-    step = plan_step_costs(
-        cfg,
-        plan,
-        costs,
-        world_size,
-        rows,
-        state=model_state(cfg, plan, world_size),
-        buckets=buckets,
-        deferring=deferring,
-    )
-    values = piece_prices(step, tape, region_signatures(kinds, degrees, rows, stages, deferring))
-    counts, regions = _piece_counts(tape)
-    per_micro = np.bincount(regions, weights=counts * values, minlength=len(degrees))
-    return (per_micro * batch.n_micro()).tolist()
-
-
-def _piece_counts(tape: Tape) -> tuple[np.ndarray, np.ndarray]:
-    """How many times each (phase, piece, region) of ``tape.pieces()`` runs (0 for a
-    recompute's glue), and its region."""
-    found = tape.memo.get("piece counts")
-    if found is None:
-        at = {t: j for j, t in enumerate(tape.pieces())}
-        runs = np.zeros(len(at))
-        for op, key, _ in tape.ops:
-            if op == COMPUTE:
-                phase, pieces = tape.compute_keys[key]
-                for piece, region in pieces:
-                    if not (phase == "recompute" and piece == "epi"):
-                        runs[at[phase, piece, region]] += 1
-        regions = np.array([r for _, _, r in tape.pieces()], dtype=np.int64)
-        found = tape.memo["piece counts"] = (runs, regions)
-    return found

@@ -1,0 +1,159 @@
+"""What each region of a plan costs on its own, for the plan search's bounds
+(``planner.search_bounds``) and the pipeline screen's stage shares: the compiled program
+``simulate_plan`` walks last, priced (``last_micro_prices``), read region by region instead of
+walked: every region's compute (``region_compute_s``) and its own tensor-parallel collectives
+(``region_tp_comm_s``)."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from oases.config import ModelConfig
+from oases.plan import ParallelPlan
+from oases.planner.batch import BatchShape, region_rows
+from oases.planner.costs import Costs, region_kind
+from oases.planner.event_walk import StepCosts
+from oases.planner.layout import dp_buckets, model_state
+from oases.planner.plan_costs import piece_prices, plan_step_costs, price_tape, region_signatures
+from oases.planner.simulate import _CachedCosts, _program_args, _tape
+from oases.planner.tape import COMPUTE, START, WAIT, Tape
+from oases.schedule.program import deferred_regions
+
+
+def last_micro_prices(
+    cfg: ModelConfig,
+    plan: ParallelPlan,
+    costs: Costs,
+    world_size: int,
+    batch: BatchShape,
+    *,
+    max_inflight: int = 1,
+) -> tuple[Tape, StepCosts, list[tuple]] | None:
+    """The compiled program ``simulate_plan`` walks last for ``plan`` (the whole step with one
+    micro-batch, else the last micro-batch with the DP collectives), its ``StepCosts`` and its
+    regions' signatures (``plan_costs.price_tape``'s arguments); None where the program is not
+    one a tape walks. For the search's bounds, which price a plan's regions one by one."""
+    from oases.schedule.program import SPECS
+
+    costs = _CachedCosts(costs)
+    k = plan.n_sub if SPECS[plan.schedule].overlapped else 1
+    degrees = [r.tp for r in plan.regions]
+    kinds = [region_kind(r.name) for r in plan.regions]
+    rows = region_rows(plan, world_size, batch, k)
+    stages = plan.zero_stages()
+    buckets = dp_buckets(cfg, kinds, degrees, world_size, stages)
+    whole = batch.n_micro() == 1
+    tape = _tape(
+        *_program_args(
+            cfg,
+            plan,
+            world_size,
+            batch,
+            max_inflight=max_inflight,
+            n_micro=None if whole else 1,
+            dp=True,
+            first=whole,
+            reshard_after_forward=True,
+            buckets=buckets,
+        )
+    )
+    if tape is None:
+        return None
+    deferring = tape.memo.get("deferring")
+    if deferring is None:
+        deferring = tape.memo["deferring"] = deferred_regions(tape.program)
+    step = plan_step_costs(
+        cfg,
+        plan,
+        costs,
+        world_size,
+        rows,
+        state=model_state(cfg, plan, world_size),
+        buckets=buckets,
+        deferring=deferring,
+    )
+    return tape, step, region_signatures(kinds, degrees, rows, stages, deferring)
+
+
+def region_compute_s(
+    cfg: ModelConfig,
+    plan: ParallelPlan,
+    costs: Costs,
+    world_size: int,
+    batch: BatchShape,
+    *,
+    max_inflight: int = 1,
+) -> list[float] | None:
+    """Seconds of compute every region of ``plan`` runs in a step (its pieces in every
+    micro-batch, as ``simulate_plan`` prices them), leaving out the recompute of glue ("epi"
+    in the recompute phase, which a plan that changes degree there skips): a lower bound on
+    the compute stream's busy time, region by region. Every plan whose region i has this
+    region's degree runs at least region i's share, whatever the other regions' degrees (the
+    pieces of a program are the same but for that glue; a piece's price reads only its
+    region's kind, degree and rows). None where the program is not one a tape walks."""
+    found = last_micro_prices(cfg, plan, costs, world_size, batch, max_inflight=max_inflight)
+    if found is None:
+        return None
+    tape, step, signatures = found
+    values = piece_prices(step, tape, signatures)
+    counts, regions = _piece_counts(tape)
+    per_micro = np.bincount(regions, weights=counts * values, minlength=len(plan.regions))
+    return (per_micro * batch.n_micro()).tolist()
+
+
+def _piece_counts(tape: Tape) -> tuple[np.ndarray, np.ndarray]:
+    """How many times each (phase, piece, region) of ``tape.pieces()`` runs (0 for a
+    recompute's glue), and its region."""
+    found = tape.memo.get("piece counts")
+    if found is None:
+        at = {t: j for j, t in enumerate(tape.pieces())}
+        runs = np.zeros(len(at))
+        for op, key, _ in tape.ops:
+            if op == COMPUTE:
+                phase, pieces = tape.compute_keys[key]
+                for piece, region in pieces:
+                    if not (phase == "recompute" and piece == "epi"):
+                        runs[at[phase, piece, region]] += 1
+        regions = np.array([r for _, _, r in tape.pieces()], dtype=np.int64)
+        found = tape.memo["piece counts"] = (runs, regions)
+    return found
+
+
+TP_KINDS = ("fwd", "bwd")  # a region's own all-reduces (reduce-scatters under sp) over its group
+
+
+def region_tp_comm_s(
+    cfg: ModelConfig,
+    plan: ParallelPlan,
+    costs: Costs,
+    world_size: int,
+    batch: BatchShape,
+    *,
+    max_inflight: int = 1,
+) -> tuple[list[float], list[float]] | None:
+    """Per region of ``plan``, in a step (every micro-batch): the seconds of its own TP
+    collectives (``TP_KINDS``: the row- and column-parallel linears' reductions, which every
+    plan runs at the region's degree and rows, whatever its neighbours'), and the part of them
+    waited at once (the program's next instruction is their wait: the compute stream idles
+    for all of it). The pieces of the search's time bound (``search_bounds``): every region
+    at degree t puts its collectives on the one stream of rank 0's group at degree t, whose
+    flights run one after another, and a collective waited at once adds its whole time to the
+    compute stream's. None where the program is not one a tape walks."""
+    found = last_micro_prices(cfg, plan, costs, world_size, batch, max_inflight=max_inflight)
+    if found is None:
+        return None
+    tape, step, signatures = found
+    _, coll_s, _, _, _ = price_tape(step, tape, signatures)
+    total, waited = [0.0] * len(plan.regions), [0.0] * len(plan.regions)
+    ops = tape.ops
+    for j, (op, key, slot) in enumerate(ops):
+        if op != START:
+            continue
+        kind, i = tape.coll_keys[key]
+        if kind not in TP_KINDS:
+            continue
+        total[i] += coll_s[key]
+        if j + 1 < len(ops) and ops[j + 1][0] == WAIT and ops[j + 1][1] == slot:
+            waited[i] += coll_s[key]
+    m = batch.n_micro()
+    return [s * m for s in total], [s * m for s in waited]
