@@ -144,16 +144,29 @@ def region_tp_comm_s(
         return None
     tape, step, signatures = found
     _, coll_s, _, _, _ = price_tape(step, tape, signatures)
-    total, waited = [0.0] * len(plan.regions), [0.0] * len(plan.regions)
-    ops = tape.ops
-    for j, (op, key, slot) in enumerate(ops):
-        if op != START:
-            continue
-        kind, i = tape.coll_keys[key]
-        if kind not in TP_KINDS:
-            continue
-        total[i] += coll_s[key]
-        if j + 1 < len(ops) and ops[j + 1][0] == WAIT and ops[j + 1][1] == slot:
-            waited[i] += coll_s[key]
-    m = batch.n_micro()
-    return [s * m for s in total], [s * m for s in waited]
+    keys, regions, starts, at_once = _tp_starts(tape)
+    seconds = np.asarray(coll_s)[keys]
+    n, m = len(plan.regions), batch.n_micro()
+    total = np.bincount(regions, weights=seconds * starts, minlength=n) * m
+    waited = np.bincount(regions, weights=seconds * at_once, minlength=n) * m
+    return total.tolist(), waited.tolist()
+
+
+def _tp_starts(tape: Tape) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """Every ``TP_KINDS`` collective key of ``tape``: its id, its region, how many times it
+    starts and how many of those its wait follows at once (remembered in ``tape.memo``)."""
+    found = tape.memo.get("tp starts")
+    if found is None:
+        ops = tape.ops
+        starts: dict[int, list[int]] = {}
+        for j, (op, key, slot) in enumerate(ops):
+            if op == START and tape.coll_keys[key][0] in TP_KINDS:
+                counts = starts.setdefault(key, [0, 0])
+                counts[0] += 1
+                if j + 1 < len(ops) and ops[j + 1][0] == WAIT and ops[j + 1][1] == slot:
+                    counts[1] += 1
+        keys = np.array(list(starts), dtype=np.int64)
+        regions = np.array([tape.coll_keys[k][1] for k in starts], dtype=np.int64)
+        counts = np.array(list(starts.values()), dtype=float).reshape(-1, 2)
+        found = tape.memo["tp starts"] = (keys, regions, counts[:, 0], counts[:, 1])
+    return found
