@@ -11,10 +11,11 @@ import pytest
 
 from oases.planner import load_costs
 from oases.planner.batch import BatchShape, BatchSplitError
-from oases.planner.region_prices import region_compute_s, region_tp_comm_s
+from oases.planner.region_prices import region_compute_s, region_tp_comm_s, region_zero_terms
 from oases.planner.search import candidate_degrees
-from oases.planner.search_bounds import MARGIN, chain_bounds, chain_prices, joint_step_bound
+from oases.planner.search_bounds import chain_bounds, chain_prices
 from oases.planner.simulate import simulate_plan
+from oases.planner.step_bound import MARGIN, joint_step_bound
 from test_search_exact import _gloo_profile, _model, _random_plan
 
 
@@ -77,7 +78,7 @@ def test_each_region_runs_its_own_collectives_at_its_degree(case):
     cfg = _model(arch, layers, tied)
     costs = _costs(name, cfg)
     degrees = candidate_degrees(cfg, world)
-    checked = 0
+    checked = zero_checked = 0
     for _ in range(120):
         plan = _random_plan(rng, cfg, world, degrees)
         if len(set(plan.degrees())) == 1:
@@ -90,6 +91,7 @@ def test_each_region_runs_its_own_collectives_at_its_degree(case):
             plan.check(cfg, world)
             mixed = region_tp_comm_s(cfg, plan, costs, world, batch)
             mixed_c = region_compute_s(cfg, plan, costs, world, batch)
+            mixed_z = region_zero_terms(cfg, plan, costs, world, batch)
         except (BatchSplitError, ValueError):
             continue
         if mixed is None:
@@ -98,14 +100,26 @@ def test_each_region_runs_its_own_collectives_at_its_degree(case):
         prices = chain_prices(
             cfg, costs, world, batch, plan.schedule, plan.n_sub, zero, sp, degrees, 1
         )
+        m = batch.n_micro()
+        zero_prices = (prices.gathers, prices.after, prices.scatters, prices.before)
+        for mine, chain in zip(mixed_z, zero_prices):  # (a pair the chain's bound uses holds)
+            assert chain is None or mine is not None
         for i, r in enumerate(plan.regions):
             d = prices.degrees.index(r.tp)
-            why = (plan.schedule, plan.n_sub, sp, plan.degrees(), zero, i)
+            why = (plan.schedule, plan.n_sub, sp, plan.degrees(), zero, m, i)
             assert mixed[0][i] == pytest.approx(prices.comm[i, d], rel=1e-12, abs=0), why
-            assert mixed[1][i] >= prices.waited[i, d] * (1 - 1e-12), why
-            assert mixed_c[i] >= prices.compute[i, d] * (1 - 1e-12), why
+            assert mixed[1][i] >= m * prices.waited[i, d] * (1 - 1e-12), why
+            assert mixed_c[i] >= m * prices.compute[i, d] * (1 - 1e-12), why
+            # the DP stream's: the same collectives, at least the compute on their far side
+            for pair in ((0, 1), (2, 3)):
+                if zero_prices[pair[0]] is not None:
+                    seconds, compute = (mixed_z[j][i] for j in pair)
+                    chain_s, chain_c = (zero_prices[j][i, d] for j in pair)
+                    assert seconds == pytest.approx(chain_s, rel=1e-12, abs=0), why
+                    assert compute >= chain_c * (1 - 1e-12), why
+                    zero_checked += 1
         checked += 1
-    assert checked >= 30
+    assert checked >= 30 and zero_checked >= 50
 
 
 def test_joint_bound_is_the_relaxation_s_optimum_on_a_small_chain():
@@ -114,7 +128,7 @@ def test_joint_bound_is_the_relaxation_s_optimum_on_a_small_chain():
     fastest that fits takes 6 (one region at each degree: max(1 + 5, 4)); the bound may be
     below it (a relaxation) but above the compute-only 2 and never above 6; with room for
     both at degree 0 it is 2."""
-    serial = np.array([[1.0, 5.0], [1.0, 5.0]])
+    serial = [np.array([[1.0, 5.0], [1.0, 5.0]])]
     streams = np.array([[0.0, 4.0], [0.0, 4.0]])
     a = np.array([[10.0, 1.0], [10.0, 1.0]])
     tight = joint_step_bound(serial, streams, a, a, room=11.0)

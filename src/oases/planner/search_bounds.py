@@ -3,18 +3,23 @@ sub-batch count, ZeRO stage and sequence-parallel mode; a TP degree per region f
 let the fast search skip a chain that cannot change its answer (``planner.search``).
 
 Every term is a sum over the regions of what region i holds or runs at its degree t,
-whatever the other regions' degrees (``region_prices``)::
+whatever the other regions' degrees (``region_prices``; ``tests/test_search_bounds.py``
+checks each on random mixed plans against the uniform plans it is read from)::
 
-    c_i(t)  compute: the compute stream runs every piece of every region one after another
-            (a wait only adds); the glue a recompute skips at a degree change is left out
+    c_i(t)  compute of one micro-batch: the compute stream runs every piece of every region
+            one after another (a wait only adds); the glue a recompute skips at a degree
+            change is left out
     e_i(t)  region i's own TP collectives waited at once (the next instruction is their
             wait): the compute stream idles for each whole. Counted with one sub-batch only
             (the synchronous schedules): there a collective's result is what the next piece
-            reads, at any neighbour's degree (checked on random mixed plans by
-            ``tests/test_search_bounds.py``); merak's two sub-batches per block wait theirs
-            in another order where the degree changes, so sub-batched schedules count none
-    p_i(t)  region i's own TP collectives: they run on the one stream of rank 0's TP group at
-            degree t, one after another (a stream's flights are chained)
+            reads, at any neighbour's degree; merak's two sub-batches per block wait theirs in
+            another order where the degree changes, so sub-batched schedules count none
+    p_i(t)  region i's own TP collectives in the step: they run on the one stream of rank
+            0's TP group at degree t, one after another (a stream's flights are chained)
+    G_i, g_i  with a ZeRO stage: region i's weight gathers in the first walk (the first
+            micro-batch, or the step) and its compute after the last gather's wait there
+    S_i, f_i  region i's gradient reduce-scatters in the last walk and its compute before
+            the first of them starts (they run one after another on the DP stream from then)
     A_i(t)  weights + Adam moments + the optimizer's copy of what it updates + the gradient
             left at the step's end (whole at stage 0, a shard above): the optimizer step
             (``peak_memory``)
@@ -22,26 +27,19 @@ whatever the other regions' degrees (``region_prices``)::
             them without sequence parallelism, whose sub-batches all finish their forward
             before any backward): the turn from the first forward to its backward
 
-so that for every plan x of the chain (``extra``: the baseline and workspace)::
+A step of n micro-batches is n walks back to back (``simulate_plan``): the first, n - 2 alike
+and the last; each walk takes at least sum (c + e), the first also sum (G + g), the last sum
+(S + f); so for every plan x (``extra``: the baseline and workspace)::
 
-    step >= sum_i c_i(x_i) + e_i(x_i),   step >= sum_{i: x_i = t} p_i(t) for every t
+    step >= sum_i X_i(x_i) + (n - 2) (c + e)_i(x_i) + Y_i(x_i)   X in {c + e, G + g},
+                                                                  Y in {c + e, S + f}
+            (n = 1: step >= each of sum (c + e), sum (G + g), sum (S + f))
+    step >= sum_{i: x_i = t} p_i(t) for every degree t
     peak >= extra + max(sum_i A_i(x_i), sum_i B_i(x_i))
 
 ``chain_bounds`` returns the least peak of any plan (each region at its leanest degree) and
-the least step of any plan that fits the budget: for any weights a, b_t >= 0 summing to 1 and
-prices l, m >= 0 (weak duality: a weighted mean of lower bounds is one, and a plan that fits
-has ``l (sum A - room) + m (sum B - room) <= 0``)::
-
-    step >= sum_i min_t [a (c_i + e_i)(t) + b_t p_i(t) + l A_i(t) + m B_i(t)] - (l + m) room
-
-with ``room`` = budget - extra. The weights and prices are the duals of the linear relaxation
-(HiGHS through ``scipy.optimize.linprog``, over the distinct regions: a model's blocks are
-identical); the bound is then evaluated from them directly, so a solver's tolerance never makes
-it unsafe, only less tight. (Without a budget it is the best of a = 1, b = 0: the old compute
-bound, now with the collectives waited at once.)
-
-Each is computed in floating point in another order than the simulation's, so both are
-lowered by ``MARGIN`` (relative to the terms' magnitude) before a comparison.
+the least step of any plan that fits the budget (``step_bound.joint_step_bound``: the
+relaxation's duals weigh the step's bounds against the memory they save).
 """
 
 from __future__ import annotations
@@ -59,26 +57,40 @@ from oases.planner.costs import Costs, region_kind, sp_mode
 from oases.planner.layout import model_state
 from oases.planner.peak_memory import saved_bytes
 from oases.planner.precision import precision_of
-from oases.planner.region_prices import region_compute_s, region_tp_comm_s
+from oases.planner.region_prices import region_compute_s, region_tp_comm_s, region_zero_terms
+from oases.planner.step_bound import MARGIN, joint_step_bound
 from oases.schedule.program import SPECS
-
-MARGIN = 1e-9
 
 
 @dataclass(frozen=True)
 class ChainPrices:
     """The per-region terms of a chain's bounds (module docstring), one column per degree
-    the chain takes (``degrees``): ``compute`` c, ``waited`` e, ``comm`` p (seconds),
-    ``state`` A and ``turn`` B (bytes), each [regions, degrees]; ``extra`` the bytes every
-    plan holds beside them."""
+    the chain takes (``degrees``), each [regions, degrees]: ``compute`` c and ``waited`` e
+    of one micro-batch, ``comm`` p of the step (seconds); ``gathers`` G, ``after`` g,
+    ``scatters`` S and ``before`` f (None without a ZeRO stage); ``state`` A and ``turn`` B
+    (bytes); ``extra`` the bytes every plan holds beside them; ``n_micro`` walks."""
 
     degrees: list[int]
+    n_micro: int
     compute: np.ndarray
     waited: np.ndarray
     comm: np.ndarray
+    gathers: np.ndarray | None
+    after: np.ndarray | None
+    scatters: np.ndarray | None
+    before: np.ndarray | None
     state: np.ndarray
     turn: np.ndarray
     extra: float
+
+    def serial(self) -> list[np.ndarray]:
+        """The step's serial bounds (module docstring), one [regions, degrees] each."""
+        walk = self.compute + self.waited
+        heads = [walk] + ([self.gathers + self.after] if self.gathers is not None else [])
+        tails = [walk] + ([self.scatters + self.before] if self.scatters is not None else [])
+        if self.n_micro == 1:
+            return heads + tails[1:]
+        return [x + (self.n_micro - 2) * walk + y for x in heads for y in tails]
 
 
 def chain_prices(
@@ -107,6 +119,7 @@ def chain_prices(
     compute: list[list[float]] = []
     comm: list[list[float]] = []
     waited: list[list[float]] = []
+    zero_terms: list[tuple] = []  # (G, g, S, f) per degree
     state_bytes: list[list[float]] = []
     turn_bytes: list[list[float]] = []
     for t in degrees:
@@ -127,13 +140,21 @@ def chain_prices(
                 cfg, plan, costs, world_size, batch, max_inflight=max_inflight
             )
             tp = region_tp_comm_s(cfg, plan, costs, world_size, batch, max_inflight=max_inflight)
+            dp = (
+                region_zero_terms(cfg, plan, costs, world_size, batch, max_inflight=max_inflight)
+                if zero
+                else (None,) * 4
+            )
         except ValueError:  # costs that cannot price it: the plan's simulation says so
             seconds = tp = None
+            dp = (None,) * 4
         taken.append(t)
-        compute.append(seconds if seconds is not None else [0.0] * len(rows))
+        m = batch.n_micro()  # (per micro-batch: the sums of a step, m alike)
+        compute.append([x / m for x in seconds] if seconds is not None else [0.0] * len(rows))
         comm.append(tp[0] if tp is not None else [0.0] * len(rows))
         # (one sub-batch only: a merak block of two reorders its waits at a degree change)
-        waited.append(tp[1] if tp is not None and k == 1 else [0.0] * len(rows))
+        waited.append([x / m for x in tp[1]] if tp is not None and k == 1 else [0.0] * len(rows))
+        zero_terms.append(dp)
         state = model_state(cfg, plan, world_size)
         # (the chain's plan of degree 1 everywhere runs without sequence parallelism)
         modes_t = modes | {spec.recompute} if seq and t == 1 else modes
@@ -158,8 +179,29 @@ def chain_prices(
     extra = float(getattr(costs, "baseline_bytes", 0.0)) + float(
         getattr(costs, "workspace_bytes", 0.0)
     )
-    columns = (np.array(x, dtype=float).T for x in (compute, waited, comm, state_bytes, turn_bytes))
-    return ChainPrices(taken, *columns, extra)
+
+    def columns(per_degree: list) -> np.ndarray:
+        return np.array(per_degree, dtype=float).T
+
+    # (a ZeRO pair only where every degree has it: its bound is a walk's, over all regions)
+    pairs = [
+        [columns([z[j] for z in zero_terms]), columns([z[j + 1] for z in zero_terms])]
+        if all(z[j] is not None for z in zero_terms)
+        else [None, None]
+        for j in (0, 2)
+    ]
+    return ChainPrices(
+        taken,
+        batch.n_micro(),
+        columns(compute),
+        columns(waited),
+        columns(comm),
+        *pairs[0],
+        *pairs[1],
+        columns(state_bytes),
+        columns(turn_bytes),
+        extra,
+    )
 
 
 def chain_bounds(
@@ -188,87 +230,9 @@ def chain_bounds(
         return sum(min(row) for row in per_degree.tolist())
 
     peak = found.extra + max(least(found.state), least(found.turn))
-    step = max(
-        least(found.compute) * (1 - MARGIN),
-        joint_step_bound(
-            found.compute + found.waited,
-            found.comm,
-            found.state,
-            found.turn,
-            budget_bytes - found.extra,
-        ),
+    compute = least(found.compute) * found.n_micro * (1 - 2 * MARGIN)
+    bound = joint_step_bound(
+        found.serial(), found.comm, found.state, found.turn, budget_bytes - found.extra
     )
+    step = max(compute, bound)
     return step, peak * (1 - MARGIN)
-
-
-def joint_step_bound(
-    serial: np.ndarray, streams: np.ndarray, a: np.ndarray, b: np.ndarray, room: float
-) -> float:
-    """The least step of any plan that fits ``room`` (module docstring): ``serial`` [n, K]
-    (c + e), ``streams`` [n, K] (p), ``a``, ``b`` [n, K] (the two moments' bytes), K degrees.
-    Lowered by ``MARGIN`` times the magnitude of its terms; -inf where no plan fits at all
-    (``chain_bounds`` names the least peak apart)."""
-    rows, count = np.unique(
-        np.concatenate([serial, streams, a, b], axis=1), axis=0, return_counts=True
-    )
-    k = serial.shape[1]
-    s, p, ma, mb = (rows[:, j * k : (j + 1) * k] for j in range(4))
-    weights = _duals(s, p, ma, mb, count, room)
-    if weights is None:  # the weights of the compute stream alone
-        weights = 1.0, np.zeros(k), 0.0, 0.0
-    alpha, beta, lam, mu = weights
-    terms = alpha * s + beta[None, :] * p
-    if lam or mu:
-        terms = terms + lam * ma + mu * mb
-    least = terms.min(axis=1)
-    price = (lam + mu) * room if (lam or mu) else 0.0
-    bound = float((count * least).sum()) - price
-    scale = float((count * np.abs(least)).sum()) + abs(price)
-    return bound - MARGIN * scale
-
-
-def _duals(
-    s: np.ndarray, p: np.ndarray, ma: np.ndarray, mb: np.ndarray, count: np.ndarray, room: float
-) -> tuple[float, np.ndarray, float, float] | None:
-    """(a, b, l, m) of ``joint_step_bound`` from the linear relaxation's duals: variables
-    y[g, t] (how many regions of distinct row g at degree t) and z, minimize z subject to
-    z >= sum y (c + e), z >= sum_g y[g, t] p[g, t] for each t, sum y A <= room, sum y B <=
-    room, sum_t y[g, t] = count[g]. None where it has no answer (nothing fits, or HiGHS
-    fails)."""
-    from scipy.optimize import linprog
-
-    g, k = s.shape
-    finite = np.isfinite(s) & np.isfinite(p) & np.isfinite(ma) & np.isfinite(mb)
-    n_var = g * k + 1
-    memory = np.isfinite(room)
-    ub = np.zeros((1 + k + 2 * memory, n_var))
-    ub[0, :-1] = np.where(finite, s, 0.0).ravel()
-    for t in range(k):
-        row = np.zeros((g, k))
-        row[:, t] = np.where(finite[:, t], p[:, t], 0.0)
-        ub[1 + t, :-1] = row.ravel()
-    ub[: 1 + k, -1] = -1.0
-    rhs = np.zeros(len(ub))
-    if memory:
-        ub[1 + k, :-1] = np.where(finite, ma, 0.0).ravel()
-        ub[2 + k, :-1] = np.where(finite, mb, 0.0).ravel()
-        rhs[1 + k :] = room
-    eq = np.zeros((g, n_var))
-    for j in range(g):
-        eq[j, j * k : (j + 1) * k] = 1.0
-    bounds = [(0.0, None if ok else 0.0) for ok in finite.ravel()] + [(None, None)]
-    cost = np.zeros(n_var)
-    cost[-1] = 1.0
-    try:
-        res = linprog(cost, A_ub=ub, b_ub=rhs, A_eq=eq, b_eq=count, bounds=bounds, method="highs")
-    except ValueError:
-        return None
-    if res.status != 0:
-        return None
-    dual = np.maximum(-np.asarray(res.ineqlin.marginals, dtype=float), 0.0)
-    total = dual[0] + dual[1 : 1 + k].sum()
-    if not total > 0:
-        return None
-    dual = dual / total
-    lam, mu = (float(dual[1 + k]), float(dual[2 + k])) if memory else (0.0, 0.0)
-    return float(dual[0]), dual[1 : 1 + k], lam, mu
