@@ -11,7 +11,7 @@ import pytest
 
 from oases.planner import load_costs
 from oases.planner.batch import BatchShape, BatchSplitError
-from oases.planner.region_prices import region_compute_s, region_tp_comm_s, region_zero_terms
+from oases.planner.region_prices import region_prices
 from oases.planner.search import candidate_degrees
 from oases.planner.search_bounds import chain_bounds, chain_prices
 from oases.planner.simulate import simulate_plan
@@ -89,27 +89,25 @@ def test_each_region_runs_its_own_collectives_at_its_degree(case):
         batch = BatchShape(4 * world, rng.choice([world, 2 * world]))
         try:
             plan.check(cfg, world)
-            mixed = region_tp_comm_s(cfg, plan, costs, world, batch)
-            mixed_c = region_compute_s(cfg, plan, costs, world, batch)
-            mixed_z = region_zero_terms(cfg, plan, costs, world, batch)
+            mine = region_prices(cfg, plan, costs, world, batch)
         except (BatchSplitError, ValueError):
             continue
-        if mixed is None:
+        if mine is None:
             continue
+        mixed_z = (mine.gathers, mine.after, mine.scatters, mine.before)
         sp = plan.sequence_parallel if max(plan.degrees()) > 1 else ""
         prices = chain_prices(
             cfg, costs, world, batch, plan.schedule, plan.n_sub, zero, sp, degrees, 1
         )
-        m = batch.n_micro()
         zero_prices = (prices.gathers, prices.after, prices.scatters, prices.before)
-        for mine, chain in zip(mixed_z, zero_prices):  # (a pair the chain's bound uses holds)
-            assert chain is None or mine is not None
+        for ours, chain in zip(mixed_z, zero_prices):  # (a pair the chain's bound uses holds)
+            assert chain is None or ours is not None
         for i, r in enumerate(plan.regions):
             d = prices.degrees.index(r.tp)
-            why = (plan.schedule, plan.n_sub, sp, plan.degrees(), zero, m, i)
-            assert mixed[0][i] == pytest.approx(prices.comm[i, d], rel=1e-12, abs=0), why
-            assert mixed[1][i] >= m * prices.waited[i, d] * (1 - 1e-12), why
-            assert mixed_c[i] >= m * prices.compute[i, d] * (1 - 1e-12), why
+            why = (plan.schedule, plan.n_sub, sp, plan.degrees(), zero, batch.n_micro(), i)
+            assert mine.tp_comm[i] == pytest.approx(prices.comm[i, d], rel=1e-12, abs=0), why
+            assert mine.tp_waited[i] >= prices.waited[i, d] * (1 - 1e-12), why
+            assert mine.compute[i] >= prices.compute[i, d] * (1 - 1e-12), why
             # the DP stream's: the same collectives, at least the compute on their far side
             for pair in ((0, 1), (2, 3)):
                 if zero_prices[pair[0]] is not None:

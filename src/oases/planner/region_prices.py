@@ -1,10 +1,14 @@
 """What each region of a plan costs on its own, for the plan search's bounds
-(``planner.search_bounds``) and the pipeline screen's stage shares: the compiled program
-``simulate_plan`` walks last, priced (``last_micro_prices``), read region by region instead of
-walked: every region's compute (``region_compute_s``) and its own tensor-parallel collectives
-(``region_tp_comm_s``)."""
+(``planner.search_bounds``) and the pipeline screen's stage shares: the compiled programs
+``simulate_plan`` walks, priced (``last_micro_prices``), read region by region instead of
+walked (``region_prices``): every region's compute, its own tensor-parallel collectives, and
+its share of the DP stream's gathers and reduce-scatters under ZeRO, with the compute on
+their far side. Each count over a program's instructions is remembered in its tape's memo
+(the search prices the same programs for every degree)."""
 
 from __future__ import annotations
+
+from dataclasses import dataclass
 
 import numpy as np
 
@@ -78,6 +82,108 @@ def last_micro_prices(
     return tape, step, region_signatures(kinds, degrees, rows, stages, deferring)
 
 
+@dataclass
+class RegionPrices:
+    """Per region of a plan (``region_prices``): ``compute`` and ``tp_waited`` of one
+    micro-batch, ``tp_comm`` of the step, and the DP stream's two pairs (None where the walk
+    has none: see ``region_prices``)."""
+
+    compute: list[float]
+    tp_comm: list[float]
+    tp_waited: list[float]
+    gathers: list[float] | None = None
+    after: list[float] | None = None
+    scatters: list[float] | None = None
+    before: list[float] | None = None
+
+
+class _Priced:
+    """One compiled program with its ``StepCosts``: its pieces' and collectives' seconds,
+    priced once when first asked."""
+
+    def __init__(self, found: tuple[Tape, StepCosts, list[tuple]]) -> None:
+        self.tape, self.step, self.signatures = found
+        self._values: np.ndarray | None = None
+        self._coll: np.ndarray | None = None
+
+    def values(self) -> np.ndarray:
+        if self._values is None:
+            self._values = piece_prices(self.step, self.tape, self.signatures)
+        return self._values
+
+    def coll(self) -> np.ndarray:
+        if self._coll is None:
+            self._coll = np.asarray(price_tape(self.step, self.tape, self.signatures)[1])
+        return self._coll
+
+    def per_region(self, runs: np.ndarray, n: int) -> np.ndarray:
+        """Seconds per region of the pieces run ``runs`` times (``tape.pieces()``'s order)."""
+        return np.bincount(_piece_regions(self.tape), weights=runs * self.values(), minlength=n)
+
+
+def region_prices(
+    cfg: ModelConfig,
+    plan: ParallelPlan,
+    costs: Costs,
+    world_size: int,
+    batch: BatchShape,
+    *,
+    max_inflight: int = 1,
+    zero_terms: bool = True,
+) -> RegionPrices | None:
+    """Per region of ``plan``, read off the programs ``simulate_plan`` walks (None where the
+    last is not one a tape walks):
+
+    - compute (one micro-batch): its pieces as ``simulate_plan`` prices them, leaving out the
+      recompute of glue ("epi" in the recompute phase, which a plan that changes degree there
+      skips): a lower bound on the compute stream's busy time, region by region. Every plan
+      whose region i has this region's degree runs at least region i's share, whatever the
+      other regions' degrees (the pieces of a program are the same but for that glue; a
+      piece's price reads only its region's kind, degree and rows);
+    - tp_comm (the step) and tp_waited (one micro-batch): the seconds of its own TP
+      collectives (``TP_KINDS``: the row- and column-parallel linears' reductions, which every
+      plan runs at the region's degree and rows, whatever its neighbours'), and of those among
+      them waited at once (the program's next instruction is their wait: the compute stream
+      idles for all of it);
+    - with a ZeRO stage (``zero_terms``): (gathers) its weight gathers ("ag") in the first
+      walk (the first micro-batch, or the whole step; stages 1 and 2, which gather each
+      region's updated weights once, before its first forward) and (after) its backward and
+      recompute there: every backward follows every forward, so every gather's wait, and the
+      gathers run one after another on the DP stream, so that walk takes at least the sum of
+      both; (scatters) its gradient reduce-scatters ("rs") in the last walk and (before) its
+      forward there: a region's gradient follows every sub-batch's forward, so every
+      reduce-scatter starts after all of it, and they run one after another, so that walk
+      takes at least the sum of both. A pair is None where the walk has none of those
+      collectives, or (checked on the program) some of those computes are on the near side.
+    """
+    found = last_micro_prices(cfg, plan, costs, world_size, batch, max_inflight=max_inflight)
+    if found is None:
+        return None
+    last, n = _Priced(found), len(plan.regions)
+    counts = _piece_runs(last.tape, "all")
+    keys, regions, starts, at_once = _tp_starts(last.tape)
+    seconds = last.coll()[keys]
+    prices = RegionPrices(
+        last.per_region(counts, n).tolist(),
+        (np.bincount(regions, weights=seconds * starts, minlength=n) * batch.n_micro()).tolist(),
+        np.bincount(regions, weights=seconds * at_once, minlength=n).tolist(),
+    )
+    stages = set(plan.zero_stages())
+    if not zero_terms or stages == {0}:
+        return prices
+    if stages <= {1, 2}:
+        first = last
+        if batch.n_micro() > 1:
+            found = last_micro_prices(
+                cfg, plan, costs, world_size, batch, max_inflight=max_inflight, first=True
+            )
+            first = _Priced(found) if found is not None else None
+        if first is not None:
+            prices.gathers, prices.after = _dp_share(first, "ag", n)
+    prices.scatters, prices.before = _dp_share(last, "rs", n)
+    return prices
+
+
 def region_compute_s(
     cfg: ModelConfig,
     plan: ParallelPlan,
@@ -87,78 +193,64 @@ def region_compute_s(
     *,
     max_inflight: int = 1,
 ) -> list[float] | None:
-    """Seconds of compute every region of ``plan`` runs in a step (its pieces in every
-    micro-batch, as ``simulate_plan`` prices them), leaving out the recompute of glue ("epi"
-    in the recompute phase, which a plan that changes degree there skips): a lower bound on
-    the compute stream's busy time, region by region. Every plan whose region i has this
-    region's degree runs at least region i's share, whatever the other regions' degrees (the
-    pieces of a program are the same but for that glue; a piece's price reads only its
-    region's kind, degree and rows). None where the program is not one a tape walks."""
-    found = last_micro_prices(cfg, plan, costs, world_size, batch, max_inflight=max_inflight)
-    if found is None:
+    """Seconds of compute every region of ``plan`` runs in a step (``region_prices``' compute
+    of one micro-batch, times the micro-batches). None where the program is not one a tape
+    walks."""
+    prices = region_prices(
+        cfg, plan, costs, world_size, batch, max_inflight=max_inflight, zero_terms=False
+    )
+    if prices is None:
         return None
-    tape, step, signatures = found
-    values = piece_prices(step, tape, signatures)
-    counts, regions = _piece_counts(tape)
-    per_micro = np.bincount(regions, weights=counts * values, minlength=len(plan.regions))
-    return (per_micro * batch.n_micro()).tolist()
-
-
-def _piece_counts(tape: Tape) -> tuple[np.ndarray, np.ndarray]:
-    """How many times each (phase, piece, region) of ``tape.pieces()`` runs (0 for a
-    recompute's glue), and its region."""
-    return _piece_runs(tape, 0, len(tape.ops))
-
-
-def _piece_runs(tape: Tape, lo: int, hi: int) -> tuple[np.ndarray, np.ndarray]:
-    """``_piece_counts`` of the instructions ``lo`` .. ``hi`` - 1 of ``tape`` alone
-    (remembered in ``tape.memo``)."""
-    found = tape.memo.get(("piece runs", lo, hi))
-    if found is None:
-        at = {t: j for j, t in enumerate(tape.pieces())}
-        runs = np.zeros(len(at))
-        for op, key, _ in tape.ops[lo:hi]:
-            if op == COMPUTE:
-                phase, pieces = tape.compute_keys[key]
-                for piece, region in pieces:
-                    if not (phase == "recompute" and piece == "epi"):
-                        runs[at[phase, piece, region]] += 1
-        regions = np.array([r for _, _, r in tape.pieces()], dtype=np.int64)
-        found = tape.memo[("piece runs", lo, hi)] = (runs, regions)
-    return found
+    return (np.asarray(prices.compute) * batch.n_micro()).tolist()
 
 
 TP_KINDS = ("fwd", "bwd")  # a region's own all-reduces (reduce-scatters under sp) over its group
 
 
-def region_tp_comm_s(
-    cfg: ModelConfig,
-    plan: ParallelPlan,
-    costs: Costs,
-    world_size: int,
-    batch: BatchShape,
-    *,
-    max_inflight: int = 1,
-) -> tuple[list[float], list[float]] | None:
-    """Per region of ``plan``, in a step (every micro-batch): the seconds of its own TP
-    collectives (``TP_KINDS``: the row- and column-parallel linears' reductions, which every
-    plan runs at the region's degree and rows, whatever its neighbours'), and the part of them
-    waited at once (the program's next instruction is their wait: the compute stream idles
-    for all of it). The pieces of the search's time bound (``search_bounds``): every region
-    at degree t puts its collectives on the one stream of rank 0's group at degree t, whose
-    flights run one after another, and a collective waited at once adds its whole time to the
-    compute stream's. None where the program is not one a tape walks."""
-    found = last_micro_prices(cfg, plan, costs, world_size, batch, max_inflight=max_inflight)
+def _piece_regions(tape: Tape) -> np.ndarray:
+    found = tape.memo.get("piece regions")
     if found is None:
-        return None
-    tape, step, signatures = found
-    _, coll_s, _, _, _ = price_tape(step, tape, signatures)
-    keys, regions, starts, at_once = _tp_starts(tape)
-    seconds = np.asarray(coll_s)[keys]
-    n, m = len(plan.regions), batch.n_micro()
-    total = np.bincount(regions, weights=seconds * starts, minlength=n) * m
-    waited = np.bincount(regions, weights=seconds * at_once, minlength=n) * m
-    return total.tolist(), waited.tolist()
+        found = tape.memo["piece regions"] = np.array(
+            [r for _, _, r in tape.pieces()], dtype=np.int64
+        )
+    return found
+
+
+def _piece_runs(tape: Tape, which: str) -> np.ndarray:
+    """How many times each (phase, piece, region) of ``tape.pieces()`` runs (0 for a
+    recompute's glue): "all" of them; "ag", the backward and recompute after the last ZeRO
+    gather's wait; "rs", the forward before the first reduce-scatter's start (None where the
+    tape has no such collective, or one of those computes is on the near side). Remembered in
+    ``tape.memo``."""
+    key = ("piece runs", which)
+    if key in tape.memo:
+        return tape.memo[key]
+    ops = tape.ops
+    lo, hi, phases = 0, len(ops), ("forward", "backward", "recompute")
+    if which != "all":
+        starts = _dp_starts(tape, which)[0]
+        if not starts:
+            tape.memo[key] = None
+            return None
+        _, first_start, last_wait = _dp_starts(tape, which)
+        phases = ("backward", "recompute") if which == "ag" else ("forward",)
+    at = {t: j for j, t in enumerate(tape.pieces())}
+    runs = np.zeros(len(at))
+    for j in range(lo, hi):
+        op, cid, _ = ops[j]
+        if op != COMPUTE:
+            continue
+        phase, pieces = tape.compute_keys[cid]
+        if phase not in phases:
+            continue
+        if which != "all" and (j < last_wait if which == "ag" else j > first_start):
+            tape.memo[key] = None  # (on the near side: no bound from this pair)
+            return None
+        for piece, region in pieces:
+            if not (phase == "recompute" and piece == "epi"):
+                runs[at[phase, piece, region]] += 1
+    tape.memo[key] = runs
+    return runs
 
 
 def _tp_starts(tape: Tape) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
@@ -181,80 +273,32 @@ def _tp_starts(tape: Tape) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarr
     return found
 
 
-def region_zero_terms(
-    cfg: ModelConfig,
-    plan: ParallelPlan,
-    costs: Costs,
-    world_size: int,
-    batch: BatchShape,
-    *,
-    max_inflight: int = 1,
-) -> tuple[list[float] | None, list[float] | None, list[float] | None, list[float] | None]:
-    """Per region of ``plan`` with a ZeRO stage, the DP stream's share of two walks
-    (``search_bounds``): (G) the seconds of its weight gathers ("ag") in the first walk
-    (the first micro-batch, or the whole step; stages 1 and 2, which gather each region's
-    updated weights once, before its first forward) and (g) its backward compute there (the
-    recompute's too): every backward follows every forward, so every gather's wait, and the
-    gathers run one after another on the DP stream, so that walk takes at least sum G +
-    sum g; (S) the seconds of its gradient reduce-scatters ("rs") in the last walk and (f) its
-    forward compute there: a region's gradient follows every sub-batch's forward, so every
-    reduce-scatter starts after all of it, and they run one after another, so that walk takes
-    at least sum f + sum S. Each pair is None where the walk has none of those collectives,
-    or (checked on the program) its computes are not all on that side of them."""
-    first = batch.n_micro() > 1
-    gathers = after = None
-    if set(plan.zero_stages()) <= {1, 2}:
-        found = last_micro_prices(
-            cfg, plan, costs, world_size, batch, max_inflight=max_inflight, first=first
-        )
-        if found is not None:
-            gathers, after = _dp_share(found, "ag", plan)
-    found = last_micro_prices(cfg, plan, costs, world_size, batch, max_inflight=max_inflight)
-    if found is None:
-        return gathers, after, None, None
-    return (gathers, after, *_dp_share(found, "rs", plan))
-
-
-def _dp_share(
-    found: tuple[Tape, StepCosts, list[tuple]], kind: str, plan: ParallelPlan
-) -> tuple[list[float] | None, list[float] | None]:
-    """Per region: the seconds of ``kind``'s collectives in the tape and its compute on their
-    far side: "ag", the backward and recompute after the last gather's wait; "rs", the
-    forward before the first reduce-scatter's start. (None, None) where the tape has none,
-    or some of those computes are on the near side."""
-    tape, step, signatures = found
-    mark = tape.memo.get(("dp share", kind))
-    if mark is None:
+def _dp_starts(tape: Tape, kind: str) -> tuple[dict[int, int], int | None, int | None]:
+    """``kind``'s collective keys in ``tape`` with how many times each starts, the position of
+    the first start and of the last wait (remembered in ``tape.memo``)."""
+    key = ("dp starts", kind)
+    if key not in tape.memo:
         starts: dict[int, int] = {}
         slots, first_start, last_wait = set(), None, None
-        for j, (op, key, slot) in enumerate(tape.ops):
-            if op == START and tape.coll_keys[key][0] == kind:
-                starts[key] = starts.get(key, 0) + 1
+        for j, (op, cid, slot) in enumerate(tape.ops):
+            if op == START and tape.coll_keys[cid][0] == kind:
+                starts[cid] = starts.get(cid, 0) + 1
                 slots.add(slot)
                 first_start = j if first_start is None else first_start
-            elif op == WAIT and key in slots:
+            elif op == WAIT and cid in slots:
                 last_wait = j
-        phases = ("backward", "recompute") if kind == "ag" else ("forward",)
-        at = {t: j for j, t in enumerate(tape.pieces())}
-        runs = np.zeros(len(at))
-        for j, (op, key, _) in enumerate(tape.ops):
-            if op == COMPUTE and tape.compute_keys[key][0] in phases:
-                if starts and (j < last_wait if kind == "ag" else j > first_start):
-                    starts = {}  # (on the near side: no bound from this pair)
-                    break
-                phase, pieces = tape.compute_keys[key]
-                for piece, region in pieces:
-                    if not (phase == "recompute" and piece == "epi"):
-                        runs[at[phase, piece, region]] += 1
-        mark = tape.memo[("dp share", kind)] = (starts, runs)
-    starts, runs = mark
-    if not starts:
+        tape.memo[key] = (starts, first_start, last_wait)
+    return tape.memo[key]
+
+
+def _dp_share(priced: _Priced, kind: str, n: int) -> tuple[list[float] | None, list[float] | None]:
+    """Per region: the seconds of ``kind``'s collectives in the tape and its compute on their
+    far side (``_piece_runs``); (None, None) where there is none."""
+    runs = _piece_runs(priced.tape, kind)
+    if runs is None:
         return None, None
-    n = len(plan.regions)
-    _, coll_s, _, _, _ = price_tape(step, tape, signatures)
-    seconds = [0.0] * n
-    for key, count in starts.items():
-        seconds[tape.coll_keys[key][1]] += coll_s[key] * count
-    regions = np.array([r for _, _, r in tape.pieces()], dtype=np.int64)
-    values = piece_prices(step, tape, signatures)
-    return seconds, np.bincount(regions, weights=runs * values, minlength=n).tolist()
+    seconds = np.zeros(n)
+    coll = priced.coll()
+    for cid, count in _dp_starts(priced.tape, kind)[0].items():
+        seconds[priced.tape.coll_keys[cid][1]] += coll[cid] * count
+    return seconds.tolist(), priced.per_region(runs, n).tolist()

@@ -57,7 +57,7 @@ from oases.planner.costs import Costs, region_kind, sp_mode
 from oases.planner.layout import model_state
 from oases.planner.peak_memory import saved_bytes
 from oases.planner.precision import precision_of
-from oases.planner.region_prices import region_compute_s, region_tp_comm_s, region_zero_terms
+from oases.planner.region_prices import region_prices
 from oases.planner.step_bound import MARGIN, joint_step_bound
 from oases.schedule.program import SPECS
 
@@ -136,42 +136,44 @@ def chain_prices(
         except BatchSplitError:
             continue
         try:
-            seconds = region_compute_s(
-                cfg, plan, costs, world_size, batch, max_inflight=max_inflight
-            )
-            tp = region_tp_comm_s(cfg, plan, costs, world_size, batch, max_inflight=max_inflight)
-            dp = (
-                region_zero_terms(cfg, plan, costs, world_size, batch, max_inflight=max_inflight)
-                if zero
-                else (None,) * 4
-            )
+            prices = region_prices(cfg, plan, costs, world_size, batch, max_inflight=max_inflight)
         except ValueError:  # costs that cannot price it: the plan's simulation says so
-            seconds = tp = None
-            dp = (None,) * 4
+            prices = None
+        none = [0.0] * len(rows)
         taken.append(t)
-        m = batch.n_micro()  # (per micro-batch: the sums of a step, m alike)
-        compute.append([x / m for x in seconds] if seconds is not None else [0.0] * len(rows))
-        comm.append(tp[0] if tp is not None else [0.0] * len(rows))
+        compute.append(prices.compute if prices is not None else none)
+        comm.append(prices.tp_comm if prices is not None else none)
         # (one sub-batch only: a merak block of two reorders its waits at a degree change)
-        waited.append([x / m for x in tp[1]] if tp is not None and k == 1 else [0.0] * len(rows))
-        zero_terms.append(dp)
+        waited.append(prices.tp_waited if prices is not None and k == 1 else none)
+        zero_terms.append(
+            (prices.gathers, prices.after, prices.scatters, prices.before)
+            if prices is not None
+            else (None,) * 4
+        )
         state = model_state(cfg, plan, world_size)
         # (the chain's plan of degree 1 everywhere runs without sequence parallelism)
         modes_t = modes | {spec.recompute} if seq and t == 1 else modes
         held, turn = [], []
+        seen: dict[tuple, tuple[float, float]] = {}  # (a model's blocks: a few distinct)
         for i, r in enumerate(plan.regions):
             stage = state.stages[i]
-            updated = state.updated(i)
-            weights = (
-                state.numel[i] if stage == 0 else state.padded(i) if stage < 3 else state.shard(i)
-            )
-            resident = w * weights + prec.optimizer_bytes * updated
-            grads = state.numel[i] if stage == 0 else state.shard(i)
-            held.append(resident + w * updated + w * grads)
-            kept = min(
-                saved_bytes(costs, cfg, region_kind(r.name), mode, t, rows[i]) for mode in modes_t
-            )
-            turn.append(resident + activations * kept)
+            kind = region_kind(r.name)
+            key = (kind, stage, state.numel[i], state.dp[i], rows[i])
+            if key not in seen:
+                updated = state.updated(i)
+                weights = (
+                    state.numel[i]
+                    if stage == 0
+                    else state.padded(i)
+                    if stage < 3
+                    else state.shard(i)
+                )
+                resident = w * weights + prec.optimizer_bytes * updated
+                grads = state.numel[i] if stage == 0 else state.shard(i)
+                kept = min(saved_bytes(costs, cfg, kind, mode, t, rows[i]) for mode in modes_t)
+                seen[key] = (resident + w * updated + w * grads, resident + activations * kept)
+            held.append(seen[key][0])
+            turn.append(seen[key][1])
         state_bytes.append(held)
         turn_bytes.append(turn)
     if not taken:
