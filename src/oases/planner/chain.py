@@ -50,10 +50,21 @@ def _check(node_s: np.ndarray, node_bytes: np.ndarray, edge_s: np.ndarray) -> tu
 def evaluate(
     choice: tuple[int, ...], node_s: np.ndarray, node_bytes: np.ndarray, edge_s: np.ndarray
 ) -> ChainSolution:
-    idx = np.arange(len(choice))
-    c = np.asarray(choice)
-    time = node_s[idx, c].sum() + sum(edge_s[i, c[i], c[i + 1]] for i in range(len(c) - 1))
-    return ChainSolution(tuple(int(v) for v in c), float(time), float(node_bytes[idx, c].sum()))
+    """The choice's time and memory, summed in one fixed order (the solvers' answers are these
+    floats, so the order is part of the contract): the nodes' seconds and bytes by numpy's
+    ``sum`` (pairwise), the edges' seconds one after another from 0.0 (``np.add.accumulate``
+    is a running sum, the order of the plain ``sum`` over the edges this replaced), then the
+    two time totals added."""
+    c = np.asarray(choice, dtype=np.intp)
+    idx = np.arange(len(c))
+    hops = np.add.accumulate(np.concatenate(([0.0], edge_s[idx[:-1], c[:-1], c[1:]])))[-1]
+    time = node_s[idx, c].sum() + hops
+    return ChainSolution(tuple(int(v) for v in c), float(time), _memory(c, node_bytes))
+
+
+def _memory(c: np.ndarray, node_bytes: np.ndarray) -> float:
+    """``evaluate``'s ``memory_bytes`` alone (the same sum)."""
+    return float(node_bytes[np.arange(len(c)), c].sum())
 
 
 def min_memory_bytes(node_bytes: np.ndarray) -> float:
@@ -91,6 +102,48 @@ def solve_chain_dp(node_s: np.ndarray, edge_s: np.ndarray) -> tuple[int, ...]:
 PARETO_LIMIT = 100_000  # (time, memory) pairs kept at a node before the MILP takes over
 
 
+def _viterbi_prices(
+    node_s: np.ndarray,
+    node_bytes: np.ndarray,
+    finite: np.ndarray,
+    edge_s: np.ndarray,
+    prices: list[float],
+) -> tuple[np.ndarray, np.ndarray]:
+    """``solve_chain_dp``'s forward pass over ``node_s + price * node_bytes`` (``inf`` where a
+    node's bytes are not finite) for several prices in one walk: its back pointers
+    [node - 1, price, option] and last costs [price, option] (``_trace`` reads a choice). Every
+    float is the one ``solve_chain_dp`` computes for that price alone, the same operations on
+    the same operands, so are its argmins (the first of equals); a cost is carried as the
+    column's ``min`` rather than the element at its argmin, equal to it."""
+    price = np.asarray(prices, dtype=float)[None, :, None]
+    priced = node_s[:, None, :] + price * node_bytes[:, None, :]  # [node, price, option]
+    cost_all = np.where(finite[:, None, :], priced, np.inf)
+    n, p, k = cost_all.shape
+    back = np.empty((max(n - 1, 0), p, k), dtype=np.intp)
+    edge_t = edge_s.transpose(0, 2, 1)[:, None]  # [node, 1, to option e, from option d]
+    cost, total, least = cost_all[0].copy(), np.empty((p, k, k)), np.empty((p, k))
+    for i in range(1, n):
+        np.add(cost[:, None, :], edge_t[i - 1], out=total)  # [price, to option, from option]
+        total.argmin(axis=2, out=back[i - 1])
+        np.add(total.min(axis=2, out=least), cost_all[i], out=cost)
+    return back, cost
+
+
+def _trace(back: np.ndarray, cost: np.ndarray, p: int) -> tuple[int, ...] | None:
+    """Price ``p``'s choice from ``_viterbi_prices`` (None where ``solve_chain_dp`` raises)."""
+    if not np.isfinite(cost[p].min()):
+        return None
+    c = int(cost[p].argmin())
+    choice = [c]
+    for row in back[::-1, p].tolist():
+        c = row[c]
+        choice.append(c)
+    return tuple(reversed(choice))
+
+
+LEVELS = 3  # bisection steps whose every possible price one batched Viterbi walk covers
+
+
 def _lagrangian_fits(
     node_s: np.ndarray,
     node_bytes: np.ndarray,
@@ -101,35 +154,65 @@ def _lagrangian_fits(
     """Choices that fit the budget from the Lagrangian relaxation: the fastest chain under
     time + price * memory (``solve_chain_dp``), the price bisected until the memory fits; and
     the least price found to fit (0.0: none). A good fitting choice early, and a price for a
-    lower bound, are what let the Pareto walk prune; never the answer itself."""
+    lower bound, are what let the Pareto walk prune; never the answer itself.
+
+    The search is sequential (each price depends on whether the last one fit), but every
+    price it can try in the next ``LEVELS`` steps is known: the next ``LEVELS`` powers of 4
+    while no price fits, then the ``2**LEVELS - 1`` midpoints of the bisection's tree. Those
+    are solved in one ``_viterbi_prices`` walk and the same steps are then taken through its
+    answers: the same prices (the same float expressions), the same choices, the same
+    list and price as one Viterbi walk per step."""
     finite = np.isfinite(node_bytes)
     if not finite.any(axis=1).all():
         return [], 0.0
     scale = float(np.nanmax(np.where(np.isfinite(node_s), node_s, np.nan))) or 1.0
     span = float(np.ptp(node_bytes[finite])) or 1.0
-    lo, hi, found = 0.0, 1.0, []
-    for _ in range(iterations):  # find a price high enough to fit, then bisect below it
-        price = hi * scale / span
-        try:
-            choice = solve_chain_dp(np.where(finite, node_s + price * node_bytes, np.inf), edge_s)
-        except ValueError:
+
+    def fits(choice: tuple[int, ...]) -> bool:
+        return _memory(np.asarray(choice, dtype=np.intp), node_bytes) <= budget_bytes
+
+    lo, hi, found, left = 0.0, 1.0, [], iterations
+    while not found:  # find a price high enough to fit, then bisect below it
+        if not left:
             return found, 0.0
-        if evaluate(choice, node_s, node_bytes, edge_s).memory_bytes <= budget_bytes:
-            found.append(choice)
-            break
-        lo, hi = hi, hi * 4
-    else:
-        return found, 0.0
-    for _ in range(iterations):
-        mid = (lo + hi) / 2
-        choice = solve_chain_dp(
-            np.where(finite, node_s + mid * scale / span * node_bytes, np.inf), edge_s
+        his = [hi]
+        while len(his) < min(LEVELS, left):
+            his.append(his[-1] * 4)
+        back, cost = _viterbi_prices(
+            node_s, node_bytes, finite, edge_s, [h * scale / span for h in his]
         )
-        if evaluate(choice, node_s, node_bytes, edge_s).memory_bytes <= budget_bytes:
-            found.append(choice)
-            hi = mid
-        else:
-            lo = mid
+        for p, h in enumerate(his):
+            left -= 1
+            choice = _trace(back, cost, p)
+            if choice is None:
+                return found, 0.0
+            if fits(choice):
+                found.append(choice)
+                break
+            lo, hi = h, h * 4
+    left = iterations
+    while left:
+        levels = min(LEVELS, left)
+        spans = [(lo, hi)]  # the bisection's tree: node j's halves are 2j + 1 and 2j + 2
+        mids = []
+        for j in range(2**levels - 1):
+            a, b = spans[j]
+            mids.append((a + b) / 2)
+            spans += [(a, mids[-1]), (mids[-1], b)]
+        back, cost = _viterbi_prices(
+            node_s, node_bytes, finite, edge_s, [mid * scale / span for mid in mids]
+        )
+        j = 0
+        for _ in range(levels):
+            left -= 1
+            choice = _trace(back, cost, j)
+            if choice is None:
+                raise ValueError("every choice of the chain has a banned option")
+            if fits(choice):
+                found.append(choice)
+                hi, j = mids[j], 2 * j + 1
+            else:
+                lo, j = mids[j], 2 * j + 2
     return found, hi * scale / span
 
 
@@ -145,25 +228,29 @@ def solve_chain_pareto(
     # e (memory ignored), the leanest memory the nodes after i need, and the time of a choice
     # known to fit (each node at its leanest option, a uniform choice that fits, or the best
     # fitting answer of the Lagrangian relaxation: time + price * memory).
-    finish = np.zeros((n, k))
-    for i in range(n - 2, -1, -1):
-        finish[i] = (edge_s[i] + node_s[i + 1] + finish[i + 1]).min(axis=1)
     lean_after = np.r_[np.cumsum(node_bytes.min(axis=1)[::-1])[::-1][1:], 0.0]
     known = [tuple(int(v) for v in node_bytes.argmin(axis=1))]
     known += [(d,) * n for d in range(k) if node_bytes[:, d].sum() <= budget_bytes]
     fits, price = _lagrangian_fits(node_s, node_bytes, edge_s, budget_bytes)
     known += fits
     # and a Lagrangian bound: any completion from node i at option e that fits in what is
-    # left takes at least priced[i, e] - price * (budget - memory so far)
-    priced = np.zeros((n, k))
+    # left takes at least priced[i, e] - price * (budget - memory so far). Both bounds are
+    # walked back together: ahead[i, 0] is the fastest finish, ahead[i, 1] the priced one.
     finite_bytes = np.isfinite(node_bytes)
     cost = np.where(finite_bytes, node_s + price * np.where(finite_bytes, node_bytes, 0.0), np.inf)
+    step = np.stack((node_s, cost), axis=1)  # [node, bound, option]
+    ahead = np.zeros((n, 2, k))
     for i in range(n - 2, -1, -1):
-        priced[i] = (edge_s[i] + cost[i + 1] + priced[i + 1]).min(axis=1)
-    upper = min(evaluate(c, node_s, node_bytes, edge_s).time_s for c in known)
+        ahead[i] = (edge_s[i][None] + step[i + 1][:, None, :] + ahead[i + 1][:, None, :]).min(2)
+    finish, priced = ahead[:, 0], ahead[:, 1]
+    upper = min(evaluate(c, node_s, node_bytes, edge_s).time_s for c in dict.fromkeys(known))
     upper = upper * (1 + 1e-12) + 1e-12 if np.isfinite(upper) else np.inf
     # the front of node i: every kept partial choice, its option, time, memory, and where it
-    # came from (its index in node i-1's front); fronts are sorted by option
+    # came from (its index in node i-1's front); fronts are sorted by option, then memory
+    edge_t = edge_s.transpose(0, 2, 1)
+    # the options a choice can take at each node (an option without a finite time there, or
+    # a finite time to finish from it, has every extension's bound infinite: all pruned)
+    live = [np.flatnonzero(row) for row in np.isfinite(node_s) & np.isfinite(finish)]
     ok = np.isfinite(node_s[0]) & (node_bytes[0] <= budget_bytes)
     opt = np.flatnonzero(ok)
     t, m, parent = node_s[0, opt], node_bytes[0, opt], np.zeros(len(opt), dtype=int)
@@ -171,26 +258,15 @@ def solve_chain_pareto(
     for i in range(1, n):
         if not len(t):
             return None
-        # every extension of every kept choice: [options of node i, kept choices]
-        tt = t[None, :] + edge_s[i - 1][opt].T + node_s[i][:, None]
-        mm = np.broadcast_to(m[None, :] + node_bytes[i][:, None], tt.shape)
-        slack = price * (budget_bytes - mm) if price else 0.0  # (0 * an infinite budget)
-        bound = np.maximum(tt + finish[i][:, None], tt + priced[i][:, None] - slack)
-        e_idx, j_idx = np.nonzero(
-            (bound <= upper) & np.isfinite(bound) & (mm + lean_after[i] <= budget_bytes)
-        )
-        tv, mv = tt[e_idx, j_idx], mm[e_idx, j_idx]
-        order = np.lexsort((tv, mv, e_idx))  # by option, then memory, then time
-        e_idx, j_idx, tv, mv = e_idx[order], j_idx[order], tv[order], mv[order]
-        # keep a choice if it is faster than every cheaper-or-equal one of its option
-        keep = np.zeros(len(tv), dtype=bool)
-        bounds = np.flatnonzero(np.r_[True, e_idx[1:] != e_idx[:-1], True]) if len(tv) else []
-        for a, b in zip(bounds[:-1], bounds[1:]):
-            keep[a] = True
-            keep[a + 1 : b] = tv[a + 1 : b] < np.minimum.accumulate(tv[a:b])[:-1]
-        if keep.sum() > PARETO_LIMIT:
+        rows = live[i] if len(live[i]) < k else slice(None)
+        opt, parent, t, m = _extend(
+            t, m, opt, edge_t[i - 1][rows], node_s[i][rows], node_bytes[i][rows],
+            finish[i][rows], priced[i][rows], lean_after[i], price, budget_bytes, upper,
+        )  # fmt: skip
+        if len(live[i]) < k:
+            opt = live[i][opt]
+        if len(t) > PARETO_LIMIT:
             return None
-        opt, parent, t, m = e_idx[keep], j_idx[keep], tv[keep], mv[keep]
         history.append((opt, parent))
     if not len(t):
         return None
@@ -200,6 +276,60 @@ def solve_chain_pareto(
         choice.append(int(opt[j]))
         j = int(parent[j])
     return tuple(reversed(choice))
+
+
+def _extend(
+    t: np.ndarray,
+    m: np.ndarray,
+    opt: np.ndarray,
+    edge_t: np.ndarray,
+    node_s: np.ndarray,
+    node_bytes: np.ndarray,
+    finish: np.ndarray,
+    priced: np.ndarray,
+    lean_after: float,
+    price: float,
+    budget: float,
+    upper: float,
+) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """One step of the Pareto walk: every extension of the front (t, m, opt) by the next node
+    (``edge_t[e, d]``: the reshard from option d to e) filtered to the pairs no other of the
+    same option beats in both time and memory, then to those its bounds keep; returned
+    (option, parent, time, memory), sorted by option, memory, time, then parent.
+
+    Exactly what the walk as first written kept, in its order: it pruned by the bounds first,
+    then stable-sorted by (option, memory, time) and kept the first of each option and every
+    later one faster than all before it in its option. The two filters commute: a pair that
+    beats a pair the bounds keep has no more time and memory, so its bounds (sums and a max,
+    monotone in both, as rounded floats too) keep it as well. Filtering first leaves a few
+    hundred pairs to bound instead of thousands, and a [option, parent] table to sort row by
+    row in one call (complex keys memory + i * time: numpy orders complex numbers by real
+    part, then imaginary; stable, so equal pairs keep the lower parent). Every float is the
+    one computed before, elementwise from the same operands."""
+    f = len(t)
+    k = len(node_s)
+    tt = np.take(edge_t, opt, axis=1)  # [options of node i, kept choices]
+    tt += t  # (t + edge) + node, as first written
+    tt += node_s[:, None]
+    mm = np.add(m, node_bytes[:, None])
+    key = np.empty((k, f), dtype=complex)
+    key.real, key.imag = mm, tt
+    order = np.argsort(key, axis=1, kind="stable")
+    order += np.arange(0, k * f, f)[:, None]
+    order = order.ravel()
+    tv = tt.ravel()[order].reshape(k, f)
+    least = np.minimum.accumulate(tv, axis=1)
+    keep = np.empty((k, f), dtype=bool)
+    keep[:, 0] = True
+    np.less(tv[:, 1:], least[:, :-1], out=keep[:, 1:])
+    flat = order[np.flatnonzero(keep)]
+    e_idx = flat // f
+    tv, mv = tt.ravel()[flat], mm.ravel()[flat]
+    slack = price * (budget - mv) if price else 0.0  # (0 * an infinite budget)
+    bound = np.maximum(tv + finish[e_idx], tv + priced[e_idx] - slack)
+    ok = (bound <= upper) & np.isfinite(bound) & (mv + lean_after <= budget)
+    e_idx = e_idx[ok]
+    return e_idx, flat[ok] - e_idx * f, tv[ok], mv[ok]
 
 
 def solve_chain(
