@@ -424,3 +424,30 @@ def test_balanced_stage_starts_equal_the_scalar_programme(seed):
             balanced_stage_starts(region_s, pp, cuts)
         return
     assert balanced_stage_starts(region_s, pp, cuts) == want
+
+
+def test_a_stage_search_runs_on_one_process(monkeypatch):
+    """``mixed_layouts`` searches a stage on one process where searches may use two
+    (``search_prefetch.PROCESSES``), and leaves that setting as it found it."""
+    import oases.planner.search as search
+    from oases.planner import search_prefetch
+    from oases.planner.batch import BatchShape
+    from oases.planner.pipeline_mixed import mixed_layouts
+
+    processes = []
+    solve = search.solve_plan
+
+    def counted(*args, **kw):  # noqa: ANN202
+        processes.append(search_prefetch.PROCESSES)
+        return solve(*args, **kw)
+
+    monkeypatch.setattr(search, "solve_plan", counted)
+    monkeypatch.setattr(search_prefetch, "PROCESSES", 2)
+    costs = HardwareCosts(load_any_cluster("paper-3090-pcie-32", 10.0), MIXED_WINS, "bf16", "fp32")
+    kw = dict(schedules=("megatron",), degrees=[1, 2, 4, 8], n_subs=(1,), zeros=(0,), sps=("",))
+    found = mixed_layouts(
+        MIXED_WINS, costs, 8, BatchShape(64, 32), costs_budget(0.0, costs).bytes, 2,
+        max_inflight=1, **kw,
+    )  # fmt: skip
+    assert processes == [1] and search_prefetch.PROCESSES == 2
+    assert found and all(not plan.is_uniform() for plan in found)

@@ -17,6 +17,12 @@ whose state is most of its peak may take up to pp x the budget there. The answer
 the screen: its peak is scaled to the fullest stage (``pipeline_screen.screen_layout``) and
 every finalist walked whole against the real budget.
 
+The plan search of a stage runs on one process, even where ``oases plan`` lets searches use
+a second (``search_prefetch.PROCESSES``): a stage's search is short, and forking its worker
+and walking its guessed chains cost more than they save (the 96-layer case's 19 stage
+searches: 7.7 s with the worker, 5.4 s without; benchmarks/2026-12-04-search, round 10).
+One process or two give the same candidates (``search_prefetch``).
+
 Not searched: a stage's degrees solved for its own regions and budget (every stage keeps the
 degrees the whole chain's answer gives its regions), stage boundaries where the degrees differ.
 """
@@ -50,11 +56,13 @@ def mixed_layouts(
     """The fastest ``MIXED_LAYOUTS`` plans with more than one TP degree that the plan search
     finds for one stage of ``stage_world`` ranks (module docstring), fastest first; [] where
     ``degrees`` leaves nothing to mix or the search finds nothing."""
+    from oases.planner import search_prefetch
     from oases.planner.search import solve_plan
 
     usable = [t for t in degrees if stage_world % t == 0]
     if len(usable) < 2:
         return []
+    spare, search_prefetch.PROCESSES = search_prefetch.PROCESSES, 1  # (module docstring)
     try:
         _, candidates = solve_plan(
             cfg,
@@ -71,6 +79,8 @@ def mixed_layouts(
         )
     except ValueError:  # nothing splits or fits a stage of this size
         return []
+    finally:
+        search_prefetch.PROCESSES = spare
     mixed = sorted(
         (c for c in candidates if c.fits and not c.plan.is_uniform()),
         key=lambda c: c.result.step_s,

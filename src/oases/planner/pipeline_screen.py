@@ -100,6 +100,7 @@ def price_layout(
             BatchShape(2 * rows, rows),
             max_inflight=max_inflight,
             timeline=False,
+            memory=False,  # (its step alone is read: the same step, no memory walk)
         )
         region_s = region_compute_s(
             cfg, base, costs, stage_world, BatchShape(rows, rows), max_inflight=max_inflight

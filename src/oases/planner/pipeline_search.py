@@ -29,6 +29,13 @@ search prices once and composes, and walks only the finalists::
     refine:    the best walked plan's boundaries moved a block at a time off its slowest
         stage while the walk says faster and it fits (not for an interleaved plan)
 
+The search keeps every tape the simulator builds until it ends (``tape.tapes_kept``: the
+screen's layouts and the plan searches of ``pipeline_mixed`` share programs, a tape's key has
+no world size), and freezes what it built out of the cycle collector after each full walk
+(``gc.freeze``; ``tapes_kept`` thaws at its end): a walk's stage programs are hundreds of
+thousands of objects, and full collections walking them and all that is kept took ~10 s of
+the 96-layer case's ~35 s (benchmarks/2026-12-04-search, round 10). Neither changes a number.
+
 The screen's formula only orders the combinations (``pipeline_screen``; the boundaries:
 ``pipeline_boundaries``); every number a candidate carries is its full walk's. Not searched:
 a stage's degrees solved for its own regions (a mixed layout is the whole chain's answer for a
@@ -40,6 +47,7 @@ chunk count (always ``INTERLEAVED_CHUNKS``).
 from __future__ import annotations
 
 import dataclasses
+import gc
 import time
 from dataclasses import dataclass, field
 
@@ -60,6 +68,7 @@ from oases.planner.pipeline_screen import (
 )
 from oases.planner.precision import precision_of
 from oases.planner.simulate import _CachedCosts, simulate_plan
+from oases.planner.tape import tapes_kept
 from oases.stages import PIPELINE_SCHEDULES
 
 FINALISTS = 5  # screened combinations walked whole (each in every pipeline order)
@@ -128,108 +137,117 @@ def search_pipelines(
     from oases.planner.search import sub_batch_counts
 
     started = time.perf_counter()
-    costs = _CachedCosts(costs)
-    cluster = getattr(costs, "cluster", None)
-    gps = None if cluster is None else cluster.server.gpus_per_server
-    depths = pipeline_depths(world_size, cfg.n_layers, gps, pp_options)
-    found = PipelineSearch(None, [])
-    if not depths:
-        found.notes.append(f"no pipeline depth fits {world_size} ranks of {cfg.n_layers} blocks")
-        return found
-    # ZeRO 2 at most; a tied embedding's copies at stage 1 at most (``train.pipeline_run``)
-    top_zero = 1 if cfg.tie_embeddings else max(PIPELINE_ZEROS)
-    zeros = tuple(z for z in zeros if z <= top_zero) or (0,)
-    shapes = [batch, *(b for b in micro_batches if b != batch)]
-    prec = precision_of(costs)
-    layouts: dict[tuple, LayoutPrice | None] = {}
-    screens: list[Screen] = []
-    seen: set[tuple] = set()
-
-    def add(pp: int, base: ParallelPlan, stage_shape: BatchShape, cuts: set[int] | None) -> None:
-        """Screen ``base`` (one stage's layout) at depth ``pp`` (its price remembered)."""
-        key = (base.regions[0].tp * base.regions[0].dp, stage_shape.micro_rows, layout_key(base))
-        if key not in layouts:
-            layouts[key] = price_layout(cfg, base, costs, key[0], stage_shape, max_inflight)
-        priced = layouts[key]
-        if priced is None or (pp, key) in seen:
-            return  # (zero > 0 at dp=1 is the same plan as 0)
-        seen.add((pp, key))
-        try:
-            screen = screen_layout(
-                cfg, base, priced, costs, pp, stage_shape, stage_shape.n_micro(), prec, cuts
+    with tapes_kept():  # (module docstring: what the search keeps, and why)
+        costs = _CachedCosts(costs)
+        cluster = getattr(costs, "cluster", None)
+        gps = None if cluster is None else cluster.server.gpus_per_server
+        depths = pipeline_depths(world_size, cfg.n_layers, gps, pp_options)
+        found = PipelineSearch(None, [])
+        if not depths:
+            found.notes.append(
+                f"no pipeline depth fits {world_size} ranks of {cfg.n_layers} blocks"
             )
-        except ValueError:  # a mixed layout's degrees leave no pp stages
-            return
-        found.screened += 1
-        screens.append(screen)
+            return found
+        # ZeRO 2 at most; a tied embedding's copies at stage 1 at most (``train.pipeline_run``)
+        top_zero = 1 if cfg.tie_embeddings else max(PIPELINE_ZEROS)
+        zeros = tuple(z for z in zeros if z <= top_zero) or (0,)
+        shapes = [batch, *(b for b in micro_batches if b != batch)]
+        prec = precision_of(costs)
+        layouts: dict[tuple, LayoutPrice | None] = {}
+        screens: list[Screen] = []
+        seen: set[tuple] = set()
 
-    for pp in depths:
-        stage_world = world_size // pp
-        for shape in shapes:
-            if shape.micro_rows % pp:
-                continue
-            stage_shape = BatchShape(shape.global_batch, shape.micro_rows // pp)
-            for t in degrees:
-                if stage_world % t:
+        def add(
+            pp: int, base: ParallelPlan, stage_shape: BatchShape, cuts: set[int] | None
+        ) -> None:
+            """Screen ``base`` (one stage's layout) at depth ``pp`` (its price remembered)."""
+            key = (
+                base.regions[0].tp * base.regions[0].dp,
+                stage_shape.micro_rows,
+                layout_key(base),
+            )
+            if key not in layouts:
+                layouts[key] = price_layout(cfg, base, costs, key[0], stage_shape, max_inflight)
+            priced = layouts[key]
+            if priced is None or (pp, key) in seen:
+                return  # (zero > 0 at dp=1 is the same plan as 0)
+            seen.add((pp, key))
+            try:
+                screen = screen_layout(
+                    cfg, base, priced, costs, pp, stage_shape, stage_shape.n_micro(), prec, cuts
+                )
+            except ValueError:  # a mixed layout's degrees leave no pp stages
+                return
+            found.screened += 1
+            screens.append(screen)
+
+        for pp in depths:
+            stage_world = world_size // pp
+            for shape in shapes:
+                if shape.micro_rows % pp:
                     continue
-                for schedule in schedules:
-                    for n_sub in sub_batch_counts(schedule, n_subs, schedules):
-                        for zero in zeros:
-                            for sp in sps if t > 1 else ("",):
-                                base = ParallelPlan.uniform(
-                                    cfg,
-                                    stage_world,
-                                    t,
-                                    schedule=schedule,
-                                    n_sub=n_sub,
-                                    sequence_parallel=sp,
-                                )
-                                add(
-                                    pp,
-                                    with_zero(base, zero if stage_world > t else 0),
-                                    stage_shape,
-                                    None,
-                                )
-            if not mixed:
-                continue
-            for base in mixed_layouts(
-                cfg,
-                costs,
-                stage_world,
-                stage_shape,
-                budget_bytes,
-                pp,
-                schedules=schedules,
-                degrees=degrees,
-                n_subs=n_subs,
-                zeros=zeros,
-                sps=sps,
-                max_inflight=max_inflight,
-            ):
-                found.mixed += 1
-                add(pp, base, stage_shape, stage_cuts(base))
-    order = finalist_order(screens, budget_bytes, finalists)
-    fitted = 0  # combinations of which an order fits
-    for s in order:
-        if fitted >= finalists and not s.depth_best:
-            break
-        fits = False
-        for pp_order in pp_schedules:
-            plan = ordered(s, pp_order)
-            if plan is None:
-                continue
-            cand = _walk(cfg, plan, costs, world_size, s.batch, budget_bytes, max_inflight)
-            found.walked += 1
-            if cand is not None:
-                found.candidates.append(cand)
-                fits = fits or cand.fits
-        fitted += fits and not s.depth_best
-    fitting = [c for c in found.candidates if c.fits]
-    if fitting:
-        best = min(fitting, key=lambda c: c.result.step_s)
-        found.best = _refine(cfg, best, costs, world_size, budget_bytes, max_inflight, found)
-    found.wall_s = time.perf_counter() - started
-    return found
+                stage_shape = BatchShape(shape.global_batch, shape.micro_rows // pp)
+                for t in degrees:
+                    if stage_world % t:
+                        continue
+                    for schedule in schedules:
+                        for n_sub in sub_batch_counts(schedule, n_subs, schedules):
+                            for zero in zeros:
+                                for sp in sps if t > 1 else ("",):
+                                    base = ParallelPlan.uniform(
+                                        cfg,
+                                        stage_world,
+                                        t,
+                                        schedule=schedule,
+                                        n_sub=n_sub,
+                                        sequence_parallel=sp,
+                                    )
+                                    add(
+                                        pp,
+                                        with_zero(base, zero if stage_world > t else 0),
+                                        stage_shape,
+                                        None,
+                                    )
+                if not mixed:
+                    continue
+                for base in mixed_layouts(
+                    cfg,
+                    costs,
+                    stage_world,
+                    stage_shape,
+                    budget_bytes,
+                    pp,
+                    schedules=schedules,
+                    degrees=degrees,
+                    n_subs=n_subs,
+                    zeros=zeros,
+                    sps=sps,
+                    max_inflight=max_inflight,
+                ):
+                    found.mixed += 1
+                    add(pp, base, stage_shape, stage_cuts(base))
+        order = finalist_order(screens, budget_bytes, finalists)
+        fitted = 0  # combinations of which an order fits
+        for s in order:
+            if fitted >= finalists and not s.depth_best:
+                break
+            fits = False
+            for pp_order in pp_schedules:
+                plan = ordered(s, pp_order)
+                if plan is None:
+                    continue
+                cand = _walk(cfg, plan, costs, world_size, s.batch, budget_bytes, max_inflight)
+                found.walked += 1
+                if cand is not None:
+                    found.candidates.append(cand)
+                    fits = fits or cand.fits
+            fitted += fits and not s.depth_best
+        fitting = [c for c in found.candidates if c.fits]
+        if fitting:
+            best = min(fitting, key=lambda c: c.result.step_s)
+            found.best = _refine(cfg, best, costs, world_size, budget_bytes, max_inflight, found)
+        found.wall_s = time.perf_counter() - started
+        return found
 
 
 def ordered(s: Screen, order: str) -> ParallelPlan | None:
@@ -298,6 +316,7 @@ def _walk(
         )
     except ValueError:  # the batch does not split (BatchSplitError), or the stages refuse it
         return None
+    gc.freeze()  # (its stage programs: out of the collector's full collections, ``tapes_kept``)
     return PipelineCandidate(plan, res, res.peak_mem_bytes <= budget_bytes, "pipeline", shape, True)
 
 

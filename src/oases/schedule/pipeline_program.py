@@ -13,7 +13,8 @@ side and a receive on the other, each a Start/Wait pair of its own kind::
 micro-batch's tasks are today's chain tasks (``tasks``, ``sp_tasks``: every inner schedule,
 k sub-batches) restricted to the stage; the pipeline order (``pipeline_order``) arranges
 their forward and backward passes in units, and each unit is list-scheduled as one (its
-collectives are waited by its end). Point-to-point is placed around it::
+collectives are waited by its end; once per shape of unit, ``_shape_body``, the others
+relabelled). Point-to-point is placed around it::
 
     receives   Start posted one unit ahead (at the start of the unit before the one that
                needs it; the first unit's at its own start), Wait right before the compute
@@ -178,18 +179,19 @@ def _build(
     if sp is not None:
         max_inflight = max(max_inflight, 2)
     first = _micro_passes(spec, k, ranges, n, 0, pp_schedule, changes, sp, defer, layout.chunks)
-    passes = dict(first)
-    for m in range(1, n_micro):  # every micro-batch's passes are the first's, relabelled
-        for key, marked in first.items():
-            passes[(key[0], m, *key[2:])] = [_shifted(x, m * k) for x in marked]
     units = pipeline_order(pp_schedule, layout.pp, stage, n_micro, layout.chunks)
-    bodies = [_unit_body(_unit_tasks(unit, passes), spec, max_inflight) for unit in units]
-    if regathers(spec.recompute, spec.scope, sp):  # sp="shards": "gh" in each unit
-        bodies = [
-            insert_regathers(b, n, not spec.overlapped, *ranges[_backward_chunk(u)])
-            for u, b in zip(units, bodies, strict=True)
-        ]
-    program = _place_p2p(units, bodies, passes)
+    shapes: dict[Unit, tuple[list[Instr], list[CollKey]]] = {}
+    bodies, recvs = [], []
+    for unit in units:
+        micros = sorted({p[1] for p in unit})
+        shape = tuple((p[0], micros.index(p[1]), *p[2:]) for p in unit)
+        if shape not in shapes:
+            shapes[shape] = _shape_body(shape, first, k, spec, max_inflight, n, ranges, sp)
+        body, recv = shapes[shape]
+        offsets = [(m - i) * k for i, m in enumerate(micros)]
+        bodies.append(_relabelled(body, offsets, k))
+        recvs.append([(kind, i, j + offsets[j // k]) for kind, i, j in recv])
+    program = _place_p2p(bodies, recvs)
     if dp_tasks:
         first_norm = frozenset(lo - 1 for lo, _ in ranges if lo > 0 and lo - 1 in dp_tasks)
         program = insert_dp(program, set(dp_tasks), n_micro * k - 1, first_norm)
@@ -211,8 +213,9 @@ def _micro_passes(
     """Micro-batch ``m``'s passes on the stage (its sub-batches ``m k .. m k + k - 1``): keys
     ("F", m), ("B", m) (with the chunk under the interleaved schedule) and zb-h1's ("W", m).
     Built from the whole chain's tasks, restricted to the stage's regions (``_on_stage``);
-    ``_build`` builds micro-batch 0's and relabels them for the others (``_shifted``), since
-    a micro-batch's tasks differ from another's only in their sub-batch ids."""
+    ``_build`` builds micro-batch 0's and relabels them for the others (``_shifted``,
+    ``_shape_body``), since a micro-batch's tasks differ from another's only in their
+    sub-batch ids (micro-batch 0's: 0 .. k - 1)."""
     passes: dict[tuple, list[_Marked]] = {}
     subs = range(m * k, (m + 1) * k)
     zb = pp_schedule == "zb-h1"  # its W passes take every block's weight gradients
@@ -302,6 +305,60 @@ def _on_stage(tasks: list[Task], lo: int, hi: int, n: int) -> list[_Marked]:
     return out
 
 
+def _shape_body(
+    shape: Unit,
+    first: dict[tuple, list[_Marked]],
+    k: int,
+    spec: ScheduleSpec,
+    max_inflight: int,
+    n: int,
+    ranges: list[tuple[int, int]],
+    sp: str | None,
+) -> tuple[list[Instr], list[CollKey]]:
+    """The body of a unit whose passes are those of ``shape``, micro-batch i standing for the
+    unit's i-th micro-batch in order (``_build``), and its receives in the order they are
+    posted (sub-batch, then boundary).
+
+    Why a unit's body is its shape's relabelled (``_relabelled``): a unit's tasks are its
+    passes' micro-batch-0 tasks with every sub-batch id shifted (``_shifted``); the list
+    scheduler, ``staggered``, ``block_groups``, ``_unit_body`` and ``insert_regathers`` read a
+    sub-batch id only to match keys (equal or not), never its value, so relabelling the ids
+    one-to-one before or after scheduling gives the same instructions; and the relabelling
+    keeps their order (micro-batch i of the shape is the unit's i-th smallest), so the
+    receives sort the same too."""
+    passes = {
+        p: [_shifted(x, p[1] * k) for x in first[(p[0], 0, *p[2:])]]
+        if p[1]
+        else first[(p[0], 0, *p[2:])]
+        for p in shape
+    }
+    body = _unit_body(_unit_tasks(shape, passes), spec, max_inflight)
+    if regathers(spec.recompute, spec.scope, sp):  # sp="shards": "gh" in each unit
+        body = insert_regathers(body, n, not spec.overlapped, *ranges[_backward_chunk(shape)])
+    recv = sorted(
+        (m.recv for p in shape for m in passes[p] if m.recv is not None),
+        key=lambda key: (key[2], key[1]),
+    )
+    return body, recv
+
+
+def _relabelled(body: list[Instr], offsets: list[int], k: int) -> list[Instr]:
+    """``body`` with each sub-batch id j of its shape's micro-batch j // k moved by that
+    micro-batch's offset (``_shape_body``); ``body`` itself where no id moves."""
+    if not any(offsets):
+        return body
+    out: list[Instr] = []
+    for ins in body:
+        off = offsets[ins.sub // k]  # (a unit holds Compute, Start and Wait only)
+        if not off:
+            out.append(ins)
+        elif type(ins) is Compute:
+            out.append(Compute(ins.phase, ins.pieces, ins.sub + off))
+        else:
+            out.append(type(ins)(ins.kind, ins.index, ins.sub + off))
+    return out
+
+
 def _backward_chunk(unit: Unit) -> int:
     """The model chunk of a unit's backward pass (0: none, or one chunk per stage): the range
     of regions whose re-gathers it starts."""
@@ -336,18 +393,10 @@ def _unit_body(tasks: list[_Marked], spec: ScheduleSpec, max_inflight: int) -> l
     return out
 
 
-def _place_p2p(
-    units: list[Unit], bodies: list[list[Instr]], passes: dict[tuple, list[_Marked]]
-) -> list[Instr]:
-    """Concatenate the units' bodies with the receives posted one unit ahead and the sends
-    waited ``SEND_WAIT_UNITS`` units later (module docstring)."""
-    recvs = [
-        sorted(
-            (m.recv for p in unit for m in passes[p] if m.recv is not None),
-            key=lambda key: (key[2], key[1]),
-        )
-        for unit in units
-    ]
+def _place_p2p(bodies: list[list[Instr]], recvs: list[list[CollKey]]) -> list[Instr]:
+    """Concatenate the units' bodies with their receives (``recvs``, each unit's in order)
+    posted one unit ahead and the sends waited ``SEND_WAIT_UNITS`` units later (module
+    docstring)."""
     sends = [
         [ins for ins in body if isinstance(ins, Start) and ins.kind in SEND_KINDS]
         for body in bodies
@@ -356,12 +405,12 @@ def _place_p2p(
     for u, body in enumerate(bodies):
         if u == 0:
             program += [Start(*key) for key in recvs[0]]
-        if u + 1 < len(units):
+        if u + 1 < len(bodies):
             program += [Start(*key) for key in recvs[u + 1]]
         program += body
         if u - SEND_WAIT_UNITS + 1 >= 0:
             program += [Wait(s.kind, s.index, s.sub) for s in sends[u - SEND_WAIT_UNITS + 1]]
-    for done in sends[max(0, len(units) - SEND_WAIT_UNITS + 1) :]:
+    for done in sends[max(0, len(bodies) - SEND_WAIT_UNITS + 1) :]:
         program += [Wait(s.kind, s.index, s.sub) for s in done]
     return program
 
