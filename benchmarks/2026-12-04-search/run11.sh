@@ -9,13 +9,15 @@ here=$(cd "$(dirname "$0")" && pwd)
 root=$(cd "$here/../.." && pwd)
 python=${PYTHON:-/work/main/.venv/bin/python}
 cd "$here"
-mkdir -p out11
+out_dir=${OUT:-out11}
+times=${TIMES:-times11.tsv}
+mkdir -p "$out_dir"
 declare -A src
 declare -A rev=([before]=${BEFORE:-b614cc2} [after]=${AFTER:-HEAD})
 for side in before after; do
   src[$side]=$(mktemp -d)
   git -C "$root" archive "${rev[$side]}" src | tar -x -C "${src[$side]}"
-  echo "$side: $(git -C "$root" rev-parse --short "${rev[$side]}")" >> out11/revision.txt
+  echo "$side: $(git -C "$root" rev-parse --short "${rev[$side]}")" >> "$out_dir/revision.txt"
 done
 declare -A args
 args[gpt96-48gb]="gpt-96.toml --world-size 32 --memory-gb 48 --hardware paper-3090-pcie-32 --train.global_batch=128"
@@ -29,7 +31,7 @@ for item in ${CASES:-gpt96-48gb:3 gpt96-24gb:3 gpt96-48gb-ppauto:3 llama64-1024:
   name=${item%:*}; runs=${item#*:}
   for run in $(seq 1 "$runs"); do
     for side in ${SIDES:-before after}; do
-      out="out11/$side-$name-$run"
+      out="$out_dir/$side-$name-$run"
       load=$(cut -d" " -f1 /proc/loadavg)
       start=$(date +%s.%N)
       # shellcheck disable=SC2086
@@ -39,7 +41,7 @@ for item in ${CASES:-gpt96-48gb:3 gpt96-24gb:3 gpt96-48gb-ppauto:3 llama64-1024:
       printf '%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\n' "$side" "$name" "$run" "$load" \
         "$(echo "$end - $start" | bc)" "$(grep -o 'maxrss_kib [0-9]*' "$out.txt")" \
         "$(grep -o 'searched in [0-9.]* s' "$out.txt")" \
-        "$(grep -o 'walked whole, [0-9.]* s' "$out.txt")" >> times11.tsv
+        "$(grep -o 'walked whole, [0-9.]* s' "$out.txt")" >> "$times"
     done
   done
 done

@@ -4,6 +4,7 @@ file; with ``--verify``, every candidate then measured beside its prediction."""
 from __future__ import annotations
 
 import argparse
+import functools
 import sys
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -15,6 +16,7 @@ from oases.stages import PIPELINE_SCHEDULES
 if TYPE_CHECKING:
     from oases.planner.pipeline_search import PipelineSearch
     from oases.planner.search import Candidate, SearchStats
+    from oases.planner.search_prefetch import Beside
 
 
 def _plan_arguments(plan: argparse.ArgumentParser) -> None:
@@ -141,6 +143,8 @@ def _plan(ns: argparse.Namespace, overrides: list[str]) -> int:
         ns.sequence_parallel, (ns.sequence_parallel,)
     )
     stats = SearchStats()
+    # the pipeline search reads nothing of the flat one: beside it, on the spare core
+    pipelines_job = _pipelines(ns, cfg, costs, budget.bytes, schedules, zeros, sps)
     found = search_plans(
         cfg,
         ns.world_size,
@@ -156,7 +160,7 @@ def _plan(ns: argparse.Namespace, overrides: list[str]) -> int:
         exhaustive=ns.exhaustive,
     )
     best, candidates = found.best, found.candidates
-    pipelines = _pipelines(ns, cfg, costs, budget.bytes, schedules, zeros, sps)
+    pipelines = None if pipelines_job is None else pipelines_job.result()
     if pipelines is not None:
         from oases.planner.pipeline_search import choose
 
@@ -220,12 +224,15 @@ def _pipelines(
     schedules: tuple[str, ...] | None,
     zeros: tuple[int, ...],
     sps: tuple[str, ...],
-) -> PipelineSearch | None:
-    """``--pp``: the pipeline search (None at ``--pp 1``)."""
+) -> Beside | None:
+    """``--pp``: the pipeline search, its options checked here and the search started beside
+    the caller's (``search_prefetch.Beside``: ``result()`` is its ``PipelineSearch``); None at
+    ``--pp 1``."""
     from oases.planner.pipeline_search import (
         PIPELINE_ZEROS,
         search_config_pipelines,
     )
+    from oases.planner.search_prefetch import Beside
     from oases.stages import check_pipeline_schedule
 
     if ns.pp == "1":
@@ -241,10 +248,11 @@ def _pipelines(
     for o in orders:
         check_pipeline_schedule(o)
     kw = {"schedules": schedules} if schedules is not None else {}
-    return search_config_pipelines(
+    search = functools.partial(
+        search_config_pipelines,
         cfg,
         ns.world_size,
-        costs,  # type: ignore[arg-type]
+        costs,
         budget,
         pp_options=depths,
         pp_schedules=orders,
@@ -254,6 +262,7 @@ def _pipelines(
         max_tp=ns.max_tp,
         **kw,
     )
+    return Beside(search)
 
 
 def _pipeline_lines(found: PipelineSearch, flat: Candidate, chosen: Candidate) -> list[str]:

@@ -27,7 +27,7 @@ Two searches, one walk, the same answer:
 
 Why the answer is the same: the walk's decisions (which micro-batches, stages and chains come
 next) read only the uniform plans without sequence parallelism (simulated by both) and the
-fastest plan that fits so far; a plan skipped could neither fit nor beat that plan, so the
+fastest plan that fits so far; no plan skipped both fits and beats that plan, so the
 fastest fitting plan at every decision, and at the end, is the same plan (a tie goes to the
 one found first, which both keep). Where nothing fits, the fast search runs the exhaustive one
 (the least-memory search needs every chain).

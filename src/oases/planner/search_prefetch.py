@@ -47,7 +47,7 @@ import pickle
 import queue
 import threading
 from collections import ChainMap
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING
 
 from oases.planner.space import sub_batch_counts
@@ -310,3 +310,53 @@ def _serve(search: _Search, prefetch: Prefetch, states: Connection, answers: Con
         solves = dict(list(search.solves.items())[n_solves:])
         outbox.put(pickle.dumps((chain, fresh, bounds, solves), pickle.HIGHEST_PROTOCOL))
     outbox.put(None)
+
+
+class Beside:
+    """``fn()`` run in a forked process beside the caller's own work, where this process may
+    use a second core (``PROCESSES`` 2; else ``fn()`` runs when its result is asked): e.g.
+    ``oases plan --pp``'s pipeline search, which reads nothing of the flat search, beside it.
+    ``result()`` is ``fn()``'s answer, or raises its exception; the same value either way (a
+    pure function of what the fork copied). The forked process runs its own searches on one
+    process (it is the spare core)."""
+
+    def __init__(self, fn: Callable[[], object]) -> None:
+        self.fn = fn
+        self.proc: multiprocessing.process.BaseProcess | None = None
+        if PROCESSES > 1:
+            ctx = multiprocessing.get_context("fork")
+            self.answer, send = ctx.Pipe(duplex=False)
+            self.proc = ctx.Process(target=_beside, args=(fn, send), daemon=True)
+            self.proc.start()
+            send.close()
+
+    def result(self) -> object:
+        if self.proc is None:
+            return self.fn()
+        try:
+            ok, value = self.answer.recv()
+        except EOFError:
+            raise RuntimeError(
+                f"the process computing {getattr(self.fn, '__name__', 'a search')} beside "
+                f"this one died (exit code {self.proc.exitcode})"
+            ) from None
+        finally:
+            self.proc.join()
+            self.answer.close()
+        if not ok:
+            raise value
+        return value
+
+
+def _beside(fn: Callable[[], object], send: Connection) -> None:
+    global PROCESSES
+    PROCESSES = 1
+    try:
+        out = (True, fn())
+    except Exception as exc:  # (handed to the caller, who raises it)
+        out = (False, exc)
+    try:
+        send.send(out)
+    except Exception as exc:  # (an answer or error that does not pickle)
+        send.send((False, RuntimeError(f"{type(exc).__name__}: {exc}")))
+    send.close()
