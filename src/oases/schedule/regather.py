@@ -35,10 +35,12 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
-
-from torch import Tensor
+from typing import TYPE_CHECKING
 
 from oases.schedule.instructions import Compute, Instr, Start, Wait
+
+if TYPE_CHECKING:
+    from torch import Tensor
 
 
 def regathers(recompute: str, scope: str, sp: str | None) -> bool:
