@@ -129,7 +129,6 @@ def region_prices(
     batch: BatchShape,
     *,
     max_inflight: int = 1,
-    zero_terms: bool = True,
 ) -> RegionPrices | None:
     """Per region of ``plan``, read off the programs ``simulate_plan`` walks (None where the
     last is not one a tape walks):
@@ -145,7 +144,7 @@ def region_prices(
       plan runs at the region's degree and rows, whatever its neighbours'), and of those among
       them waited at once (the program's next instruction is their wait: the compute stream
       idles for all of it);
-    - with a ZeRO stage (``zero_terms``): (gathers) its weight gathers ("ag") in the first
+    - with a ZeRO stage: (gathers) its weight gathers ("ag") in the first
       walk (the first micro-batch, or the whole step; stages 1 and 2, which gather each
       region's updated weights once, before its first forward) and (after) its backward and
       recompute there: every backward follows every forward, so every gather's wait, and the
@@ -160,16 +159,15 @@ def region_prices(
     if found is None:
         return None
     last, n = _Priced(found), len(plan.regions)
-    counts = _piece_runs(last.tape, "all")
     keys, regions, starts, at_once = _tp_starts(last.tape)
     seconds = last.coll()[keys]
     prices = RegionPrices(
-        last.per_region(counts, n).tolist(),
+        last.per_region(_piece_runs(last.tape, "all"), n).tolist(),
         (np.bincount(regions, weights=seconds * starts, minlength=n) * batch.n_micro()).tolist(),
         np.bincount(regions, weights=seconds * at_once, minlength=n).tolist(),
     )
     stages = set(plan.zero_stages())
-    if not zero_terms or stages == {0}:
+    if stages == {0}:
         return prices
     if stages <= {1, 2}:
         first = last
@@ -194,14 +192,14 @@ def region_compute_s(
     max_inflight: int = 1,
 ) -> list[float] | None:
     """Seconds of compute every region of ``plan`` runs in a step (``region_prices``' compute
-    of one micro-batch, times the micro-batches). None where the program is not one a tape
-    walks."""
-    prices = region_prices(
-        cfg, plan, costs, world_size, batch, max_inflight=max_inflight, zero_terms=False
-    )
-    if prices is None:
+    of one micro-batch, times the micro-batches, and nothing else priced: the pipeline
+    screen's shares). None where the program is not one a tape walks."""
+    found = last_micro_prices(cfg, plan, costs, world_size, batch, max_inflight=max_inflight)
+    if found is None:
         return None
-    return (np.asarray(prices.compute) * batch.n_micro()).tolist()
+    last = _Priced(found)
+    per_micro = last.per_region(_piece_runs(last.tape, "all"), len(plan.regions))
+    return (per_micro * batch.n_micro()).tolist()
 
 
 TP_KINDS = ("fwd", "bwd")  # a region's own all-reduces (reduce-scatters under sp) over its group
@@ -216,7 +214,7 @@ def _piece_regions(tape: Tape) -> np.ndarray:
     return found
 
 
-def _piece_runs(tape: Tape, which: str) -> np.ndarray:
+def _piece_runs(tape: Tape, which: str) -> np.ndarray | None:
     """How many times each (phase, piece, region) of ``tape.pieces()`` runs (0 for a
     recompute's glue): "all" of them; "ag", the backward and recompute after the last ZeRO
     gather's wait; "rs", the forward before the first reduce-scatter's start (None where the
@@ -225,19 +223,16 @@ def _piece_runs(tape: Tape, which: str) -> np.ndarray:
     key = ("piece runs", which)
     if key in tape.memo:
         return tape.memo[key]
-    ops = tape.ops
-    lo, hi, phases = 0, len(ops), ("forward", "backward", "recompute")
+    phases = ("forward", "backward", "recompute")
     if which != "all":
-        starts = _dp_starts(tape, which)[0]
+        starts, first_start, last_wait = _dp_starts(tape, which)
         if not starts:
             tape.memo[key] = None
             return None
-        _, first_start, last_wait = _dp_starts(tape, which)
         phases = ("backward", "recompute") if which == "ag" else ("forward",)
     at = {t: j for j, t in enumerate(tape.pieces())}
     runs = np.zeros(len(at))
-    for j in range(lo, hi):
-        op, cid, _ = ops[j]
+    for j, (op, cid, _) in enumerate(tape.ops):
         if op != COMPUTE:
             continue
         phase, pieces = tape.compute_keys[cid]
