@@ -34,10 +34,11 @@ CASES = [  # arch, layers, tied, world, costs, seed
 @pytest.mark.parametrize("case", CASES, ids=[f"{c[0]}-L{c[1]}-W{c[3]}-{c[4]}" for c in CASES])
 def test_chain_bounds_hold_for_every_plan_that_fits(case):
     """No plan of a chain that fits a budget steps faster than ``chain_bounds`` says under
-    that budget, and none peaks lower: budgets at the plan's own peak (the tightest it fits)
-    and above it. The bound is the joint one (memory priced against the collectives), so a
-    budget below a plan's peak may bound it above its step: checked apart, it must not be
-    used so."""
+    that budget (nor, without one, than it says unbudgeted), none peaks lower, and none's
+    compute stream is busy for less than its regions' least compute: budgets at the plan's own
+    peak (the tightest it fits) and above it. The bound is the joint one (memory priced
+    against the collectives), so under a budget below a plan's peak it may exceed that plan's
+    step: the search uses it only for plans that fit."""
     arch, layers, tied, world, name, seed = case
     rng = random.Random(seed)
     cfg = _model(arch, layers, tied)
@@ -59,6 +60,9 @@ def test_chain_bounds_hold_for_every_plan_that_fits(case):
         args = (cfg, costs, world, batch, plan.schedule, plan.n_sub, zero, sp, degrees, 1)
         loose, memory_lb = chain_bounds(*args)
         assert res.step_s >= loose and res.peak_mem_bytes >= memory_lb
+        # the compute stream alone runs at least every region's least compute
+        least = chain_prices(*args).compute.min(axis=1).sum() * batch.n_micro()
+        assert res.breakdown["compute_s"] >= least * (1 - 1e-9)
         for budget in (res.peak_mem_bytes, res.peak_mem_bytes * rng.uniform(1.0, 1.5)):
             time_lb, _ = chain_bounds(*args, budget)
             assert res.step_s >= time_lb, (plan.label(), budget, res.step_s, time_lb)
