@@ -6,8 +6,6 @@ import re
 import sys
 from pathlib import Path
 
-OUT = Path(__file__).parent / (sys.argv[1] if len(sys.argv) > 1 else "out10")
-
 
 def lines(path: Path) -> list[str]:
     keep = []
@@ -26,17 +24,23 @@ def plan(path: Path) -> dict:
     return out
 
 
-bad = 0
-for before in sorted(OUT.glob("before-*.txt")):
-    after = before.with_name(before.name.replace("before-", "after-", 1))
-    if not after.exists():
-        continue
-    same_text = lines(before) == lines(after)
-    files = before.with_suffix(".json"), after.with_suffix(".json")
-    same_plan = all(f.exists() for f in files) and plan(files[0]) == plan(files[1])
-    bad += not (same_text and same_plan)
-    print(
-        f"{before.stem[7:]}: printed lines {'same' if same_text else 'DIFFER'} "
-        f"({len(lines(before))}), plan file {'same' if same_plan else 'DIFFERS'}"
-    )
-sys.exit(1 if bad else 0)
+def main() -> int:
+    out = Path(__file__).parent / (sys.argv[1] if len(sys.argv) > 1 else "out10")
+    bad = 0
+    for before in sorted(out.glob("before-*.txt")):
+        after = before.with_name(before.name.replace("before-", "after-", 1))
+        if not after.exists():
+            continue
+        same_text = lines(before) == lines(after)
+        files = before.with_suffix(".json"), after.with_suffix(".json")
+        same_plan = all(f.exists() for f in files) and plan(files[0]) == plan(files[1])
+        bad += not (same_text and same_plan)
+        print(
+            f"{before.stem[7:]}: printed lines {'same' if same_text else 'DIFFER'} "
+            f"({len(lines(before))}), plan file {'same' if same_plan else 'DIFFERS'}"
+        )
+    return 1 if bad else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
