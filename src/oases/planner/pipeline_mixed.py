@@ -18,7 +18,7 @@ the screen: its peak is scaled to the fullest stage (``pipeline_screen.screen_la
 every finalist walked whole against the real budget.
 
 The plan search of a stage runs on one process, even where ``oases plan`` lets searches use
-a second (``search_prefetch.PROCESSES``): a stage's search is short, and forking its worker
+a second (``search_prefetch.one_process``): a stage's search is short, and forking its worker
 and walking its guessed chains cost more than they save (the 96-layer case's 19 stage
 searches: 7.7 s with the worker, 5.4 s without; benchmarks/2026-12-04-search, round 10).
 One process or two give the same candidates (``search_prefetch``).
@@ -62,25 +62,23 @@ def mixed_layouts(
     usable = [t for t in degrees if stage_world % t == 0]
     if len(usable) < 2:
         return []
-    spare, search_prefetch.PROCESSES = search_prefetch.PROCESSES, 1  # (module docstring)
     try:
-        _, candidates = solve_plan(
-            cfg,
-            costs,
-            stage_world,
-            stage_shape,
-            pp * budget_bytes,
-            schedules=schedules,
-            n_subs=n_subs,
-            degrees=usable,
-            max_inflight=max_inflight,
-            zeros=zeros,
-            sps=tuple(s for s in sps if s),
-        )
+        with search_prefetch.one_process():  # (module docstring)
+            _, candidates = solve_plan(
+                cfg,
+                costs,
+                stage_world,
+                stage_shape,
+                pp * budget_bytes,
+                schedules=schedules,
+                n_subs=n_subs,
+                degrees=usable,
+                max_inflight=max_inflight,
+                zeros=zeros,
+                sps=tuple(s for s in sps if s),
+            )
     except ValueError:  # nothing splits or fits a stage of this size
         return []
-    finally:
-        search_prefetch.PROCESSES = spare
     mixed = sorted(
         (c for c in candidates if c.fits and not c.plan.is_uniform()),
         key=lambda c: c.result.step_s,

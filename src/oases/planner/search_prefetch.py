@@ -71,6 +71,18 @@ def _cores() -> int:
 PROCESSES = 1
 
 
+@contextlib.contextmanager
+def one_process() -> Iterator[None]:
+    """Inside the block, this process's searches run on one process (``PROCESSES`` 1), as it
+    was set again after: for searches too short to pay for a worker's fork."""
+    global PROCESSES
+    spare, PROCESSES = PROCESSES, 1
+    try:
+        yield
+    finally:
+        PROCESSES = spare
+
+
 def use_spare_core() -> None:
     """Let the searches of this process use a second one (``PROCESSES`` 2), where it can."""
     global PROCESSES
