@@ -9,13 +9,16 @@ import random
 import numpy as np
 import pytest
 
+from oases.plan import ParallelPlan, RegionPlan, region_names
 from oases.planner import load_costs
 from oases.planner.batch import BatchShape, BatchSplitError
-from oases.planner.region_prices import region_prices
+from oases.planner.candidate import with_zero
+from oases.planner.region_prices import TP_KINDS, region_prices
 from oases.planner.search import candidate_degrees
-from oases.planner.search_bounds import chain_bounds, chain_prices
-from oases.planner.simulate import simulate_plan
+from oases.planner.search_bounds import chain_bounds, chain_prices, tp_serial
+from oases.planner.simulate import plan_program, simulate_plan
 from oases.planner.step_bound import MARGIN, joint_step_bound
+from oases.schedule.program import SPECS, Start, Wait
 from test_search_exact import _gloo_profile, _model, _random_plan
 
 
@@ -44,7 +47,7 @@ def test_chain_bounds_hold_for_every_plan_that_fits(case):
     cfg = _model(arch, layers, tied)
     costs = _costs(name, cfg)
     degrees = candidate_degrees(cfg, world)
-    checked = stronger = 0
+    checked = stronger = rows_checked = 0
     for _ in range(150):
         plan = _random_plan(rng, cfg, world, degrees)
         zero = plan.zero_stages()[0]
@@ -60,6 +63,17 @@ def test_chain_bounds_hold_for_every_plan_that_fits(case):
         args = (cfg, costs, world, batch, plan.schedule, plan.n_sub, zero, sp, degrees, 1)
         loose, memory_lb = chain_bounds(*args)
         assert res.step_s >= loose and res.peak_mem_bytes >= memory_lb
+        # every serial sum and stream sum on its own (the joint bound weighs them)
+        prices = chain_prices(*args)
+        at = [prices.degrees.index(t) for t in plan.degrees()]
+        regions = range(len(at))
+        for j, row in enumerate(prices.serial()):
+            total = sum(row[i, d] for i, d in zip(regions, at))
+            assert res.step_s >= total * (1 - 1e-9), (plan.label(), batch, j, total)
+        for d in set(at):
+            stream = sum(prices.comm[i, d] for i, e in zip(regions, at) if e == d)
+            assert res.step_s >= stream * (1 - 1e-9), (plan.label(), batch, d, stream)
+        rows_checked += 1
         # the compute stream alone runs at least every region's least compute
         least = chain_prices(*args).compute.min(axis=1).sum() * batch.n_micro()
         assert res.breakdown["compute_s"] >= least * (1 - 1e-9)
@@ -68,7 +82,7 @@ def test_chain_bounds_hold_for_every_plan_that_fits(case):
             assert res.step_s >= time_lb, (plan.label(), budget, res.step_s, time_lb)
             stronger += time_lb > loose * (1 + 1e-6)
         checked += 1
-    assert checked >= 40
+    assert checked >= 40 and rows_checked >= 40
     assert stronger >= 5  # (the budget does tighten it: the test reaches the joint bound)
 
 
@@ -106,6 +120,7 @@ def test_each_region_runs_its_own_collectives_at_its_degree(case):
         zero_prices = (prices.gathers, prices.after, prices.scatters, prices.before)
         for ours, chain in zip(mixed_z, zero_prices):  # (a pair the chain's bound uses holds)
             assert chain is None or ours is not None
+        assert prices.zero_walks is None or mine.dp_walks is not None
         for i, r in enumerate(plan.regions):
             d = prices.degrees.index(r.tp)
             why = (plan.schedule, plan.n_sub, sp, plan.degrees(), zero, batch.n_micro(), i)
@@ -120,6 +135,9 @@ def test_each_region_runs_its_own_collectives_at_its_degree(case):
                     assert seconds == pytest.approx(chain_s, rel=1e-12, abs=0), why
                     assert compute >= chain_c * (1 - 1e-12), why
                     zero_checked += 1
+            if prices.zero_walks is not None:  # each walk's ZeRO collectives: the same
+                for ours, chain in zip(mine.dp_walks, prices.zero_walks):
+                    assert ours[i] == pytest.approx(chain[i, d], rel=1e-12, abs=0), why
         checked += 1
     assert checked >= 30 and zero_checked >= 50
 
@@ -138,3 +156,84 @@ def test_joint_bound_is_the_relaxation_s_optimum_on_a_small_chain():
     assert joint_step_bound(serial, streams, a, a, room=20.0) == pytest.approx(2.0, rel=1e-6)
     assert joint_step_bound(serial, streams, a, a, room=float("inf")) <= 2.0
     assert joint_step_bound(serial, streams, a, a, room=20.0) <= 2.0 * (1 + MARGIN)
+
+
+MODES = [
+    (n, sp)
+    for n, s in SPECS.items()
+    for sp in ("", "gathered", "shards")[: 1 + 2 * (not s.sequence_parallel)]
+]
+
+
+@pytest.mark.parametrize("schedule, sp", MODES, ids=[f"{n}-{sp or 'no-sp'}" for n, sp in MODES])
+def test_tp_collectives_overlap_only_where_tp_serial_says_they_may(schedule, sp):
+    """The serial sum of every TP collective (``search_bounds.tp_serial``): in every program
+    of the chain (mixed degrees, every sub-batch count and ZeRO stage; the first, a middle and
+    the last micro-batch), no two TP collectives that move bytes are between their starts and
+    their waits at once without sequence parallelism or in a synchronous schedule, so one
+    begins only after the other's wait: they never run at the same time, whatever their
+    groups' streams. In an overlapped schedule with sequence parallelism a region's gather
+    opens before a neighbour's reduction is waited (found here with two sub-batches or more),
+    so ``tp_serial`` must say no there."""
+    rng = random.Random(len(schedule) + len(sp))
+    cfg = _model("gpt2", 3, False)
+    world, names = 8, region_names(cfg)
+    serial = tp_serial(schedule, sp)
+    checked = overlapped = 0
+    for _ in range(25):
+        degrees = [rng.choice([1, 2, 4, 8]) for _ in names]
+        if rng.random() < 0.3:  # (a degree change at every border, both ways)
+            degrees = [(2, 4)[(i + rng.randrange(2)) % 2] for i in range(len(names))]
+        spec = SPECS[schedule]
+        subs = [n for n in (1, 2, 4) if n >= spec.min_sub and (n == 1 or spec.overlapped)]
+        n_sub = rng.choice(subs[-2:] if sp else subs)
+        plan = with_zero(
+            ParallelPlan(
+                [RegionPlan(n, t, world // t) for n, t in zip(names, degrees)],
+                n_sub=n_sub,
+                schedule=schedule,
+                sequence_parallel=sp,
+            ),
+            rng.choice([0, 1, 2, 3]),
+        )
+        for first, dp in ((True, True), (True, False), (False, False)):
+            try:
+                program = plan_program(
+                    cfg, plan, world, BatchShape(4 * world, world), n_micro=1, dp=dp, first=first
+                )
+            except BatchSplitError:
+                continue
+            open_now: set[tuple] = set()
+            for ins in program:
+                key = (getattr(ins, "kind", None), getattr(ins, "index", None))
+                if key[0] not in TP_KINDS or degrees[key[1]] == 1:
+                    continue  # (at degree 1 a collective moves nothing: done at once)
+                if isinstance(ins, Start):
+                    overlapped += bool(open_now)
+                    assert not (open_now and serial), (degrees, n_sub, ins, open_now)
+                    open_now.add((*key, ins.sub))
+                elif isinstance(ins, Wait):
+                    open_now.discard((*key, ins.sub))
+            checked += 1
+    assert checked >= 40
+    assert serial or overlapped  # (where it says they may overlap, they do)
+
+
+@pytest.mark.parametrize("zero", [1, 2, 3])
+def test_each_walk_s_zero_collectives_are_the_dp_stream_s_busy_time(zero):
+    """``ChainPrices.zero_walks``: at degree 1 (no TP collective, no reshard) every
+    collective of a step is a ZeRO one, so the first walk's, the middle ones' and the last's
+    summed over the regions are the step's communication as ``simulate_plan`` counts it (one,
+    two and four micro-batches: the middle walks counted n - 2 times)."""
+    cfg = _model("llama", 3, False)
+    costs = _costs("paper-3090-pcie-32", cfg)
+    world = 8
+    for schedule, n_sub in (("megatron", 1), ("oases", 2), ("merak", 2)):
+        plan = with_zero(ParallelPlan.uniform(cfg, world, 1, schedule=schedule, n_sub=n_sub), zero)
+        for n_micro in (1, 2, 4):
+            batch = BatchShape(world * n_micro * n_sub, world * n_sub)
+            res = simulate_plan(cfg, plan, costs, world, batch, timeline=False)
+            prices = chain_prices(cfg, costs, world, batch, schedule, n_sub, zero, "", [1], 1)
+            first, middle, last = (z[:, 0].sum() for z in prices.zero_walks)
+            walks = first if n_micro == 1 else first + (n_micro - 2) * middle + last
+            assert walks == pytest.approx(res.breakdown["comm_s"], rel=1e-9), (schedule, n_micro)

@@ -33,13 +33,15 @@ def last_micro_prices(
     *,
     max_inflight: int = 1,
     first: bool = False,
+    middle: bool = False,
 ) -> tuple[Tape, StepCosts, list[tuple]] | None:
     """The compiled program ``simulate_plan`` walks last for ``plan`` (the whole step with one
     micro-batch, else the last micro-batch with the DP collectives), its ``StepCosts`` and its
     regions' signatures (``plan_costs.price_tape``'s arguments); None where the program is not
     one a tape walks. For the search's bounds, which price a plan's regions one by one.
     ``first`` (with micro-batches): the first micro-batch's program instead (ZeRO's gathers of
-    the updated weights at its head, no DP collectives)."""
+    the updated weights at its head, no DP collectives); ``middle``: one between the first and
+    the last (neither)."""
     from oases.schedule.program import SPECS
 
     costs = _CachedCosts(costs)
@@ -58,7 +60,7 @@ def last_micro_prices(
             batch,
             max_inflight=max_inflight,
             n_micro=None if whole else 1,
-            dp=whole or not first,
+            dp=whole or not (first or middle),
             first=whole or first,
             reshard_after_forward=True,
             buckets=buckets,
@@ -85,8 +87,9 @@ def last_micro_prices(
 @dataclass
 class RegionPrices:
     """Per region of a plan (``region_prices``): ``compute`` and ``tp_waited`` of one
-    micro-batch, ``tp_comm`` of the step, and the DP stream's two pairs (None where the walk
-    has none: see ``region_prices``)."""
+    micro-batch, ``tp_comm`` of the step, the DP stream's two pairs (None where the walk
+    has none: see ``region_prices``) and its ZeRO collectives in the first, a middle and the
+    last walk (``dp_walks``; None without a ZeRO stage)."""
 
     compute: list[float]
     tp_comm: list[float]
@@ -95,6 +98,7 @@ class RegionPrices:
     after: list[float] | None = None
     scatters: list[float] | None = None
     before: list[float] | None = None
+    dp_walks: tuple[list[float], list[float], list[float]] | None = None
 
 
 class _Priced:
@@ -140,8 +144,9 @@ def region_prices(
       other regions' degrees (the pieces of a program are the same but for that glue; a
       piece's price reads only its region's kind, degree and rows);
     - tp_comm (the step) and tp_waited (one micro-batch): the seconds of its own TP
-      collectives (``TP_KINDS``: the row- and column-parallel linears' reductions, which every
-      plan runs at the region's degree and rows, whatever its neighbours'), and of those among
+      collectives (``TP_KINDS``: the row- and column-parallel linears' reductions and
+      sequence parallelism's gathers, which every plan runs at the region's degree and rows,
+      whatever its neighbours'), and of those among
       them waited at once (the program's next instruction is their wait: the compute stream
       idles for all of it);
     - with a ZeRO stage: (gathers) its weight gathers ("ag") in the first
@@ -153,7 +158,11 @@ def region_prices(
       forward there: a region's gradient follows every sub-batch's forward, so every
       reduce-scatter starts after all of it, and they run one after another, so that walk
       takes at least the sum of both. A pair is None where the walk has none of those
-      collectives, or (checked on the program) some of those computes are on the near side.
+      collectives, or (checked on the program) some of those computes are on the near side;
+    - with a ZeRO stage (dp_walks): the seconds of its own ZeRO collectives (``ZERO_KINDS``,
+      at its degree's DP group and its padded parameters) in the first, a middle and the last
+      walk (each the whole step's with one micro-batch): they share the one DP stream, so a
+      walk takes at least their sum over the regions.
     """
     found = last_micro_prices(cfg, plan, costs, world_size, batch, max_inflight=max_inflight)
     if found is None:
@@ -169,6 +178,18 @@ def region_prices(
     stages = set(plan.zero_stages())
     if stages == {0}:
         return prices
+    walks: list[_Priced | None] = [last, last, last]  # (one micro-batch: the step's walk)
+    if batch.n_micro() > 1:  # ``simulate_plan``'s walks: the first as a middle one at stage 3
+        for j, which in ((1, "middle"), (0, "first")):
+            if j == 0 and not stages <= {1, 2}:
+                walks[0] = walks[1]
+                continue
+            found = last_micro_prices(
+                cfg, plan, costs, world_size, batch, max_inflight=max_inflight, **{which: True}
+            )
+            walks[j] = _Priced(found) if found is not None else None
+    if None not in walks:
+        prices.dp_walks = tuple(_zero_seconds(w, n) for w in walks)
     if stages <= {1, 2}:
         first = last
         if batch.n_micro() > 1:
@@ -202,7 +223,10 @@ def region_compute_s(
     return (per_micro * batch.n_micro()).tolist()
 
 
-TP_KINDS = ("fwd", "bwd")  # a region's own all-reduces (reduce-scatters under sp) over its group
+# a region's own collectives over its TP group: the all-reduces (reduce-scatters under sp), and
+# sequence parallelism's gathers (``plan_costs``: each at region i's degree and rows)
+TP_KINDS = ("fwd", "bwd", "gf", "gb", "gr", "gh")
+ZERO_KINDS = ("rs", "ag")  # a region's own ZeRO collectives over its DP group
 
 
 def _piece_regions(tape: Tape) -> np.ndarray:
@@ -297,3 +321,13 @@ def _dp_share(priced: _Priced, kind: str, n: int) -> tuple[list[float] | None, l
     for cid, count in _dp_starts(priced.tape, kind)[0].items():
         seconds[priced.tape.coll_keys[cid][1]] += coll[cid] * count
     return seconds.tolist(), priced.per_region(runs, n).tolist()
+
+
+def _zero_seconds(priced: _Priced, n: int) -> list[float]:
+    """Per region: the seconds of its ZeRO collectives (``ZERO_KINDS``) in the tape."""
+    seconds = np.zeros(n)
+    coll = priced.coll()
+    for kind in ZERO_KINDS:
+        for cid, count in _dp_starts(priced.tape, kind)[0].items():
+            seconds[priced.tape.coll_keys[cid][1]] += coll[cid] * count
+    return seconds.tolist()

@@ -14,12 +14,18 @@ checks each on random mixed plans against the uniform plans it is read from)::
             (the synchronous schedules): there a collective's result is what the next piece
             reads, at any neighbour's degree; merak's two sub-batches per block wait theirs in
             another order where the degree changes, so sub-batched schedules count none
-    p_i(t)  region i's own TP collectives in the step: they run on the one stream of rank
-            0's TP group at degree t, one after another (a stream's flights are chained)
+    p_i(t)  region i's own TP collectives in the step (sequence parallelism's gathers
+            included): they run on the one stream of rank 0's TP group at degree t, one
+            after another (a stream's flights are chained). Without sequence parallelism no
+            two TP collectives of a program are ever between their starts and their waits at
+            once (``tests/test_search_bounds.py``: every schedule, mixed degrees), so the
+            second begins after the first's wait: they never overlap, whatever their streams
     G_i, g_i  with a ZeRO stage: region i's weight gathers in the first walk (the first
             micro-batch, or the step) and its compute after the last gather's wait there
     S_i, f_i  region i's gradient reduce-scatters in the last walk and its compute before
             the first of them starts (they run one after another on the DP stream from then)
+    Z^w_i   with a ZeRO stage: region i's own ZeRO collectives in the first, a middle and the
+            last walk (w): every one of them runs on the one DP stream
     A_i(t)  weights + Adam moments + the optimizer's copy of what it updates + the gradient
             left at the step's end (whole at stage 0, a shard above): the optimizer step
             (``peak_memory``)
@@ -28,13 +34,15 @@ checks each on random mixed plans against the uniform plans it is read from)::
             before any backward): the turn from the first forward to its backward
 
 A step of n micro-batches is n walks back to back (``simulate_plan``): the first, n - 2 alike
-and the last; each walk takes at least sum (c + e), the first also sum (G + g), the last sum
-(S + f); so for every plan x (``extra``: the baseline and workspace)::
+and the last; each walk takes at least sum (c + e) and its sum Z^w, the first also sum
+(G + g), the last sum (S + f); so for every plan x (``extra``: the baseline and workspace)::
 
-    step >= sum_i X_i(x_i) + (n - 2) (c + e)_i(x_i) + Y_i(x_i)   X in {c + e, G + g},
-                                                                  Y in {c + e, S + f}
-            (n = 1: step >= each of sum (c + e), sum (G + g), sum (S + f))
+    step >= sum_i X_i(x_i) + (n - 2) M_i(x_i) + Y_i(x_i)   X in {c + e, G + g, Z^first},
+                                                            M in {c + e, Z^middle},
+                                                            Y in {c + e, S + f, Z^last}
+            (n = 1: step >= each of sum (c + e), sum (G + g), sum (S + f), sum Z)
     step >= sum_{i: x_i = t} p_i(t) for every degree t
+    step >= sum_i p_i(x_i) without sequence parallelism
     peak >= extra + max(sum_i A_i(x_i), sum_i B_i(x_i))
 
 ``chain_bounds`` returns the least peak of any plan (each region at its leanest degree) and
@@ -68,7 +76,9 @@ class ChainPrices:
     the chain takes (``degrees``), each [regions, degrees]: ``compute`` c and ``waited`` e
     of one micro-batch, ``comm`` p of the step (seconds); ``gathers`` G, ``after`` g,
     ``scatters`` S and ``before`` f (None without a ZeRO stage); ``state`` A and ``turn`` B
-    (bytes); ``extra`` the bytes every plan holds beside them; ``n_micro`` walks."""
+    (bytes); ``extra`` the bytes every plan holds beside them; ``n_micro`` walks;
+    ``zero_walks`` Z of the first, a middle and the last walk (None without a ZeRO stage);
+    ``tp_serial``: no two TP collectives overlap (``tp_serial``)."""
 
     degrees: list[int]
     n_micro: int
@@ -82,15 +92,25 @@ class ChainPrices:
     state: np.ndarray
     turn: np.ndarray
     extra: float
+    zero_walks: tuple[np.ndarray, np.ndarray, np.ndarray] | None = None
+    tp_serial: bool = False
 
     def serial(self) -> list[np.ndarray]:
         """The step's serial bounds (module docstring), one [regions, degrees] each."""
         walk = self.compute + self.waited
         heads = [walk] + ([self.gathers + self.after] if self.gathers is not None else [])
         tails = [walk] + ([self.scatters + self.before] if self.scatters is not None else [])
-        if self.n_micro == 1:
-            return heads + tails[1:]
-        return [x + (self.n_micro - 2) * walk + y for x in heads for y in tails]
+        mids = [walk]
+        if self.zero_walks is not None:
+            first, middle, last = self.zero_walks
+            heads, mids, tails = heads + [first], mids + [middle], tails + [last]
+        steps = [self.comm] if self.tp_serial else []
+        if self.n_micro == 1:  # (one walk: its Z once)
+            return heads + tails[1 : len(tails) - (self.zero_walks is not None)] + steps
+        if self.n_micro == 2:
+            return [x + y for x in heads for y in tails] + steps
+        n = self.n_micro - 2
+        return [x + n * m + y for x in heads for m in mids for y in tails] + steps
 
 
 def chain_prices(
@@ -120,6 +140,7 @@ def chain_prices(
     comm: list[list[float]] = []
     waited: list[list[float]] = []
     zero_terms: list[tuple] = []  # (G, g, S, f) per degree
+    zero_walks: list[tuple | None] = []  # (Z first, middle, last) per degree
     state_bytes: list[list[float]] = []
     turn_bytes: list[list[float]] = []
     for t in degrees:
@@ -145,6 +166,7 @@ def chain_prices(
         comm.append(prices.tp_comm if prices is not None else none)
         # (one sub-batch only: a merak block of two reorders its waits at a degree change)
         waited.append(prices.tp_waited if prices is not None and k == 1 else none)
+        zero_walks.append(prices.dp_walks if prices is not None else None)
         zero_terms.append(
             (prices.gathers, prices.after, prices.scatters, prices.before)
             if prices is not None
@@ -203,7 +225,23 @@ def chain_prices(
         columns(state_bytes),
         columns(turn_bytes),
         extra,
+        (  # (where every degree has them: a bound over all regions)
+            tuple(columns([z[j] for z in zero_walks]) for j in range(3))
+            if all(z is not None for z in zero_walks)
+            else None
+        ),
+        tp_serial(schedule, sp),
     )
+
+
+def tp_serial(schedule: str, sp: str) -> bool:
+    """Whether no two TP collectives of a plan's programs overlap (``ChainPrices.tp_serial``):
+    without sequence parallelism, or in a synchronous schedule (``tests/test_search_bounds.py``
+    checks the claim on the programs of every schedule and mode it holds for, and that it
+    fails for the others: an overlapped schedule's gather opens before a neighbour's reduction
+    is waited)."""
+    spec = SPECS[schedule]
+    return not (sp or spec.sequence_parallel) or not spec.overlapped
 
 
 def chain_bounds(
