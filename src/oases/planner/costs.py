@@ -21,6 +21,7 @@ A heads, K kv heads, D head dim, t TP degree.
 
 from __future__ import annotations
 
+import functools
 from typing import Protocol
 
 from oases.config import ModelConfig
@@ -62,8 +63,10 @@ def sp_piece(piece: str, phase: str, index: int, commfree: bool, deferred: bool 
     return "sp-" + piece
 
 
+@functools.lru_cache(maxsize=4096)
 def region_kind(name: str) -> str:
-    """``blocks.3.mlp`` -> ``mlp``; ``embed`` and ``head`` are their own kinds."""
+    """``blocks.3.mlp`` -> ``mlp``; ``embed`` and ``head`` are their own kinds (remembered: a
+    search asks for every region's, of every plan)."""
     return name.rsplit(".", 1)[-1]
 
 

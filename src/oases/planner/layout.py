@@ -62,8 +62,12 @@ def dp_buckets(
     stages = stages or (0,) * len(kinds)
     norm = 2 * cfg.dim if cfg.arch == "gpt2" else cfg.dim
     buckets: dict[int, list[tuple[int, int]]] = {}
+    counts: dict[tuple[str, int], int] = {}  # (a model's blocks: a few distinct)
     for i, (kind, t) in enumerate(zip(kinds, degrees)):
-        own = region_param_count(cfg, kind, t) - (norm if kind != "embed" else 0)
+        count = counts.get((kind, t))
+        if count is None:
+            count = counts[kind, t] = region_param_count(cfg, kind, t)
+        own = count - (norm if kind != "embed" else 0)
         parts = {world_size // t: 0 if stages[i] else own}  # one all-reduce per DP group
         if i + 1 < len(kinds) and not stages[i + 1]:
             dp = world_size // degrees[i + 1]
@@ -127,8 +131,13 @@ def plan_sp(plan: ParallelPlan) -> str | None:
 
 def model_state(cfg: ModelConfig, plan: ParallelPlan, world_size: int) -> ModelState:
     """Every region's own parameter count, DP degree and ZeRO stage under ``plan``."""
+    counts: dict[tuple[str, int], int] = {}  # (a model's blocks: a few distinct)
+    for r in plan.regions:
+        key = (region_kind(r.name), r.tp)
+        if key not in counts:
+            counts[key] = region_param_count(cfg, *key)
     return ModelState(
-        tuple(region_param_count(cfg, region_kind(r.name), r.tp) for r in plan.regions),
+        tuple(counts[region_kind(r.name), r.tp] for r in plan.regions),
         tuple(world_size // r.tp for r in plan.regions),
         plan.zero_stages(),
     )
