@@ -94,3 +94,32 @@ def test_the_walk_walks_chains_aside_while_the_worker_is_slow(monkeypatch):
     two = _search(CASES[2], "tight", 2, monkeypatch)
     assert two == one
     assert walked  # chains walked aside by the walk's process
+
+
+def test_a_process_picks_a_chain_whose_programs_it_built():
+    """``Prefetch.pick``: of the next ``LOOK`` free chains guessed, the first of a ZeRO stage,
+    schedule and sub-batch count this process walked (its programs built here), else the
+    first; a chain the other process claimed is never taken; the one taken is claimed."""
+    fetch = prefetch.Prefetch.__new__(prefetch.Prefetch)
+    shape2, shape4 = BatchShape(64, 32), BatchShape(64, 16)
+    order = [
+        (shape2, 0, "oases", 2),
+        (shape2, 1, "oases", 2),
+        (shape2, 0, "merak", 2),
+        (shape4, 0, "oases", 2),
+        (shape4, 1, "oases", 2),
+        (shape4, 0, "merak", 2),
+    ]
+    fetch.order, fetch.index = order, {c: i for i, c in enumerate(order)}
+    fetch.claims = [prefetch.FREE] * len(order)
+    fetch.claim = lambda chain, who: fetch.claims[fetch.index[chain]] in (prefetch.FREE, who)
+    fetch.walked = set()
+    assert fetch.pick(iter(order), prefetch.WORKER) == order[0]  # nothing built: the first
+    assert fetch.walked == {(0, "oases", 2)}
+    fetch.walked = {(0, "merak", 2)}
+    assert fetch.pick(iter(order), prefetch.WORKER) == order[2]
+    fetch.claims[2] = prefetch.MAIN  # (the other process's)
+    assert fetch.pick(iter(order[1:]), prefetch.WORKER) == order[5]
+    far = [order[1], order[3], order[4], order[0], order[5]]  # beyond LOOK: the first
+    fetch.walked = {(0, "merak", 2)}
+    assert prefetch.LOOK == 4 and fetch.pick(iter(far), prefetch.WORKER) == order[1]

@@ -29,7 +29,12 @@ its last chain (a ZeRO stage above 1, a smaller micro-batch: only while memory b
 before). A wrong guess costs the guesser's time only. A chain walked ahead is told the fastest
 step that fits so far, so it skips a chain by its bounds only where the walk will skip it too
 (that step only falls). Who walks a chain is settled by a claim (a shared array under a lock):
-the first to claim it walks it, the other never does.
+the first to claim it walks it, the other never does. Of the next few free chains guessed,
+each process takes one whose programs it has built (``Prefetch.pick``: a chain's programs do
+not depend on the micro-batch, only their prices): each process builds its own, and a
+program built in both is work done twice (the 96-layer case at 24 GB: 857 programs built by
+the two processes for 641 distinct ones, before this; 16.1 s -> 14.9 s, round 12 of
+``benchmarks/2026-12-04-search``).
 
 ``PROCESSES``: 1 (no worker: the walk computes everything, as before) unless
 ``use_spare_core`` is called (``oases plan`` does): then 2 where the machine gives this process
@@ -100,6 +105,7 @@ class Prefetch:
         self.index = {chain: i for i, chain in enumerate(self.order)}
         self.lock = ctx.Lock()
         self.claims = ctx.RawArray("b", len(self.order))
+        self.walked: set[tuple] = set()  # this process's chains' ``_programs`` (each its own)
         self.answers, answers_w = ctx.Pipe(duplex=False)  # worker -> main
         states_r, self.states = ctx.Pipe(duplex=False)  # main -> worker
         self.proc = ctx.Process(target=_serve, args=(search, self, states_r, answers_w))
@@ -116,6 +122,22 @@ class Prefetch:
     @classmethod
     def start(cls, search: _Search) -> Prefetch | None:
         return cls(search) if PROCESSES > 1 else None
+
+    def pick(self, guesses: Iterator[Chain], who: int) -> Chain | None:
+        """Claim one of the next few free ``guesses`` for ``who``: the first whose programs
+        this process has built (a chain of the same schedule, sub-batch count and ZeRO stage
+        at another micro-batch: ``walked``), else the first."""
+        free = []
+        for chain in guesses:
+            if self.claims[self.index[chain]] == FREE:
+                free.append(chain)
+                if _programs(chain) in self.walked or len(free) >= LOOK:
+                    break
+        for chain in sorted(free, key=lambda c: _programs(c) not in self.walked):
+            if self.claim(chain, who):
+                self.walked.add(_programs(chain))
+                return chain
+        return None
 
     def claim(self, chain: Chain, who: int) -> bool:
         """Claim ``chain`` for ``who`` unless the other has: True if it is ``who``'s."""
@@ -142,12 +164,13 @@ class Prefetch:
         while not self.broken and self.answers.poll():
             self._take(search)
         if self.claim(chain, MAIN):
+            self.walked.add(_programs(chain))
             return  # walked here (or aside here already: its answers kept in ``prefetched``)
         while chain not in self.answered and not self.broken:
             if self.answers.poll():
                 self._take(search)
                 continue
-            ahead = next((c for c in _guesses(self, *state) if self.claim(c, MAIN)), None)
+            ahead = self.pick(_guesses(self, *state), MAIN)
             if ahead is None:
                 self._take(search)  # nothing left to guess: wait
             else:
@@ -266,6 +289,15 @@ def _guesses(
         on = zero == 0 or goes_on(i)
 
 
+LOOK = 4  # free guesses looked through for one whose programs are built (see ``pick``)
+
+
+def _programs(chain: Chain) -> tuple:
+    """What a chain's programs depend on beside the micro-batch's shape (which only prices
+    them): its ZeRO stage, schedule and sub-batch count."""
+    return chain[1:]
+
+
 def _group(chain: Chain) -> tuple:
     """A chain's micro-batch, schedule and sub-batch count (its ZeRO stages follow)."""
     return chain[0], chain[2], chain[3]
@@ -309,7 +341,7 @@ def _serve(search: _Search, prefetch: Prefetch, states: Connection, answers: Con
             state, used = box["state"], box["seq"]
         if state is None:
             break
-        chain = next((c for c in _guesses(prefetch, *state) if prefetch.claim(c, WORKER)), None)
+        chain = prefetch.pick(_guesses(prefetch, *state), WORKER)
         idle = chain is None
         if idle:
             continue
