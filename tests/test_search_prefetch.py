@@ -112,14 +112,27 @@ def test_a_process_picks_a_chain_whose_programs_it_built():
     ]
     fetch.order, fetch.index = order, {c: i for i, c in enumerate(order)}
     fetch.claims = [prefetch.FREE] * len(order)
-    fetch.claim = lambda chain, who: fetch.claims[fetch.index[chain]] in (prefetch.FREE, who)
+
+    def claim(chain, who):
+        i = fetch.index[chain]
+        if fetch.claims[i] == prefetch.FREE:
+            fetch.claims[i] = who
+        return fetch.claims[i] == who
+
+    fetch.claim = claim
     fetch.walked = set()
     assert fetch.pick(iter(order), prefetch.WORKER) == order[0]  # nothing built: the first
-    assert fetch.walked == {(0, "oases", 2)}
+    assert fetch.walked == {(0, "oases", 2)} and fetch.claims[0] == prefetch.WORKER
     fetch.walked = {(0, "merak", 2)}
-    assert fetch.pick(iter(order), prefetch.WORKER) == order[2]
-    fetch.claims[2] = prefetch.MAIN  # (the other process's)
-    assert fetch.pick(iter(order[1:]), prefetch.WORKER) == order[5]
+    assert fetch.pick(iter(order), prefetch.WORKER) == order[2]  # (order[0]: claimed above)
+    assert fetch.claims[2] == prefetch.WORKER
+    fetch.claims[5] = prefetch.MAIN  # (the other process's: never taken)
+    assert fetch.pick(iter(order), prefetch.WORKER) == order[1]
+    fetch.claims = [prefetch.FREE] * len(order)
     far = [order[1], order[3], order[4], order[0], order[5]]  # beyond LOOK: the first
-    fetch.walked = {(0, "merak", 2)}
     assert prefetch.LOOK == 4 and fetch.pick(iter(far), prefetch.WORKER) == order[1]
+    # the other process claims the free ones it looked at meanwhile: the scan goes on
+    fetch.claims = [prefetch.FREE] * len(order)
+    racing = iter(order)
+    fetch.claim = lambda chain, who: fetch.index[chain] >= 4 and claim(chain, who)
+    assert fetch.pick(racing, prefetch.WORKER) == order[4]

@@ -179,7 +179,7 @@ def region_prices(
     if stages == {0}:
         return prices
     walks: list[_Priced | None] = [last, last, last]  # (one micro-batch: the step's walk)
-    if batch.n_micro() > 1:  # ``simulate_plan``'s walks: the first as a middle one at stage 3
+    if batch.n_micro() > 1:  # ``simulate_plan``'s: its own first walk at stages 1-2 only
         for j, which in ((1, "middle"), (0, "first")):
             if j == 0 and not stages <= {1, 2}:
                 walks[0] = walks[1]
@@ -191,12 +191,7 @@ def region_prices(
     if None not in walks:
         prices.dp_walks = tuple(_zero_seconds(w, n) for w in walks)
     if stages <= {1, 2}:
-        first = last
-        if batch.n_micro() > 1:
-            found = last_micro_prices(
-                cfg, plan, costs, world_size, batch, max_inflight=max_inflight, first=True
-            )
-            first = _Priced(found) if found is not None else None
+        first = walks[0]
         if first is not None:
             prices.gathers, prices.after = _dp_share(first, "ag", n)
     prices.scatters, prices.before = _dp_share(last, "rs", n)

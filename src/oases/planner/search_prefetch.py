@@ -46,6 +46,7 @@ rank's communication threads is not safe.
 from __future__ import annotations
 
 import contextlib
+import itertools
 import multiprocessing
 import os
 import pickle
@@ -126,14 +127,16 @@ class Prefetch:
     def pick(self, guesses: Iterator[Chain], who: int) -> Chain | None:
         """Claim one of the next few free ``guesses`` for ``who``: the first whose programs
         this process has built (a chain of the same schedule, sub-batch count and ZeRO stage
-        at another micro-batch: ``walked``), else the first."""
+        at another micro-batch: ``walked``), else the first; where the other process claimed
+        them all meanwhile, the next free one after them."""
         free = []
         for chain in guesses:
             if self.claims[self.index[chain]] == FREE:
                 free.append(chain)
                 if _programs(chain) in self.walked or len(free) >= LOOK:
                     break
-        for chain in sorted(free, key=lambda c: _programs(c) not in self.walked):
+        ranked = sorted(free, key=lambda c: _programs(c) not in self.walked)
+        for chain in itertools.chain(ranked, guesses):
             if self.claim(chain, who):
                 self.walked.add(_programs(chain))
                 return chain
