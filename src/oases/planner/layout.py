@@ -62,12 +62,9 @@ def dp_buckets(
     stages = stages or (0,) * len(kinds)
     norm = 2 * cfg.dim if cfg.arch == "gpt2" else cfg.dim
     buckets: dict[int, list[tuple[int, int]]] = {}
-    counts: dict[tuple[str, int], int] = {}  # (a model's blocks: a few distinct)
+    counts = _param_counts(cfg, kinds, degrees)
     for i, (kind, t) in enumerate(zip(kinds, degrees)):
-        count = counts.get((kind, t))
-        if count is None:
-            count = counts[kind, t] = region_param_count(cfg, kind, t)
-        own = count - (norm if kind != "embed" else 0)
+        own = counts[i] - (norm if kind != "embed" else 0)
         parts = {world_size // t: 0 if stages[i] else own}  # one all-reduce per DP group
         if i + 1 < len(kinds) and not stages[i + 1]:
             dp = world_size // degrees[i + 1]
@@ -75,6 +72,16 @@ def dp_buckets(
         if any(parts.values()):
             buckets[i] = [(dp, numel) for dp, numel in parts.items() if numel]
     return buckets
+
+
+def _param_counts(cfg: ModelConfig, kinds: list[str], degrees: list[int]) -> list[int]:
+    """Every region's own parameter count (``region_param_count``), each distinct (kind,
+    degree) counted once: a model's blocks are a few distinct."""
+    counts: dict[tuple[str, int], int] = {}
+    for key in zip(kinds, degrees):
+        if key not in counts:
+            counts[key] = region_param_count(cfg, *key)
+    return [counts[key] for key in zip(kinds, degrees)]
 
 
 def dp_bucket_bytes(
@@ -131,13 +138,9 @@ def plan_sp(plan: ParallelPlan) -> str | None:
 
 def model_state(cfg: ModelConfig, plan: ParallelPlan, world_size: int) -> ModelState:
     """Every region's own parameter count, DP degree and ZeRO stage under ``plan``."""
-    counts: dict[tuple[str, int], int] = {}  # (a model's blocks: a few distinct)
-    for r in plan.regions:
-        key = (region_kind(r.name), r.tp)
-        if key not in counts:
-            counts[key] = region_param_count(cfg, *key)
+    kinds = [region_kind(r.name) for r in plan.regions]
     return ModelState(
-        tuple(counts[region_kind(r.name), r.tp] for r in plan.regions),
+        tuple(_param_counts(cfg, kinds, [r.tp for r in plan.regions])),
         tuple(world_size // r.tp for r in plan.regions),
         plan.zero_stages(),
     )

@@ -178,18 +178,19 @@ def region_prices(
     stages = set(plan.zero_stages())
     if stages == {0}:
         return prices
-    walks: list[_Priced | None] = [last, last, last]  # (one micro-batch: the step's walk)
+
+    def walk(**which: bool) -> _Priced | None:
+        found = last_micro_prices(
+            cfg, plan, costs, world_size, batch, max_inflight=max_inflight, **which
+        )
+        return _Priced(found) if found is not None else None
+
+    walks = [last, last, last]  # first, middle, last (one micro-batch: the step's walk)
     if batch.n_micro() > 1:  # ``simulate_plan``'s: its own first walk at stages 1-2 only
-        for j, which in ((1, "middle"), (0, "first")):
-            if j == 0 and not stages <= {1, 2}:
-                walks[0] = walks[1]
-                continue
-            found = last_micro_prices(
-                cfg, plan, costs, world_size, batch, max_inflight=max_inflight, **{which: True}
-            )
-            walks[j] = _Priced(found) if found is not None else None
+        walks[1] = walk(middle=True)
+        walks[0] = walk(first=True) if stages <= {1, 2} else walks[1]
     if None not in walks:
-        prices.dp_walks = tuple(_zero_seconds(w, n) for w in walks)
+        prices.dp_walks = tuple(_coll_seconds(w, ZERO_KINDS, n) for w in walks)
     if stages <= {1, 2}:
         first = walks[0]
         if first is not None:
@@ -311,18 +312,14 @@ def _dp_share(priced: _Priced, kind: str, n: int) -> tuple[list[float] | None, l
     runs = _piece_runs(priced.tape, kind)
     if runs is None:
         return None, None
-    seconds = np.zeros(n)
-    coll = priced.coll()
-    for cid, count in _dp_starts(priced.tape, kind)[0].items():
-        seconds[priced.tape.coll_keys[cid][1]] += coll[cid] * count
-    return seconds.tolist(), priced.per_region(runs, n).tolist()
+    return _coll_seconds(priced, (kind,), n), priced.per_region(runs, n).tolist()
 
 
-def _zero_seconds(priced: _Priced, n: int) -> list[float]:
-    """Per region: the seconds of its ZeRO collectives (``ZERO_KINDS``) in the tape."""
+def _coll_seconds(priced: _Priced, kinds: tuple[str, ...], n: int) -> list[float]:
+    """Per region: the seconds of its collectives of ``kinds`` in the tape, each start."""
     seconds = np.zeros(n)
     coll = priced.coll()
-    for kind in ZERO_KINDS:
+    for kind in kinds:
         for cid, count in _dp_starts(priced.tape, kind)[0].items():
             seconds[priced.tape.coll_keys[cid][1]] += coll[cid] * count
     return seconds.tolist()

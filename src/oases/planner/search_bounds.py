@@ -99,15 +99,14 @@ class ChainPrices:
     def serial(self) -> list[np.ndarray]:
         """The step's serial bounds (module docstring), one [regions, degrees] each."""
         walk = self.compute + self.waited
+        scatters = [self.scatters + self.before] if self.scatters is not None else []
         heads = [walk] + ([self.gathers + self.after] if self.gathers is not None else [])
-        tails = [walk] + ([self.scatters + self.before] if self.scatters is not None else [])
-        mids = [walk]
+        mids, tails = [walk], [walk] + scatters
         if self.zero_walks is not None:
             first, middle, last = self.zero_walks
             heads, mids, tails = heads + [first], mids + [middle], tails + [last]
         steps = [self.comm] if self.tp_serial else []
         if self.n_micro == 1:  # one walk: each of its sums once (its Z is in ``heads``)
-            scatters = [self.scatters + self.before] if self.scatters is not None else []
             return heads + scatters + steps
         if self.n_micro == 2:
             return [x + y for x in heads for y in tails] + steps
