@@ -8,6 +8,7 @@ from __future__ import annotations
 import contextlib
 import random
 
+import numpy as np
 import pytest
 
 from oases.config import ModelConfig
@@ -263,10 +264,13 @@ def test_progress_reports_the_search():
 def test_stretch_over_chained_queues_gives_the_reference_floats():
     """``tape_walk._stretched_queues`` (the next breakpoint read from each chained queue)
     gives ``event_walk._stretched``'s very float on random queues: flights back to back,
-    with gaps, equal ends and begins, factors that differ, some done before the start."""
+    with gaps, equal ends and begins, factors that differ, some done before the start; and so
+    do the compiled kernel's two (``tape_kernel``, where numba is installed)."""
+    from oases.planner import tape_kernel
     from oases.planner.event_walk import _stretched
     from oases.planner.tape_walk import _stretched_queues
 
+    compiled = tape_kernel if tape_kernel.KERNEL is not None else None
     rng = random.Random(11)
     for _ in range(2000):
         begins, ends, factors, queues, lo = [], [], [], [], []
@@ -290,3 +294,72 @@ def test_stretch_over_chained_queues_gives_the_reference_floats():
             continue
         got = _stretched_queues(start, work, queues, lo, begins, ends, factors)
         assert got == _stretched(start, work, flights)
+        if compiled is not None:  # the kernel's, on its arrays
+            qlen = np.array([len(q) for q in queues], dtype=np.int64)
+            table = np.zeros((len(queues), max(map(len, queues), default=0) + 1), np.int64)
+            for s, queue in enumerate(queues):
+                table[s, : len(queue)] = queue
+            arrays = (np.array(begins), np.array(ends), np.array(factors))
+            lo_array = np.array(lo, dtype=np.int64)
+            assert compiled._stretched_queues(start, work, table, qlen, lo_array, *arrays) == got
+            slowing = np.array([g for q in queues for g in q if ends[g] > start], np.int64)
+            assert compiled._stretched(start, work, slowing, len(slowing), *arrays) == got
+
+
+class _Slowed:
+    """Costs whose compute is slowed by some kinds of collective only (``contention``)."""
+
+    def __init__(self, costs, contention):
+        self._costs, self.contention = costs, contention
+
+    def __getattr__(self, name):
+        return getattr(self._costs, name)
+
+
+@pytest.mark.parametrize("contention", ["every collective", "some kinds"])
+def test_kernel_and_python_loop_give_the_same_floats(contention, monkeypatch):
+    """``walk_tape`` compiled (``tape_kernel.KERNEL``, numba) and its Python loop
+    (``walk_tape_py``) give the same floats on random plans: mixed degrees, every schedule,
+    ZeRO stage and sequence-parallel mode, micro-batches; compute slowed by every collective
+    (a preset's one factor: the chained-queue path) or by some kinds only (a profile's: the
+    path that tracks the slowing flights)."""
+    pytest.importorskip("numba")
+    from oases.planner import tape_walk
+
+    assert tape_walk.KERNEL is not None
+    rng = random.Random(13 if contention == "some kinds" else 31)
+    walked = []
+    real = tape_walk.walk_tape_py
+
+    def both(*args):
+        got = tape_walk.walk_tape(*args)  # compiled
+        ref = real(*args)  # the Python loop
+        assert (got.step_s, got.compute_busy_s, got.comm_busy_s) == (
+            ref.step_s,
+            ref.compute_busy_s,
+            ref.comm_busy_s,
+        )
+        assert got.exposed_s == ref.exposed_s
+        walked.append(got.step_s)
+        return got
+
+    monkeypatch.setattr("oases.planner.simulate.walk_tape", both)
+    for arch, layers, tied, world in [("gpt2", 3, True, 8), ("llama", 4, False, 16)]:
+        cfg = _model(arch, layers, tied)
+        costs = load_costs("hw:paper-3090-pcie-32", cfg, "bf16")  # (one factor for all)
+        if contention == "some kinds":  # all-reduces by 1.3, gathers by 1.1, the rest not
+            factors = {"all_reduce": 1.3, "all_gather": 1.1}
+            costs = _Slowed(costs, lambda op, factors=factors: factors.get(op, 1.0))
+        degrees = candidate_degrees(cfg, world)
+        for _ in range(100):
+            plan = _random_plan(rng, cfg, world, degrees)
+            micro = rng.choice([world, 2 * world])
+            batch = BatchShape(micro * rng.choice([1, 2, 3]), micro)
+            try:
+                plan.check(cfg, world)
+                simulate_plan(
+                    cfg, plan, costs, world, batch, max_inflight=rng.choice([1, 2]), timeline=False
+                )
+            except (BatchSplitError, ValueError):
+                continue
+    assert len(walked) >= 150

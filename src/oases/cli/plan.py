@@ -213,6 +213,9 @@ def _plan(ns: argparse.Namespace, overrides: list[str]) -> int:
         else:
             best_pp = []
         return _verify(ns, overrides, cfg, best, candidates, budget.bytes, text, costs, best_pp)
+    from oases.planner.simulate import release_programs
+
+    release_programs()  # (nothing more to build: freed here, faster than by the exit)
     return 0
 
 

@@ -189,13 +189,20 @@ def plan_step_costs(
     )
 
 
+class Signatures(list):
+    """``region_signatures``' list, numbering its distinct signatures (first seen first) once
+    for every tape priced with it (``_signature_ids``)."""
+
+    ids: tuple[np.ndarray, int] | None = None
+
+
 def region_signatures(
     kinds: list[str],
     degrees: list[int],
     rows: list[int],
     stages: tuple[int, ...],
     deferring: frozenset[int],
-) -> list[tuple]:
+) -> Signatures:
     """Per region i, everything ``plan_step_costs``'s prices of region i read about the plan
     (``piece_s(phase, piece, i)``, ``collective_s(kind, i)``, ``stream_of(kind, i)``): its kind,
     degree, rows and stage, whether it defers its weight gradients and is the first, its
@@ -203,7 +210,7 @@ def region_signatures(
     (the norm its DP bucket carries). Two regions of one signature cost the same, so
     ``price_tape`` prices each signature once: a model's blocks repeat."""
     n = len(kinds)
-    return [
+    return Signatures(
         (
             kinds[i],
             degrees[i],
@@ -215,7 +222,7 @@ def region_signatures(
             (degrees[i + 1], stages[i + 1]) if i + 1 < n else None,
         )
         for i in range(n)
-    ]
+    )
 
 
 @dataclass
@@ -265,9 +272,15 @@ def _tape_index(tape: Tape) -> _TapeIndex:
 
 
 def _signature_ids(signatures: list[tuple]) -> tuple[np.ndarray, int]:
+    known = getattr(signatures, "ids", None)
+    if known is not None:
+        return known
     ids: dict[tuple, int] = {}
     sig = np.array([ids.setdefault(s, len(ids)) for s in signatures], dtype=np.int64)
-    return sig, max(len(ids), 1)
+    found = sig, max(len(ids), 1)
+    if isinstance(signatures, Signatures):
+        signatures.ids = found
+    return found
 
 
 def piece_prices(step: StepCosts, tape: Tape, signatures: list[tuple]) -> np.ndarray:
@@ -284,7 +297,7 @@ def piece_prices(step: StepCosts, tape: Tape, signatures: list[tuple]) -> np.nda
 
 def price_tape(
     step: StepCosts, tape: Tape, signatures: list[tuple]
-) -> tuple[list[float], list[float], list[int], int, list[float] | None]:
+) -> tuple[np.ndarray, np.ndarray, np.ndarray, int, np.ndarray | None]:
     """``tape``'s prices under ``step`` (``tape_walk.walk_tape``'s arguments): every compute
     key's seconds (its pieces summed in order from 0.0, as ``simulate_program`` sums them),
     every collective key's seconds and stream id, the number of streams, and every collective
@@ -309,11 +322,11 @@ def price_tape(
         if step.slowdown is not None:
             factor.append(float(step.slowdown(kind)))
     inverse = inverse.ravel()
-    factors = np.array(factor + [1.0])[inverse].tolist() if step.slowdown is not None else None
+    factors = np.array(factor + [1.0])[inverse] if step.slowdown is not None else None
     return (
-        compute.tolist(),
-        np.array(seconds + [0.0])[inverse].tolist(),
-        np.array(stream + [0], dtype=np.int64)[inverse].tolist(),
+        compute,
+        np.array(seconds + [0.0])[inverse],
+        np.array(stream + [0], dtype=np.int64)[inverse],
         len(streams),
         factors,
     )

@@ -36,6 +36,7 @@ the optimizer and the peak memory.
 from __future__ import annotations
 
 import functools
+import gc
 from dataclasses import dataclass, replace
 
 from oases.config import ModelConfig
@@ -185,6 +186,16 @@ def _recent_tape(
         return compile_tape(build_program(name, n_regions, n_sub, **dict(kw)))
     except TapeError:
         return None
+
+
+def release_programs() -> None:
+    """Forget every program built and compiled so far (``_recent_tape`` and the builders'
+    caches, ``schedule.program.clear_program_caches``), and collect them."""
+    from oases.schedule.program import clear_program_caches
+
+    _recent_tape.cache_clear()
+    clear_program_caches()
+    gc.collect()
 
 
 def simulate_plan(

@@ -14,20 +14,54 @@ arithmetic both walks share); this module owns only the compiled one.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from math import inf
+
+import numpy as np
 
 from oases.planner.event_walk import SimResult, _stretched
 from oases.planner.tape import CLASSES, COMPUTE, START, Tape
+from oases.planner.tape_kernel import KERNEL
 from oases.schedule.timeline import Timeline
 
 
 def walk_tape(
     tape: Tape,
-    compute_cost: list[float],
-    coll_cost: list[float],
-    coll_stream: list[int],
+    compute_cost: Sequence[float],
+    coll_cost: Sequence[float],
+    coll_stream: Sequence[int],
     n_streams: int,
-    coll_factor: list[float] | None = None,
+    coll_factor: Sequence[float] | None = None,
+) -> SimResult:
+    """``simulate_program(program, costs, record=False)`` on the program's ``Tape``: compiled
+    (``tape_kernel.KERNEL``) where numba is installed, else ``walk_tape_py``; the same floats
+    either way (``tests/test_search_exact.py`` compares them)."""
+    if KERNEL is None:
+        return walk_tape_py(tape, compute_cost, coll_cost, coll_stream, n_streams, coll_factor)
+    ops = tape.memo.get("ops array")
+    if ops is None:
+        ops = tape.memo["ops array"] = np.array(tape.ops, dtype=np.int64).reshape(-1, 3)
+    factor = np.asarray(coll_factor if coll_factor is not None else (), dtype=np.float64)
+    now, compute_busy, comm_busy, exposed = KERNEL(
+        ops,
+        np.asarray(compute_cost, dtype=np.float64),
+        np.asarray(coll_cost, dtype=np.float64),
+        np.asarray(coll_stream, dtype=np.int64),
+        n_streams,
+        factor,
+        coll_factor is not None,
+        tape.n_slots,
+    )
+    return SimResult(now, compute_busy, comm_busy, Timeline(), dict(zip(CLASSES, exposed.tolist())))
+
+
+def walk_tape_py(
+    tape: Tape,
+    compute_cost: Sequence[float],
+    coll_cost: Sequence[float],
+    coll_stream: Sequence[int],
+    n_streams: int,
+    coll_factor: Sequence[float] | None = None,
 ) -> SimResult:
     """``simulate_program(program, costs, record=False)`` on the program's ``Tape``
     (``planner.tape``), for costs without a collective's slowdown (``comm_slowdown`` None):
@@ -67,6 +101,9 @@ def walk_tape(
     queue from which that holds; a flight appended is chained to the last, a wait leaves
     every flight after the awaited one chained, and removing the awaited one unchains only
     its successor."""
+    compute_cost, coll_cost, coll_stream = _lists(compute_cost, coll_cost, coll_stream)
+    if coll_factor is not None:
+        (coll_factor,) = _lists(coll_factor)
     n = tape.n_slots
     B, E, T, C = [0.0] * n, [0.0] * n, [0.0] * n, [0.0] * n
     stream_of = [0] * n
@@ -193,6 +230,11 @@ def walk_tape(
     return SimResult(
         now, compute_busy, comm_busy, Timeline(), {c: exposed[i] for i, c in enumerate(CLASSES)}
     )
+
+
+def _lists(*values: Sequence) -> list[list]:
+    """Arrays as lists (the Python loop reads lists fastest); lists as they are."""
+    return [v.tolist() if isinstance(v, np.ndarray) else v for v in values]
 
 
 def _stretched_queues(

@@ -242,3 +242,14 @@ def _sp_chain(
     them (the list scheduler only reads a task). ``defer`` is dropped where no region defers
     its weight gradients (``_micro_body``: the same tasks either way)."""
     return tuple(sp_chain(n_regions, j, recompute, keep, changes, defer))
+
+
+def clear_program_caches() -> None:
+    """Forget the programs and parts of programs built so far (the builders' caches): a
+    process that will build no more (``oases plan`` once it has written its plan) frees them
+    at once, which takes a fraction of what the interpreter's exit takes to tear them down
+    (the 96-layer search at 24 GB: 0.3 s against 1.4 s)."""
+    from oases.schedule import pipeline_program
+
+    for cached in (_build_program, _micro_body, _sp_chain, insert_zero, pipeline_program._build):
+        cached.cache_clear()
