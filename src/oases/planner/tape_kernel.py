@@ -221,8 +221,10 @@ def _walk(
             s = stream_of[a]
             m = qlen[s]
             upto = lo[s] if end > now else 0
-            while queues[s, upto] != a:
+            while upto < m and queues[s, upto] != a:
                 upto += 1
+            if upto == m:
+                raise ValueError("a wait for a collective not in its stream's queue")
             if end > now:
                 start = lo[s]
                 prev = E[queues[s, start - 1]] if start > 0 else 0.0
@@ -264,17 +266,44 @@ def _walk(
     return now, compute_busy, comm_busy, exposed
 
 
+def _compiled() -> tuple[object, object, object] | None:
+    """The three functions compiled (cached on disk; not cached where numba finds no
+    writable place for its cache), or None where numba is missing or fails, or
+    ``OASES_NO_JIT`` is set."""
+    if njit is None or os.environ.get("OASES_NO_JIT", "") not in ("", "0"):
+        return None
+    for cache in (True, False):
+        try:
+            return tuple(njit(cache=cache)(f) for f in (_stretched_queues, _stretched, _walk))
+        except Exception:  # (e.g. no cache locator: a read-only install, an unknown user)
+            continue
+    return None
+
+
 KERNEL = None
-if njit is not None and os.environ.get("OASES_NO_JIT", "") in ("", "0"):
-    _stretched_queues = njit(cache=True)(_stretched_queues)
-    _stretched = njit(cache=True)(_stretched)
-    KERNEL = njit(cache=True)(_walk)
+_found = _compiled()
+if _found is not None:  # (the kernel calls the helpers compiled, by their module names)
+    _stretched_queues, _stretched, KERNEL = _found
 
 _EMPTY_OPS = np.zeros((0, 3), np.int64)
+_WARMED = False
 
 
 def warm() -> None:
-    """Compile the kernel, or load it from numba's cache, now (a no-op without it)."""
+    """Compile the kernel, or load it from numba's cache, now (a no-op without it); where
+    that fails, ``KERNEL`` becomes None (the Python loop, the same answers)."""
+    global KERNEL, _WARMED
+    _WARMED = True
     if KERNEL is not None:
         none = np.zeros(0)
-        KERNEL(_EMPTY_OPS, none, none, np.zeros(0, np.int64), 0, none, False, 0)
+        try:
+            KERNEL(_EMPTY_OPS, none, none, np.zeros(0, np.int64), 0, none, False, 0)
+        except Exception:  # (a numba that cannot compile it here)
+            KERNEL = None
+
+
+def kernel() -> object | None:
+    """``KERNEL`` once ``warm``: compiled or loaded on first use."""
+    if not _WARMED:
+        warm()
+    return KERNEL

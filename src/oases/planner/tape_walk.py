@@ -19,9 +19,9 @@ from math import inf
 
 import numpy as np
 
+from oases.planner import tape_kernel
 from oases.planner.event_walk import SimResult, _stretched
 from oases.planner.tape import CLASSES, COMPUTE, START, Tape
-from oases.planner.tape_kernel import KERNEL
 from oases.schedule.timeline import Timeline
 
 
@@ -36,17 +36,24 @@ def walk_tape(
     """``simulate_program(program, costs, record=False)`` on the program's ``Tape``: compiled
     (``tape_kernel.KERNEL``) where numba is installed, else ``walk_tape_py``; the same floats
     either way (``tests/test_search_exact.py`` compares them)."""
-    if KERNEL is None:
+    coll_stream = np.asarray(coll_stream, dtype=np.int64)
+    # (the kernel reads no bounds: what it would read past, refused here, for both loops)
+    if len(coll_stream) and not 0 <= coll_stream.min() <= coll_stream.max() < n_streams:
+        raise ValueError(f"a collective's stream is not one of {n_streams}")
+    if coll_factor is not None and len(coll_factor) != len(coll_cost):
+        raise ValueError("one compute slowdown per collective key, please")
+    compiled = tape_kernel.kernel()
+    if compiled is None:
         return walk_tape_py(tape, compute_cost, coll_cost, coll_stream, n_streams, coll_factor)
     ops = tape.memo.get("ops array")
     if ops is None:
         ops = tape.memo["ops array"] = np.array(tape.ops, dtype=np.int64).reshape(-1, 3)
     factor = np.asarray(coll_factor if coll_factor is not None else (), dtype=np.float64)
-    now, compute_busy, comm_busy, exposed = KERNEL(
+    now, compute_busy, comm_busy, exposed = compiled(
         ops,
         np.asarray(compute_cost, dtype=np.float64),
         np.asarray(coll_cost, dtype=np.float64),
-        np.asarray(coll_stream, dtype=np.int64),
+        coll_stream,
         n_streams,
         factor,
         coll_factor is not None,

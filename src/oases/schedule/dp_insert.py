@@ -140,7 +140,7 @@ def insert_zero(program: tuple[Instr, ...], zero: ZeroLayout, k: int) -> tuple[I
     after: dict[int, list[Instr]] = {}
     # ------------------------------------------------------------------ weight gathers
     live: dict[tuple[int, tuple], list[int]] = {}  # (unit, pass) -> compute positions
-    for pos, i in enumerate(computes):
+    for pos, i in enumerate(computes if 3 in zero.stages else ()):  # (stage 3's only)
         ins = program[i]
         m = ins.sub // k
         pass_key = (m,) if not zero.reshard_after_forward else (m, ins.phase == "forward")
@@ -181,7 +181,8 @@ def insert_zero(program: tuple[Instr, ...], zero: ZeroLayout, k: int) -> tuple[I
         ]
     # ------------------------------------------------------------- gradient reduce-scatters
     last_use: dict[tuple[int, int], int] = {}
-    for pos, i in enumerate(computes):
+    scatters = max(zero.stages, default=0) >= 2 or (zero.ends_step and 1 in zero.stages)
+    for pos, i in enumerate(computes if scatters else ()):
         ins = program[i]
         m = ins.sub // k
         if ins.phase != "backward":
