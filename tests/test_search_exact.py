@@ -271,7 +271,7 @@ def test_stretch_over_chained_queues_gives_the_reference_floats():
     from oases.planner.event_walk import _stretched
     from oases.planner.tape_walk import _stretched_queues
 
-    compiled = tape_kernel if tape_kernel.kernel() is not None else None
+    compiled = tape_kernel if tape_kernel.load() is not None else None
     rng = random.Random(11)
     for _ in range(2000):
         begins, ends, factors, queues, lo = [], [], [], [], []
@@ -319,7 +319,7 @@ class _Slowed:
 
 @pytest.mark.parametrize("contention", ["every collective", "some kinds"])
 def test_kernel_and_python_loop_give_the_same_floats(contention, monkeypatch):
-    """``walk_tape`` compiled (``tape_kernel.KERNEL``, numba) and its Python loop
+    """``walk_tape`` compiled (``tape_kernel.load()``, numba) and its Python loop
     (``walk_tape_py``) give the same floats on random plans: mixed degrees, every schedule,
     ZeRO stage and sequence-parallel mode, micro-batches; compute slowed by every collective
     (a preset's one factor: the chained-queue path) or by some kinds only (a profile's: the
@@ -329,7 +329,7 @@ def test_kernel_and_python_loop_give_the_same_floats(contention, monkeypatch):
         pytest.skip("OASES_NO_JIT: the compiled walk is off")
     from oases.planner import tape_kernel, tape_walk
 
-    assert tape_kernel.kernel() is not None  # numba is installed: it compiles
+    assert tape_kernel.load() is not None  # numba is installed: it compiles
     rng = random.Random(13 if contention == "some kinds" else 31)
     walked = []
     real = tape_walk.walk_tape_py

@@ -231,11 +231,13 @@ def _pipelines(
     """``--pp``: the pipeline search, its options checked here and the search started beside
     the caller's (``search_prefetch.Beside``: ``result()`` is its ``PipelineSearch``); None at
     ``--pp 1``."""
+    from oases.plan import region_names
     from oases.planner.pipeline_search import (
         PIPELINE_ZEROS,
         search_config_pipelines,
     )
     from oases.planner.search_prefetch import Beside
+    from oases.planner.tape_kernel import load_for
     from oases.stages import check_pipeline_schedule
 
     if ns.pp == "1":
@@ -265,6 +267,7 @@ def _pipelines(
         max_tp=ns.max_tp,
         **kw,
     )
+    load_for(len(region_names(cfg.model)))  # (the compiled walk loaded once, before the fork)
     return Beside(search)
 
 

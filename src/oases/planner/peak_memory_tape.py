@@ -73,10 +73,11 @@ def _compile_memory(
     uses: tuple[tuple[int, ...], ...],
     sp: bool,
     later: bool,
+    deferring: frozenset[int],
 ) -> _MemoryEvents:
     """The events of ``peak_memory``'s ``walk(later)`` on ``program`` (which sets hold which
-    region depends on the program and the stages only, never on the bytes)."""
-    deferring = deferred_regions(program)
+    region depends on the program and the stages only, never on the bytes); ``deferring``:
+    ``deferred_regions(program)``."""
     var: list[int] = []
     value: list[int] = []
     sign: list[float] = []
@@ -277,8 +278,10 @@ def peak_memory_tape(
         key = ("memory", state.stages, uses, sp, later)
         ev = tape.memo.get(key)
         if ev is None:
+            if "deferring" not in tape.memo:
+                tape.memo["deferring"] = deferred_regions(tape.program)
             ev = tape.memo[key] = _compile_memory(
-                tape.program, len(kinds), state.stages, uses, sp, later
+                tape.program, len(kinds), state.stages, uses, sp, later, tape.memo["deferring"]
             )
         walks.append(_walk_events(ev, _memory_values(b, bucket_bytes, ev.patterns), static, b))
     peak, peak_act, end = walks[0]

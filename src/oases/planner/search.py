@@ -51,7 +51,7 @@ from oases.planner.search_prefetch import Prefetch
 from oases.planner.simulate import PlanResult, _CachedCosts, simulate_plan
 from oases.planner.space import candidate_degrees, sub_batch_counts
 from oases.planner.tape import tapes_kept
-from oases.planner.tape_kernel import warm
+from oases.planner.tape_kernel import load_for
 from oases.schedule.program import SPECS
 from oases.schedule.specs import shards_differ
 
@@ -307,7 +307,7 @@ class _Search:
         ``BOUND_SLACK``."""
         floors: dict[tuple[str, int], float] = {}
         with tapes_kept():  # (the worker forked below keeps its own)
-            warm()  # the compiled walk loaded once, before the worker is forked
+            load_for(len(self.names))  # (the compiled walk, once, before the worker's fork)
             self.prefetch = None if self.exhaustive else Prefetch.start(self)
             try:
                 self._walk(floors)

@@ -57,7 +57,6 @@ from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING
 
 from oases.planner.space import sub_batch_counts
-from oases.planner.tape_kernel import warm
 
 if TYPE_CHECKING:
     from multiprocessing.connection import Connection
@@ -377,7 +376,6 @@ class Beside:
         self.proc: multiprocessing.process.BaseProcess | None = None
         self.spare = PROCESSES
         if PROCESSES > 1:
-            warm()  # (the compiled walk loaded once, before the fork)
             ctx = multiprocessing.get_context("fork")
             self.answer, send = ctx.Pipe(duplex=False)
             self.proc = ctx.Process(target=_beside, args=(fn, send), daemon=True)

@@ -1,14 +1,15 @@
 """``tape_walk.walk_tape``'s loop compiled to machine code (numba), for the plan search: the
-same arithmetic on arrays instead of Python lists, so the same floats, about 20 times faster
-(``benchmarks/2026-12-04-search``, round 13).
+same arithmetic on arrays instead of Python lists, so the same floats, about 8 times faster
+with its calls (``benchmarks/2026-12-04-search``, round 13).
 
 numba is an optional dependency (``pip install oases[fast]``; ``make setup`` installs it): where
-it does not import, ``KERNEL`` is None and ``walk_tape`` runs its Python loop, to the same
+it does not import, ``KERNEL`` stays None and ``walk_tape`` runs its Python loop, to the same
 numbers. ``OASES_NO_JIT=1`` forces the Python loop (the tests compare both, float for float).
 
-The compiled code is cached on disk beside this module (numba's ``cache=True``): the first
-search after an install compiles it (about 2 s), later ones load it. ``warm`` loads or compiles
-it up front, so that the search's worker (``search_prefetch``, forked) inherits it.
+Loading costs about 0.4 s (the import and numba's disk cache, beside this module; the first
+search after an install compiles it, 3-4 s), so it is loaded only where it pays: ``kernel``
+loads it once this process's Python loop has walked as long (``LOAD_AFTER_S``), and the search
+loads it up front for a long model (``load``), before it forks its worker (which inherits it).
 
 The state, as in ``walk_tape`` (its docstring explains the walk)::
 
@@ -27,11 +28,6 @@ import os
 from math import inf
 
 import numpy as np
-
-try:  # an optional dependency: the Python loop where it is missing
-    from numba import njit
-except ImportError:  # pragma: no cover - exercised where numba is not installed
-    njit = None
 
 
 def _stretched_queues(
@@ -266,44 +262,63 @@ def _walk(
     return now, compute_busy, comm_busy, exposed
 
 
-def _compiled() -> tuple[object, object, object] | None:
-    """The three functions compiled (cached on disk; not cached where numba finds no
-    writable place for its cache), or None where numba is missing or fails, or
-    ``OASES_NO_JIT`` is set."""
-    if njit is None or os.environ.get("OASES_NO_JIT", "") not in ("", "0"):
+KERNEL = None  # the compiled walk, once ``load`` has loaded it (None before, or without numba)
+LOAD_AFTER_S = 0.4  # the Python loop's seconds after which ``kernel`` loads it (what loading costs)
+_LOADED = False  # ``load`` has run (in this process, or in the one it was forked from)
+_python_s = 0.0  # seconds the Python loop has walked in this process
+
+
+def load() -> object | None:
+    """Import numba and compile the kernel, or load it from numba's disk cache (about 0.4 s:
+    the import and the cache; 3-4 s to compile after an install), once; ``KERNEL``. None where
+    numba is missing or cannot compile it here (the Python loop then, the same answers), or
+    ``OASES_NO_JIT`` is set. The cache is skipped where numba finds no writable place for it."""
+    global KERNEL, _LOADED, _stretched_queues, _stretched
+    if _LOADED:
+        return KERNEL
+    _LOADED = True
+    if os.environ.get("OASES_NO_JIT", "") not in ("", "0"):
         return None
+    try:
+        from numba import njit
+    except ImportError:
+        return None
+    python = (_stretched_queues, _stretched)
     for cache in (True, False):
-        try:
-            return tuple(njit(cache=cache)(f) for f in (_stretched_queues, _stretched, _walk))
-        except Exception:  # (e.g. no cache locator: a read-only install, an unknown user)
+        try:  # (``_walk`` calls the helpers by their module names: compiled ones)
+            _stretched_queues, _stretched, walk = (njit(cache=cache)(f) for f in (*python, _walk))
+            none = np.zeros(0)
+            walk(np.zeros((0, 3), np.int64), none, none, np.zeros(0, np.int64), 0, none, False, 0)
+        except Exception:  # (no cache locator: a read-only install; a numba that cannot)
+            _stretched_queues, _stretched = python
             continue
+        KERNEL = walk
+        return KERNEL
     return None
 
 
-KERNEL = None
-_found = _compiled()
-if _found is not None:  # (the kernel calls the helpers compiled, by their module names)
-    _stretched_queues, _stretched, KERNEL = _found
-
-_EMPTY_OPS = np.zeros((0, 3), np.int64)
-_WARMED = False
-
-
-def warm() -> None:
-    """Compile the kernel, or load it from numba's cache, now (a no-op without it); where
-    that fails, ``KERNEL`` becomes None (the Python loop, the same answers)."""
-    global KERNEL, _WARMED
-    _WARMED = True
-    if KERNEL is not None:
-        none = np.zeros(0)
-        try:
-            KERNEL(_EMPTY_OPS, none, none, np.zeros(0, np.int64), 0, none, False, 0)
-        except Exception:  # (a numba that cannot compile it here)
-            KERNEL = None
-
-
 def kernel() -> object | None:
-    """``KERNEL`` once ``warm``: compiled or loaded on first use."""
-    if not _WARMED:
-        warm()
-    return KERNEL
+    """``KERNEL`` for ``walk_tape``: loaded (``load``) once this process's Python loop has
+    walked ``LOAD_AFTER_S`` (``walked``), so that a small search never pays for the load and a
+    large one pays at most twice what it would have known to pay (a ski rental); the search
+    loads it up front for a long model (``search._Search.walk``), before it forks its worker."""
+    if _LOADED or _python_s < LOAD_AFTER_S:
+        return KERNEL
+    return load()
+
+
+def walked(seconds: float) -> None:
+    """The Python loop walked ``seconds`` more (``kernel``)."""
+    global _python_s
+    _python_s += seconds
+
+
+LONG_MODEL = 64  # regions from which a search loads the kernel up front (``load_for``)
+
+
+def load_for(n_regions: int) -> None:
+    """``load`` now where a search of a model of ``n_regions`` regions will walk long enough
+    to pay for it (its programs grow with the regions; measured: a 96-layer search walks 6.4
+    s in the Python loop, a 24-layer one under 0.3 s); called before a search forks."""
+    if n_regions >= LONG_MODEL:
+        load()

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from math import inf
+from time import perf_counter
 
 import numpy as np
 
@@ -34,8 +35,8 @@ def walk_tape(
     coll_factor: Sequence[float] | None = None,
 ) -> SimResult:
     """``simulate_program(program, costs, record=False)`` on the program's ``Tape``: compiled
-    (``tape_kernel.KERNEL``) where numba is installed, else ``walk_tape_py``; the same floats
-    either way (``tests/test_search_exact.py`` compares them)."""
+    (``tape_kernel.kernel()``) where numba is installed and loaded, else ``walk_tape_py``; the
+    same floats either way (``tests/test_search_exact.py`` compares them)."""
     coll_stream = np.asarray(coll_stream, dtype=np.int64)
     # (the kernel reads no bounds: what it would read past, refused here, for both loops)
     if len(coll_stream) and not 0 <= coll_stream.min() <= coll_stream.max() < n_streams:
@@ -44,7 +45,10 @@ def walk_tape(
         raise ValueError("one compute slowdown per collective key, please")
     compiled = tape_kernel.kernel()
     if compiled is None:
-        return walk_tape_py(tape, compute_cost, coll_cost, coll_stream, n_streams, coll_factor)
+        started = perf_counter()
+        res = walk_tape_py(tape, compute_cost, coll_cost, coll_stream, n_streams, coll_factor)
+        tape_kernel.walked(perf_counter() - started)
+        return res
     ops = tape.memo.get("ops array")
     if ops is None:
         ops = tape.memo["ops array"] = np.array(tape.ops, dtype=np.int64).reshape(-1, 3)

@@ -97,7 +97,7 @@ Instr = Compute | Start | Wait | Release
 def deferred_regions(program: list[Instr]) -> frozenset[int]:
     """The regions whose weight gradients ``program`` defers (has a "dw" piece for)."""
     return frozenset(
-        i for ins in program if isinstance(ins, Compute) for kind, i in ins.pieces if kind == "dw"
+        {i for ins in program if type(ins) is Compute for kind, i in ins.pieces if kind == "dw"}
     )
 
 
