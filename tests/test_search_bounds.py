@@ -86,6 +86,29 @@ def test_chain_bounds_hold_for_every_plan_that_fits(case):
     assert stronger >= 5  # (the budget does tighten it: the test reaches the joint bound)
 
 
+def test_a_chain_over_the_budget_is_bounded_without_its_programs(monkeypatch):
+    """``chain_bounds`` under a budget below the chain's peak bound answers from the bytes
+    alone (``chain_memory``: the same peak bound as without a budget, and a step bound of 0)
+    and prices no program; under one above it, it prices them (``chain_prices``)."""
+    import oases.planner.search_bounds as bounds
+
+    cfg = _model("gpt2", 3, True)
+    costs = _costs("paper-3090-pcie-32", cfg)
+    degrees = candidate_degrees(cfg, 8)
+    priced = []
+    real = bounds.chain_prices
+    monkeypatch.setattr(bounds, "chain_prices", lambda *a: priced.append(a) or real(*a))
+    for schedule, zero, sp in [("megatron", 0, ""), ("oases", 1, "shards"), ("merak", 3, "")]:
+        args = (cfg, costs, 8, BatchShape(32, 16), schedule, 2, zero, sp, degrees, 1)
+        step, peak = chain_bounds(*args)
+        assert step > 0 and peak > 0 and len(priced) == 1
+        priced.clear()
+        assert chain_bounds(*args, peak * 0.999) == (0.0, peak)
+        assert not priced  # (no program built or priced)
+        assert chain_bounds(*args, peak * 1.001)[1] == peak and len(priced) == 1
+        priced.clear()
+
+
 @pytest.mark.parametrize("case", CASES[:3], ids=[f"{c[0]}-L{c[1]}-W{c[3]}" for c in CASES[:3]])
 def test_each_region_runs_its_own_collectives_at_its_degree(case):
     """A mixed plan's region i runs the TP collectives (seconds) the uniform plan of its

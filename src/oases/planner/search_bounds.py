@@ -54,6 +54,7 @@ relaxation's duals weigh the step's bounds against the memory they save).
 from __future__ import annotations
 
 import math
+from collections.abc import Iterator
 from dataclasses import dataclass
 
 import numpy as np
@@ -114,7 +115,7 @@ class ChainPrices:
         return [x + n * m + y for x in heads for m in mids for y in tails] + steps
 
 
-def chain_prices(
+def _degrees(
     cfg: ModelConfig,
     costs: Costs,
     world_size: int,
@@ -124,11 +125,11 @@ def chain_prices(
     zero: int,
     sp: str,
     degrees: list[int],
-    max_inflight: int,
-) -> ChainPrices | None:
-    """The chain's ``ChainPrices`` at each of ``degrees`` that it takes (each splits the
-    batch; above 1 with a ZeRO stage; dividing the sequence with sequence parallelism
-    ``sp``), read off its uniform plans; None where no degree does."""
+) -> Iterator[tuple[int, ParallelPlan, list[float], list[float]]]:
+    """Every degree t of ``degrees`` the chain takes (it splits the batch; above 1 with a ZeRO
+    stage; dividing the sequence with sequence parallelism ``sp``) with its uniform plan and
+    the bytes each region holds at it: ``A_i(t)`` (weights, Adam moments, the optimizer's copy
+    and the gradients) and ``T_i(t)`` (what it holds at the turn from forward to backward)."""
     spec = SPECS[schedule]
     k = n_sub if spec.overlapped else 1
     prec = precision_of(costs)
@@ -136,14 +137,6 @@ def chain_prices(
     seq = sp or ("gathered" if spec.sequence_parallel else "")  # (megatron-sp: always)
     modes = {sp_mode(spec.recompute, seq or None)}
     activations = 1 if seq else k  # sub-batches whose forwards all precede any backward
-    taken: list[int] = []
-    compute: list[list[float]] = []
-    comm: list[list[float]] = []
-    waited: list[list[float]] = []
-    zero_terms: list[tuple] = []  # (G, g, S, f) per degree
-    zero_walks: list[tuple | None] = []  # (Z first, middle, last) per degree
-    state_bytes: list[list[float]] = []
-    turn_bytes: list[list[float]] = []
     for t in degrees:
         if (zero and t == world_size) or (sp and cfg.seq_len % t):
             continue
@@ -157,22 +150,6 @@ def chain_prices(
             rows = region_rows(plan, world_size, batch, k)
         except BatchSplitError:
             continue
-        try:
-            prices = region_prices(cfg, plan, costs, world_size, batch, max_inflight=max_inflight)
-        except ValueError:  # costs that cannot price it: the plan's simulation says so
-            prices = None
-        none = [0.0] * len(rows)
-        taken.append(t)
-        compute.append(prices.compute if prices is not None else none)
-        comm.append(prices.tp_comm if prices is not None else none)
-        # (one sub-batch only: a merak block of two reorders its waits at a degree change)
-        waited.append(prices.tp_waited if prices is not None and k == 1 else none)
-        zero_walks.append(prices.dp_walks if prices is not None else None)
-        zero_terms.append(
-            (prices.gathers, prices.after, prices.scatters, prices.before)
-            if prices is not None
-            else (None,) * 4
-        )
         state = model_state(cfg, plan, world_size)
         # (the chain's plan of degree 1 everywhere runs without sequence parallelism)
         modes_t = modes | {spec.recompute} if seq and t == 1 else modes
@@ -197,13 +174,89 @@ def chain_prices(
                 seen[key] = (resident + w * updated + w * grads, resident + activations * kept)
             held.append(seen[key][0])
             turn.append(seen[key][1])
+        yield t, plan, held, turn
+
+
+def _extra_bytes(costs: Costs) -> float:
+    """What every plan holds beside its regions' bytes (the baseline and the workspace)."""
+    return float(getattr(costs, "baseline_bytes", 0.0)) + float(
+        getattr(costs, "workspace_bytes", 0.0)
+    )
+
+
+def chain_memory(
+    cfg: ModelConfig,
+    costs: Costs,
+    world_size: int,
+    batch: BatchShape,
+    schedule: str,
+    n_sub: int,
+    zero: int,
+    sp: str,
+    degrees: list[int],
+) -> float | None:
+    """``chain_bounds``' peak bytes alone (no program built or priced); None where no degree
+    splits the batch."""
+    rows = list(_degrees(cfg, costs, world_size, batch, schedule, n_sub, zero, sp, degrees))
+    if not rows:
+        return None
+    held = np.array([r[2] for r in rows], dtype=float).T
+    turn = np.array([r[3] for r in rows], dtype=float).T
+    return (_extra_bytes(costs) + max(_least(held), _least(turn))) * (1 - MARGIN)
+
+
+def _least(per_degree: np.ndarray) -> float:
+    """The sum over the regions of each one's least value over the degrees."""
+    return sum(min(row) for row in per_degree.tolist())
+
+
+def chain_prices(
+    cfg: ModelConfig,
+    costs: Costs,
+    world_size: int,
+    batch: BatchShape,
+    schedule: str,
+    n_sub: int,
+    zero: int,
+    sp: str,
+    degrees: list[int],
+    max_inflight: int,
+) -> ChainPrices | None:
+    """The chain's ``ChainPrices`` at each of ``degrees`` that it takes (``_degrees``), read
+    off its uniform plans; None where no degree does."""
+    k = n_sub if SPECS[schedule].overlapped else 1
+    taken: list[int] = []
+    compute: list[list[float]] = []
+    comm: list[list[float]] = []
+    waited: list[list[float]] = []
+    zero_terms: list[tuple] = []  # (G, g, S, f) per degree
+    zero_walks: list[tuple | None] = []  # (Z first, middle, last) per degree
+    state_bytes: list[list[float]] = []
+    turn_bytes: list[list[float]] = []
+    for t, plan, held, turn in _degrees(
+        cfg, costs, world_size, batch, schedule, n_sub, zero, sp, degrees
+    ):
+        try:
+            prices = region_prices(cfg, plan, costs, world_size, batch, max_inflight=max_inflight)
+        except ValueError:  # costs that cannot price it: the plan's simulation says so
+            prices = None
+        none = [0.0] * len(held)
+        taken.append(t)
+        compute.append(prices.compute if prices is not None else none)
+        comm.append(prices.tp_comm if prices is not None else none)
+        # (one sub-batch only: a merak block of two reorders its waits at a degree change)
+        waited.append(prices.tp_waited if prices is not None and k == 1 else none)
+        zero_walks.append(prices.dp_walks if prices is not None else None)
+        zero_terms.append(
+            (prices.gathers, prices.after, prices.scatters, prices.before)
+            if prices is not None
+            else (None,) * 4
+        )
         state_bytes.append(held)
         turn_bytes.append(turn)
     if not taken:
         return None
-    extra = float(getattr(costs, "baseline_bytes", 0.0)) + float(
-        getattr(costs, "workspace_bytes", 0.0)
-    )
+    extra = _extra_bytes(costs)
 
     def columns(per_degree: list) -> np.ndarray:
         return np.array(per_degree, dtype=float).T
@@ -264,18 +317,20 @@ def chain_bounds(
 ) -> tuple[float, float]:
     """(step seconds, peak bytes): no plan of the chain that fits ``budget_bytes`` steps
     faster, and no plan at all peaks lower (``chain_prices``'s degrees). (0, 0) where no
-    degree splits the batch."""
+    degree splits the batch. Where the peak bound alone exceeds ``budget_bytes`` (no plan of
+    the chain fits), the step's is 0 (true, and not needed): no program is built or priced."""
+    peak_bound = chain_memory(cfg, costs, world_size, batch, schedule, n_sub, zero, sp, degrees)
+    if peak_bound is None:
+        return 0.0, 0.0
+    if peak_bound > budget_bytes:
+        return 0.0, peak_bound
     found = chain_prices(
         cfg, costs, world_size, batch, schedule, n_sub, zero, sp, degrees, max_inflight
     )
     if found is None:
         return 0.0, 0.0
-
-    def least(per_degree: np.ndarray) -> float:
-        return sum(min(row) for row in per_degree.tolist())
-
-    peak = found.extra + max(least(found.state), least(found.turn))
-    compute = least(found.compute) * found.n_micro * (1 - 2 * MARGIN)
+    peak = found.extra + max(_least(found.state), _least(found.turn))
+    compute = _least(found.compute) * found.n_micro * (1 - 2 * MARGIN)
     bound = joint_step_bound(
         found.serial(), found.comm, found.state, found.turn, budget_bytes - found.extra
     )
