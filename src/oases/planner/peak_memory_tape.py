@@ -23,7 +23,7 @@ from oases.planner.costs import Costs
 from oases.planner.peak_memory import ModelState, _Bytes, _region_bytes, _with_step
 from oases.planner.precision import precision_of
 from oases.planner.tape import Tape
-from oases.schedule.program import Compute, Instr, Release, Start, Wait, deferred_regions
+from oases.schedule.program import Compute, Instr, Release, Start, Wait
 
 ACT, GRADS, MOVING, HELD = range(4)
 # the per-region value rows of ``_memory_values``, in order (then one row per alive pattern)
@@ -77,7 +77,7 @@ def _compile_memory(
 ) -> _MemoryEvents:
     """The events of ``peak_memory``'s ``walk(later)`` on ``program`` (which sets hold which
     region depends on the program and the stages only, never on the bytes); ``deferring``:
-    ``deferred_regions(program)``."""
+    ``Tape.deferring``."""
     var: list[int] = []
     value: list[int] = []
     sign: list[float] = []
@@ -278,10 +278,8 @@ def peak_memory_tape(
         key = ("memory", state.stages, uses, sp, later)
         ev = tape.memo.get(key)
         if ev is None:
-            if "deferring" not in tape.memo:
-                tape.memo["deferring"] = deferred_regions(tape.program)
             ev = tape.memo[key] = _compile_memory(
-                tape.program, len(kinds), state.stages, uses, sp, later, tape.memo["deferring"]
+                tape.program, len(kinds), state.stages, uses, sp, later, tape.deferring()
             )
         walks.append(_walk_events(ev, _memory_values(b, bucket_bytes, ev.patterns), static, b))
     peak, peak_act, end = walks[0]

@@ -21,7 +21,6 @@ from oases.planner.layout import dp_buckets, model_state
 from oases.planner.plan_costs import piece_prices, plan_step_costs, price_tape, region_signatures
 from oases.planner.simulate import _CachedCosts, _program_args, _tape
 from oases.planner.tape import COMPUTE, START, WAIT, Tape
-from oases.schedule.program import deferred_regions
 
 
 def last_micro_prices(
@@ -68,9 +67,7 @@ def last_micro_prices(
     )
     if tape is None:
         return None
-    deferring = tape.memo.get("deferring")
-    if deferring is None:
-        deferring = tape.memo["deferring"] = deferred_regions(tape.program)
+    deferring = tape.deferring()
     step = plan_step_costs(
         cfg,
         plan,

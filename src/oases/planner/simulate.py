@@ -288,11 +288,7 @@ def simulate_plan(
             cfg, plan, world_size, batch, n_micro=None if whole else 1, first=whole, **args
         )
     )
-    deferring = last.memo.get("deferring") if last is not None else None
-    if deferring is None:
-        deferring = deferred_regions(program)
-        if last is not None:
-            last.memo["deferring"] = deferring
+    deferring = last.deferring() if last is not None else deferred_regions(program)
     step = plan_step_costs(
         cfg,
         plan,

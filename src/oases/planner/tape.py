@@ -28,7 +28,7 @@ import gc
 from collections.abc import Callable, Hashable, Iterator
 from dataclasses import dataclass, field
 
-from oases.schedule.program import Compute, Instr, Piece, Start, Wait
+from oases.schedule.program import Compute, Instr, Piece, Start, Wait, deferred_regions
 
 COMPUTE, START, WAIT = 0, 1, 2
 CLASSES = ("tp", "reshard", "dp")
@@ -96,6 +96,12 @@ class Tape:
     n_slots: int
     program: tuple[Instr, ...]
     memo: dict = field(default_factory=dict)
+
+    def deferring(self) -> frozenset[int]:
+        """``deferred_regions(program)``, remembered in ``memo``."""
+        if "deferring" not in self.memo:
+            self.memo["deferring"] = deferred_regions(self.program)
+        return self.memo["deferring"]
 
     def pieces(self) -> list[tuple[str, str, int]]:
         """Every distinct (phase, piece, region) of the compute keys, in first-use order."""

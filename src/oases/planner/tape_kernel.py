@@ -6,7 +6,7 @@ numba is an optional dependency (``pip install oases[fast]``; ``make setup`` ins
 it does not import, ``KERNEL`` stays None and ``walk_tape`` runs its Python loop, to the same
 numbers. ``OASES_NO_JIT=1`` forces the Python loop (the tests compare both, float for float).
 
-Loading costs about 0.4 s (the import and numba's disk cache, beside this module; the first
+Loading costs about 0.5 s (the import and numba's disk cache, beside this module; the first
 search after an install compiles it, 3-4 s), so it is loaded only where it pays: ``kernel``
 loads it once this process's Python loop has walked as long (``LOAD_AFTER_S``), and the search
 loads it up front for a long model (``load``), before it forks its worker (which inherits it).
@@ -269,7 +269,7 @@ _python_s = 0.0  # seconds the Python loop has walked in this process
 
 
 def load() -> object | None:
-    """Import numba and compile the kernel, or load it from numba's disk cache (about 0.4 s:
+    """Import numba and compile the kernel, or load it from numba's disk cache (about 0.5 s:
     the import and the cache; 3-4 s to compile after an install), once; ``KERNEL``. None where
     numba is missing or cannot compile it here (the Python loop then, the same answers), or
     ``OASES_NO_JIT`` is set. The cache is skipped where numba finds no writable place for it."""

@@ -9,7 +9,9 @@ plans and needs only the times (no timeline). The same floats as the reference w
     (WAIT, slot, class)           now = max(now, end of slot); the stream's queue re-timed
 
 ``event_walk`` owns the reference walk, ``StepCosts`` and ``_stretched`` (the contention
-arithmetic both walks share); this module owns only the compiled one.
+arithmetic both walks share); this module owns the tape's walk: ``walk_tape`` checks its
+arguments and runs the machine-code loop (``tape_kernel``) where it is loaded, else this
+module's Python loop (``walk_tape_py``), which the kernel mirrors line for line.
 """
 
 from __future__ import annotations
