@@ -88,24 +88,26 @@ def test_chain_bounds_hold_for_every_plan_that_fits(case):
 
 def test_a_chain_over_the_budget_is_bounded_without_its_programs(monkeypatch):
     """``chain_bounds`` under a budget below the chain's peak bound answers from the bytes
-    alone (``chain_memory``: the same peak bound as without a budget, and a step bound of 0)
-    and prices no program; under one above it, it prices them (``chain_prices``)."""
+    alone (the same peak bound as without a budget, and a step bound of 0) and prices no
+    program; under one above it, it prices every degree's uniform plan (``region_prices``)."""
     import oases.planner.search_bounds as bounds
 
     cfg = _model("gpt2", 3, True)
     costs = _costs("paper-3090-pcie-32", cfg)
     degrees = candidate_degrees(cfg, 8)
     priced = []
-    real = bounds.chain_prices
-    monkeypatch.setattr(bounds, "chain_prices", lambda *a: priced.append(a) or real(*a))
+    real = bounds.region_prices
+    monkeypatch.setattr(bounds, "region_prices", lambda *a, **k: priced.append(a) or real(*a, **k))
     for schedule, zero, sp in [("megatron", 0, ""), ("oases", 1, "shards"), ("merak", 3, "")]:
         args = (cfg, costs, 8, BatchShape(32, 16), schedule, 2, zero, sp, degrees, 1)
+        taken = len(chain_prices(*args).degrees)
+        priced.clear()
         step, peak = chain_bounds(*args)
-        assert step > 0 and peak > 0 and len(priced) == 1
+        assert step > 0 and peak > 0 and len(priced) == taken
         priced.clear()
         assert chain_bounds(*args, peak * 0.999) == (0.0, peak)
         assert not priced  # (no program built or priced)
-        assert chain_bounds(*args, peak * 1.001)[1] == peak and len(priced) == 1
+        assert chain_bounds(*args, peak * 1.001)[1] == peak and len(priced) == taken
         priced.clear()
 
 

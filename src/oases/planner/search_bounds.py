@@ -184,22 +184,9 @@ def _extra_bytes(costs: Costs) -> float:
     )
 
 
-def chain_memory(
-    cfg: ModelConfig,
-    costs: Costs,
-    world_size: int,
-    batch: BatchShape,
-    schedule: str,
-    n_sub: int,
-    zero: int,
-    sp: str,
-    degrees: list[int],
-) -> float | None:
-    """``chain_bounds``' peak bytes alone (no program built or priced); None where no degree
-    splits the batch."""
-    rows = list(_degrees(cfg, costs, world_size, batch, schedule, n_sub, zero, sp, degrees))
-    if not rows:
-        return None
+def _peak_bound(rows: list[tuple], costs: Costs) -> float:
+    """``chain_bounds``' peak bytes, from ``_degrees``' rows alone (no program built or
+    priced)."""
     held = np.array([r[2] for r in rows], dtype=float).T
     turn = np.array([r[3] for r in rows], dtype=float).T
     return (_extra_bytes(costs) + max(_least(held), _least(turn))) * (1 - MARGIN)
@@ -224,6 +211,22 @@ def chain_prices(
 ) -> ChainPrices | None:
     """The chain's ``ChainPrices`` at each of ``degrees`` that it takes (``_degrees``), read
     off its uniform plans; None where no degree does."""
+    rows = list(_degrees(cfg, costs, world_size, batch, schedule, n_sub, zero, sp, degrees))
+    return _chain_prices(rows, cfg, costs, world_size, batch, schedule, n_sub, sp, max_inflight)
+
+
+def _chain_prices(
+    rows: list[tuple],
+    cfg: ModelConfig,
+    costs: Costs,
+    world_size: int,
+    batch: BatchShape,
+    schedule: str,
+    n_sub: int,
+    sp: str,
+    max_inflight: int,
+) -> ChainPrices | None:
+    """``chain_prices`` on ``_degrees``' rows."""
     k = n_sub if SPECS[schedule].overlapped else 1
     taken: list[int] = []
     compute: list[list[float]] = []
@@ -233,9 +236,7 @@ def chain_prices(
     zero_walks: list[tuple | None] = []  # (Z first, middle, last) per degree
     state_bytes: list[list[float]] = []
     turn_bytes: list[list[float]] = []
-    for t, plan, held, turn in _degrees(
-        cfg, costs, world_size, batch, schedule, n_sub, zero, sp, degrees
-    ):
+    for t, plan, held, turn in rows:
         try:
             prices = region_prices(cfg, plan, costs, world_size, batch, max_inflight=max_inflight)
         except ValueError:  # costs that cannot price it: the plan's simulation says so
@@ -319,20 +320,16 @@ def chain_bounds(
     faster, and no plan at all peaks lower (``chain_prices``'s degrees). (0, 0) where no
     degree splits the batch. Where the peak bound alone exceeds ``budget_bytes`` (no plan of
     the chain fits), the step's is 0 (true, and not needed): no program is built or priced."""
-    peak_bound = chain_memory(cfg, costs, world_size, batch, schedule, n_sub, zero, sp, degrees)
-    if peak_bound is None:
+    rows = list(_degrees(cfg, costs, world_size, batch, schedule, n_sub, zero, sp, degrees))
+    if not rows:
         return 0.0, 0.0
-    if peak_bound > budget_bytes:
-        return 0.0, peak_bound
-    found = chain_prices(
-        cfg, costs, world_size, batch, schedule, n_sub, zero, sp, degrees, max_inflight
-    )
-    if found is None:
-        return 0.0, 0.0
-    peak = found.extra + max(_least(found.state), _least(found.turn))
+    peak = _peak_bound(rows, costs)
+    if peak > budget_bytes:
+        return 0.0, peak
+    found = _chain_prices(rows, cfg, costs, world_size, batch, schedule, n_sub, sp, max_inflight)
     compute = _least(found.compute) * found.n_micro * (1 - 2 * MARGIN)
     bound = joint_step_bound(
         found.serial(), found.comm, found.state, found.turn, budget_bytes - found.extra
     )
     step = max(compute, bound)
-    return step, peak * (1 - MARGIN)
+    return step, peak
