@@ -9,6 +9,9 @@ that the new one returns the same choice and the same float bits on seeded rando
 built like a model's: an embedding, identical (attention, MLP) blocks, a head; 2 to 6
 options, some banned (``inf``), integer-valued times (ties), budgets tight and loose.
 ``solve_chain_brute`` (tests/test_search.py) checks both against every combination.
+
+Every test runs twice (``walks``): on the numpy walks, and on the compiled ones
+(``planner.chain_kernel``, where numba is installed), which must give the same bits too.
 """
 
 import struct
@@ -20,6 +23,20 @@ from oases.planner import chain
 from oases.planner.chain import ChainSolution, evaluate, min_memory_bytes, solve_chain_dp
 
 pytestmark = pytest.mark.exact
+
+
+@pytest.fixture(autouse=True, params=["numpy", "compiled"])
+def walks(request, monkeypatch):
+    """The chain solver's walks: numpy's (the compiled ones unset here), or the compiled
+    ones (``jit.load``; skipped without numba or with ``OASES_NO_JIT``)."""
+    from oases.planner import chain_kernel, jit
+
+    if request.param == "numpy":
+        for name in ("VITERBI", "AHEAD", "PARETO"):
+            monkeypatch.setattr(chain_kernel, name, None)
+    elif not jit.load():
+        pytest.skip("no compiled walks here (numba missing, or OASES_NO_JIT)")
+    return request.param
 
 
 # --- the reference: the solver as it was at b614cc2 (planner/chain.py), unchanged ---------
@@ -327,3 +344,33 @@ def test_batched_viterbi_is_solve_chain_dp_at_every_price(seed):
         except ValueError:
             want = None
         assert chain._trace(back, cost, p) == want
+
+
+@pytest.mark.parametrize("seed", range(40))
+def test_compiled_sort_orders_as_numpys_stable_lexsort(seed, walks):
+    """``chain_kernel._sort`` (the compiled walk's stable sort of a node's extensions by
+    memory, then time) orders as ``np.lexsort`` does (the lower position first among equals), on
+    keys in sorted runs like a front's and on random ones, with many ties."""
+    from oases.planner import chain_kernel
+
+    rng = np.random.default_rng(seed)
+    f = int(rng.integers(1, 80))
+    mm, tt = rng.integers(0, 6, f).astype(float), rng.integers(0, 6, f).astype(float)
+    if seed % 2:  # a front: runs sorted by memory with time falling, as options' groups are
+        cuts = np.sort(rng.integers(0, f + 1, int(rng.integers(0, 5))))
+        for part in np.split(np.arange(f), cuts):
+            mm[part], tt[part] = np.sort(mm[part]), np.sort(tt[part])[::-1]
+    idx, tmp = np.empty(f, dtype=np.intp), np.empty(f, dtype=np.intp)
+    got = chain_kernel._sort(mm, tt, idx, tmp, f)
+    assert got.tolist() == np.lexsort((tt, mm)).tolist()
+
+
+def test_pareto_ok_leaves_nan_and_minus_inf_to_numpy(walks):
+    """The compiled Pareto walk takes finite and +inf inputs only (numpy orders NaNs its own
+    way): with a NaN or a -inf the numpy walk runs."""
+    from oases.planner import chain_kernel
+
+    ok = np.array([[1.0, np.inf], [2.0, 3.0]])
+    assert chain_kernel.pareto_ok(ok) == (walks == "compiled")
+    for bad in (np.nan, -np.inf):
+        assert not chain_kernel.pareto_ok(ok, np.array([0.0, bad]))

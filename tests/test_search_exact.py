@@ -267,11 +267,11 @@ def test_stretch_over_chained_queues_gives_the_reference_floats():
     gives ``event_walk._stretched``'s very float on random queues: flights back to back,
     with gaps, equal ends and begins, factors that differ, some done before the start; and so
     do the compiled kernel's two (``tape_kernel``, where numba is installed)."""
-    from oases.planner import tape_kernel
+    from oases.planner import jit, tape_kernel
     from oases.planner.event_walk import _stretched
     from oases.planner.tape_walk import _stretched_queues
 
-    compiled = tape_kernel if tape_kernel.load() is not None else None
+    compiled = tape_kernel if jit.load() else None
     rng = random.Random(11)
     for _ in range(2000):
         begins, ends, factors, queues, lo = [], [], [], [], []
@@ -319,7 +319,7 @@ class _Slowed:
 
 @pytest.mark.parametrize("contention", ["every collective", "some kinds"])
 def test_kernel_and_python_loop_give_the_same_floats(contention, monkeypatch):
-    """``walk_tape`` compiled (``tape_kernel.load()``, numba) and its Python loop
+    """``walk_tape`` compiled (``tape_kernel``, loaded by ``jit.load()``: numba) and its Python loop
     (``walk_tape_py``) give the same floats on random plans: mixed degrees, every schedule,
     ZeRO stage and sequence-parallel mode, micro-batches; compute slowed by every collective
     (a preset's one factor: the chained-queue path) or by some kinds only (a profile's: the
@@ -327,9 +327,9 @@ def test_kernel_and_python_loop_give_the_same_floats(contention, monkeypatch):
     pytest.importorskip("numba")
     if os.environ.get("OASES_NO_JIT", "") not in ("", "0"):
         pytest.skip("OASES_NO_JIT: the compiled walk is off")
-    from oases.planner import tape_kernel, tape_walk
+    from oases.planner import jit, tape_walk
 
-    assert tape_kernel.load() is not None  # numba is installed: it compiles
+    assert jit.load()  # numba is installed: it compiles
     rng = random.Random(13 if contention == "some kinds" else 31)
     walked = []
     real = tape_walk.walk_tape_py

@@ -232,12 +232,12 @@ def _pipelines(
     the caller's (``search_prefetch.Beside``: ``result()`` is its ``PipelineSearch``); None at
     ``--pp 1``."""
     from oases.plan import region_names
+    from oases.planner.jit import load_for
     from oases.planner.pipeline_search import (
         PIPELINE_ZEROS,
         search_config_pipelines,
     )
     from oases.planner.search_prefetch import Beside
-    from oases.planner.tape_kernel import load_for
     from oases.stages import check_pipeline_schedule
 
     if ns.pp == "1":

@@ -29,6 +29,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from oases.planner import chain_kernel
+
 
 @dataclass(frozen=True)
 class ChainSolution:
@@ -115,6 +117,11 @@ def _viterbi_prices(
     float is the one ``solve_chain_dp`` computes for that price alone, the same operations on
     the same operands, so are its argmins (the first of equals); a cost is carried as the
     column's ``min`` rather than the element at its argmin, equal to it."""
+    if chain_kernel.VITERBI is not None:  # (compiled: the same floats, ``chain_kernel``)
+        return chain_kernel.VITERBI(
+            *(np.ascontiguousarray(a) for a in (node_s, node_bytes, finite, edge_s)),
+            np.asarray(prices, dtype=float),
+        )
     price = np.asarray(prices, dtype=float)[None, :, None]
     priced = node_s[:, None, :] + price * node_bytes[:, None, :]  # [node, price, option]
     cost_all = np.where(finite[:, None, :], priced, np.inf)
@@ -239,9 +246,12 @@ def solve_chain_pareto(
     finite_bytes = np.isfinite(node_bytes)
     cost = np.where(finite_bytes, node_s + price * np.where(finite_bytes, node_bytes, 0.0), np.inf)
     step = np.stack((node_s, cost), axis=1)  # [node, bound, option]
-    ahead = np.zeros((n, 2, k))
-    for i in range(n - 2, -1, -1):
-        ahead[i] = (edge_s[i][None] + step[i + 1][:, None, :] + ahead[i + 1][:, None, :]).min(2)
+    if chain_kernel.AHEAD is not None:  # (compiled: the same floats, ``chain_kernel``)
+        ahead = chain_kernel.AHEAD(np.ascontiguousarray(edge_s), step)
+    else:
+        ahead = np.zeros((n, 2, k))
+        for i in range(n - 2, -1, -1):
+            ahead[i] = (edge_s[i][None] + step[i + 1][:, None, :] + ahead[i + 1][:, None, :]).min(2)
     finish, priced = ahead[:, 0], ahead[:, 1]
     upper = min(evaluate(c, node_s, node_bytes, edge_s).time_s for c in dict.fromkeys(known))
     upper = upper * (1 + 1e-12) + 1e-12 if np.isfinite(upper) else np.inf
@@ -254,6 +264,14 @@ def solve_chain_pareto(
     ok = np.isfinite(node_s[0]) & (node_bytes[0] <= budget_bytes)
     opt = np.flatnonzero(ok)
     t, m, parent = node_s[0, opt], node_bytes[0, opt], np.zeros(len(opt), dtype=int)
+    if chain_kernel.pareto_ok(node_s, node_bytes, edge_s):  # (compiled: the same walk)
+        choice = chain_kernel.PARETO(
+            t, m, opt, np.ascontiguousarray(edge_s), np.ascontiguousarray(node_s),
+            np.ascontiguousarray(node_bytes), np.ascontiguousarray(finish),
+            np.ascontiguousarray(priced), np.isfinite(node_s) & np.isfinite(finish),
+            lean_after, float(price), float(budget_bytes), float(upper), PARETO_LIMIT,
+        )  # fmt: skip
+        return tuple(choice.tolist()) if len(choice) else None
     history = [(opt, parent)]
     for i in range(1, n):
         if not len(t):

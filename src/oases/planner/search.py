@@ -46,12 +46,12 @@ from oases.planner.batch import BatchShape, BatchSplitError
 from oases.planner.candidate import Candidate, state_factors, with_zero
 from oases.planner.chain_model import ChainModel, least_memory
 from oases.planner.costs import Costs
+from oases.planner.jit import load_for
 from oases.planner.search_bounds import chain_bounds
 from oases.planner.search_prefetch import Prefetch
 from oases.planner.simulate import PlanResult, _CachedCosts, simulate_plan
 from oases.planner.space import candidate_degrees, sub_batch_counts
 from oases.planner.tape import tapes_kept
-from oases.planner.tape_kernel import load_for
 from oases.schedule.program import SPECS
 from oases.schedule.specs import shards_differ
 

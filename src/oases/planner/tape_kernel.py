@@ -2,14 +2,9 @@
 same arithmetic on arrays instead of Python lists, so the same floats, about 8 times faster
 with its calls (``benchmarks/2026-12-04-search``, round 13).
 
-numba is an optional dependency (``pip install oases[fast]``; ``make setup`` installs it): where
-it does not import, ``KERNEL`` stays None and ``walk_tape`` runs its Python loop, to the same
-numbers. ``OASES_NO_JIT=1`` forces the Python loop (the tests compare both, float for float).
-
-Loading costs about 0.5 s (the import and numba's disk cache, beside this module; the first
-search after an install compiles it, 3-4 s), so it is loaded only where it pays: ``kernel``
-loads it once this process's Python loop has walked as long (``LOAD_AFTER_S``), and the search
-loads it up front for a long model (``load``), before it forks its worker (which inherits it).
+Loaded with the planner's other compiled loops (``planner.jit``: numba is optional, loaded
+only where it pays); where it is not, ``KERNEL`` stays None and ``walk_tape`` runs its Python
+loop, to the same numbers (the tests compare both, float for float).
 
 The state, as in ``walk_tape`` (its docstring explains the walk)::
 
@@ -24,7 +19,7 @@ doubles, and numba compiles it without fast-math (no reassociation, no fused mul
 
 from __future__ import annotations
 
-import os
+from collections.abc import Callable
 from math import inf
 
 import numpy as np
@@ -262,63 +257,20 @@ def _walk(
     return now, compute_busy, comm_busy, exposed
 
 
-KERNEL = None  # the compiled walk, once ``load`` has loaded it (None before, or without numba)
-LOAD_AFTER_S = 0.4  # the Python loop's seconds after which ``kernel`` loads it (what loading costs)
-_LOADED = False  # ``load`` has run (in this process, or in the one it was forked from)
-_python_s = 0.0  # seconds the Python loop has walked in this process
+KERNEL = None  # the compiled walk, once ``compile`` ran (None before, or without numba)
 
 
-def load() -> object | None:
-    """Import numba and compile the kernel, or load it from numba's disk cache (about 0.5 s:
-    the import and the cache; 3-4 s to compile after an install), once; ``KERNEL``. None where
-    numba is missing or cannot compile it here (the Python loop then, the same answers), or
-    ``OASES_NO_JIT`` is set. The cache is skipped where numba finds no writable place for it."""
-    global KERNEL, _LOADED, _stretched_queues, _stretched
-    if _LOADED:
-        return KERNEL
-    _LOADED = True
-    if os.environ.get("OASES_NO_JIT", "") not in ("", "0"):
-        return None
-    try:
-        from numba import njit
-    except ImportError:
-        return None
+def compile(njit: Callable, cache: bool) -> None:  # noqa: A001 (numba's word)
+    """Compile the walk with ``njit`` (``planner.jit.load``), run once on an empty tape (so a
+    failure shows here, not in a search); ``KERNEL`` set. (``_walk`` calls the helpers by
+    their module names: compiled ones.)"""
+    global KERNEL, _stretched_queues, _stretched
     python = (_stretched_queues, _stretched)
-    for cache in (True, False):
-        try:  # (``_walk`` calls the helpers by their module names: compiled ones)
-            _stretched_queues, _stretched, walk = (njit(cache=cache)(f) for f in (*python, _walk))
-            none = np.zeros(0)
-            walk(np.zeros((0, 3), np.int64), none, none, np.zeros(0, np.int64), 0, none, False, 0)
-        except Exception:  # (no cache locator: a read-only install; a numba that cannot)
-            _stretched_queues, _stretched = python
-            continue
-        KERNEL = walk
-        return KERNEL
-    return None
-
-
-def kernel() -> object | None:
-    """``KERNEL`` for ``walk_tape``: loaded (``load``) once this process's Python loop has
-    walked ``LOAD_AFTER_S`` (``walked``), so that a small search never pays for the load and a
-    large one pays at most twice what it would have known to pay (a ski rental); the search
-    loads it up front for a long model (``search._Search.walk``), before it forks its worker."""
-    if _LOADED or _python_s < LOAD_AFTER_S:
-        return KERNEL
-    return load()
-
-
-def walked(seconds: float) -> None:
-    """The Python loop walked ``seconds`` more (``kernel``)."""
-    global _python_s
-    _python_s += seconds
-
-
-LONG_MODEL = 64  # regions from which a search loads the kernel up front (``load_for``)
-
-
-def load_for(n_regions: int) -> None:
-    """``load`` now where a search of a model of ``n_regions`` regions will walk long enough
-    to pay for it (its programs grow with the regions; measured: a 96-layer search walks 6.4
-    s in the Python loop, a 24-layer one under 0.3 s); called before a search forks."""
-    if n_regions >= LONG_MODEL:
-        load()
+    try:
+        _stretched_queues, _stretched, walk = (njit(cache=cache)(f) for f in (*python, _walk))
+        none = np.zeros(0)
+        walk(np.zeros((0, 3), np.int64), none, none, np.zeros(0, np.int64), 0, none, False, 0)
+    except Exception:
+        _stretched_queues, _stretched = python
+        raise
+    KERNEL = walk

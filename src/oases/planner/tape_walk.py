@@ -22,7 +22,7 @@ from time import perf_counter
 
 import numpy as np
 
-from oases.planner import tape_kernel
+from oases.planner import jit, tape_kernel
 from oases.planner.event_walk import SimResult, _stretched
 from oases.planner.tape import CLASSES, COMPUTE, START, Tape
 from oases.schedule.timeline import Timeline
@@ -37,19 +37,20 @@ def walk_tape(
     coll_factor: Sequence[float] | None = None,
 ) -> SimResult:
     """``simulate_program(program, costs, record=False)`` on the program's ``Tape``: compiled
-    (``tape_kernel.kernel()``) where numba is installed and loaded, else ``walk_tape_py``; the
-    same floats either way (``tests/test_search_exact.py`` compares them)."""
+    (``tape_kernel``) where numba is installed and loaded (``jit.ready``), else
+    ``walk_tape_py``; the same floats either way (``tests/test_search_exact.py`` compares
+    them)."""
     coll_stream = np.asarray(coll_stream, dtype=np.int64)
     # (the kernel reads no bounds: what it would read past, refused here, for both loops)
     if len(coll_stream) and not 0 <= coll_stream.min() <= coll_stream.max() < n_streams:
         raise ValueError(f"a collective's stream is not one of {n_streams}")
     if coll_factor is not None and len(coll_factor) != len(coll_cost):
         raise ValueError("one compute slowdown per collective key, please")
-    compiled = tape_kernel.kernel()
+    compiled = tape_kernel.KERNEL if jit.ready() else None
     if compiled is None:
         started = perf_counter()
         res = walk_tape_py(tape, compute_cost, coll_cost, coll_stream, n_streams, coll_factor)
-        tape_kernel.walked(perf_counter() - started)
+        jit.walked(perf_counter() - started)
         return res
     ops = tape.memo.get("ops array")
     if ops is None:
