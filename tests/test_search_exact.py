@@ -380,3 +380,50 @@ def test_walk_tape_checks_what_the_kernel_does_not():
         walk_tape(tape, [], [1.0], [3], 1)
     with pytest.raises(ValueError, match="one compute slowdown per collective"):
         walk_tape(tape, [], [1.0], [0], 1, [1.5, 1.5])
+
+
+def test_kernels_that_do_not_compile_leave_the_python_loops(monkeypatch):
+    """Where numba imports but cannot compile (or cache) the kernels, ``jit.load`` says so and
+    leaves none half-loaded: the walks run their Python and numpy code, to the same answers."""
+    import sys
+    import types
+
+    from oases.planner import chain, chain_kernel, jit, tape_kernel
+
+    for module, name in (
+        (tape_kernel, "KERNEL"),
+        (tape_kernel, "_stretched"),
+        (tape_kernel, "_stretched_queues"),
+        (chain_kernel, "VITERBI"),
+        (chain_kernel, "AHEAD"),
+        (chain_kernel, "PARETO"),
+        (chain_kernel, "_sort"),
+        (chain_kernel, "_before"),
+        (jit, "_LOADED"),
+        (jit, "LOADED_OK"),
+    ):
+        monkeypatch.setattr(module, name, getattr(module, name))  # (restored after)
+    monkeypatch.setattr(jit, "_LOADED", False)
+    monkeypatch.delenv("OASES_NO_JIT", raising=False)
+    calls = []
+
+    def njit(**options):
+        def compile_(fn):
+            calls.append((fn.__name__, options["cache"]))
+            if fn.__name__ == "_pareto":
+                raise RuntimeError("cannot compile this here")
+            return fn  # (the others "compile" to themselves)
+
+        return compile_
+
+    monkeypatch.setitem(sys.modules, "numba", types.SimpleNamespace(njit=njit))
+    assert jit.load() is False and jit.load() is False  # (once: the second asks nothing)
+    assert ("_pareto", True) in calls and ("_pareto", False) in calls  # cached, then not
+    assert len([c for c in calls if c[0] == "_pareto"]) == 2
+    assert tape_kernel.KERNEL is None
+    assert chain_kernel.VITERBI is chain_kernel.AHEAD is chain_kernel.PARETO is None
+    rng = np.random.default_rng(5)
+    node_s, node_bytes = rng.uniform(1, 9, (12, 3)), rng.uniform(1, 9, (12, 3))
+    edge_s = rng.uniform(0, 1, (11, 3, 3))
+    budget = float(node_bytes.min(axis=1).sum() + 4)
+    assert chain.solve_chain(node_s, node_bytes, edge_s, budget).memory_bytes <= budget
