@@ -111,6 +111,44 @@ def test_a_chain_over_the_budget_is_bounded_without_its_programs(monkeypatch):
         priced.clear()
 
 
+def test_a_bound_told_where_to_stop_skips_as_the_full_one(monkeypatch):
+    """``chain_bounds(..., stop_at)``: where a cheaper bound (the compute alone, one serial
+    sum alone) reaches ``stop_at`` it answers that one without the linear program, else the
+    full bound, bit for bit. Either way the search's decision for every fastest step up to
+    ``stop_at`` (it only falls) is the full bound's: skip iff the bound reaches it. Chains of
+    every schedule, stage and mode, budgets loose and tight, stop_at below, at and above the
+    full bound."""
+    import oases.planner.step_bound as step_bound
+
+    cfg = _model("gpt2", 3, True)
+    costs = _costs("paper-3090-pcie-32", cfg)
+    degrees = candidate_degrees(cfg, 8)
+    solved = []
+    real = step_bound._duals
+    monkeypatch.setattr(step_bound, "_duals", lambda *a: solved.append(1) or real(*a))
+    cheap = full_runs = 0
+    for schedule, zero, sp in [("megatron", 0, ""), ("oases", 1, "shards"), ("merak", 3, "")]:
+        args = (cfg, costs, 8, BatchShape(32, 16), schedule, 2, zero, sp, degrees, 1)
+        _, peak = chain_bounds(*args)
+        for budget in (peak * 1.05, peak * 3, float("inf")):
+            full, _ = chain_bounds(*args, budget)
+            for stop_at in (full * 0.3, full * 0.9, full, full * 1.1, float("inf")):
+                solved.clear()
+                got, got_peak = chain_bounds(*args, budget, stop_at)
+                assert got_peak == peak
+                assert got <= full * (1 + 1e-6)  # (a weaker bound: the full one weighs it in)
+                if got < stop_at:  # (nothing cheaper reached it: the full bound)
+                    assert got == full and solved
+                    full_runs += 1
+                else:  # (the full bound reaches it too, to the solver's tolerance)
+                    assert full >= stop_at * (1 - 1e-6)
+                    cheap += not solved
+                for incumbent in (stop_at, stop_at * 0.99, full * 0.5, full * 1.01):
+                    if incumbent <= stop_at and abs(full - incumbent) > 1e-6 * full:
+                        assert (got >= incumbent) == (full >= incumbent)
+    assert cheap >= 3 and full_runs >= 3  # (both ways taken)
+
+
 @pytest.mark.parametrize("case", CASES[:3], ids=[f"{c[0]}-L{c[1]}-W{c[3]}" for c in CASES[:3]])
 def test_each_region_runs_its_own_collectives_at_its_degree(case):
     """A mixed plan's region i runs the TP collectives (seconds) the uniform plan of its
@@ -283,3 +321,19 @@ def test_each_walk_s_zero_collectives_are_the_dp_stream_s_busy_time(zero):
             first, middle, last = (z[:, 0].sum() for z in prices.zero_walks)
             walks = first if n_micro == 1 else first + (n_micro - 2) * middle + last
             assert walks == pytest.approx(res.breakdown["comm_s"], rel=1e-9), (schedule, n_micro)
+
+
+def test_distinct_rows_are_numpys_unique_rows():
+    """``step_bound._distinct_rows``: ``np.unique(axis=0, return_counts=True)``'s rows, order
+    and counts, on tables of repeated rows (a model's blocks) at magnitudes far apart."""
+    from oases.planner.step_bound import _distinct_rows
+
+    rng = np.random.default_rng(3)
+    for _ in range(200):
+        n, width = int(rng.integers(1, 120)), int(rng.integers(1, 20))
+        scale = rng.choice([1.0, 0.1, 1e9])
+        base = rng.integers(0, 3, (int(rng.integers(1, 6)), width)).astype(float) * scale
+        table = base[rng.integers(0, len(base), n)]
+        rows, count = _distinct_rows(table)
+        want_rows, want_count = np.unique(table, axis=0, return_counts=True)
+        assert rows.tobytes() == want_rows.tobytes() and count.tolist() == want_count.tolist()

@@ -35,7 +35,7 @@ def load() -> bool:
     global _LOADED, LOADED_OK
     if _LOADED:
         return LOADED_OK
-    _LOADED = True
+    _LOADED, LOADED_OK = True, False
     if os.environ.get("OASES_NO_JIT", "") not in ("", "0"):
         return False
     try:

@@ -434,6 +434,7 @@ class _Search:
                 self.degrees,
                 self.max_inflight,
                 self.budget,
+                self.incumbent,  # (skipped whatever bound reaches it: it only falls)
             )
         time_lb, memory_lb = self.bounds[key]
         if memory_lb > self.budget or time_lb >= self.incumbent:

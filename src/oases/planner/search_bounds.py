@@ -315,11 +315,15 @@ def chain_bounds(
     degrees: list[int],
     max_inflight: int,
     budget_bytes: float = math.inf,
+    stop_at: float = math.inf,
 ) -> tuple[float, float]:
     """(step seconds, peak bytes): no plan of the chain that fits ``budget_bytes`` steps
     faster, and no plan at all peaks lower (``chain_prices``'s degrees). (0, 0) where no
     degree splits the batch. Where the peak bound alone exceeds ``budget_bytes`` (no plan of
-    the chain fits), the step's is 0 (true, and not needed): no program is built or priced."""
+    the chain fits), the step's is 0 (true, and not needed): no program is built or priced.
+    Where a cheaper bound on the step (the compute alone, one serial sum alone) reaches
+    ``stop_at`` (the search's fastest step that fits, which only falls: the chain is skipped
+    whichever bound it is told), that one, without the relaxation's linear program."""
     rows = list(_degrees(cfg, costs, world_size, batch, schedule, n_sub, zero, sp, degrees))
     if not rows:
         return 0.0, 0.0
@@ -328,8 +332,10 @@ def chain_bounds(
         return 0.0, peak
     found = _chain_prices(rows, cfg, costs, world_size, batch, schedule, n_sub, sp, max_inflight)
     compute = _least(found.compute) * found.n_micro * (1 - 2 * MARGIN)
+    if compute >= stop_at:
+        return compute, peak
     bound = joint_step_bound(
-        found.serial(), found.comm, found.state, found.turn, budget_bytes - found.extra
+        found.serial(), found.comm, found.state, found.turn, budget_bytes - found.extra, stop_at
     )
     step = max(compute, bound)
     return step, peak

@@ -122,7 +122,11 @@ class Prefetch:
 
     @classmethod
     def start(cls, search: _Search) -> Prefetch | None:
-        return cls(search) if PROCESSES > 1 else None
+        if PROCESSES < 2:
+            return None
+        import scipy.optimize  # noqa: F401 (the chain bounds' linprog: imported once, here)
+
+        return cls(search)
 
     def pick(self, guesses: Iterator[Chain], who: int) -> Chain | None:
         """Claim one of the next few free ``guesses`` for ``who``: the first whose programs
