@@ -99,7 +99,6 @@ def _compile_memory(
     alive: dict[tuple[int, int], str] = {}  # (region, sub) -> how its bytes were built
     inflight: dict[tuple[str, int, int], int] = {}  # collective -> the row offset it holds
     gathered: set[int] = set()
-    seq_kinds = ("gf", "gb", "gr", "gh", "fwd", "bwd") if sp else ()
     moving_kinds = {
         "dp": at["bucket"],
         "gf": at["seq0"],
@@ -109,70 +108,110 @@ def _compile_memory(
         "fwd": at["seq1"],
         "bwd": at["seq1"],
     }
+    # what moves bytes: ZeRO's, the DP all-reduces, sequence parallelism's ("gf", "gb", "gr",
+    # "gh" and its reduce-scatters "fwd", "bwd")
+    tracked = {"rs", "ag", *moving_kinds} if sp else {"rs", "ag", "dp"}
+    scattering, shard_gather = at["scattering"], at["shard+gather_copy"]
+    gather_copy = at["gather_copy"]
+    put_check = checkpoints.append
     for ins in program:
         before = len(var)
         kind = type(ins)
         if kind is Compute:
             phase, sub = ins.phase, ins.sub
-            for piece, i in ins.pieces:
-                if phase == "forward" and piece in ("body", "core"):
-                    alive[i, sub] = alive.get((i, sub), "") + "F"
-                    put_var(ACT), put_value(kept + i), put_sign(1.0)
-                elif phase == "recompute" and piece in ("body", "core"):
-                    alive[i, sub] = alive.get((i, sub), "") + "R"
-                    put_var(ACT), put_value(graph_kept + i), put_sign(1.0)
-                elif phase == "backward" and piece == "tp":
-                    p = alive.pop((i, sub), "")
-                    if p:
-                        put_var(ACT), put_value(pattern_at(p) + i), put_sign(-1.0)
-                    if i in deferring:
-                        alive[i, sub] = "D"
-                        put_var(ACT), put_value(deferred_at + i), put_sign(1.0)
-                    for u in uses[i]:
-                        if u not in whole:
-                            whole.add(u)
-                            put_var(GRADS), put_value(full_at + u), put_sign(1.0)
-                elif phase == "backward" and piece == "dw":
-                    p = alive.pop((i, sub), "")
-                    if p:
-                        put_var(ACT), put_value(pattern_at(p) + i), put_sign(-1.0)
+            if phase == "backward":
+                for piece, i in ins.pieces:
+                    if piece == "tp":
+                        p = alive.pop((i, sub), "")
+                        if p:
+                            put_var(ACT)
+                            put_value(pattern_at(p) + i)
+                            put_sign(-1.0)
+                        if i in deferring:
+                            alive[i, sub] = "D"
+                            put_var(ACT)
+                            put_value(deferred_at + i)
+                            put_sign(1.0)
+                        for u in uses[i]:
+                            if u not in whole:
+                                whole.add(u)
+                                put_var(GRADS)
+                                put_value(full_at + u)
+                                put_sign(1.0)
+                    elif piece == "dw":
+                        p = alive.pop((i, sub), "")
+                        if p:
+                            put_var(ACT)
+                            put_value(pattern_at(p) + i)
+                            put_sign(-1.0)
+            elif phase == "forward" or phase == "recompute":
+                mark, row = ("F", kept) if phase == "forward" else ("R", graph_kept)
+                for piece, i in ins.pieces:
+                    if piece == "body" or piece == "core":
+                        alive[i, sub] = alive.get((i, sub), "") + mark
+                        put_var(ACT)
+                        put_value(row + i)
+                        put_sign(1.0)
         elif kind is Start:
-            u = ins.index
-            if ins.kind == "rs":
-                rs_before.append(len(var) - 1)
-                rs_value.append(padded_at + u)
-                if u in whole:
-                    whole.discard(u)
-                    put_var(GRADS), put_value(full_at + u), put_sign(-1.0)
-                inflight[ins.kind, u, ins.sub] = at["scattering"]
-                put_var(MOVING), put_value(at["scattering"] + u), put_sign(1.0)
-            elif ins.kind == "ag":
-                if stages[u] < 3:
-                    inflight[ins.kind, u, ins.sub] = at["shard+gather_copy"]
-                elif u not in gathered:
-                    gathered.add(u)
-                    put_var(HELD), put_value(padded_at + u), put_sign(1.0)
-                    inflight[ins.kind, u, ins.sub] = at["gather_copy"]
-                row = inflight.get((ins.kind, u, ins.sub))
-                if row is not None:
-                    put_var(MOVING), put_value(row + u), put_sign(1.0)
-            elif ins.kind == "dp" or ins.kind in seq_kinds:
-                row = inflight[ins.kind, u, ins.sub] = moving_kinds[ins.kind]
-                put_var(MOVING), put_value(row + u), put_sign(1.0)
+            name = ins.kind
+            if name in tracked:
+                u = ins.index
+                if name == "rs":
+                    rs_before.append(len(var) - 1)
+                    rs_value.append(padded_at + u)
+                    if u in whole:
+                        whole.discard(u)
+                        put_var(GRADS)
+                        put_value(full_at + u)
+                        put_sign(-1.0)
+                    inflight[name, u, ins.sub] = scattering
+                    put_var(MOVING)
+                    put_value(scattering + u)
+                    put_sign(1.0)
+                elif name == "ag":
+                    row = None
+                    if stages[u] < 3:
+                        row = inflight[name, u, ins.sub] = shard_gather
+                    elif u not in gathered:
+                        gathered.add(u)
+                        put_var(HELD)
+                        put_value(padded_at + u)
+                        put_sign(1.0)
+                        row = inflight[name, u, ins.sub] = gather_copy
+                    else:
+                        row = inflight.get((name, u, ins.sub))
+                    if row is not None:
+                        put_var(MOVING)
+                        put_value(row + u)
+                        put_sign(1.0)
+                else:  # "dp", or sequence parallelism's
+                    row = inflight[name, u, ins.sub] = moving_kinds[name]
+                    put_var(MOVING)
+                    put_value(row + u)
+                    put_sign(1.0)
         elif kind is Wait:
-            row = inflight.pop((ins.kind, ins.index, ins.sub), None)
-            if row is not None:
-                put_var(MOVING), put_value(row + ins.index), put_sign(-1.0)
-            if ins.kind == "rs" and ins.index not in shards:  # accumulated into the one shard
-                shards.add(ins.index)
-                put_var(GRADS), put_value(shard_at + ins.index), put_sign(1.0)
+            name = ins.kind
+            if name in tracked:
+                u = ins.index
+                row = inflight.pop((name, u, ins.sub), None)
+                if row is not None:
+                    put_var(MOVING)
+                    put_value(row + u)
+                    put_sign(-1.0)
+                if name == "rs" and u not in shards:  # accumulated into the one shard
+                    shards.add(u)
+                    put_var(GRADS)
+                    put_value(shard_at + u)
+                    put_sign(1.0)
         elif kind is Release and ins.index in gathered:
             gathered.discard(ins.index)
-            put_var(HELD), put_value(padded_at + ins.index), put_sign(-1.0)
+            put_var(HELD)
+            put_value(padded_at + ins.index)
+            put_sign(-1.0)
         if len(var) > before:
-            checkpoints.append(len(var) - 1)
+            put_check(len(var) - 1)
         elif not checkpoints:  # the state the walk starts in, taken after this instruction
-            checkpoints.append(-1)
+            put_check(-1)
     return _MemoryEvents(
         np.array(var, dtype=np.int8),
         np.array(value, dtype=np.int64),

@@ -122,33 +122,31 @@ def compile_tape(program: list[Instr] | tuple[Instr, ...]) -> Tape:
     class_of = {
         kind: CLASSES.index(c) for kind, c in COMM_CLASS.items() if c in CLASSES
     }  # (a pipeline's point-to-point: walked by pipeline_walk)
-    compute_id: dict[tuple[str, tuple[Piece, ...]], int] = {}
+    computes: dict[tuple[str, tuple[Piece, ...]], tuple[int, int, int]] = {}  # key -> its op
     coll_id: dict[tuple[str, int], int] = {}
     open_slots: dict[tuple[str, int, int], int] = {}
     ops: list[tuple[int, int, int]] = []
-    computes: dict[int, tuple[int, int, int]] = {}  # one op object per compute key
     append, slots = ops.append, 0
     for ins in program:
         kind = type(ins)
         if kind is Compute:
-            cid = compute_id.setdefault((ins.phase, ins.pieces), len(compute_id))
-            op = computes.get(cid)
+            key = (ins.phase, ins.pieces)
+            op = computes.get(key)
             if op is None:
-                op = computes[cid] = (COMPUTE, cid, 0)
+                op = computes[key] = (COMPUTE, len(computes), 0)
             append(op)
         elif kind is Start:
-            full = (ins.kind, ins.index, ins.sub)
-            if full in open_slots:
-                raise TapeError(f"{full} started again before its wait")
-            cid = coll_id.setdefault(full[:2], len(coll_id))
-            open_slots[full] = slots
+            name, index = ins.kind, ins.index
+            if open_slots.setdefault((name, index, ins.sub), slots) != slots:
+                raise TapeError(f"{(name, index, ins.sub)} started again before its wait")
+            cid = coll_id.setdefault((name, index), len(coll_id))
             append((START, cid, slots))
             slots += 1
         elif kind is Wait:
-            full = (ins.kind, ins.index, ins.sub)
-            if full not in open_slots:
-                raise TapeError(f"{full} waited without a start")
-            append((WAIT, open_slots.pop(full), class_of[ins.kind]))
+            slot = open_slots.pop((ins.kind, ins.index, ins.sub), None)
+            if slot is None:
+                raise TapeError(f"{(ins.kind, ins.index, ins.sub)} waited without a start")
+            append((WAIT, slot, class_of[ins.kind]))
     if open_slots:
         raise TapeError(f"program leaves collectives unwaited: {sorted(open_slots)}")
-    return Tape(ops, list(compute_id), list(coll_id), slots, tuple(program))
+    return Tape(ops, list(computes), list(coll_id), slots, tuple(program))

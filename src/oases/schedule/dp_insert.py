@@ -20,7 +20,6 @@ planner's ``simulate.zero_layout`` build the layout).
 
 from __future__ import annotations
 
-import functools
 from collections import deque
 from dataclasses import dataclass
 
@@ -101,10 +100,18 @@ def insert_dp(
     return out
 
 
+def _keeps_pending(ins: Instr) -> bool:
+    """Whether a "dp" or "rs" gradient collective due waits past ``ins``: the TP gradient
+    all-reduce the task starts ("bwd"), or a pipeline's gradient send ("sb"), comes first."""
+    kind = type(ins)
+    return ((kind is Start or kind is Wait) and ins.kind == "bwd") or (
+        kind is Start and ins.kind == "sb"
+    )
+
+
 ZERO_GRAD_INFLIGHT = 2  # gradient reduce-scatters in flight at once (each holds a flat copy)
 
 
-@functools.lru_cache(maxsize=64)
 def insert_zero(program: tuple[Instr, ...], zero: ZeroLayout, k: int) -> tuple[Instr, ...]:
     """Add the sharded regions' collectives to a program (``k`` sub-batches per micro-batch).
 
@@ -134,8 +141,9 @@ def insert_zero(program: tuple[Instr, ...], zero: ZeroLayout, k: int) -> tuple[I
         compute:  [body 2](a) [body 2](b) [epi 2, body 3](a) [epi 2, body 3](b) ...
         comm:     ag 3 ...... | wait ag 3 ; release 2 after its last use
     """
-    computes = [i for i, ins in enumerate(program) if isinstance(ins, Compute)]
+    computes = [i for i, ins in enumerate(program) if type(ins) is Compute]
     n_micro = 1 + max(program[i].sub for i in computes) // k
+    stages, uses = zero.stages, zero.uses
     before: dict[int, list[Instr]] = {}
     after: dict[int, list[Instr]] = {}
     # ------------------------------------------------------------------ weight gathers
@@ -166,10 +174,10 @@ def insert_zero(program: tuple[Instr, ...], zero: ZeroLayout, k: int) -> tuple[I
         first_use: dict[int, int] = {}
         for pos, i in enumerate(computes):
             ins = program[i]
-            if ins.phase == "forward" and ins.sub // k == 0:
-                for piece in ins.pieces:
-                    for u in zero.units(piece, ins.phase):
-                        if zero.stages[u] in (1, 2):
+            if ins.phase == "forward" and ins.sub < k:
+                for kind, r in ins.pieces:  # (``ZeroLayout.units`` in the forward)
+                    for u in uses[r] if kind == "body" or kind == "core" else (r,):
+                        if stages[u] == 1 or stages[u] == 2:
                             first_use.setdefault(u, pos)
         for u, pos in sorted(first_use.items()):
             before.setdefault(0, []).append(Start("ag", u, 0))
@@ -184,14 +192,13 @@ def insert_zero(program: tuple[Instr, ...], zero: ZeroLayout, k: int) -> tuple[I
     scatters = max(zero.stages, default=0) >= 2 or (zero.ends_step and 1 in zero.stages)
     for pos, i in enumerate(computes if scatters else ()):
         ins = program[i]
-        m = ins.sub // k
         if ins.phase != "backward":
             continue
-        for piece in ins.pieces:
-            for u in zero.units(piece, "backward"):
-                if zero.stages[u] >= 2 or (
-                    zero.stages[u] == 1 and m == n_micro - 1 and zero.ends_step
-                ):
+        m = ins.sub // k
+        last_micro = m == n_micro - 1 and zero.ends_step
+        for kind, r in ins.pieces:  # (``ZeroLayout.units`` in the backward)
+            for u in uses[r] if kind == "tp" or kind == "dw" else (r,):
+                if stages[u] >= 2 or (stages[u] == 1 and last_micro):
                     last_use[u, m] = pos
     grads_after: dict[int, list[tuple[int, int]]] = {}
     for (u, m), pos in sorted(last_use.items(), key=lambda kv: (kv[1], kv[0][0])):
@@ -209,24 +216,38 @@ def insert_zero(program: tuple[Instr, ...], zero: ZeroLayout, k: int) -> tuple[I
             inflight.append((u, m))
         pending.clear()
 
-    position = {i: pos for pos, i in enumerate(computes)}
-    micro_of_pos = [program[i].sub // k for i in computes]
-    for i, ins in enumerate(program):
-        if pending and not (
-            (isinstance(ins, Start | Wait) and ins.kind == "bwd")
-            or (isinstance(ins, Start) and ins.kind == "sb")
-        ):
-            flush()
-        pos = position.get(i)
-        if pos is not None:
-            if inflight and micro_of_pos[pos] > inflight[0][1]:  # a micro-batch ended
-                while inflight and inflight[0][1] < micro_of_pos[pos]:
-                    out.append(Wait("rs", *inflight.popleft()))
-            out += before.get(pos, [])
+    def copy(lo: int, hi: int) -> None:
+        """``program[lo:hi]`` (no compute among them) into ``out``, the pending scatters
+        started before the first that is not the TP gradient's (or a pipeline's send)."""
+        if pending:
+            while lo < hi and _keeps_pending(program[lo]):
+                out.append(program[lo])
+                lo += 1
+            if lo < hi:
+                flush()
+        out.extend(program[lo:hi])
+
+    done = 0
+    for pos, i in enumerate(computes):
+        copy(done, i)
+        flush()  # (a compute is not the TP gradient's collective: what is pending starts)
+        ins = program[i]
+        m = ins.sub // k
+        if inflight and m > inflight[0][1]:  # a micro-batch ended
+            while inflight and inflight[0][1] < m:
+                out.append(Wait("rs", *inflight.popleft()))
+        found = before.get(pos)
+        if found:
+            out += found
         out.append(ins)
-        if pos is not None:
-            out += after.get(pos, [])
-            pending += grads_after.get(pos, [])
+        found = after.get(pos)
+        if found:
+            out += found
+        found = grads_after.get(pos)
+        if found:
+            pending += found
+        done = i + 1
+    copy(done, len(program))
     flush()
     out.extend(Wait("rs", *key) for key in inflight)
     return tuple(out)

@@ -63,28 +63,28 @@ Piece = tuple[str, int]  # ("epi" | "body" | "norm" | "core" | "tp" | "dw", regi
 CollKey = tuple[str, int, int]  # (kind, region or task index, sub-batch)
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class Compute:
     phase: str  # "forward" | "recompute" | "backward"
     pieces: tuple[Piece, ...]
     sub: int
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class Start:
     kind: str  # "fwd" | "bwd" | "rsf" | "rsb" | "dp" | "rs" | "ag" | "gf" | "gb" | "gr" | "gh" ..
     index: int
     sub: int = 0
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class Wait:
     kind: str
     index: int
     sub: int = 0
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class Release:
     """Free region ``index``'s gathered weights (ZeRO stage 3) after their last use in a pass."""
 

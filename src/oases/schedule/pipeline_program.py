@@ -125,7 +125,7 @@ def build_stage_program(
         sp = "gathered"
     if sp is not None and sp not in SP_MODES:
         raise ValueError(f"sp={sp!r}; valid: {', '.join(SP_MODES)} (or None: off)")
-    program = _build(
+    args = (
         spec,
         k,
         layout,
@@ -140,7 +140,9 @@ def build_stage_program(
     )
     ranges = layout.chunk_bounds(stage)
     if zero is not None and any(any(zero.stages[lo:hi]) for lo, hi in ranges):
-        program = insert_zero(program, zero, k)
+        program = _zeroed(*args, zero)
+    else:
+        program = _build(*args)
     program = list(program)
     if tied and layout.pp > 1 and stage in (0, layout.pp - 1):
         index = 0 if stage == 0 else n - 1
@@ -155,6 +157,14 @@ def build_stage_program(
     if sp is not None:  # after every gradient is final (ZeRO's scatters waited too)
         program += [Start("sg", 0), Wait("sg", 0)]
     return program
+
+
+@functools.lru_cache(maxsize=64)
+def _zeroed(*args: object) -> tuple[Instr, ...]:
+    """``_build(*args[:-1])``'s program with ZeRO's collectives (``insert_zero``, the layout
+    ``args[-1]``), remembered by the arguments (cheaper to hash than the program)."""
+    *build, zero = args
+    return insert_zero(_build(*build), zero, build[1])
 
 
 @functools.lru_cache(maxsize=64)

@@ -163,11 +163,11 @@ def build_program(
         sp = "gathered"
     if sp is not None and sp not in SP_MODES:
         raise ValueError(f"sp={sp!r}; valid: {', '.join(SP_MODES)} (or None: off)")
-    program = _build_program(
-        spec, k, n_regions, n_micro, max_inflight, tuple(dp_tasks), degrees, sp, defer_weight_grads
-    )
+    args = (spec, k, n_regions, n_micro, max_inflight, tuple(dp_tasks), degrees, sp)
     if zero is not None and any(zero.stages):
-        program = insert_zero(program, zero, k)
+        program = _zeroed(*args, defer_weight_grads, zero)
+    else:
+        program = _build_program(*args, defer_weight_grads)
     if sp is not None:  # after every gradient is final (ZeRO's scatters waited too)
         program += (Start("sg", 0), Wait("sg", 0))
     return list(program)
@@ -195,6 +195,25 @@ def _build_program(
             body = insert_dp(list(body), set(dp_tasks), (m + 1) * k - 1)
         program.extend(body)
     return tuple(program)
+
+
+@functools.lru_cache(maxsize=64)
+def _zeroed(
+    spec: ScheduleSpec,
+    k: int,
+    n_regions: int,
+    n_micro: int,
+    max_inflight: int,
+    dp_tasks: tuple[int, ...],
+    degrees: tuple[int, ...] | None,
+    sp: str | None,
+    defer: bool,
+    zero: ZeroLayout,
+) -> tuple[Instr, ...]:
+    """``_build_program``'s program with ZeRO's collectives (``insert_zero``), remembered by
+    the arguments (hashing them is cheaper than hashing the program they build)."""
+    args = (spec, k, n_regions, n_micro, max_inflight, dp_tasks, degrees, sp, defer)
+    return insert_zero(_build_program(*args), zero, k)
 
 
 @functools.lru_cache(maxsize=64)
@@ -251,5 +270,12 @@ def clear_program_caches() -> None:
     (the 96-layer search at 24 GB: 0.3 s against 1.4 s)."""
     from oases.schedule import pipeline_program
 
-    for cached in (_build_program, _micro_body, _sp_chain, insert_zero, pipeline_program._build):
+    for cached in (
+        _build_program,
+        _zeroed,
+        _micro_body,
+        _sp_chain,
+        pipeline_program._build,
+        pipeline_program._zeroed,
+    ):
         cached.cache_clear()
