@@ -427,3 +427,26 @@ def test_kernels_that_do_not_compile_leave_the_python_loops(monkeypatch):
     edge_s = rng.uniform(0, 1, (11, 3, 3))
     budget = float(node_bytes.min(axis=1).sum() + 4)
     assert chain.solve_chain(node_s, node_bytes, edge_s, budget).memory_bytes <= budget
+
+
+def test_a_tapes_deferred_regions_are_its_programs():
+    """``Tape.deferring`` (read off the compute keys) is ``deferred_regions`` of the program
+    it compiled, on random mixed plans of every schedule and mode (some defer, some not)."""
+    from oases.planner.simulate import plan_program
+    from oases.planner.tape import compile_tape
+    from oases.schedule.program import deferred_regions
+
+    rng = random.Random(17)
+    cfg = _model("gpt2", 3, False)
+    degrees = candidate_degrees(cfg, 8)
+    seen = set()
+    for _ in range(80):
+        plan = _random_plan(rng, cfg, 8, degrees)
+        try:
+            program = plan_program(cfg, plan, 8, BatchShape(32, rng.choice([8, 16])))
+        except (BatchSplitError, ValueError):
+            continue
+        tape = compile_tape(program)
+        assert tape.deferring() == deferred_regions(program)
+        seen.add(bool(tape.deferring()))
+    assert seen == {True, False}

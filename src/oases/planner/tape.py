@@ -28,7 +28,7 @@ import gc
 from collections.abc import Callable, Hashable, Iterator
 from dataclasses import dataclass, field
 
-from oases.schedule.program import Compute, Instr, Piece, Start, Wait, deferred_regions
+from oases.schedule.program import Compute, Instr, Piece, Start, Wait
 
 COMPUTE, START, WAIT = 0, 1, 2
 CLASSES = ("tp", "reshard", "dp")
@@ -98,9 +98,12 @@ class Tape:
     memo: dict = field(default_factory=dict)
 
     def deferring(self) -> frozenset[int]:
-        """``deferred_regions(program)``, remembered in ``memo``."""
+        """``deferred_regions(program)``, remembered in ``memo``: read off the compute keys
+        (every compute instruction's (phase, pieces) is one of them; far fewer)."""
         if "deferring" not in self.memo:
-            self.memo["deferring"] = deferred_regions(self.program)
+            self.memo["deferring"] = frozenset(
+                i for _, pieces in self.compute_keys for kind, i in pieces if kind == "dw"
+            )
         return self.memo["deferring"]
 
     def pieces(self) -> list[tuple[str, str, int]]:
