@@ -30,3 +30,4 @@ lint: $(STAMP)
 
 clean:
 	rm -rf $(VENV) build *.egg-info src/*.egg-info runs
+	find src -name '*.nbi' -o -name '*.nbc' | xargs rm -f  # numba's disk cache (planner/jit.py)
