@@ -382,11 +382,44 @@ def test_walk_tape_checks_what_the_kernel_does_not():
         walk_tape(tape, [], [1.0], [0], 1, [1.5, 1.5])
 
 
-def test_kernels_that_do_not_compile_leave_the_python_loops(monkeypatch):
-    """Where numba imports but cannot compile (or cache) the kernels, ``jit.load`` says so and
-    leaves none half-loaded: the walks run their Python and numpy code, to the same answers."""
-    import sys
+class _FakeJit:
+    """What a fake ``njit`` returns: calls the function; like numba's dispatchers, refused by
+    ``njit`` again (numba raises TypeError on an already-jitted function)."""
+
+    def __init__(self, fn):
+        self.py_func = fn
+
+    def __call__(self, *args):
+        return self.py_func(*args)
+
+
+def _fake_numba(fails):
+    """A numba module whose ``njit`` "compiles" to ``_FakeJit`` and raises where
+    ``fails(name, cache)`` says; its calls recorded."""
     import types
+
+    calls = []
+
+    def njit(**options):
+        def compile_(fn):
+            if isinstance(fn, _FakeJit):
+                raise TypeError("A jit decorator was called on an already jitted function")
+            calls.append((fn.__name__, options["cache"]))
+            if fails(fn.__name__, options["cache"]):
+                raise RuntimeError("cannot compile this here")
+            return _FakeJit(fn)
+
+        return compile_
+
+    return types.SimpleNamespace(njit=njit), calls
+
+
+@pytest.mark.parametrize("where", ["the solver's, cached only", "the solver's, always"])
+def test_kernels_that_do_not_compile_leave_the_python_loops(where, monkeypatch):
+    """Where numba imports but cannot compile (or cache) a kernel, ``jit.load`` tries once
+    more without the cache, and else says so and leaves none half-loaded (every module's
+    helpers as written): the walks run their Python and numpy code, to the same answers."""
+    import sys
 
     from oases.planner import chain, chain_kernel, jit, tape_kernel
 
@@ -403,25 +436,24 @@ def test_kernels_that_do_not_compile_leave_the_python_loops(monkeypatch):
         (jit, "LOADED_OK"),
     ):
         monkeypatch.setattr(module, name, getattr(module, name))  # (restored after)
+    tape_kernel.reset()
+    chain_kernel.reset()
     monkeypatch.setattr(jit, "_LOADED", False)
     monkeypatch.delenv("OASES_NO_JIT", raising=False)
-    calls = []
-
-    def njit(**options):
-        def compile_(fn):
-            calls.append((fn.__name__, options["cache"]))
-            if fn.__name__ == "_pareto":
-                raise RuntimeError("cannot compile this here")
-            return fn  # (the others "compile" to themselves)
-
-        return compile_
-
-    monkeypatch.setitem(sys.modules, "numba", types.SimpleNamespace(njit=njit))
-    assert jit.load() is False and jit.load() is False  # (once: the second asks nothing)
-    assert ("_pareto", True) in calls and ("_pareto", False) in calls  # cached, then not
-    assert len([c for c in calls if c[0] == "_pareto"]) == 2
+    always = where.endswith("always")
+    numba, calls = _fake_numba(lambda name, cache: name == "_pareto" and (cache or always))
+    monkeypatch.setitem(sys.modules, "numba", numba)
+    assert jit.load() is (not always) and jit.load() is (not always)  # (once: asks no more)
+    assert [c for c in calls if c[0] == "_pareto"] == [("_pareto", True), ("_pareto", False)]
+    if not always:  # the second try, uncached, loaded every kernel
+        assert isinstance(tape_kernel.KERNEL, _FakeJit) and isinstance(
+            chain_kernel.PARETO, _FakeJit
+        )
+        return
     assert tape_kernel.KERNEL is None
     assert chain_kernel.VITERBI is chain_kernel.AHEAD is chain_kernel.PARETO is None
+    assert (tape_kernel._stretched_queues, tape_kernel._stretched) == tape_kernel._PYTHON
+    assert (chain_kernel._before, chain_kernel._sort) == chain_kernel._PYTHON
     rng = np.random.default_rng(5)
     node_s, node_bytes = rng.uniform(1, 9, (12, 3)), rng.uniform(1, 9, (12, 3))
     edge_s = rng.uniform(0, 1, (11, 3, 3))

@@ -268,7 +268,8 @@ def solve_chain_pareto(
         choice = chain_kernel.PARETO(
             t, m, opt, np.ascontiguousarray(edge_s), np.ascontiguousarray(node_s),
             np.ascontiguousarray(node_bytes), np.ascontiguousarray(finish),
-            np.ascontiguousarray(priced), np.isfinite(node_s) & np.isfinite(finish),
+            np.ascontiguousarray(priced),
+            np.ascontiguousarray(np.isfinite(node_s) & np.isfinite(finish)),
             lean_after, float(price), float(budget_bytes), float(upper), PARETO_LIMIT,
         )  # fmt: skip
         return tuple(choice.tolist()) if len(choice) else None

@@ -204,7 +204,7 @@ def _pareto(
                 if a != a or b != b:  # (np.maximum's NaN: not finite, dropped)
                     continue
                 bound = a if a >= b else b
-                if bound <= upper and bound < inf and mv + lean_after[i] <= budget:
+                if bound <= upper and -inf < bound < inf and mv + lean_after[i] <= budget:
                     out_t[count], out_m[count] = tv, mv
                     out_o[count], out_p[count] = e, j
                     count += 1
@@ -239,15 +239,16 @@ def _pareto(
 VITERBI = None  # the compiled ``_viterbi``, ``_ahead`` and ``_pareto``, once ``compile`` ran
 AHEAD = None
 PARETO = None
+_PYTHON = (_before, _sort)  # the helpers as written (``compile`` compiles these)
 
 
 def compile(njit: Callable, cache: bool) -> None:  # noqa: A001 (numba's word)
     """Compile the three with ``njit`` (``planner.jit.load``), each run once on a small chain
-    (so a failure shows here, not in a search); ``VITERBI``, ``AHEAD``, ``PARETO`` set."""
+    (so a failure shows here, not in a search); ``VITERBI``, ``AHEAD``, ``PARETO`` set. A
+    failure leaves the module as written (``reset``)."""
     global VITERBI, AHEAD, PARETO, _before, _sort
-    python = (_before, _sort)
     try:
-        _before, _sort = (njit(cache=cache)(f) for f in python)
+        _before, _sort = (njit(cache=cache)(f) for f in _PYTHON)
         viterbi, ahead, pareto = (njit(cache=cache)(f) for f in (_viterbi, _ahead, _pareto))
         one = np.ones((2, 2))
         edge = np.zeros((1, 2, 2))
@@ -258,9 +259,16 @@ def compile(njit: Callable, cache: bool) -> None:  # noqa: A001 (numba's word)
             np.zeros(2), 0.0, 9.0, 9.0, 10,
         )  # fmt: skip
     except Exception:
-        _before, _sort = python
+        reset()
         raise
     VITERBI, AHEAD, PARETO = viterbi, ahead, pareto
+
+
+def reset() -> None:
+    """No kernels: the helpers as written, ``VITERBI``, ``AHEAD``, ``PARETO`` None."""
+    global VITERBI, AHEAD, PARETO, _before, _sort
+    VITERBI = AHEAD = PARETO = None
+    _before, _sort = _PYTHON
 
 
 def pareto_ok(*arrays: np.ndarray) -> bool:

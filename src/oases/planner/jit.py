@@ -49,8 +49,8 @@ def load() -> bool:
             tape_kernel.compile(njit, cache)
             chain_kernel.compile(njit, cache)
         except Exception:  # (no cache locator: a read-only install; a numba that cannot)
-            tape_kernel.KERNEL = None
-            chain_kernel.VITERBI = chain_kernel.AHEAD = chain_kernel.PARETO = None
+            tape_kernel.reset()  # (none half-loaded: each module as written)
+            chain_kernel.reset()
             continue
         LOADED_OK = True
         return True

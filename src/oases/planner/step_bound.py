@@ -65,7 +65,10 @@ def joint_step_bound(
     least = terms.min(axis=1)
     bound = float((count * least).sum()) - price
     scale = float((count * np.abs(least)).sum()) + abs(price)
-    return bound - MARGIN * scale
+    # (never below one serial sum's own bound: the relaxation's optimum is at least each, but
+    # its duals' bound may round a few ulps under, or be the fallback's first sum only; so a
+    # chain ``stop_at`` skipped by ``cheap`` is one this bound skips too)
+    return max(bound - MARGIN * scale, cheap)
 
 
 def _distinct_rows(table: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -75,7 +78,8 @@ def _distinct_rows(table: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     seen: dict[bytes, int] = {}
     first: list[int] = []
     counts: list[int] = []
-    for i, row in enumerate(np.ascontiguousarray(table)):
+    keys = np.ascontiguousarray(table + 0.0)  # (-0.0 + 0.0 is 0.0: equal rows, equal bytes)
+    for i, row in enumerate(keys):
         j = seen.setdefault(row.tobytes(), len(first))
         if j == len(first):
             first.append(i)

@@ -258,19 +258,26 @@ def _walk(
 
 
 KERNEL = None  # the compiled walk, once ``compile`` ran (None before, or without numba)
+_PYTHON = (_stretched_queues, _stretched)  # the helpers as written (``compile`` compiles these)
 
 
 def compile(njit: Callable, cache: bool) -> None:  # noqa: A001 (numba's word)
     """Compile the walk with ``njit`` (``planner.jit.load``), run once on an empty tape (so a
     failure shows here, not in a search); ``KERNEL`` set. (``_walk`` calls the helpers by
-    their module names: compiled ones.)"""
+    their module names: compiled ones.) A failure leaves the module as written (``reset``)."""
     global KERNEL, _stretched_queues, _stretched
-    python = (_stretched_queues, _stretched)
     try:
-        _stretched_queues, _stretched, walk = (njit(cache=cache)(f) for f in (*python, _walk))
+        _stretched_queues, _stretched, walk = (njit(cache=cache)(f) for f in (*_PYTHON, _walk))
         none = np.zeros(0)
         walk(np.zeros((0, 3), np.int64), none, none, np.zeros(0, np.int64), 0, none, False, 0)
     except Exception:
-        _stretched_queues, _stretched = python
+        reset()
         raise
     KERNEL = walk
+
+
+def reset() -> None:
+    """No kernel: the helpers as written, ``KERNEL`` None."""
+    global KERNEL, _stretched_queues, _stretched
+    KERNEL = None
+    _stretched_queues, _stretched = _PYTHON
