@@ -255,12 +255,9 @@ def solve_chain_pareto(
     finish, priced = ahead[:, 0], ahead[:, 1]
     upper = min(evaluate(c, node_s, node_bytes, edge_s).time_s for c in dict.fromkeys(known))
     upper = upper * (1 + 1e-12) + 1e-12 if np.isfinite(upper) else np.inf
-    # the front of node i: every kept partial choice, its option, time, memory, and where it
-    # came from (its index in node i-1's front); fronts are sorted by option, then memory
-    edge_t = edge_s.transpose(0, 2, 1)
     # the options a choice can take at each node (an option without a finite time there, or
     # a finite time to finish from it, has every extension's bound infinite: all pruned)
-    live = [np.flatnonzero(row) for row in np.isfinite(node_s) & np.isfinite(finish)]
+    alive = np.isfinite(node_s) & np.isfinite(finish)
     ok = np.isfinite(node_s[0]) & (node_bytes[0] <= budget_bytes)
     opt = np.flatnonzero(ok)
     t, m, parent = node_s[0, opt], node_bytes[0, opt], np.zeros(len(opt), dtype=int)
@@ -268,11 +265,14 @@ def solve_chain_pareto(
         choice = chain_kernel.PARETO(
             t, m, opt, np.ascontiguousarray(edge_s), np.ascontiguousarray(node_s),
             np.ascontiguousarray(node_bytes), np.ascontiguousarray(finish),
-            np.ascontiguousarray(priced),
-            np.ascontiguousarray(np.isfinite(node_s) & np.isfinite(finish)),
+            np.ascontiguousarray(priced), np.ascontiguousarray(alive),
             lean_after, float(price), float(budget_bytes), float(upper), PARETO_LIMIT,
         )  # fmt: skip
         return tuple(choice.tolist()) if len(choice) else None
+    # the front of node i: every kept partial choice, its option, time, memory, and where it
+    # came from (its index in node i-1's front); fronts are sorted by option, then memory
+    edge_t = edge_s.transpose(0, 2, 1)
+    live = [np.flatnonzero(row) for row in alive]
     history = [(opt, parent)]
     for i in range(1, n):
         if not len(t):

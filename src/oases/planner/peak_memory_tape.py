@@ -121,12 +121,14 @@ def _compile_memory(
             phase, sub = ins.phase, ins.sub
             if phase == "backward":
                 for piece, i in ins.pieces:
+                    if piece != "tp" and piece != "dw":
+                        continue
+                    p = alive.pop((i, sub), "")  # (the activations its backward read, freed)
+                    if p:
+                        put_var(ACT)
+                        put_value(pattern_at(p) + i)
+                        put_sign(-1.0)
                     if piece == "tp":
-                        p = alive.pop((i, sub), "")
-                        if p:
-                            put_var(ACT)
-                            put_value(pattern_at(p) + i)
-                            put_sign(-1.0)
                         if i in deferring:
                             alive[i, sub] = "D"
                             put_var(ACT)
@@ -138,12 +140,6 @@ def _compile_memory(
                                 put_var(GRADS)
                                 put_value(full_at + u)
                                 put_sign(1.0)
-                    elif piece == "dw":
-                        p = alive.pop((i, sub), "")
-                        if p:
-                            put_var(ACT)
-                            put_value(pattern_at(p) + i)
-                            put_sign(-1.0)
             elif phase == "forward" or phase == "recompute":
                 mark, row = ("F", kept) if phase == "forward" else ("R", graph_kept)
                 for piece, i in ins.pieces:
